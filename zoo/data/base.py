@@ -1,0 +1,125 @@
+"""The Dataset every loader returns: standardised tensors plus what is needed to report in original units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from zoo.errors import ZooInputError
+
+Task = Literal["regression", "classification"]
+
+
+@dataclass
+class Dataset:
+    """Train/test tensors, standardised with training statistics.
+
+    Inputs are float32 ``[N, D]``. Regression targets are float32 ``[N]`` in standardised units
+    (``y_mean``/``y_std`` map them back); classification targets are int64 ``[N]`` in ``0..n_classes-1``.
+    ``x_ood`` holds out-of-distribution input sets (standardised like ``x_train``) by name.
+    """
+
+    name: str
+    task: Task
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int | None = None
+    y_mean: float = 0.0
+    y_std: float = 1.0
+    x_ood: dict[str, torch.Tensor] = field(default_factory=dict)
+    class_names: list[str] | None = None
+
+    @property
+    def in_dim(self) -> int:
+        """Number of input features."""
+        return int(self.x_train.shape[1])
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the net's output layer: classes for classification, 1 for regression."""
+        return int(self.n_classes) if self.task == "classification" else 1
+
+    @property
+    def n_train(self) -> int:
+        """Number of training examples (the full-data size that minibatch likelihoods are scaled to)."""
+        return int(self.x_train.shape[0])
+
+    def to(self, device: torch.device | str) -> Dataset:
+        """Move every tensor to ``device``."""
+        moved = {k: v.to(device) for k, v in self.x_ood.items()}
+        return Dataset(
+            self.name, self.task, self.x_train.to(device), self.y_train.to(device), self.x_test.to(device),
+            self.y_test.to(device), self.n_classes, self.y_mean, self.y_std, moved, self.class_names,
+        )
+
+
+def check_finite(array: np.ndarray, what: str) -> None:
+    """Refuse arrays with NaN or inf, naming the first offending row."""
+    bad = ~np.isfinite(array)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ZooInputError(what, f"{int(bad.sum())} NaN/inf values (first at row {row})",
+                            "clean or drop those rows before training")
+
+
+def make_dataset(
+    name: str,
+    task: Task,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    x_ood: dict[str, np.ndarray] | None = None,
+    n_classes: int | None = None,
+    class_names: list[str] | None = None,
+) -> Dataset:
+    """Validate raw arrays and standardise them with training statistics into a :class:`Dataset`."""
+    x_train = np.asarray(x_train, dtype=np.float64)
+    x_test = np.asarray(x_test, dtype=np.float64)
+    for arr, what in ((x_train, f"{name} training inputs"), (x_test, f"{name} test inputs")):
+        if arr.ndim != 2:
+            raise ZooInputError(what, f"shape {arr.shape}", "inputs must be a 2-D table [examples, features]")
+        check_finite(arr, what)
+    if x_train.shape[1] != x_test.shape[1]:
+        raise ZooInputError(f"{name} inputs", f"{x_train.shape[1]} vs {x_test.shape[1]} features",
+                            "train and test must have the same columns")
+    if len(x_train) != len(y_train) or len(x_test) != len(y_test):
+        raise ZooInputError(f"{name} targets", f"{len(y_train)}/{len(y_test)} targets for "
+                            f"{len(x_train)}/{len(x_test)} inputs", "one target per input row")
+    if len(x_train) < 2 or len(x_test) < 1:
+        raise ZooInputError(f"{name} split", f"{len(x_train)} train / {len(x_test)} test rows",
+                            "need at least 2 training rows and 1 test row")
+    mean, std = x_train.mean(0), x_train.std(0)
+    std = np.where(std < 1e-8, 1.0, std)  # constant features (e.g. digits' blank border pixels) stay put
+
+    def standardise(x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor((x - mean) / std, dtype=torch.float32)
+
+    ood = {k: standardise(np.asarray(v, dtype=np.float64)) for k, v in (x_ood or {}).items()}
+    if task == "regression":
+        y_train = np.asarray(y_train, dtype=np.float64).reshape(-1)
+        y_test = np.asarray(y_test, dtype=np.float64).reshape(-1)
+        check_finite(y_train, f"{name} training targets")
+        check_finite(y_test, f"{name} test targets")
+        y_mean, y_std = float(y_train.mean()), float(y_train.std())
+        y_std = y_std if y_std > 1e-12 else 1.0
+        return Dataset(
+            name, task, standardise(x_train), torch.as_tensor((y_train - y_mean) / y_std, dtype=torch.float32),
+            standardise(x_test), torch.as_tensor((y_test - y_mean) / y_std, dtype=torch.float32),
+            None, y_mean, y_std, ood, None,
+        )
+    if task != "classification":
+        raise ZooInputError("data.task", task, "use 'regression' or 'classification'")
+    y_train_t = torch.as_tensor(np.asarray(y_train), dtype=torch.int64).reshape(-1)
+    y_test_t = torch.as_tensor(np.asarray(y_test), dtype=torch.int64).reshape(-1)
+    n_classes = n_classes or int(max(y_train_t.max(), y_test_t.max())) + 1
+    if y_train_t.min() < 0 or max(y_train_t.max(), y_test_t.max()) >= n_classes:
+        raise ZooInputError(f"{name} labels", f"range {int(y_train_t.min())}..{int(y_train_t.max())}",
+                            f"labels must be integers in 0..{n_classes - 1}")
+    return Dataset(name, task, standardise(x_train), y_train_t, standardise(x_test), y_test_t,
+                   n_classes, 0.0, 1.0, ood, class_names)

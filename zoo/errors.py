@@ -1,0 +1,13 @@
+"""The one error type for bad user input: the CLI turns it into a short message and exit code 2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ZooInputError(ValueError):
+    """Bad input from the user (spec, data, command line), with a message that says what to change."""
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}: got {value!r}; {allowed}")
