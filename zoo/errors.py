@@ -8,6 +8,10 @@ from typing import Any
 class ZooInputError(ValueError):
     """Bad input from the user (spec, data, command line), with a message that says what to change."""
 
-    def __init__(self, field: str, value: Any, allowed: str) -> None:
+    def __init__(self, field: str, value: Any, allowed: str, message: str | None = None) -> None:
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; {allowed}")
+        super().__init__(message or f"{field}: got {value!r}; {allowed}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The objective became NaN/inf: the message names the step, the offending terms and the last good checkpoint."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,6 +34,8 @@ class Dataset:
     y_std: float = 1.0
     x_ood: dict[str, torch.Tensor] = field(default_factory=dict)
     class_names: list[str] | None = None
+    x_mean: torch.Tensor | None = None
+    x_std: torch.Tensor | None = None
 
     @property
     def in_dim(self) -> int:
@@ -49,13 +52,20 @@ class Dataset:
         """Number of training examples (the full-data size that minibatch likelihoods are scaled to)."""
         return int(self.x_train.shape[0])
 
-    def to(self, device: torch.device | str) -> Dataset:
-        """Move every tensor to ``device``."""
-        moved = {k: v.to(device) for k, v in self.x_ood.items()}
-        return Dataset(
-            self.name, self.task, self.x_train.to(device), self.y_train.to(device), self.x_test.to(device),
-            self.y_test.to(device), self.n_classes, self.y_mean, self.y_std, moved, self.class_names,
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Dataset:
+        """Move every tensor to ``device``; inputs (and regression targets) become ``dtype``."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+
+        return dataclasses.replace(
+            self, x_train=move(self.x_train), y_train=move(self.y_train), x_test=move(self.x_test),
+            y_test=move(self.y_test), x_ood={k: move(v) for k, v in self.x_ood.items()},
         )
+
+    def inputs_in_original_units(self, x: torch.Tensor) -> torch.Tensor:
+        """Undo the input standardisation (for plots against the raw input axis)."""
+        return x * self.x_std.to(x) + self.x_mean.to(x)
 
 
 def check_finite(array: np.ndarray, what: str) -> None:
@@ -100,6 +110,7 @@ def make_dataset(
     def standardise(x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor((x - mean) / std, dtype=torch.float32)
 
+    x_stats = (torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     ood = {k: standardise(np.asarray(v, dtype=np.float64)) for k, v in (x_ood or {}).items()}
     if task == "regression":
         y_train = np.asarray(y_train, dtype=np.float64).reshape(-1)
@@ -111,7 +122,7 @@ def make_dataset(
         return Dataset(
             name, task, standardise(x_train), torch.as_tensor((y_train - y_mean) / y_std, dtype=torch.float32),
             standardise(x_test), torch.as_tensor((y_test - y_mean) / y_std, dtype=torch.float32),
-            None, y_mean, y_std, ood, None,
+            None, y_mean, y_std, ood, None, x_stats[0], x_stats[1],
         )
     if task != "classification":
         raise ZooInputError("data.task", task, "use 'regression' or 'classification'")
@@ -122,4 +133,4 @@ def make_dataset(
         raise ZooInputError(f"{name} labels", f"range {int(y_train_t.min())}..{int(y_train_t.max())}",
                             f"labels must be integers in 0..{n_classes - 1}")
     return Dataset(name, task, standardise(x_train), y_train_t, standardise(x_test), y_test_t,
-                   n_classes, 0.0, 1.0, ood, class_names)
+                   n_classes, 0.0, 1.0, ood, class_names, x_stats[0], x_stats[1])

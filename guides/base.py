@@ -1,0 +1,59 @@
+"""What every guide shares: one unconstrained parameter tensor per latent site, keyed by site name."""
+
+from __future__ import annotations
+
+import pyro
+import torch
+from torch import nn
+from torch.distributions import biject_to
+
+from zoo.models.base import LatentSite
+from zoo.spec import GuideSpec
+
+
+def _key(site: str) -> str:
+    # nn.Module attribute names may not contain dots; site names ("hidden0.weight") do.
+    return site.replace(".", "/")
+
+
+class SiteGuide(nn.Module):
+    """A guide over a model's latent sites, each sampled from ``self.distribution(name)`` in model order."""
+
+    def __init__(self, sites: dict[str, LatentSite]) -> None:
+        super().__init__()
+        self.sites = dict(sites)
+        self.loc = nn.ParameterDict(
+            {_key(n): nn.Parameter(biject_to(s.support).inv(s.init.detach().clone())) for n, s in sites.items()}
+        )
+
+    @classmethod
+    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> SiteGuide:
+        """Build the guide for ``sites`` from the spec's guide section."""
+        return cls(sites)
+
+    def unconstrained_loc(self, name: str) -> torch.Tensor:
+        """The location parameter of site ``name`` in unconstrained space."""
+        return self.loc[_key(name)]
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Sample every latent site (the model's arguments are accepted and ignored)."""
+        return {name: pyro.sample(name, self.distribution(name)) for name in self.sites}
+
+    def distribution(self, name: str) -> pyro.distributions.TorchDistribution:  # pragma: no cover - abstract
+        """q(site) as a distribution whose event is the whole site."""
+        raise NotImplementedError
+
+    def point_estimate(self) -> dict[str, torch.Tensor]:
+        """One representative value per site in constrained space (the mean of q in unconstrained space)."""
+        with torch.no_grad():
+            return {n: biject_to(s.support)(self.unconstrained_loc(n)).clone() for n, s in self.sites.items()}
+
+    def init_from(self, values: dict[str, torch.Tensor]) -> list[str]:
+        """Set locations from point values (e.g. a MAP fit); returns the sites that were matched."""
+        matched = []
+        with torch.no_grad():
+            for name, site in self.sites.items():
+                if name in values and values[name].shape == site.shape:
+                    self.unconstrained_loc(name).copy_(biject_to(site.support).inv(values[name].to(site.init)))
+                    matched.append(name)
+        return matched

@@ -1,0 +1,149 @@
+"""The ``zoo`` command: train, eval, prune and list. Bad input exits 2 with a one-paragraph message, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from zoo.errors import TrainingDiverged, ZooInputError
+
+console = Console()
+
+
+def _metrics_table(title: str, rows: list[dict[str, float]], first: str | None = None) -> Table:
+    table = Table(title=title)
+    keys = list(rows[0]) if rows else []
+    for key in keys:
+        table.add_column(key, justify="right" if key != first else "left")
+    for row in rows:
+        table.add_row(*(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table
+
+
+def _metric_list(title: str, metrics: dict[str, float]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4f}")
+    return table
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    """Train a spec into a run directory and print its metrics."""
+    from zoo.pipeline import train
+    from zoo.spec import load_spec
+
+    overrides = list(args.set or [])
+    if args.data_dir:
+        overrides.append(f"data.dir={args.data_dir}")
+    spec = load_spec(args.spec, overrides)
+    summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
+                    echo=lambda line: console.print(line, soft_wrap=True))
+    console.print(_metric_list(f"{spec.model.family} / {spec.guide.name} on {spec.data.name}", summary.metrics))
+    console.print(f"run directory: {summary.run_dir}")
+    if summary.plot is not None:
+        console.print(f"plot: {summary.plot}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    """Re-evaluate a trained run on its test set."""
+    from zoo.evaluate import evaluate
+    from zoo.pipeline import load_run
+
+    spec, data, posterior = load_run(args.run_dir)
+    samples = args.samples or spec.inference.predictive_samples
+    console.print(_metric_list(f"{args.run_dir} ({samples} draws)", evaluate(posterior, data, samples, spec.seed)))
+
+
+def cmd_prune(args: argparse.Namespace) -> None:
+    """Prune the lowest signal-to-noise weights at several fractions and print the test metrics at each."""
+    from zoo import plots
+    from zoo.evaluate import evaluate, prune_by_snr
+    from zoo.pipeline import load_run
+    from zoo.runs import write_json
+
+    try:
+        fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
+    except ValueError:
+        raise ZooInputError("--fractions", args.fractions, "give comma-separated numbers, e.g. 0.5,0.75,0.95") from None
+    spec, data, posterior = load_run(args.run_dir)
+    rows = []
+    for fraction in [0.0, *fractions]:
+        pruned = prune_by_snr(posterior, fraction)
+        rows.append({"fraction": fraction, **evaluate(pruned, data, spec.inference.predictive_samples, spec.seed)})
+    run_dir = Path(args.run_dir)
+    write_json(run_dir / "prune.json", rows)
+    keys = ["accuracy", "nll", "ece"] if data.task == "classification" else ["rmse", "test_ll"]
+    plot = plots.pruning_curve([r["fraction"] for r in rows], {k: [r[k] for r in rows] for k in keys},
+                               run_dir / "pruning.png", title=f"{spec.data.name}: pruning by |mu|/sigma")
+    shown = [{"fraction": r["fraction"], **{k: r[k] for k in keys}} for r in rows]
+    console.print(_metrics_table("signal-to-noise pruning (test set)", shown, first="fraction"))
+    console.print(f"written: {run_dir / 'prune.json'}, {plot}")
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    """Print every registered part."""
+    from zoo.registry import TABLES
+
+    for title, table in TABLES.items():
+        out = Table(title=title, show_header=False, title_justify="left")
+        out.add_column("name", style="bold")
+        out.add_column("what")
+        for name, what in table.items():
+            out.add_row(name, what)
+        console.print(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``zoo`` command."""
+    parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural networks in Pyro.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="fit a spec and write a run directory")
+    p.add_argument("spec", help="YAML spec (see configs/)")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field, e.g. data.split=3")
+    p.add_argument("--data-dir", help="data directory (UCI folders); default $ZOO_DATA_DIR")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="re-evaluate a run directory")
+    p.add_argument("run_dir")
+    p.add_argument("--samples", type=int, help="posterior draws (default: the spec's predictive_samples)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("prune", help="signal-to-noise pruning of a mean-field run")
+    p.add_argument("run_dir")
+    p.add_argument("--fractions", default="0.5,0.75,0.95,0.98", help="fractions of weights to remove")
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run a subcommand; input errors exit 2, a diverged fit exits 1, Ctrl-C exits 130."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ZooInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except TrainingDiverged as err:
+        print(f"training stopped: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint is kept (use --resume)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Stochastic variational inference: minibatch training of any model/guide pair, checkpointed and resumable."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pyro.optim.clipped_adam import ClippedAdam
+from tqdm.auto import tqdm
+
+from zoo.data.base import Dataset
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
+from zoo.inference.local_reparam import LocalReparameterization
+from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
+from zoo.spec import InferenceSpec
+
+
+@dataclass
+class SVIResult:
+    """What a fit leaves behind besides the trained guide: the loss curve, its length and its cost."""
+
+    losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    kl_methods: dict[str, str] = field(default_factory=dict)
+
+
+def make_optimizer(params: list[torch.nn.Parameter], spec: InferenceSpec) -> torch.optim.Optimizer:
+    """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping)."""
+    if spec.optimizer == "clipped_adam":
+        return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=spec.lr_decay)
+    fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
+    return torch.optim.Adam(params, lr=spec.lr, fused=fused)
+
+
+def total_steps(spec: InferenceSpec, n_train: int) -> int:
+    """Number of optimisation steps: ``num_steps`` if given, else ``epochs`` passes over the data."""
+    if spec.num_steps is not None:
+        return spec.num_steps
+    return (spec.epochs or 1) * steps_per_epoch(spec, n_train)
+
+
+def steps_per_epoch(spec: InferenceSpec, n_train: int) -> int:
+    """Minibatches per pass over the training set."""
+    return 1 if spec.batch_size is None else max(1, math.ceil(n_train / spec.batch_size))
+
+
+def kl_weight(step: int, spec: InferenceSpec) -> float:
+    """Linear KL annealing: weight (step + 1) / kl_annealing_steps, capped at 1."""
+    return 1.0 if spec.kl_annealing_steps == 0 else min(1.0, (step + 1) / spec.kl_annealing_steps)
+
+
+def describe_kl(kl_methods: dict[str, str]) -> str:
+    """One log line saying which sites had an analytic KL and which a Monte Carlo estimate."""
+    analytic = [n for n, m in kl_methods.items() if m == ANALYTIC]
+    mc = [n for n, m in kl_methods.items() if m == MONTE_CARLO]
+    return f"KL analytic: {', '.join(analytic) or '-'} | KL Monte Carlo: {', '.join(mc) or '-'}"
+
+
+def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], step: int, ckpt: Path | None) -> str:
+    bad_terms = [n for n, t in elbo.last_terms.items() if not torch.isfinite(t).all()]
+    bad_params = [n for n, p in params.items() if not torch.isfinite(p).all()]
+    where = f"last good checkpoint: {ckpt}" if ckpt is not None and ckpt.exists() else "no checkpoint was written yet"
+    hints = "lower inference.lr, use optimizer: clipped_adam, or start from a smaller guide.init_rho"
+    return (f"ELBO is not finite at step {step}. Non-finite terms: {', '.join(bad_terms) or 'none'}; "
+            f"non-finite parameters: {', '.join(bad_params) or 'none'}. {where}. Try: {hints}.")
+
+
+def fit_svi(
+    family,
+    guide: torch.nn.Module,
+    data: Dataset,
+    spec: InferenceSpec,
+    seed: int,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    log: RunLog | None = None,
+    progress: bool = True,
+) -> SVIResult:
+    """Maximise the ELBO of ``family.model`` under ``guide`` with minibatches scaled to the full data set.
+
+    Every ``checkpoint_every`` steps (and at the end, and on Ctrl-C) the guide, the optimiser, the data order
+    and the random state are saved atomically to ``run_dir/checkpoint.pt``; ``resume=True`` continues from
+    there and reproduces the uninterrupted run exactly on CPU.
+    """
+    log = log or RunLog(None, echo=None)
+    named = {f"guide.{n}": p for n, p in guide.named_parameters()}
+    named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
+    optimizer = make_optimizer(list(named.values()), spec)
+    elbo = ELBOS[spec.elbo](spec.num_particles)
+    n_train, n_steps, per_epoch = data.n_train, total_steps(spec, data.n_train), steps_per_epoch(spec, data.n_train)
+    order = torch.Generator().manual_seed(seed)
+    ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
+    result, step, perm = SVIResult(), 0, None
+
+    def checkpoint() -> None:
+        if ckpt_path is None:
+            return
+        save_torch(ckpt_path, {
+            "step": step, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
+            "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "order_rng": order.get_state(),
+            "perm": perm, "losses": result.losses, "seconds": result.seconds, "kl_methods": result.kl_methods,
+            "done": step >= n_steps,
+        })
+
+    if resume:
+        if ckpt_path is None or not ckpt_path.exists():
+            raise ZooInputError("--resume", str(run_dir), "no checkpoint.pt there to resume; drop --resume")
+        state = load_torch(ckpt_path, device=next(iter(named.values())).device)
+        guide.load_state_dict(state["guide"])
+        with torch.no_grad():
+            for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
+                p.copy_(saved)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        order.set_state(state["order_rng"])
+        step, perm = state["step"], state["perm"]
+        result.losses, result.seconds, result.kl_methods = state["losses"], state["seconds"], state["kl_methods"]
+        log(f"resumed from {ckpt_path} at step {step}/{n_steps}")
+
+    model = family.model
+    x, y = data.x_train, data.y_train
+    reparam = LocalReparameterization() if spec.local_reparam else None
+    bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
+    started = time.perf_counter()
+    try:
+        while step < n_steps:
+            batch = None
+            if spec.batch_size is not None and spec.batch_size < n_train:
+                within = step % per_epoch
+                if within == 0 or perm is None:
+                    perm = torch.randperm(n_train, generator=order)
+                batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
+            elbo.kl_weight = kl_weight(step, spec)
+            if reparam is not None:
+                with reparam:
+                    loss = elbo.differentiable_loss(model, guide, x, y, batch)
+            else:
+                loss = elbo.differentiable_loss(model, guide, x, y, batch)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step == 0 or not result.kl_methods:
+                result.kl_methods = dict(elbo.kl_methods)
+                log(describe_kl(result.kl_methods))
+            result.losses.append(value)
+            step += 1
+            bar.update(1)
+            if step % 50 == 0 or step == n_steps:
+                recent = result.losses[-50:]
+                bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+            if step % spec.checkpoint_every == 0 and step < n_steps:
+                result.seconds += time.perf_counter() - started
+                started = time.perf_counter()
+                checkpoint()
+    except KeyboardInterrupt:
+        result.seconds += time.perf_counter() - started
+        checkpoint()
+        log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
+        raise
+    finally:
+        bar.close()
+    result.seconds += time.perf_counter() - started
+    result.steps = step
+    checkpoint()
+    return result
+

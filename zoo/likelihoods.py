@@ -1,0 +1,108 @@
+"""Observation models p(y | f(x)) and the per-draw predictive distributions they induce."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch.distributions import constraints
+
+from zoo.models.base import LatentSite
+
+
+@dataclass
+class PredictiveDraws:
+    """Predictive distributions at B inputs, one per posterior draw (S draws).
+
+    Classification: ``log_probs [S, B, C]``. Regression: Gaussian ``loc [S, B]`` and ``scale [S, B]``
+    (broadcastable) in standardised target units.
+    """
+
+    log_probs: torch.Tensor | None = None
+    loc: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """Pointwise log p(y_b | x_b, w_s) as ``[S, B]`` (standardised units for regression)."""
+        if self.log_probs is not None:
+            return self.log_probs.gather(-1, y.expand(self.log_probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+        return dist.Normal(self.loc, self.scale).log_prob(y)
+
+
+class Categorical:
+    """Categorical likelihood on the net's logits."""
+
+    task = "classification"
+
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """No latent variables of its own."""
+        return {}
+
+    def sample_latents(self, like: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Nothing to sample."""
+        return {}
+
+    def observe(self, out: torch.Tensor, y: torch.Tensor | None, latents: dict[str, torch.Tensor]) -> None:
+        """The ``obs`` site inside the data plate."""
+        pyro.sample("obs", dist.Categorical(logits=out), obs=y)
+
+    def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
+        """Per-draw class log-probabilities from logits ``[S, B, C]``."""
+        return PredictiveDraws(log_probs=F.log_softmax(out, dim=-1))
+
+
+class Gaussian:
+    """Homoscedastic Gaussian likelihood; the noise is fixed, or a latent ``noise_scale`` under a LogNormal prior.
+
+    Everything here is in standardised target units: a fixed noise given in original units is divided by the
+    training targets' standard deviation before it gets here.
+    """
+
+    task = "regression"
+    noise_site = "noise_scale"
+
+    def __init__(self, noise: float | None, prior_loc: float = -1.0, prior_scale: float = 1.0) -> None:
+        self.fixed_noise = noise
+        self.prior_loc, self.prior_scale = prior_loc, prior_scale
+
+    def _noise_prior(self, like: torch.Tensor) -> dist.LogNormal:
+        return dist.LogNormal(like.new_tensor(self.prior_loc), like.new_tensor(self.prior_scale))
+
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """The learned noise scale, initialised at its prior median."""
+        if self.fixed_noise is not None:
+            return {}
+        init = torch.tensor(self.prior_loc).exp()
+        return {self.noise_site: LatentSite(torch.Size(), init, constraints.positive)}
+
+    def sample_latents(self, like: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Sample the noise scale (if learned) outside the data plate."""
+        if self.fixed_noise is not None:
+            return {}
+        like = like if like is not None else torch.zeros(())
+        return {self.noise_site: pyro.sample(self.noise_site, self._noise_prior(like))}
+
+    def _scale(self, latents: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        if self.fixed_noise is not None:
+            return like.new_tensor(self.fixed_noise)
+        return latents[self.noise_site]
+
+    def observe(self, out: torch.Tensor, y: torch.Tensor | None, latents: dict[str, torch.Tensor]) -> None:
+        """The ``obs`` site inside the data plate; the net's single output is the mean."""
+        pyro.sample("obs", dist.Normal(out[..., 0], self._scale(latents, out)), obs=y)
+
+    def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
+        """Per-draw Gaussian predictive from outputs ``[S, B, 1]`` and noise draws ``[S]``."""
+        loc = out[..., 0]
+        if self.fixed_noise is not None:
+            scale = loc.new_tensor(self.fixed_noise).expand_as(loc)
+        else:
+            scale = draws[self.noise_site].reshape(-1, 1).expand_as(loc)
+        return PredictiveDraws(loc=loc, scale=scale)
+
+
+Likelihood = Categorical | Gaussian
+LIKELIHOODS = {"categorical": Categorical, "gaussian": Gaussian}

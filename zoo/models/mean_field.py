@@ -1,0 +1,77 @@
+"""The fully Bayesian net: every weight and bias of a plain ``nn.Module`` is a latent site under its prior.
+
+The same Pyro model serves mean-field VI (Bayes by Backprop), MAP (a Delta guide) and, later, NUTS.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from zoo.likelihoods import Likelihood
+from zoo.models.base import LatentSite
+from zoo.priors import prior_distribution
+from zoo.spec import PriorConfig
+
+
+class MeanFieldBNN:
+    """Pyro model p(w) p(y | f_w(x)) over all parameters of ``net``; site names are the parameter names."""
+
+    def __init__(self, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood) -> None:
+        self.net = net
+        self.likelihood = likelihood
+        self.prior_configs = priors
+        self.weight_names = [name for name, _ in net.named_parameters()]
+        missing = set(self.weight_names) - set(priors)
+        if missing:
+            raise ValueError(f"no prior for sites {sorted(missing)}")
+        self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
+
+    # -- what the guides and inference methods see ------------------------------------------------------
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """Every latent site with its shape and an initial value (the net's own initialisation for weights)."""
+        sites = {name: LatentSite(p.shape, p.detach().clone()) for name, p in self.net.named_parameters()}
+        sites.update(self.likelihood.latent_sites())
+        return sites
+
+    def point_parameters(self) -> list[nn.Parameter]:
+        """Parameters fitted as point estimates beside the guide: none, every weight is random here."""
+        return []
+
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> MeanFieldBNN:
+        """Move the template net (and with it the priors) to ``device``/``dtype``."""
+        self.net.to(device=device, dtype=dtype)
+        return self
+
+    def prior(self, name: str) -> dist.TorchDistribution:
+        """The prior of weight site ``name`` on the net's device and dtype (built once, then reused)."""
+        ref = next(self.net.parameters())
+        key = (ref.device, ref.dtype)
+        if key not in self._priors:
+            self._priors[key] = {
+                n: prior_distribution(self.prior_configs[n], p.shape, ref.device, ref.dtype)
+                for n, p in self.net.named_parameters()
+            }
+        return self._priors[key][name]
+
+    # -- the Pyro model --------------------------------------------------------------------------------
+    def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
+        """Sample the weights, then observe ``y`` on the rows ``batch`` (scaled up to all ``len(x)`` rows)."""
+        weights = {name: pyro.sample(name, self.prior(name)) for name in self.weight_names}
+        latents = self.likelihood.sample_latents(x)
+        with pyro.plate("data", x.shape[0], subsample=batch):
+            xb = x if batch is None else x[batch]
+            yb = y if (y is None or batch is None) else y[batch]
+            self.likelihood.observe(self.forward(weights, xb), yb, latents)
+
+    def forward(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The net's output under one set of weights ``[B, out]``."""
+        return functional_call(self.net, weights, (x,))
+
+    def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Outputs under S weight draws ``{name: [S, ...]}`` at once: ``[S, B, out]``."""
+        weights = {name: draws[name] for name in self.weight_names}
+        return vmap(lambda w: functional_call(self.net, w, (x,)))(weights)

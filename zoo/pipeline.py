@@ -1,0 +1,135 @@
+"""One pipeline for every run: spec -> data -> net + prior -> model family + guide -> inference -> Posterior.
+
+``train`` writes the run directory; ``load_run`` rebuilds the fitted posterior from one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyro
+import torch
+
+from zoo import registry
+from zoo.data import load_dataset
+from zoo.data.base import Dataset
+from zoo.errors import ZooInputError
+from zoo.evaluate import evaluate, plot_predictive
+from zoo.likelihoods import Categorical, Gaussian, Likelihood
+from zoo.posterior import GuidePosterior, Posterior
+from zoo.priors import assign_priors
+from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, RunLog, load_torch, save_torch, write_json, write_text
+from zoo.spec import LikelihoodSpec, RunSpec, load_spec, spec_to_yaml
+
+POINT_ESTIMATE_FILE = "point_estimate.pt"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else CPU; asking for CUDA without it is an input error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ZooInputError("device", name, "no CUDA device is visible here; use device: auto or cpu")
+    return torch.device(name)
+
+
+def build_likelihood(spec: LikelihoodSpec, data: Dataset) -> Likelihood:
+    """The observation model for the data's task (``auto`` picks it)."""
+    name = spec.name if spec.name != "auto" else ("categorical" if data.task == "classification" else "gaussian")
+    expected = "categorical" if data.task == "classification" else "gaussian"
+    if name != expected:
+        raise ZooInputError("likelihood.name", name, f"{data.name} is a {data.task} task; use {expected} or auto")
+    if name == "categorical":
+        return Categorical()
+    noise = None if spec.noise == "learned" else float(spec.noise) / data.y_std
+    return Gaussian(noise, spec.noise_prior.loc, spec.noise_prior.scale)
+
+
+def load_point_values(source: str) -> dict[str, torch.Tensor]:
+    """Point values by site name from a run directory, a point-estimate file or a plain net ``state_dict``."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / POINT_ESTIMATE_FILE
+    if not path.is_file():
+        raise ZooInputError("guide.init_from", source, "give a run directory (with point_estimate.pt) or a .pt file")
+    values = load_torch(path)
+    if not isinstance(values, dict) or not all(torch.is_tensor(v) for v in values.values()):
+        raise ZooInputError("guide.init_from", source, "the file must hold a dict of tensors keyed by site name")
+    return values
+
+
+def build(spec: RunSpec, data: Dataset):
+    """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
+    pyro.set_rng_seed(spec.seed)
+    net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation)
+    priors = assign_priors(spec.prior, [name for name, _ in net.named_parameters()])
+    family = registry.FAMILIES[spec.model.family](net, priors, build_likelihood(spec.likelihood, data))
+    registry.check_guide_fits(spec.model.family, spec.guide.name)
+    guide = registry.GUIDES[spec.guide.name].from_spec(family.latent_sites(), spec.guide)
+    if spec.guide.init_from:
+        matched = guide.init_from(load_point_values(spec.guide.init_from))
+        if not matched:
+            raise ZooInputError("guide.init_from", spec.guide.init_from, "no site name and shape matches this net")
+    return family, guide
+
+
+def prepare(spec: RunSpec) -> tuple[Dataset, object, torch.nn.Module, torch.device]:
+    """Load the data and build the family and guide on the spec's device and dtype."""
+    device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
+    data = load_dataset(spec.data, spec.seed)
+    family, guide = build(spec, data)
+    data = data.to(device, dtype)
+    family.to(device, dtype)
+    guide.to(device=device, dtype=dtype)
+    return data, family, guide, device
+
+
+@dataclass
+class RunSummary:
+    """Where a run's outputs went and its headline metrics."""
+
+    run_dir: Path
+    metrics: dict[str, float]
+    plot: Path | None
+
+
+def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bool = True, echo=print) -> RunSummary:
+    """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``."""
+    out = Path(out_dir)
+    if resume:
+        saved = out / SPEC_FILE
+        if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
+            raise ZooInputError("--resume", str(out),
+                                "the spec differs from the run's spec.yaml; resume with that spec")
+    elif (out / CHECKPOINT_FILE).exists():
+        raise ZooInputError("--out", str(out), "already holds a run; pass --resume to continue it, or pick a new --out")
+    data, family, guide, device = prepare(spec)
+    write_text(out / SPEC_FILE, spec_to_yaml(spec))
+    log = RunLog(out, echo)
+    log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
+        f"outputs; family {spec.model.family}, guide {spec.guide.name}, device {device}")
+    fit = registry.INFERENCE[spec.inference.method]
+    result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log, progress=progress)
+    posterior = GuidePosterior(family, guide)
+    metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
+    metrics["train_seconds"] = round(result.seconds, 3)
+    save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
+    write_json(out / METRICS_FILE, metrics)
+    plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
+    return RunSummary(out, metrics, plot)
+
+
+def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
+    """Rebuild a trained run's data and posterior from its spec.yaml and checkpoint."""
+    run = Path(run_dir)
+    if not (run / SPEC_FILE).exists() or not (run / CHECKPOINT_FILE).exists():
+        raise ZooInputError("RUN_DIR", str(run), "not a run directory (needs spec.yaml and checkpoint.pt)")
+    spec = load_spec(run / SPEC_FILE)
+    data, family, guide, device = prepare(spec)
+    state = load_torch(run / CHECKPOINT_FILE, device)
+    guide.load_state_dict(state["guide"])
+    with torch.no_grad():
+        for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
+            p.copy_(saved)
+    return spec, data, GuidePosterior(family, guide)

@@ -1,0 +1,162 @@
+"""Owns the matplotlib figures of the zoo (reliability diagram, 1-D uncertainty bands, pruning curves), saved to files.
+
+Figures are drawn on the non-interactive Agg canvas (``matplotlib.figure.Figure`` + ``FigureCanvasAgg``), never through
+pyplot's global figure registry, so importing this module does not change the caller's backend and no figure is left
+open. Files are written atomically: to a temporary file in the target directory, then ``os.replace``-d into place.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from zoo.metrics import ece, predictive_log_probs, reliability_bins
+
+__all__ = ["pruning_curve", "reliability_diagram", "uncertainty_band"]
+
+ArrayLike = Tensor | np.ndarray | Sequence[float]
+
+_MAX_DRAWS_SHOWN = 5
+
+
+def _np(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
+
+
+def _save_atomic(fig: Figure, path: str | os.PathLike) -> Path:
+    """Save ``fig`` to ``path`` via a temp file in the same directory and ``os.replace``; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format=fmt, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        fig.clear()
+    return path
+
+
+def reliability_diagram(
+    log_probs: Tensor, y: Tensor, path: str | os.PathLike, n_bins: int = 15, title: str = ""
+) -> Path:
+    """Accuracy per confidence bin against the diagonal, bin counts underneath, ECE in the title; saved to ``path``."""
+    ece_value = ece(log_probs, y, n_bins)  # also validates shapes and labels
+    top_lp, pred = predictive_log_probs(log_probs).max(dim=-1)
+    bins = reliability_bins(top_lp.exp(), pred == y, n_bins)
+
+    fig, axes = _new_figure(2, 1, (5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    ax, ax_hist = axes[0, 0], axes[1, 0]
+    width = 1.0 / n_bins
+    centres = (bins["lower"] + bins["upper"]) / 2
+    nonempty = bins["count"] > 0
+    acc = np.where(nonempty, bins["accuracy"], 0.0)
+    conf = np.where(nonempty, bins["confidence"], 0.0)
+    ax.bar(centres, acc, width=width, edgecolor="black", color="tab:blue", label="accuracy")
+    gap_bottom = np.minimum(acc, conf)
+    ax.bar(centres[nonempty], np.abs(conf - acc)[nonempty], bottom=gap_bottom[nonempty], width=width,
+           color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", label="gap to mean confidence")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(loc="upper left", fontsize="small")
+    heading = f"{title} (ECE = {ece_value:.3f})" if title else f"ECE = {ece_value:.3f}"
+    ax.set_title(heading)
+
+    ax_hist.bar(centres, bins["count"], width=width, edgecolor="black", color="tab:gray")
+    ax_hist.set_xlim(0, 1)
+    ax_hist.set_xlabel("confidence (top-class predictive probability)")
+    ax_hist.set_ylabel("count")
+    return _save_atomic(fig, path)
+
+
+def uncertainty_band(
+    x_train: ArrayLike,
+    y_train: ArrayLike,
+    x_grid: ArrayLike,
+    loc: ArrayLike,
+    scale: ArrayLike,
+    path: str | os.PathLike,
+    title: str = "",
+) -> Path:
+    """1-D regression plot: data, predictive mean, ±2 std total and epistemic bands, a few draws; saved to ``path``."""
+    xt, yt, xg, loc_np = _np(x_train).ravel(), _np(y_train).ravel(), _np(x_grid).ravel(), _np(loc)
+    if xt.shape != yt.shape:
+        raise ValueError(f"x_train and y_train must have the same length; got {xt.shape[0]} and {yt.shape[0]}")
+    if loc_np.ndim != 2 or loc_np.shape[1] != xg.shape[0] or loc_np.shape[0] == 0:
+        raise ValueError(f"loc must have shape [S, G] with G = len(x_grid) = {xg.shape[0]}; got {loc_np.shape}")
+    try:
+        scale_np = np.broadcast_to(_np(scale), loc_np.shape)
+    except ValueError as err:
+        raise ValueError(f"scale of shape {np.shape(_np(scale))} does not broadcast to loc's {loc_np.shape}") from err
+
+    order = np.argsort(xg, kind="stable")
+    xg, loc_np, scale_np = xg[order], loc_np[:, order], scale_np[:, order]
+    mean = loc_np.mean(axis=0)
+    epistemic_var = loc_np.var(axis=0)  # population variance over draws
+    total_std = np.sqrt((scale_np**2).mean(axis=0) + epistemic_var)  # variance of the Gaussian mixture
+    epistemic_std = np.sqrt(epistemic_var)
+
+    fig, axes = _new_figure(1, 1, (7, 4))
+    ax = axes[0, 0]
+    ax.fill_between(xg, mean - 2 * total_std, mean + 2 * total_std, color="tab:blue", alpha=0.2,
+                    linewidth=0, label="±2 std (total)")
+    ax.fill_between(xg, mean - 2 * epistemic_std, mean + 2 * epistemic_std, color="tab:blue", alpha=0.4,
+                    linewidth=0, label="±2 std (epistemic)")
+    n_show = min(_MAX_DRAWS_SHOWN, loc_np.shape[0])
+    for i in range(n_show):
+        label = "posterior draws" if i == 0 else None
+        ax.plot(xg, loc_np[i], color="tab:orange", linewidth=0.6, alpha=0.7, label=label)
+    ax.plot(xg, mean, color="tab:blue", linewidth=1.8, label="predictive mean")
+    ax.scatter(xt, yt, s=10, color="black", zorder=3, label="training data")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="best", fontsize="small")
+    return _save_atomic(fig, path)
+
+
+def pruning_curve(
+    fractions: ArrayLike, metric_values: Mapping[str, Sequence[float]], path: str | os.PathLike, title: str = ""
+) -> Path:
+    """Each metric against the fraction of weights pruned, one panel per metric; saved to ``path``."""
+    frac = _np(fractions).ravel()
+    if not metric_values:
+        raise ValueError("metric_values is empty; pass at least one metric name -> list of values")
+    for name, values in metric_values.items():
+        if len(values) != frac.shape[0]:
+            raise ValueError(f"metric {name!r} has {len(values)} values but there are {frac.shape[0]} fractions")
+
+    n = len(metric_values)
+    fig, axes = _new_figure(1, n, (4 * n, 3.5))
+    for ax, (name, values) in zip(axes[0], metric_values.items(), strict=True):
+        ax.plot(frac, _np(values), marker="o")
+        ax.set_xlabel("fraction pruned")
+        ax.set_ylabel(name)
+        ax.set_title(name)
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return _save_atomic(fig, path)

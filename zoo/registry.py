@@ -1,0 +1,50 @@
+"""Name -> constructor tables for every swappable part; ``zoo list`` prints them and the spec checks names here."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from guides.delta import DeltaGuide
+from guides.mean_field import MeanFieldNormalGuide
+from zoo.data import DATASETS
+from zoo.errors import ZooInputError
+from zoo.inference.elbo import ELBOS
+from zoo.inference.svi import fit_svi
+from zoo.likelihoods import LIKELIHOODS
+from zoo.models.mean_field import MeanFieldBNN
+from zoo.nets import ACTIVATIONS, NETS
+from zoo.spec import PriorConfig
+
+PRIORS = {get_args(cls.model_fields["name"].annotation)[0]: cls for cls in get_args(get_args(PriorConfig)[0])}
+FAMILIES = {"mean_field": MeanFieldBNN}
+GUIDES = {"mean_field": MeanFieldNormalGuide, "delta": DeltaGuide}
+# Which guides fit which family's latent structure (a guide outside this list is refused up front).
+FAMILY_GUIDES = {"mean_field": ("mean_field", "delta")}
+INFERENCE = {"svi": fit_svi}
+
+TABLES = {
+    "data sets": DATASETS,
+    "nets": {name: fn.__doc__.splitlines()[0] for name, fn in NETS.items()},
+    "activations": {name: cls.__name__ for name, cls in ACTIVATIONS.items()},
+    "priors": {name: cls.__doc__.splitlines()[0] for name, cls in PRIORS.items()},
+    "families": {name: cls.__doc__.splitlines()[0] for name, cls in FAMILIES.items()},
+    "guides": {name: cls.__doc__.splitlines()[0] for name, cls in GUIDES.items()},
+    "likelihoods": {name: cls.__doc__.splitlines()[0] for name, cls in LIKELIHOODS.items()},
+    "elbos": {"trace_mean_field": "analytic KL where registered, Monte Carlo elsewhere (default)",
+              "trace": "Monte Carlo KL everywhere"},
+    "inference": {name: fn.__doc__.splitlines()[0] for name, fn in INFERENCE.items()},
+}
+assert set(TABLES["elbos"]) == set(ELBOS)
+
+
+def check_choice(field: str, value: str, table: dict) -> None:
+    """Refuse a name that is not in ``table``, listing the names that are."""
+    if value not in table:
+        raise ValueError(f"unknown {field} {value!r}; use one of: {', '.join(sorted(table))}")
+
+
+def check_guide_fits(family: str, guide: str) -> None:
+    """Refuse a guide that does not fit the family's latent structure."""
+    allowed = FAMILY_GUIDES[family]
+    if guide not in allowed:
+        raise ZooInputError("guide.name", guide, f"family '{family}' takes the guides: {', '.join(allowed)}")

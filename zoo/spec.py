@@ -1,0 +1,262 @@
+"""The typed, validated run spec: data, net, prior, model, guide, likelihood, inference, seed, device."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from zoo.errors import ZooInputError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSpec(_Strict):
+    """Which data set, which split, and where its files live."""
+
+    name: str = Field(description="toy_gap | two_moons | digits | mnist1d | uci:<folder> | file:<path.csv|.npz>")
+    split: int = Field(0, ge=0, description="UCI split index (0..n_splits-1)")
+    dir: str | None = Field(None, description="data directory for UCI folders; falls back to $ZOO_DATA_DIR")
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="seeded test share where no split is given")
+    target: str | None = Field(None, description="file: the target column")
+    task: Literal["regression", "classification"] | None = Field(None, description="file: the task")
+    split_column: str | None = Field(None, description="file: column marking test rows (test/1/true)")
+    ood_classes: list[int] = Field(default_factory=list, description="classes held out of training as an OOD set")
+    n_train: int | None = Field(None, gt=1, description="synthetic sets: number of training points")
+    noise: float | None = Field(None, ge=0.0, description="synthetic sets: observation noise")
+
+
+# ----------------------------------------------------------------------------------------------- net
+class NetSpec(_Strict):
+    """A deterministic architecture; input and output widths come from the data."""
+
+    name: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [50], description="hidden layer widths")
+    activation: str = Field("relu", description="relu | tanh | gelu | elu | silu | sigmoid")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        if any(w < 1 for w in v):
+            raise ValueError(f"hidden widths must be positive integers, got {v}")
+        return v
+
+
+# --------------------------------------------------------------------------------------------- priors
+class NormalPrior(_Strict):
+    """Normal(loc, scale) on every element of the site."""
+
+    name: Literal["normal"] = "normal"
+    loc: float = 0.0
+    scale: PositiveFloat = 1.0
+
+
+class LaplacePrior(_Strict):
+    """Laplace(loc, scale): sparsity-promoting, analytic KL against a Normal guide."""
+
+    name: Literal["laplace"]
+    loc: float = 0.0
+    scale: PositiveFloat = 1.0
+
+
+class CauchyPrior(_Strict):
+    """Cauchy(loc, scale): heavy tails; the KL falls back to Monte Carlo."""
+
+    name: Literal["cauchy"]
+    loc: float = 0.0
+    scale: PositiveFloat = 1.0
+
+
+class ScaleMixturePrior(_Strict):
+    """Bayes-by-Backprop prior pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2); Monte Carlo KL."""
+
+    name: Literal["scale_mixture"]
+    pi: float = Field(0.5, gt=0.0, lt=1.0)
+    sigma1: PositiveFloat = 1.0
+    sigma2: PositiveFloat = 0.0024787521766663585  # e^-6, as in Blundell et al. 2015
+
+
+PriorConfig = Annotated[
+    NormalPrior | LaplacePrior | CauchyPrior | ScaleMixturePrior, Field(discriminator="name")
+]
+
+
+class PriorSpec(_Strict):
+    """A default prior for every weight site plus overrides by site-name glob (first match wins).
+
+    Written flat in YAML (``prior: {name: normal, scale: 1.0, sites: {"*.bias": {...}}}``).
+    """
+
+    default: PriorConfig = Field(default_factory=NormalPrior)
+    sites: dict[str, PriorConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_form(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "default" not in v:
+            v = dict(v)
+            sites = v.pop("sites", {})
+            return {"default": v or {"name": "normal"}, "sites": sites}
+        return v
+
+
+# ---------------------------------------------------------------------------------------- model/guide
+class ModelSpec(_Strict):
+    """Which model family turns the net and prior into a Pyro model."""
+
+    family: str = "mean_field"
+
+
+class GuideSpec(_Strict):
+    """The variational family and its initialisation."""
+
+    name: str = "mean_field"
+    init_rho: float = Field(-5.0, description="initial rho of sigma = softplus(rho)")
+    init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
+
+
+class NoisePrior(_Strict):
+    """LogNormal(loc, scale) prior on the noise sigma, in standardised target units."""
+
+    loc: float = -1.0
+    scale: PositiveFloat = 1.0
+
+
+class LikelihoodSpec(_Strict):
+    """Observation model: categorical for classes, Gaussian (fixed or learned noise) for regression."""
+
+    name: Literal["auto", "categorical", "gaussian"] = "auto"
+    noise: float | Literal["learned"] = Field(
+        "learned", description="fixed sigma in ORIGINAL target units, or 'learned' (a latent under noise_prior)"
+    )
+    noise_prior: NoisePrior = Field(default_factory=NoisePrior)
+
+    @field_validator("noise")
+    @classmethod
+    def _positive_noise(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and v <= 0:
+            raise ValueError(f"a fixed noise must be > 0, got {v}")
+        return v
+
+
+# ------------------------------------------------------------------------------------------ inference
+class InferenceSpec(_Strict):
+    """How the posterior is fitted and how many draws represent it at test time."""
+
+    method: str = "svi"
+    elbo: Literal["trace_mean_field", "trace"] = "trace_mean_field"
+    epochs: PositiveInt | None = 100
+    num_steps: PositiveInt | None = Field(None, description="overrides epochs when set")
+    batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
+    optimizer: Literal["adam", "clipped_adam"] = "adam"
+    lr: PositiveFloat = 1e-3
+    clip_norm: PositiveFloat = 10.0
+    lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="clipped_adam: per-step lr decay factor")
+    num_particles: PositiveInt = 1
+    kl_annealing_steps: NonNegativeInt = Field(0, description="linear warm-up of the KL weight from 0 to 1")
+    local_reparam: bool = False
+    checkpoint_every: PositiveInt = 1000
+    predictive_samples: PositiveInt = 100
+
+
+class RunSpec(_Strict):
+    """A whole run: any valid combination of parts is one spec away."""
+
+    data: DataSpec
+    net: NetSpec = Field(default_factory=NetSpec)
+    prior: PriorSpec = Field(default_factory=PriorSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    guide: GuideSpec = Field(default_factory=GuideSpec)
+    likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec)
+    inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    seed: NonNegativeInt = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "float64"] = "float32"
+
+    @model_validator(mode="after")
+    def _known_names(self) -> RunSpec:
+        from zoo import registry  # registry imports the modules that use this spec
+
+        registry.check_choice("net.name", self.net.name, registry.NETS)
+        registry.check_choice("net.activation", self.net.activation, registry.ACTIVATIONS)
+        registry.check_choice("model.family", self.model.family, registry.FAMILIES)
+        registry.check_choice("guide.name", self.guide.name, registry.GUIDES)
+        registry.check_choice("inference.method", self.inference.method, registry.INFERENCE)
+        return self
+
+
+# --------------------------------------------------------------------------------------- load / dump
+def _format_pydantic_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "tagged-union")))
+        given = e.get("input")
+        given_txt = "" if isinstance(given, dict) else f"got {given!r}; "
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc or 'spec'}: {given_txt}{msg}")
+    return "\n".join(lines)
+
+
+def set_path(tree: dict, dotted: str, value: Any) -> None:
+    """Set ``tree['a']['b'] = value`` for ``dotted='a.b'``, creating dicts on the way."""
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        if not isinstance(node.get(k, {}), dict):
+            raise ZooInputError("--set", dotted, f"'{k}' is not a section, so it has no key '{keys[-1]}'")
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+
+
+def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
+    """Parse ``key.path=value`` strings; values are read as YAML (numbers, lists, booleans, null)."""
+    out = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ZooInputError("--set", pair, "write overrides as key.path=value, e.g. --set data.split=3")
+        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else None))
+    return out
+
+
+def load_spec(source: str | Path | dict, overrides: list[str] | None = None) -> RunSpec:
+    """Read a spec from a YAML file or a dict, apply ``--set`` overrides, and validate it."""
+    if isinstance(source, dict):
+        tree = copy.deepcopy(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ZooInputError("spec", str(path), f"is not valid YAML: {exc}") from None
+        if not isinstance(tree, dict):
+            raise ZooInputError("spec", str(path), "the top level must be a mapping of sections (data, net, ...)")
+    for key, value in parse_overrides(overrides or []):
+        set_path(tree, key, value)
+    try:
+        return RunSpec.model_validate(tree)
+    except ValidationError as exc:
+        text = _format_pydantic_error(exc)
+        raise ZooInputError("spec", tree, text, message=f"invalid spec; fix these fields:\n{text}") from None
+
+
+def spec_to_yaml(spec: RunSpec) -> str:
+    """The fully resolved spec as YAML (what a run directory records)."""
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
