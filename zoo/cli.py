@@ -43,11 +43,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         overrides.append(f"data.dir={args.data_dir}")
     spec = load_spec(args.spec, overrides)
     summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
-                    echo=lambda line: console.print(line, soft_wrap=True))
+                    echo=lambda line: console.print(line, soft_wrap=True, markup=False))
     console.print(_metric_list(f"{spec.model.family} / {spec.guide.name} on {spec.data.name}", summary.metrics))
-    console.print(f"run directory: {summary.run_dir}")
+    console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
-        console.print(f"plot: {summary.plot}")
+        console.print(f"plot: {summary.plot}", soft_wrap=True, markup=False)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -83,7 +83,7 @@ def cmd_prune(args: argparse.Namespace) -> None:
                                run_dir / "pruning.png", title=f"{spec.data.name}: pruning by |mu|/sigma")
     shown = [{"fraction": r["fraction"], **{k: r[k] for k in keys}} for r in rows]
     console.print(_metrics_table("signal-to-noise pruning (test set)", shown, first="fraction"))
-    console.print(f"written: {run_dir / 'prune.json'}, {plot}")
+    console.print(f"written: {run_dir / 'prune.json'}, {plot}", soft_wrap=True, markup=False)
 
 
 def cmd_list(args: argparse.Namespace) -> None:

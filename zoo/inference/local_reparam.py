@@ -42,7 +42,7 @@ class LocalReparameterization(Messenger):
             msg["infer"] = {**msg["infer"], _FRESH: True}
 
     def _pyro_post_sample(self, msg: dict) -> None:
-        if msg["infer"].get(_FRESH):
+        if msg["infer"].pop(_FRESH, False):  # pop: replay hands the guide's infer dict to the model site
             normal = _normal_base(msg["fn"])
             if normal is not None:
                 self._normals[id(msg["value"])] = (msg["value"], normal)

@@ -13,6 +13,7 @@ from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood
 from zoo.models.base import LatentSite
+from zoo.nets import ParameterSwap
 from zoo.priors import prior_distribution
 from zoo.spec import PriorConfig
 
@@ -29,6 +30,7 @@ class MeanFieldBNN:
         if missing:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
+        self._swap = ParameterSwap(net)
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
@@ -46,8 +48,8 @@ class MeanFieldBNN:
         self.net.to(device=device, dtype=dtype)
         return self
 
-    def prior(self, name: str) -> dist.TorchDistribution:
-        """The prior of weight site ``name`` on the net's device and dtype (built once, then reused)."""
+    def priors(self) -> dict[str, dist.TorchDistribution]:
+        """The prior of every weight site on the net's device and dtype (built once, then reused)."""
         ref = next(self.net.parameters())
         key = (ref.device, ref.dtype)
         if key not in self._priors:
@@ -55,12 +57,13 @@ class MeanFieldBNN:
                 n: prior_distribution(self.prior_configs[n], p.shape, ref.device, ref.dtype)
                 for n, p in self.net.named_parameters()
             }
-        return self._priors[key][name]
+        return self._priors[key]
 
     # -- the Pyro model --------------------------------------------------------------------------------
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
         """Sample the weights, then observe ``y`` on the rows ``batch`` (scaled up to all ``len(x)`` rows)."""
-        weights = {name: pyro.sample(name, self.prior(name)) for name in self.weight_names}
+        priors = self.priors()
+        weights = {name: pyro.sample(name, priors[name]) for name in self.weight_names}
         latents = self.likelihood.sample_latents(x)
         with pyro.plate("data", x.shape[0], subsample=batch):
             xb = x if batch is None else x[batch]
@@ -69,7 +72,7 @@ class MeanFieldBNN:
 
     def forward(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The net's output under one set of weights ``[B, out]``."""
-        return functional_call(self.net, weights, (x,))
+        return self._swap(weights, x)
 
     def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs under S weight draws ``{name: [S, ...]}`` at once: ``[S, B, out]``."""

@@ -1,0 +1,39 @@
+# The two commands: `make demo` (train, evaluate and prune a zoo member on built-in data) and `make test`.
+# Both bootstrap .venv idempotently. torch==2.13.0 (the CPU wheel) is installed only when no torch imports,
+# so a CUDA build installed into .venv beforehand is kept.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.zoo-bootstrapped
+DEMO_DIR ?= runs/demo
+
+.PHONY: bootstrap test test-all lint demo benchmarks clean
+
+bootstrap: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	@$(PY) -c "import torch" 2>/dev/null && echo "keeping the installed torch" || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check zoo guides tests benchmarks
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(PY) -m ruff check zoo guides tests benchmarks
+
+demo: $(STAMP)
+	rm -rf $(DEMO_DIR)
+	$(VENV)/bin/zoo train configs/mean_field_toy.yaml --out $(DEMO_DIR)/mean_field_toy
+	$(VENV)/bin/zoo train configs/mean_field_digits.yaml --out $(DEMO_DIR)/mean_field_digits
+	$(VENV)/bin/zoo prune $(DEMO_DIR)/mean_field_digits --fractions 0.5,0.75,0.95,0.98
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

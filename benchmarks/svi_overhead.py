@@ -1,0 +1,141 @@
+"""SVI step overhead: the zoo's mean-field step against the same maths hand-written in PyTorch, side by side.
+
+Both sides: a factorised Normal posterior (sigma = softplus(rho)) over every weight and bias, Normal(0, 1)
+prior with its closed-form KL, reparameterised weight samples, categorical likelihood scaled by N/B,
+the same fused Adam, the same minibatch order. The zoo side is exactly the step training runs
+(`zoo.inference.svi.SVIStep` on `MeanFieldBNN` + `MeanFieldNormalGuide`). Timings alternate between the two
+in rounds so machine noise hits both alike; the ratio is zoo / hand-written (lower is better).
+
+    python benchmarks/svi_overhead.py [--rounds 7] [--steps 100] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from guides.mean_field import MeanFieldNormalGuide
+from zoo.data.digits import load_digits
+from zoo.inference.elbo import LazyTraceMeanField_ELBO
+from zoo.inference.svi import SVIStep, make_optimizer
+from zoo.likelihoods import Categorical
+from zoo.models.mean_field import MeanFieldBNN
+from zoo.nets import build_mlp
+from zoo.priors import assign_priors
+from zoo.runs import write_json
+from zoo.spec import InferenceSpec, PriorSpec
+
+BATCH = 128
+INIT_RHO = -5.0
+
+
+def batches(n: int, seed: int):
+    """Endless minibatch index tensors: a fresh permutation per epoch (same order for both sides)."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        yield from perm.split(BATCH)
+
+
+def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec):
+    """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``."""
+    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
+    names = [n for n, _ in net.named_parameters()]
+    family = MeanFieldBNN(net, assign_priors(PriorSpec(), names), Categorical())
+    guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)
+    step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), make_optimizer(list(guide.parameters()), spec))
+    order = batches(len(x), seed=1)
+    return lambda: step(x, y, next(order))
+
+
+def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec):
+    """The same model and estimator written directly in PyTorch."""
+    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    locs = [p.detach().clone().requires_grad_() for m in linears for p in (m.weight, m.bias)]
+    rhos = [torch.full_like(p, INIT_RHO, requires_grad=True) for p in locs]
+    optimizer = make_optimizer(locs + rhos, spec)
+    order = batches(len(x), seed=1)
+    n = len(x)
+
+    def step() -> float:
+        idx = next(order)
+        xb, yb = x[idx], y[idx]
+        kl, h, weights = 0.0, xb, []
+        for loc, rho in zip(locs, rhos, strict=True):
+            sigma = F.softplus(rho)
+            weights.append(loc + sigma * torch.randn_like(sigma))
+            kl = kl + (0.5 * (sigma**2 + loc**2 - 1.0) - torch.log(sigma)).sum()
+        for i in range(0, len(weights), 2):
+            h = F.linear(h, weights[i], weights[i + 1])
+            if i + 2 < len(weights):
+                h = F.relu(h)
+        loss = kl + n / len(idx) * F.cross_entropy(h, yb, reduction="sum")
+        value = float(loss.detach())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return value
+
+    return step
+
+
+def time_side_by_side(a, b, rounds: int, steps: int, warmup: int = 20) -> tuple[list[float], list[float]]:
+    """Microseconds per step of ``a`` and ``b``, alternating in ``rounds`` blocks of ``steps``."""
+    for _ in range(warmup):
+        a()
+        b()
+    ta, tb = [], []
+    for _ in range(rounds):
+        for fn, out in ((a, ta), (b, tb)):
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            out.append((time.perf_counter() - start) / steps * 1e6)
+    return ta, tb
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run both cases and print the table; returns the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    spec = InferenceSpec(lr=1e-3)
+    digits = load_digits(seed=0)
+    synthetic_x = torch.randn(10_000, 784)
+    synthetic_y = torch.randint(0, 10, (10_000,))
+    cases = {
+        "digits 64-100-10": ([64, 100, 10], digits.x_train, digits.y_train),
+        "784-400-400-10": ([784, 400, 400, 10], synthetic_x, synthetic_y),
+    }
+    results = {"batch_size": BATCH, "rounds": args.rounds, "steps_per_round": args.steps,
+               "threads": torch.get_num_threads(), "cases": {}}
+    table = Table(title=f"mean-field SVI step, batch {BATCH} ({torch.get_num_threads()} threads)")
+    for col in ("case", "zoo µs/step", "hand-written µs/step", "ratio (median)", "ratio (best round)"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for name, (sizes, x, y) in cases.items():
+        zoo_us, hand_us = time_side_by_side(zoo_step(sizes, x, y, spec), hand_step(sizes, x, y, spec),
+                                            args.rounds, args.steps)
+        ratios = [z / h for z, h in zip(zoo_us, hand_us, strict=True)]
+        row = {"zoo_us_per_step": statistics.median(zoo_us), "hand_us_per_step": statistics.median(hand_us),
+               "ratio_median": statistics.median(ratios), "ratio_best_round": min(ratios), "ratios": ratios}
+        results["cases"][name] = row
+        table.add_row(name, f"{row['zoo_us_per_step']:.0f}", f"{row['hand_us_per_step']:.0f}",
+                      f"{row['ratio_median']:.2f}", f"{row['ratio_best_round']:.2f}")
+    Console().print(table)
+    if args.json:
+        write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
