@@ -35,7 +35,11 @@ class MeanFieldNormalGuide(SiteGuide):
         """N(mu, softplus(rho)^2) over the site, pushed through the support's bijection when constrained."""
         site = self.sites[name]
         base = dist.Normal(self.loc[_key(name)], self.scale(name))
-        if site.support is not constraints.real:
+        if site.support is constraints.positive:
+            # the same q as Normal pushed through biject_to(positive) (exp, then +0), but as a LogNormal, which
+            # kl_divergence pairs with a LogNormal prior analytically (the composed transform it cannot match)
+            base = dist.LogNormal(self.loc[_key(name)], self.scale(name))
+        elif site.support is not constraints.real:
             base = dist.TransformedDistribution(base, [biject_to(site.support)])
         return base.to_event(len(site.shape))
 

@@ -33,6 +33,11 @@ class DataSpec(_Strict):
     split: int = Field(0, ge=0, description="UCI split index (0..n_splits-1)")
     dir: str | None = Field(None, description="data directory for UCI folders; falls back to $ZOO_DATA_DIR")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="seeded test share where no split is given")
+    validation_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="tuning mode: > 0 carves this seeded share of the TRAINING rows out as the evaluation set "
+        "(reported as 'test'); the real test split is never read and statistics come from the remaining rows",
+    )
     target: str | None = Field(None, description="file: the target column")
     task: Literal["regression", "classification"] | None = Field(None, description="file: the task")
     split_column: str | None = Field(None, description="file: column marking test rows (test/1/true)")
@@ -108,10 +113,17 @@ class PriorSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _flat_form(cls, v: Any) -> Any:
-        if isinstance(v, dict) and "default" not in v:
-            v = dict(v)
+        # Accept the flat YAML form; a prior written without a name is a Normal.
+        if not isinstance(v, dict):
+            return v
+        v = dict(v)
+        if "default" not in v:
             sites = v.pop("sites", {})
-            return {"default": v or {"name": "normal"}, "sites": sites}
+            v = {"default": v, "sites": sites}
+        if isinstance(v["default"], dict):
+            v["default"] = {"name": "normal", **v["default"]}
+        if isinstance(v.get("sites"), dict):
+            v["sites"] = {k: {"name": "normal", **c} if isinstance(c, dict) else c for k, c in v["sites"].items()}
         return v
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from zoo.data.base import Dataset, make_dataset
+from zoo.data.base import Dataset, carve_validation, make_dataset
 from zoo.errors import ZooInputError
 from zoo.spec import DataSpec
 
-__all__ = ["DATASETS", "Dataset", "load_dataset", "make_dataset"]
+__all__ = ["DATASETS", "Dataset", "carve_validation", "load_dataset", "make_dataset"]
 
 DATASETS: dict[str, str] = {
     "toy_gap": "1-D regression, two input clusters with a gap between them (in-between uncertainty)",
@@ -51,7 +51,17 @@ def _given(spec: DataSpec, *fields: str) -> dict[str, Any]:
 
 
 def load_dataset(spec: DataSpec, seed: int) -> Dataset:
-    """Load the data set that ``spec`` names, standardised with its training statistics."""
+    """Load the data set that ``spec`` names, standardised with its training statistics.
+
+    With ``validation_fraction > 0`` the evaluation set is a seeded share of the training rows instead of the
+    test split (see :func:`zoo.data.base.carve_validation`), for every data set alike.
+    """
+    data = _load(spec, seed)
+    return carve_validation(data, spec.validation_fraction, seed) if spec.validation_fraction > 0 else data
+
+
+def _load(spec: DataSpec, seed: int) -> Dataset:
+    """The data set as its loader returns it (train and real test split)."""
     name = spec.name
     kind = next((p for p in ("uci:", "file:") if name.startswith(p)), name)
     if kind not in _FIELDS:

@@ -134,3 +134,43 @@ def make_dataset(
                             f"labels must be integers in 0..{n_classes - 1}")
     return Dataset(name, task, standardise(x_train), y_train_t, standardise(x_test), y_test_t,
                    n_classes, 0.0, 1.0, ood, class_names, x_stats[0], x_stats[1])
+
+
+VALIDATION_STREAM = 7919  # mixed into the seed so the carve does not reuse any loader's own random stream
+
+
+def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
+    """Hold out a seeded ``fraction`` of the TRAINING rows as the evaluation set, for honest tuning.
+
+    The returned Dataset's ``x_test``/``y_test`` are those validation rows; the real test split is dropped, so
+    nothing tuned on it sees a test label. Inputs and targets are mapped back to raw units and standardised
+    again with the statistics of the remaining training rows only (no statistic of the validation rows leaks
+    into training). OOD sets are kept, re-standardised the same way. ``fraction == 0`` returns ``data`` as is.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= float(fraction) < 1.0:
+        raise ZooInputError("data.validation_fraction", fraction, "use a number in [0, 1); 0 means no validation")
+    if fraction == 0:
+        return data
+    n = data.n_train
+    n_val = max(1, int(round(float(fraction) * n)))
+    if n - n_val < 2:
+        raise ZooInputError("data.validation_fraction", fraction,
+                            f"only {n} training rows: {n_val} for validation would leave fewer than 2 to train on")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), VALIDATION_STREAM]))
+    perm = rng.permutation(n)
+    val, keep = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+
+    def raw_x(x: torch.Tensor) -> np.ndarray:
+        x = x.detach().cpu().to(torch.float64)
+        if data.x_std is not None and data.x_mean is not None:
+            x = x * data.x_std.detach().cpu().to(torch.float64) + data.x_mean.detach().cpu().to(torch.float64)
+        return x.numpy()
+
+    x = raw_x(data.x_train)
+    if data.task == "regression":
+        y = data.y_train.detach().cpu().to(torch.float64).numpy() * data.y_std + data.y_mean
+    else:
+        y = data.y_train.detach().cpu().numpy()
+    ood = {k: raw_x(v) for k, v in data.x_ood.items()}
+    return make_dataset(f"{data.name} (validation)", data.task, x[keep], y[keep], x[val], y[val], x_ood=ood,
+                        n_classes=data.n_classes, class_names=data.class_names)

@@ -90,9 +90,13 @@ def describe_kl(kl_methods: dict[str, str]) -> str:
     return f"KL analytic: {', '.join(analytic) or '-'} | KL Monte Carlo: {', '.join(mc) or '-'}"
 
 
+def _non_finite(params: dict[str, torch.Tensor]) -> list[str]:
+    return [n for n, p in params.items() if not torch.isfinite(p).all()]
+
+
 def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], step: int, ckpt: Path | None) -> str:
     bad_terms = [n for n, t in elbo.last_terms.items() if not torch.isfinite(t).all()]
-    bad_params = [n for n, p in params.items() if not torch.isfinite(p).all()]
+    bad_params = _non_finite(params)
     where = f"last good checkpoint: {ckpt}" if ckpt is not None and ckpt.exists() else "no checkpoint was written yet"
     hints = "lower inference.lr, use optimizer: clipped_adam, or start from a smaller guide.init_rho"
     return (f"ELBO is not finite at step {step}. Non-finite terms: {', '.join(bad_terms) or 'none'}; "
@@ -129,6 +133,10 @@ def fit_svi(
     def checkpoint() -> None:
         if ckpt_path is None:
             return
+        bad = _non_finite(named)
+        if bad:  # never overwrite the last good checkpoint with a broken state
+            raise TrainingDiverged(f"parameters became non-finite by step {step}: {', '.join(bad)}; "
+                                   f"{ckpt_path} holds the last good state. Lower inference.lr or use clipped_adam.")
         save_torch(ckpt_path, {
             "step": step, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
             "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "order_rng": order.get_state(),
@@ -151,12 +159,18 @@ def fit_svi(
         result.losses, result.seconds, result.kl_methods = state["losses"], state["seconds"], state["kl_methods"]
         log(f"resumed from {ckpt_path} at step {step}/{n_steps}")
 
+    bad = _non_finite(named)
+    if bad:
+        raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
     x, y = data.x_train, data.y_train
     svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     started = time.perf_counter()
+    at_step = None
     try:
         while step < n_steps:
+            # the state this step starts from: a Ctrl-C mid-step rolls back to it, so that resume is exact
+            at_step = torch.get_rng_state(), order.get_state(), perm
             batch = None
             if spec.batch_size is not None and spec.batch_size < n_train:
                 within = step % per_epoch
@@ -172,6 +186,7 @@ def fit_svi(
                 log(describe_kl(result.kl_methods))
             result.losses.append(value)
             step += 1
+            at_step = None
             bar.update(1)
             if step % 50 == 0 or step == n_steps:
                 recent = result.losses[-50:]
@@ -182,6 +197,10 @@ def fit_svi(
                 checkpoint()
     except KeyboardInterrupt:
         result.seconds += time.perf_counter() - started
+        if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
+            torch.set_rng_state(at_step[0])
+            order.set_state(at_step[1])
+            perm = at_step[2]
         checkpoint()
         log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
         raise

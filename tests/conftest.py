@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny run specs and a few small end-to-end runs trained once per test session."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from zoo.pipeline import train
+from zoo.spec import RunSpec, load_spec
+
+# Tiny tensors: one thread is faster than two, and far faster when another process keeps a core busy.
+torch.set_num_threads(1)
+
+# Tiny but real: a few hundred milliseconds of training each on one CPU core.
+SPECS: dict[str, dict] = {
+    "toy": {
+        "data": {"name": "toy_gap"},
+        "net": {"hidden": [8], "activation": "tanh"},
+        "inference": {"num_steps": 200, "batch_size": 32, "lr": 0.01, "checkpoint_every": 100,
+                      "predictive_samples": 20},
+        "device": "cpu",
+        "seed": 0,
+    },
+    "digits": {
+        "data": {"name": "digits", "ood_classes": [8, 9]},
+        "net": {"hidden": [16]},
+        "prior": {"name": "scale_mixture", "pi": 0.5, "sigma1": 1.0, "sigma2": 0.0025,
+                  "sites": {"*.bias": {"name": "normal", "scale": 1.0}}},
+        "guide": {"init_rho": -5.0},
+        "inference": {"num_steps": 100, "batch_size": 64, "lr": 0.01, "local_reparam": True,
+                      "predictive_samples": 20},
+        "device": "cpu",
+        "seed": 0,
+    },
+}
+
+
+def make_spec(base: str = "toy", *overrides: str) -> RunSpec:
+    """A validated tiny spec, with ``--set``-style overrides."""
+    return load_spec(copy.deepcopy(SPECS[base]), list(overrides))
+
+
+@pytest.fixture(scope="session")
+def spec_factory():
+    """``spec_factory("toy", "inference.num_steps=10", ...)`` -> RunSpec."""
+    return make_spec
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """The reference toy_gap run (mean-field, learned noise, minibatches of 32, checkpoints every 100 steps)."""
+    return train(make_spec("toy"), tmp_path_factory.mktemp("toy") / "run", progress=False, echo=None)
+
+
+@pytest.fixture(scope="session")
+def map_run(tmp_path_factory):
+    """A MAP fit (Delta guide) of the toy net, for initialising mean-field guides."""
+    spec = make_spec("toy", "guide.name=delta", "inference.num_steps=100", "inference.predictive_samples=2")
+    return train(spec, tmp_path_factory.mktemp("map") / "run", progress=False, echo=None)

@@ -1,0 +1,364 @@
+"""End-to-end SVI through ``zoo.pipeline.train``: run files, exact reproducibility and resume, divergence,
+KL annealing, MAP initialisation, pruning and the learned noise."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyro
+import pytest
+import torch
+
+import zoo.inference.svi as svi
+import zoo.pipeline as pipeline
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import prune_by_snr
+from zoo.inference.elbo import ANALYTIC, ELBOS, LazyTraceMeanField_ELBO
+from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
+from zoo.posterior import GuidePosterior
+from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
+from zoo.spec import load_spec
+
+REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
+CLASSIFICATION_KEYS = {"accuracy", "nll", "ece", "brier", "ood_auroc_entropy", "ood_auroc_mi", "train_seconds"}
+
+
+def run(spec, out, **kwargs):
+    return train(spec, out, progress=False, echo=None, **kwargs)
+
+
+def checkpoint(run_dir):
+    return load_torch(run_dir / CHECKPOINT_FILE)
+
+
+def metrics_without_time(run_dir):
+    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    metrics.pop("train_seconds")
+    return metrics
+
+
+def assert_same_guide(dir_a, dir_b):
+    a, b = checkpoint(dir_a), checkpoint(dir_b)
+    assert a["step"] == b["step"]
+    assert a["guide"].keys() == b["guide"].keys()
+    for name in a["guide"]:
+        assert torch.equal(a["guide"][name], b["guide"][name]), name
+    assert a["losses"] == b["losses"]
+
+
+@pytest.fixture
+def guide_hook(monkeypatch):
+    """``guide_hook(fn)``: call ``fn(guide, call_index)`` after every guide run inside ``train``."""
+
+    def install(fn, pre=False):
+        real_build = pipeline.build
+        calls = []
+
+        def build(spec, data):
+            family, guide = real_build(spec, data)
+
+            def hook(module, *args):
+                calls.append(None)
+                fn(module, len(calls) - 1)
+
+            (guide.register_forward_pre_hook if pre else guide.register_forward_hook)(hook)
+            return family, guide
+
+        monkeypatch.setattr(pipeline, "build", build)
+        return calls
+
+    return install
+
+
+def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
+    """Raise ``exc`` at the start of SVI step ``step`` (before it draws anything)."""
+    real = svi.kl_weight
+
+    def kl_weight(s, spec):
+        if s == step:
+            raise exc("simulated")
+        return real(s, spec)
+
+    monkeypatch.setattr(svi, "kl_weight", kl_weight)
+
+
+# ------------------------------------------------------------------------------------------- run files
+def test_regression_run_directory(toy_run, spec_factory):
+    out = toy_run.run_dir
+    for name in (SPEC_FILE, METRICS_FILE, CHECKPOINT_FILE, POINT_ESTIMATE_FILE, "uncertainty.png", "train.log"):
+        assert (out / name).is_file(), name
+    assert toy_run.plot == out / "uncertainty.png"
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert set(metrics) == REGRESSION_KEYS
+    assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+    assert metrics == toy_run.metrics
+    assert load_spec(out / SPEC_FILE) == spec_factory("toy")
+    state = checkpoint(out)
+    assert state["step"] == 200 and state["done"] is True and len(state["losses"]) == 200
+    point = load_torch(out / POINT_ESTIMATE_FILE)
+    assert set(point) == {"hidden0.weight", "hidden0.bias", "out.weight", "out.bias", "noise_scale"}
+    assert point["hidden0.weight"].shape == (8, 1) and float(point["noise_scale"]) > 0
+
+
+def test_classification_run_directory(tmp_path, spec_factory):
+    summary = run(spec_factory("digits"), tmp_path / "digits")
+    out = summary.run_dir
+    for name in (SPEC_FILE, METRICS_FILE, CHECKPOINT_FILE, POINT_ESTIMATE_FILE, "reliability.png"):
+        assert (out / name).is_file(), name
+    assert summary.plot == out / "reliability.png"
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert CLASSIFICATION_KEYS <= set(metrics)
+    assert {"ood_auroc_entropy_heldout_classes", "ood_auroc_entropy_image_patches"} <= set(metrics)
+    assert metrics["ood_auroc_entropy"] == metrics["ood_auroc_entropy_heldout_classes"]
+    assert metrics["ood_auroc_mi"] == metrics["ood_auroc_mi_heldout_classes"]
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["accuracy"] > 0.85  # 8 classes: chance is 0.125; 100 steps of BBB with local reparam learn
+    kl = checkpoint(out)["kl_methods"]
+    assert kl == {"hidden0.weight": "monte_carlo", "hidden0.bias": "analytic",
+                  "out.weight": "monte_carlo", "out.bias": "analytic"}
+
+
+# --------------------------------------------------------------------------------- reproducibility
+def test_seeded_runs_reproduce_exactly(toy_run, tmp_path, spec_factory):
+    again = run(spec_factory("toy"), tmp_path / "again")
+    assert metrics_without_time(again.run_dir) == metrics_without_time(toy_run.run_dir)
+    assert_same_guide(again.run_dir, toy_run.run_dir)
+    a, b = load_torch(again.run_dir / POINT_ESTIMATE_FILE), load_torch(toy_run.run_dir / POINT_ESTIMATE_FILE)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_another_seed_gives_another_run(toy_run, tmp_path, spec_factory):
+    other = run(spec_factory("toy", "seed=1", "inference.num_steps=20"), tmp_path / "other")
+    a, b = checkpoint(other.run_dir)["guide"], checkpoint(toy_run.run_dir)["guide"]
+    assert not torch.equal(a["loc.hidden0/weight"], b["loc.hidden0/weight"])
+
+
+def test_crash_after_checkpoint_then_resume_is_exact(toy_run, tmp_path, spec_factory, monkeypatch):
+    out = tmp_path / "crashed"
+    interrupt_at(monkeypatch, 150, exc=RuntimeError)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run(spec_factory("toy"), out)
+    assert checkpoint(out)["step"] == 100  # the crash left the last periodic checkpoint
+    monkeypatch.undo()
+    resumed = run(spec_factory("toy"), out, resume=True)
+    assert_same_guide(out, toy_run.run_dir)
+    assert metrics_without_time(resumed.run_dir) == metrics_without_time(toy_run.run_dir)
+    assert "resumed from" in (out / "train.log").read_text()
+
+
+def test_ctrl_c_between_steps_then_resume_is_exact(toy_run, tmp_path, spec_factory, monkeypatch):
+    out = tmp_path / "interrupted"
+    interrupt_at(monkeypatch, 130)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec_factory("toy"), out)
+    assert checkpoint(out)["step"] == 130
+    monkeypatch.undo()
+    run(spec_factory("toy"), out, resume=True)
+    assert_same_guide(out, toy_run.run_dir)
+
+
+def test_ctrl_c_in_the_middle_of_a_step_then_resume_is_exact(toy_run, tmp_path, spec_factory, guide_hook,
+                                                            monkeypatch):
+    """Ctrl-C lands while the ELBO is being computed (after the step drew its weights and its minibatch)."""
+
+    def interrupt(guide, call):
+        if call == 128:  # step 128 starts an epoch (4 minibatches of 32 per epoch): a new permutation was drawn
+            raise KeyboardInterrupt
+
+    out = tmp_path / "mid_step"
+    guide_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec_factory("toy"), out)
+    assert checkpoint(out)["step"] == 128
+    monkeypatch.undo()
+    run(spec_factory("toy"), out, resume=True)
+    assert_same_guide(out, toy_run.run_dir)
+
+
+def test_existing_run_is_not_overwritten(toy_run, spec_factory):
+    before = (toy_run.run_dir / CHECKPOINT_FILE).read_bytes()
+    with pytest.raises(ZooInputError) as info:
+        run(spec_factory("toy"), toy_run.run_dir)
+    assert info.value.field == "--out" and "--resume" in str(info.value)
+    assert (toy_run.run_dir / CHECKPOINT_FILE).read_bytes() == before
+
+
+def test_resume_without_checkpoint_is_refused(tmp_path, spec_factory):
+    with pytest.raises(ZooInputError) as info:
+        run(spec_factory("toy", "inference.num_steps=5"), tmp_path / "fresh", resume=True)
+    assert info.value.field == "--resume" and "checkpoint" in str(info.value)
+    assert not (tmp_path / "fresh" / CHECKPOINT_FILE).exists()
+
+
+def test_resume_with_another_spec_is_refused(toy_run, spec_factory):
+    with pytest.raises(ZooInputError) as info:
+        run(spec_factory("toy", "inference.lr=0.02"), toy_run.run_dir, resume=True)
+    assert info.value.field == "--resume" and "spec.yaml" in str(info.value)
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path, spec_factory):
+    spec = spec_factory("toy", "inference.num_steps=10", "inference.predictive_samples=3")
+    out = tmp_path / "done"
+    first = run(spec, out)
+    guide_before = checkpoint(out)["guide"]
+    second = run(spec, out, resume=True)
+    assert all(torch.equal(guide_before[k], v) for k, v in checkpoint(out)["guide"].items())
+    assert {k: v for k, v in first.metrics.items() if k != "train_seconds"} == \
+        {k: v for k, v in second.metrics.items() if k != "train_seconds"}
+
+
+# ---------------------------------------------------------------------------------------- divergence
+def test_nan_elbo_stops_with_the_step_and_the_sites(tmp_path, spec_factory, guide_hook):
+    def poison(guide, call):
+        if call == 15:  # before step 15 samples: out.bias becomes NaN
+            with torch.no_grad():
+                guide.loc["out/bias"].fill_(float("nan"))
+
+    guide_hook(poison, pre=True)
+    out = tmp_path / "diverged"
+    spec = spec_factory("toy", "inference.checkpoint_every=10")
+    with pytest.raises(TrainingDiverged) as info:
+        run(spec, out)
+    msg = str(info.value)
+    assert "step 15" in msg
+    assert "out.bias" in msg and "out/bias" in msg  # the term of that site and the guide parameter
+    assert "hidden0.weight" not in msg
+    assert f"last good checkpoint: {out / CHECKPOINT_FILE}" in msg
+    state = checkpoint(out)
+    assert state["step"] == 10
+    _, _, posterior = load_run(out)
+    assert all(torch.isfinite(p).all() for p in posterior.guide.parameters())
+
+
+def test_absurd_learning_rate_diverges_cleanly(tmp_path, spec_factory):
+    spec = spec_factory("toy", "inference.lr=1e30", "inference.num_steps=50", "inference.batch_size=null",
+                        "likelihood.noise=0.1")
+    with pytest.raises(TrainingDiverged, match=r"ELBO is not finite at step \d+"):
+        run(spec, tmp_path / "absurd")
+
+
+# ------------------------------------------------------------------------------------- KL annealing
+def test_kl_weight_schedule():
+    spec = load_spec({"data": {"name": "toy_gap"}, "inference": {"kl_annealing_steps": 4}}).inference
+    assert [svi.kl_weight(s, spec) for s in range(7)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0]
+    off = load_spec({"data": {"name": "toy_gap"}}).inference
+    assert [svi.kl_weight(s, off) for s in range(3)] == [1.0, 1.0, 1.0]
+
+
+def test_kl_annealing_is_applied_during_training(monkeypatch, spec_factory):
+    seen = []
+
+    class Recording(LazyTraceMeanField_ELBO):
+        def differentiable_loss(self, *args, **kwargs):
+            seen.append(self.kl_weight)
+            return super().differentiable_loss(*args, **kwargs)
+
+    monkeypatch.setitem(ELBOS, "trace_mean_field", lambda n: Recording(n, analytic_kl=True))
+    spec = spec_factory("toy", "inference.num_steps=7", "inference.kl_annealing_steps=5")
+    data, family, guide, _ = prepare(spec)
+    svi.fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    assert seen == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------- MAP initialisation
+def test_map_run_writes_its_point_estimate(map_run):
+    point = load_torch(map_run.run_dir / POINT_ESTIMATE_FILE)
+    _, _, posterior = load_run(map_run.run_dir)
+    assert set(point) == set(posterior.guide.point_estimate())
+    for name, value in posterior.guide.point_estimate().items():
+        assert torch.equal(point[name], value), name
+    pyro.set_rng_seed(0)
+    draws = posterior.sample(3)  # a Delta posterior: every draw is the point
+    for name, value in draws.items():
+        assert torch.equal(value, point[name].expand_as(value)), name
+
+
+@pytest.mark.parametrize("source", ["dir", "file"])
+def test_init_from_sets_the_means_to_the_map_values(map_run, spec_factory, source):
+    path = map_run.run_dir if source == "dir" else map_run.run_dir / POINT_ESTIMATE_FILE
+    point = load_torch(map_run.run_dir / POINT_ESTIMATE_FILE)
+    spec = spec_factory("toy", f"guide.init_from={path}", "guide.init_rho=-4")
+    _, _, guide, _ = prepare(spec)
+    for name, value in point.items():
+        assert torch.allclose(guide.point_estimate()[name], value, rtol=1e-6, atol=1e-7), name
+    assert torch.allclose(guide.unconstrained_loc("noise_scale"), point["noise_scale"].log(), atol=1e-6)
+    assert torch.allclose(guide.scale("out.weight"), torch.nn.functional.softplus(torch.tensor(-4.0)))
+    _, _, fresh, _ = prepare(spec_factory("toy"))
+    assert not torch.allclose(fresh.point_estimate()["hidden0.weight"], point["hidden0.weight"])
+
+
+def test_init_from_a_mismatched_net_is_refused(map_run, spec_factory):
+    # two_moons with 3 hidden units: no site of the toy MAP net ([8, 1], [8], [1, 8], [1], noise) fits
+    spec = spec_factory("toy", f"guide.init_from={map_run.run_dir}", "data.name=two_moons", "net.hidden=[3]")
+    with pytest.raises(ZooInputError) as info:
+        prepare(spec)
+    assert info.value.field == "guide.init_from" and "no site name and shape matches" in str(info.value)
+
+
+def test_init_from_a_missing_path_is_refused(tmp_path, spec_factory):
+    with pytest.raises(ZooInputError) as info:
+        prepare(spec_factory("toy", f"guide.init_from={tmp_path / 'nowhere'}"))
+    assert info.value.field == "guide.init_from"
+
+
+# --------------------------------------------------------------------------------------------- pruning
+def test_prune_masks_exactly_the_lowest_snr_weights(toy_run):
+    _, _, posterior = load_run(toy_run.run_dir)
+    snr = posterior.guide.signal_to_noise()
+    assert set(snr) == {"hidden0.weight", "hidden0.bias", "out.weight", "out.bias"}  # noise is not a weight
+    flat = torch.cat([v.flatten() for v in snr.values()])
+    assert flat.numel() == 25
+    for fraction, count in ((0.2, 5), (0.6, 15), (0.96, 24)):
+        pruned = prune_by_snr(posterior, fraction)
+        pyro.set_rng_seed(0)
+        draws = pruned.sample(4)
+        zeros = torch.cat([(draws[n] == 0).flatten(1) for n in snr], dim=1)
+        assert zeros.sum(1).tolist() == [count] * 4, fraction
+        lowest = set(flat.argsort()[:count].tolist())
+        assert set(torch.nonzero(zeros[0]).flatten().tolist()) == lowest
+        assert torch.all(draws["noise_scale"] > 0)
+
+
+def test_prune_fraction_zero_changes_nothing(toy_run):
+    _, data, posterior = load_run(toy_run.run_dir)
+    pruned = prune_by_snr(posterior, 0.0)
+    pyro.set_rng_seed(3)
+    base = posterior.sample(5)
+    pyro.set_rng_seed(3)
+    masked = pruned.sample(5)
+    for name in base:
+        assert torch.equal(base[name], masked[name]), name
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_prune_fraction_outside_unit_interval_is_refused(toy_run, fraction):
+    _, _, posterior = load_run(toy_run.run_dir)
+    with pytest.raises(ZooInputError):
+        prune_by_snr(posterior, fraction)
+
+
+def test_prune_needs_a_mean_field_guide(map_run):
+    _, _, posterior = load_run(map_run.run_dir)
+    with pytest.raises(ZooInputError, match="mean-field"):
+        prune_by_snr(posterior, 0.5)
+
+
+# ---------------------------------------------------------------------------------------- learned noise
+def test_learned_noise_is_a_latent_with_analytic_kl(toy_run):
+    state = checkpoint(toy_run.run_dir)
+    assert state["kl_methods"] == {name: ANALYTIC for name in
+                                   ("hidden0.weight", "hidden0.bias", "out.weight", "out.bias", "noise_scale")}
+    assert "noise_scale" in (toy_run.run_dir / "train.log").read_text()
+    _, _, posterior = load_run(toy_run.run_dir)
+    assert isinstance(posterior, GuidePosterior)
+    pyro.set_rng_seed(0)
+    noise = posterior.sample(50)["noise_scale"]
+    assert noise.shape == (50,) and torch.all(noise > 0) and noise.std() > 0
+
+
+def test_fixed_noise_has_no_noise_site(tmp_path, spec_factory):
+    spec = spec_factory("toy", "likelihood.noise=0.1", "inference.num_steps=5", "inference.predictive_samples=2")
+    out = run(spec, tmp_path / "fixed").run_dir
+    assert "noise_scale" not in checkpoint(out)["kl_methods"]
+    assert "noise_scale" not in load_torch(out / POINT_ESTIMATE_FILE)

@@ -1,0 +1,157 @@
+"""benchmarks/uci.py: split parsing, the printed table and the JSON, on a tiny UCI folder and on the real data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zoo.errors import ZooInputError
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
+CONFIG = REPO / "configs" / "mean_field_uci.yaml"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("uci_benchmark", REPO / "benchmarks" / "uci.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+uci = _load_script()
+
+TINY_SETS = ["--set", "inference.num_steps=3", "--set", "inference.predictive_samples=4"]
+
+
+def write_folder(root: Path, name: str, n_rows: int = 24, n_splits: int = 2, n_hidden: int = 3) -> Path:
+    """A UCI folder in the standard format: 3 inputs, a linear target, ``n_splits`` 75/25 splits."""
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(n_rows, 4))
+    data[:, 3] = 5 + 2 * data[:, 0] - data[:, 2] + 0.1 * rng.normal(size=n_rows)
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "data.txt").write_text("\n".join(" ".join(f"{v:.6f}" for v in row) for row in data) + "\n")
+    (folder / "index_features.txt").write_text("0\n1\n2\n")
+    (folder / "index_target.txt").write_text("3\n")
+    (folder / "n_splits.txt").write_text(f"{n_splits}\n")
+    (folder / "n_hidden.txt").write_text(f"{n_hidden}\n")
+    for i in range(n_splits):
+        perm = rng.permutation(n_rows)
+        cut = n_rows * 3 // 4
+        (folder / f"index_train_{i}.txt").write_text("\n".join(map(str, perm[:cut])) + "\n")
+        (folder / f"index_test_{i}.txt").write_text("\n".join(map(str, perm[cut:])) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("text, expected", [("0-19", list(range(20))), ("0,3,5", [0, 3, 5]), ("3", [3]),
+                                            ("0-2,7", [0, 1, 2, 7]), ("5,1,1", [1, 5])])
+def test_parse_splits(text, expected):
+    assert uci.parse_splits(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "1-", "-2"])
+def test_parse_splits_refuses(text):
+    with pytest.raises(ZooInputError, match="--splits"):
+        uci.parse_splits(text)
+
+
+def test_mean_se():
+    mean, se = uci.mean_se([1.0, 3.0])
+    assert mean == 2.0 and se == pytest.approx(1.0 / math.sqrt(2))
+    assert uci.mean_se([4.0]) == (4.0, 0.0)
+
+
+def test_published_table_is_complete():
+    for dataset in ("bostonHousing", "concrete", "energy", "kin8nm", "power-plant", "wine-quality-red"):
+        assert set(uci.PUBLISHED[dataset]) == {"pbp", "dropout", "ensembles"}
+        for figs in uci.PUBLISHED[dataset].values():
+            assert set(figs) == {"rmse", "test_ll"}
+    assert uci.PUBLISHED["bostonHousing"]["pbp"] == {"rmse": (3.01, 0.18), "test_ll": (-2.57, 0.09)}
+
+
+def test_tiny_folder_table_and_json(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "uci"
+    write_folder(root, "bostonHousing")  # a synthetic stand-in under the real name: the published rows show
+    write_folder(root, "tiny", n_hidden=2)
+    out_json = tmp_path / "res" / "out.json"
+    monkeypatch.chdir(tmp_path)  # nothing may be written into the working directory
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "bostonHousing,tiny", "--splits", "0-1",
+                     "--data-dir", str(root), "--json", str(out_json), *TINY_SETS])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for text in ("bostonHousing", "tiny", "this spec (n=2)", "PBP (2015)", "MC dropout (2016)",
+                 "deep ensembles (2017)", "3.01 ± 0.18", "-2.46 ± 0.06", "s/split", "RMSE", "test LL"):
+        assert text in printed, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res", "uci"], "no run directories left behind"
+
+    result = json.loads(out_json.read_text())
+    assert result["evaluated_on"] == "test" and set(result["datasets"]) == {"bostonHousing", "tiny"}
+    for name, n_hidden in (("bostonHousing", 3), ("tiny", 2)):
+        block = result["datasets"][name]
+        for key in ("rmse_mean", "rmse_se", "test_ll_mean", "test_ll_se", "rmse", "test_ll", "seconds",
+                    "published", "n_hidden", "splits"):
+            assert key in block, key
+        assert block["splits"] == [0, 1] and block["n_hidden"] == n_hidden
+        assert len(block["rmse"]) == len(block["test_ll"]) == len(block["seconds"]) == 2
+        assert all(math.isfinite(v) for v in [*block["rmse"], *block["test_ll"], *block["seconds"]])
+        assert block["rmse_mean"] == pytest.approx(sum(block["rmse"]) / 2)
+        assert block["rmse_se"] == pytest.approx(abs(block["rmse"][0] - block["rmse"][1]) / 2 / math.sqrt(2))
+    assert result["datasets"]["bostonHousing"]["published"]["pbp"]["rmse"] == [3.01, 0.18]
+    assert result["datasets"]["tiny"]["published"] == {}
+
+
+def test_protocol_width_unless_set(tmp_path):
+    base = ["inference.num_steps=3"]
+    auto = uci.split_overrides(base, "x", 4, tmp_path, 50, depth=2)
+    assert "net.hidden=[50, 50]" in auto and "data.name=uci:x" in auto and "data.split=4" in auto
+    mine = uci.split_overrides([*base, "net.hidden=[7]"], "x", 0, tmp_path, 50, depth=1)
+    assert "net.hidden=[50]" not in mine and "net.hidden=[7]" in mine
+
+
+def test_validation_mode_is_labelled(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=30)
+    out_json = tmp_path / "out.json"
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "1", "--data-dir", str(root),
+                     "--json", str(out_json), "--set", "data.validation_fraction=0.2", *TINY_SETS])
+    assert code == 0
+    assert "VALIDATION" in capsys.readouterr().out
+    result = json.loads(out_json.read_text())
+    assert result["evaluated_on"] == "validation" and result["validation_fraction"] == 0.2
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny")
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "5", "--data-dir", str(root)]) == 2
+    assert "tiny has 2 splits" in capsys.readouterr().err
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "nope", "--splits", "0", "--data-dir", str(root)]) == 2
+    assert uci.main(["--spec", str(CONFIG), "--splits", "0", "--data-dir", str(tmp_path / "missing")]) == 2
+
+
+def test_data_dir_falls_back_to_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path))
+    assert uci.resolve_data_dir(None) == tmp_path.resolve()
+    assert uci.resolve_data_dir(str(tmp_path)) == tmp_path.resolve()
+
+
+@pytest.mark.skipif(not (SHARED_UCI / "bostonHousing").is_dir(),
+                    reason=f"the shared UCI data (bostonHousing) is not at {SHARED_UCI}")
+def test_real_boston_one_split(tmp_path, capsys):
+    out_json = tmp_path / "boston.json"
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "bostonHousing", "--splits", "0",
+                     "--data-dir", str(SHARED_UCI), "--json", str(out_json), "--set", "inference.num_steps=20",
+                     "--set", "inference.predictive_samples=10"])
+    assert code == 0
+    block = json.loads(out_json.read_text())["datasets"]["bostonHousing"]
+    assert block["n_hidden"] == 50 and block["splits"] == [0]
+    for key in ("rmse_mean", "rmse_se", "test_ll_mean", "test_ll_se"):
+        assert math.isfinite(block[key]), key
+    assert 0 < block["rmse_mean"] < 50
+    assert "bostonHousing" in capsys.readouterr().out
