@@ -67,7 +67,7 @@ def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferenc
 
     def step() -> float:
         idx = next(order)
-        xb, yb = x[idx], y[idx]
+        xb, yb = x.index_select(0, idx), y.index_select(0, idx)
         kl, h, weights = 0.0, xb, []
         for loc, rho in zip(locs, rhos, strict=True):
             sigma = F.softplus(rho)

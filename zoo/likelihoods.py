@@ -9,6 +9,7 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from torch.distributions import constraints
+from torch.distributions.utils import lazy_property
 
 from zoo.models.base import LatentSite
 
@@ -32,6 +33,37 @@ class PredictiveDraws:
         return dist.Normal(self.loc, self.scale).log_prob(y)
 
 
+class LogitsCategorical(dist.Categorical):
+    """Categorical over unnormalised logits whose ``log_prob`` is one fused cross-entropy.
+
+    Same distribution as ``dist.Categorical(logits=...)``; the normalised ``logits`` are only computed when
+    asked for, so an SVI step's graph holds one node for the likelihood instead of five.
+    """
+
+    def __init__(self, logits: torch.Tensor, validate_args: bool | None = None) -> None:
+        self.raw_logits = logits
+        self._param = logits
+        self._num_events = logits.shape[-1]
+        torch.distributions.Distribution.__init__(self, logits.shape[:-1], validate_args=validate_args)
+
+    @lazy_property
+    def logits(self) -> torch.Tensor:
+        """Normalised log-probabilities."""
+        return self.raw_logits - self.raw_logits.logsumexp(dim=-1, keepdim=True)
+
+    def expand(self, batch_shape: torch.Size, _instance=None) -> LogitsCategorical:
+        """The same categorical over a larger batch shape."""
+        return LogitsCategorical(self.raw_logits.expand(torch.Size(batch_shape) + (self._num_events,)))
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """log p(value) via ``F.cross_entropy`` on the raw logits."""
+        if self._validate_args:
+            self._validate_sample(value)
+        logits = self.raw_logits.expand(value.shape + (self._num_events,))
+        flat = F.cross_entropy(logits.reshape(-1, self._num_events), value.reshape(-1).long(), reduction="none")
+        return -flat.reshape(value.shape)
+
+
 class Categorical:
     """Categorical likelihood on the net's logits."""
 
@@ -47,7 +79,7 @@ class Categorical:
 
     def observe(self, out: torch.Tensor, y: torch.Tensor | None, latents: dict[str, torch.Tensor]) -> None:
         """The ``obs`` site inside the data plate."""
-        pyro.sample("obs", dist.Categorical(logits=out), obs=y)
+        pyro.sample("obs", LogitsCategorical(out), obs=y)
 
     def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
         """Per-draw class log-probabilities from logits ``[S, B, C]``."""

@@ -7,7 +7,7 @@ import math
 
 import pyro.distributions as dist
 import torch
-from torch.distributions import constraints
+from torch.distributions import constraints, register_kl
 
 from zoo.errors import ZooInputError
 from zoo.spec import CauchyPrior, LaplacePrior, NormalPrior, PriorConfig, PriorSpec, ScaleMixturePrior
@@ -57,6 +57,34 @@ class ScaleMixtureNormal(dist.TorchDistribution):
         return var.expand(self.batch_shape)
 
 
+class ScalarNormal(dist.Normal):
+    """Normal with one scalar loc and scale for a whole site (the usual weight prior).
+
+    Knowing the parameters are scalars, its KL from a Normal guide needs fewer full-size tensor operations than
+    torch's general Normal-Normal formula; on a large layer that is a measurable share of an SVI step.
+    """
+
+    def __init__(self, loc: float, scale: float, batch_shape: torch.Size = torch.Size(),
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        self.loc_value, self.scale_value = float(loc), float(scale)
+        self._device, self._dtype = device, dtype
+        shape = torch.Size(batch_shape)
+        super().__init__(torch.tensor(self.loc_value, device=device, dtype=dtype).expand(shape),
+                         torch.tensor(self.scale_value, device=device, dtype=dtype).expand(shape))
+
+    def expand(self, batch_shape: torch.Size, _instance: ScalarNormal | None = None) -> ScalarNormal:
+        """The same scalar Normal over ``batch_shape`` (views, no copies)."""
+        return ScalarNormal(self.loc_value, self.scale_value, batch_shape, self._device, self._dtype)
+
+
+@register_kl(dist.Normal, ScalarNormal)
+def _kl_normal_scalar_normal(q: dist.Normal, p: ScalarNormal) -> torch.Tensor:
+    # KL(N(m, s^2) || N(m0, s0^2)) = (s^2 + (m - m0)^2) / (2 s0^2) + log s0 - 1/2 - log s
+    centred = q.loc - p.loc_value if p.loc_value != 0.0 else q.loc
+    quadratic = (q.scale.square() + centred.square()) * (0.5 / p.scale_value**2)
+    return quadratic + ((math.log(p.scale_value) - 0.5) - q.scale.log())
+
+
 def prior_distribution(
     config: PriorConfig, shape: torch.Size, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> dist.TorchDistribution:
@@ -66,7 +94,7 @@ def prior_distribution(
         return torch.tensor(x, device=device, dtype=dtype)
 
     if isinstance(config, NormalPrior):
-        base = dist.Normal(t(config.loc), t(config.scale))
+        base = ScalarNormal(config.loc, config.scale, device=device, dtype=dtype)
     elif isinstance(config, LaplacePrior):
         base = dist.Laplace(t(config.loc), t(config.scale))
     elif isinstance(config, CauchyPrior):

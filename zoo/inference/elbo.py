@@ -21,6 +21,11 @@ from torch.distributions import kl_divergence
 ANALYTIC, MONTE_CARLO = "analytic", "monte_carlo"
 
 
+def _sum(term: torch.Tensor) -> torch.Tensor:
+    # Independent(...) already sums its event dims: skip the no-op sum (one graph node fewer per site and step).
+    return term if term.dim() == 0 else term.sum()
+
+
 class SiteRecorder(Messenger):
     """Records the sample sites of one run (name -> final message); with ``replay``, reuses their values.
 
@@ -67,24 +72,25 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
 
     def _kl(self, name: str, guide_site: dict, model_site: dict) -> torch.Tensor:
         q, p = guide_site["fn"], model_site["fn"]
+        kl = None
         if self.analytic_kl and self.kl_methods.get(name) != MONTE_CARLO:
             try:
                 kl = kl_divergence(q, p)
                 self.kl_methods[name] = ANALYTIC
-                return scale_and_mask(kl, guide_site["scale"], guide_site["mask"]).sum()
             except NotImplementedError:
                 pass
-        self.kl_methods[name] = MONTE_CARLO
-        value = guide_site["value"]
-        kl = q.log_prob(value) - p.log_prob(value)
-        return scale_and_mask(kl, guide_site["scale"], guide_site["mask"]).sum()
+        if kl is None:
+            self.kl_methods[name] = MONTE_CARLO
+            value = guide_site["value"]
+            kl = q.log_prob(value) - p.log_prob(value)
+        return _sum(scale_and_mask(kl, guide_site["scale"], guide_site["mask"]))
 
     def _particle(self, model_sites: dict[str, dict], guide_sites: dict[str, dict]) -> torch.Tensor:
         log_lik, kl = 0.0, 0.0
         terms = {}
         for name, site in model_sites.items():
             if site["is_observed"]:
-                term = scale_and_mask(site["fn"].log_prob(site["value"]), site["scale"], site["mask"]).sum()
+                term = _sum(scale_and_mask(site["fn"].log_prob(site["value"]), site["scale"], site["mask"]))
                 log_lik = log_lik + term
             else:
                 if name not in guide_sites:
@@ -93,7 +99,7 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
                 kl = kl + term
             terms[name] = term
         self.last_terms = terms
-        return -(log_lik - self.kl_weight * kl)
+        return (kl if self.kl_weight == 1.0 else self.kl_weight * kl) - log_lik
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Negative ELBO averaged over particles, differentiable with respect to every parameter used."""
