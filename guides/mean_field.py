@@ -13,6 +13,25 @@ from zoo.models.base import LatentSite
 from zoo.spec import GuideSpec
 
 
+class FactorNormal(dist.Normal):
+    """A Normal whose loc and scale already have one shape (the guide's factors): no broadcasting on
+    construction, and one fused op per reparameterised draw. An SVI step builds one per site, so this counts."""
+
+    def __init__(self, loc: torch.Tensor, scale: torch.Tensor) -> None:
+        self.loc, self.scale = loc, scale
+        torch.distributions.Distribution.__init__(self, loc.shape)
+
+    def expand(self, batch_shape: torch.Size, _instance=None) -> dist.Normal:
+        """A plain Normal over ``batch_shape``."""
+        return dist.Normal(self.loc.expand(batch_shape), self.scale.expand(batch_shape))
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        """loc + scale * eps with eps ~ N(0, 1)."""
+        if sample_shape:
+            return super().rsample(sample_shape)
+        return torch.addcmul(self.loc, torch.randn_like(self.loc), self.scale)
+
+
 class MeanFieldNormalGuide(SiteGuide):
     """q(w) = prod_i N(mu_i, softplus(rho_i)^2); constrained sites (noise scales) get a Normal in log space."""
 
@@ -34,13 +53,15 @@ class MeanFieldNormalGuide(SiteGuide):
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mu, softplus(rho)^2) over the site, pushed through the support's bijection when constrained."""
         site = self.sites[name]
-        base = dist.Normal(self.loc[_key(name)], self.scale(name))
-        if site.support is constraints.positive:
-            # the same q as Normal pushed through biject_to(positive) (exp, then +0), but as a LogNormal, which
-            # kl_divergence pairs with a LogNormal prior analytically (the composed transform it cannot match)
-            base = dist.LogNormal(self.loc[_key(name)], self.scale(name))
-        elif site.support is not constraints.real:
-            base = dist.TransformedDistribution(base, [biject_to(site.support)])
+        loc, scale = self.loc[_key(name)], self.scale(name)
+        if site.support is constraints.real:
+            base = FactorNormal(loc, scale)
+        elif site.support is constraints.positive:
+            # the same q as Normal pushed through biject_to(positive), but as a LogNormal, which kl_divergence
+            # pairs with a LogNormal prior analytically (torch's composed exp transform it cannot match)
+            base = dist.LogNormal(loc, scale)
+        else:
+            base = dist.TransformedDistribution(dist.Normal(loc, scale), [biject_to(site.support)])
         return base.to_event(len(site.shape))
 
     def signal_to_noise(self) -> dict[str, torch.Tensor]:

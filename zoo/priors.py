@@ -79,10 +79,11 @@ class ScalarNormal(dist.Normal):
 
 @register_kl(dist.Normal, ScalarNormal)
 def _kl_normal_scalar_normal(q: dist.Normal, p: ScalarNormal) -> torch.Tensor:
-    # KL(N(m, s^2) || N(m0, s0^2)) = (s^2 + (m - m0)^2) / (2 s0^2) + log s0 - 1/2 - log s
+    # KL(N(m, s^2) || N(m0, s0^2)) = (s^2 + (m - m0)^2) / (2 s0^2) + (log s0 - 1/2) - log s, in five tensor ops
     centred = q.loc - p.loc_value if p.loc_value != 0.0 else q.loc
-    quadratic = (q.scale.square() + centred.square()) * (0.5 / p.scale_value**2)
-    return quadratic + ((math.log(p.scale_value) - 0.5) - q.scale.log())
+    quadratic = torch.addcmul(q.scale * q.scale, centred, centred)
+    constant_minus_log_scale = torch.rsub(q.scale.log(), math.log(p.scale_value) - 0.5)
+    return torch.add(constant_minus_log_scale, quadratic, alpha=0.5 / p.scale_value**2)
 
 
 def prior_distribution(

@@ -103,6 +103,8 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Negative ELBO averaged over particles, differentiable with respect to every parameter used."""
+        if self.num_particles == 1:
+            return self._particle(*self._run(model, guide, args, kwargs))
         loss = 0.0
         for _ in range(self.num_particles):
             loss = loss + self._particle(*self._run(model, guide, args, kwargs))
