@@ -9,13 +9,15 @@ spec's data section (held-out classes via ``data.ood_classes``; 8x8 photo patche
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
 
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from zoo.cli import exit_code
+from zoo.metrics import mean_and_standard_error
 from zoo.pipeline import train
 from zoo.runs import write_json
 from zoo.spec import load_spec
@@ -33,11 +35,6 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error (population std / sqrt(n))."""
-    return statistics.fmean(values), statistics.pstdev(values) / len(values) ** 0.5
-
-
 def main(argv: list[str] | None = None) -> dict:
     """Train every seed, print the table, optionally write the JSON; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,8 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
             runs.append(train(spec, tmp, progress=False, echo=None).metrics)
     columns = [c for c in COLUMNS if all(c in r for r in runs)]
     figures = {"spec": args.spec, "overrides": args.set, "seeds": parse_seeds(args.seeds), "runs": runs,
-               **{f"{c}_mean": mean_se([r[c] for r in runs])[0] for c in columns},
-               **{f"{c}_se": mean_se([r[c] for r in runs])[1] for c in columns}}
+               **{f"{c}_mean": mean_and_standard_error([r[c] for r in runs])[0] for c in columns},
+               **{f"{c}_se": mean_and_standard_error([r[c] for r in runs])[1] for c in columns}}
     table = Table(title=f"{args.spec} on digits, {len(runs)} seeds (mean ± s.e.)")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -67,4 +64,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_code(main))

@@ -18,7 +18,6 @@ Standard errors are std / sqrt(n) with the population std (ddof=0), as in the PB
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import os
 import re
@@ -32,7 +31,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zoo.cli import exit_code
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.metrics import mean_and_standard_error
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "uci"
@@ -161,20 +162,12 @@ def split_overrides(base: list[str], dataset: str, split: int, data_dir: Path, n
 
 
 # ------------------------------------------------------------------------------------------------ summary
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error std / sqrt(n) (population std, as the reference benchmark code)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
-    return mean, std / math.sqrt(n)
-
-
 def summarise(dataset: str, splits: list[int], results: dict[int, dict[str, float]], n_hidden: int | None) -> dict:
     """Per-dataset JSON block: means, standard errors, per-split lists, timings and the published figures."""
     rmse = [results[s]["rmse"] for s in splits]
     ll = [results[s]["test_ll"] for s in splits]
     seconds = [results[s]["seconds"] for s in splits]
-    (rmse_mean, rmse_se), (ll_mean, ll_se) = mean_se(rmse), mean_se(ll)
+    (rmse_mean, rmse_se), (ll_mean, ll_se) = mean_and_standard_error(rmse), mean_and_standard_error(ll)
     published = {m: {"rmse": list(v["rmse"]), "test_ll": list(v["test_ll"]), "spread": SPREAD[m]}
                  for m, v in PUBLISHED.get(dataset, {}).items()}
     return {
@@ -307,16 +300,7 @@ def _checked(dataset: str, split: int, call) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: 0 on success, 2 on bad input, 1 if a fit diverged."""
     args = build_parser().parse_args(argv)
-    console = Console()
-    try:
-        run(args, console)
-    except ZooInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as err:
-        print(f"training stopped: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(lambda: run(args, Console()))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,6 @@ def test_parse_seeds():
     assert digits.parse_seeds("0-2,7") == [0, 1, 2, 7]
 
 
-def test_mean_and_standard_error():
-    mean, se = digits.mean_se([1.0, 3.0])
-    assert mean == 2.0 and se == 1.0 / 2**0.5
-
-
 def test_two_seeds_end_to_end(tmp_path):
     out = tmp_path / "digits.json"
     figures = digits.main(["--spec", CONFIG, "--seeds", "0-1", "--set", "inference.num_steps=5",

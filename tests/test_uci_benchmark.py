@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from zoo.errors import ZooInputError
+from zoo.metrics import mean_and_standard_error
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
@@ -62,9 +63,9 @@ def test_parse_splits_refuses(text):
 
 
 def test_mean_se():
-    mean, se = uci.mean_se([1.0, 3.0])
+    mean, se = mean_and_standard_error([1.0, 3.0])
     assert mean == 2.0 and se == pytest.approx(1.0 / math.sqrt(2))
-    assert uci.mean_se([4.0]) == (4.0, 0.0)
+    assert mean_and_standard_error([4.0]) == (4.0, 0.0)
 
 
 def test_published_table_is_complete():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -128,11 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: run a subcommand; input errors exit 2, a diverged fit exits 1, Ctrl-C exits 130."""
-    args = build_parser().parse_args(argv)
+def exit_code(run: Callable[[], object]) -> int:
+    """Call ``run``; bad input exits 2 and a diverged fit 1 with a one-paragraph message, Ctrl-C exits 130."""
     try:
-        args.func(args)
+        run()
     except ZooInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -143,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; the last checkpoint is kept (use --resume)", file=sys.stderr)
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``zoo`` command."""
+    args = build_parser().parse_args(argv)
+    return exit_code(lambda: args.func(args))
 
 
 if __name__ == "__main__":

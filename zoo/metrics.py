@@ -15,6 +15,7 @@ Every function that returns numbers returns plain Python floats (JSON-ready); te
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -291,3 +292,12 @@ def regression_metrics(
     log_dens = torch.distributions.Normal(loc, scale).log_prob(y.unsqueeze(0))  # [S, B], standardised units
     ll = torch.logsumexp(log_dens, dim=0) - math.log(s) - math.log(y_std)
     return {"rmse": float(rmse), "test_ll": float(ll.mean())}
+
+
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error std / sqrt(n) over runs (population std, as the UCI benchmark code has it)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_and_standard_error needs at least one value")
+    mean = sum(values) / n
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / n) / math.sqrt(n)
