@@ -1,0 +1,56 @@
+"""The Posterior interface: draws shaped [S, ...], predictions from them, stored draws and masks."""
+
+import torch
+
+from zoo.pipeline import prepare
+from zoo.posterior import GuidePosterior, MaskedPosterior, SamplePosterior
+
+from .conftest import make_spec
+
+
+def _toy_posterior():
+    data, family, guide, _ = prepare(make_spec("toy", "likelihood.noise=learned"))
+    return data, family, GuidePosterior(family, guide)
+
+
+def test_guide_draws_have_a_leading_sample_dim_and_vary():
+    data, family, posterior = _toy_posterior()
+    draws = posterior.sample(7)
+    sites = family.latent_sites()
+    assert set(draws) == set(sites)
+    for name, site in sites.items():
+        assert draws[name].shape == (7, *site.shape)
+    assert not torch.equal(draws["out.weight"][0], draws["out.weight"][1])
+    assert (draws["noise_scale"] > 0).all()
+
+
+def test_predict_matches_the_net_run_draw_by_draw():
+    data, family, posterior = _toy_posterior()
+    draws = posterior.sample(3)
+    pred = posterior.predict(data.x_test, draws=draws, chunk_size=64)  # chunking must not change anything
+    assert pred.loc.shape == (3, len(data.x_test)) and pred.scale.shape == (3, len(data.x_test))
+    for s in range(3):
+        weights = {n: draws[n][s] for n in family.weight_names}
+        expected = family.forward(weights, data.x_test)[:, 0]
+        assert torch.allclose(pred.loc[s], expected, atol=1e-6)
+        assert torch.allclose(pred.scale[s], draws["noise_scale"][s].expand(len(data.x_test)))
+
+
+def test_stored_draws_are_thinned_evenly():
+    data, family, posterior = _toy_posterior()
+    stored = posterior.sample(10)
+    thinned = SamplePosterior(family, stored).sample(4)
+    index = [0, 3, 6, 9]
+    for name, value in thinned.items():
+        assert torch.equal(value, stored[name][index])
+    assert SamplePosterior(family, stored).sample(50)["out.bias"].shape[0] == 10
+
+
+def test_masked_posterior_zeroes_exactly_the_masked_weights():
+    data, family, posterior = _toy_posterior()
+    mask = torch.zeros_like(family.latent_sites()["out.weight"].init)
+    mask[0, :3] = 1.0
+    draws = MaskedPosterior(posterior, {"out.weight": mask}).sample(5)
+    assert (draws["out.weight"][:, 0, 3:] == 0).all()
+    assert (draws["out.weight"][:, 0, :3] != 0).all()
+    assert (draws["hidden0.weight"] != 0).all()
