@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 
 import pyro
 import pytest
@@ -171,6 +173,25 @@ def test_ctrl_c_in_the_middle_of_a_step_then_resume_is_exact(toy_run, tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         run(spec_factory("toy"), out)
     assert checkpoint(out)["step"] == 128
+    monkeypatch.undo()
+    run(spec_factory("toy"), out, resume=True)
+    assert_same_guide(out, toy_run.run_dir)
+
+
+def test_real_sigint_mid_step_finishes_the_step_then_resume_is_exact(toy_run, tmp_path, spec_factory, guide_hook,
+                                                                     monkeypatch):
+    """A real Ctrl-C (SIGINT) during a step is deferred: the step completes, is checkpointed, and resume is exact."""
+
+    def press_ctrl_c(guide, call):
+        if call == 77:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    out = tmp_path / "sigint"
+    guide_hook(press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec_factory("toy"), out)
+    assert checkpoint(out)["step"] == 78  # step 77 was not cut in half
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
     monkeypatch.undo()
     run(spec_factory("toy"), out, resume=True)
     assert_same_guide(out, toy_run.run_dir)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +92,23 @@ def describe_kl(kl_methods: dict[str, str]) -> str:
     return f"KL analytic: {', '.join(analytic) or '-'} | KL Monte Carlo: {', '.join(mc) or '-'}"
 
 
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Turn Ctrl-C into a flag checked between steps, so a step is never cut in half (main thread only).
+
+    Yields a function that says whether Ctrl-C was pressed; the previous handler is restored on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    pressed: list[bool] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _non_finite(params: dict[str, torch.Tensor]) -> list[str]:
     return [n for n, p in params.items() if not torch.isfinite(p).all()]
 
@@ -167,45 +186,48 @@ def fit_svi(
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     started = time.perf_counter()
     at_step = None
-    try:
-        while step < n_steps:
-            # the state this step starts from: a Ctrl-C mid-step rolls back to it, so that resume is exact
-            at_step = torch.get_rng_state(), order.get_state(), perm
-            batch = None
-            if spec.batch_size is not None and spec.batch_size < n_train:
-                within = step % per_epoch
-                if within == 0 or perm is None:
-                    perm = torch.randperm(n_train, generator=order)
-                batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
-            elbo.kl_weight = kl_weight(step, spec)
-            value = svi_step(x, y, batch)
-            if not math.isfinite(value):
-                raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path))
-            if step == 0 or not result.kl_methods:
-                result.kl_methods = dict(elbo.kl_methods)
-                log(describe_kl(result.kl_methods))
-            result.losses.append(value)
-            step += 1
-            at_step = None
-            bar.update(1)
-            if step % 50 == 0 or step == n_steps:
-                recent = result.losses[-50:]
-                bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
-            if step % spec.checkpoint_every == 0 and step < n_steps:
-                result.seconds += time.perf_counter() - started
-                started = time.perf_counter()
-                checkpoint()
-    except KeyboardInterrupt:
-        result.seconds += time.perf_counter() - started
-        if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
-            torch.set_rng_state(at_step[0])
-            order.set_state(at_step[1])
-            perm = at_step[2]
-        checkpoint()
-        log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
-        raise
-    finally:
-        bar.close()
+    with deferred_interrupt() as ctrl_c_pressed:
+        try:
+            while step < n_steps:
+                if ctrl_c_pressed():
+                    raise KeyboardInterrupt
+                # the state this step starts from: an exception mid-step rolls back to it, so that resume is exact
+                at_step = torch.get_rng_state(), order.get_state(), perm
+                batch = None
+                if spec.batch_size is not None and spec.batch_size < n_train:
+                    within = step % per_epoch
+                    if within == 0 or perm is None:
+                        perm = torch.randperm(n_train, generator=order)
+                    batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
+                elbo.kl_weight = kl_weight(step, spec)
+                value = svi_step(x, y, batch)
+                if not math.isfinite(value):
+                    raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path))
+                if step == 0 or not result.kl_methods:
+                    result.kl_methods = dict(elbo.kl_methods)
+                    log(describe_kl(result.kl_methods))
+                result.losses.append(value)
+                step += 1
+                at_step = None
+                bar.update(1)
+                if step % 50 == 0 or step == n_steps:
+                    recent = result.losses[-50:]
+                    bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+                if step % spec.checkpoint_every == 0 and step < n_steps:
+                    result.seconds += time.perf_counter() - started
+                    started = time.perf_counter()
+                    checkpoint()
+        except KeyboardInterrupt:
+            result.seconds += time.perf_counter() - started
+            if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
+                torch.set_rng_state(at_step[0])
+                order.set_state(at_step[1])
+                perm = at_step[2]
+            checkpoint()
+            log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
+            raise
+        finally:
+            bar.close()
     result.seconds += time.perf_counter() - started
     result.steps = step
     checkpoint()
