@@ -67,7 +67,7 @@ def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samp
                                   title=f"{data.name}: posterior predictive")
 
 
-def prune_by_snr(posterior, fraction: float) -> MaskedPosterior:
+def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
     """Fix the ``fraction`` of weights with the lowest signal-to-noise |mu|/sigma at zero (Blundell et al. 2015)."""
     guide = getattr(posterior, "guide", None)
     if guide is None or not hasattr(guide, "signal_to_noise"):

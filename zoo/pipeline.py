@@ -11,12 +11,14 @@ from pathlib import Path
 import pyro
 import torch
 
+from guides.base import SiteGuide
 from zoo import registry
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate, plot_predictive
 from zoo.likelihoods import Categorical, Gaussian, Likelihood
+from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.priors import assign_priors
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, RunLog, load_torch, save_torch, write_json, write_text
@@ -59,7 +61,7 @@ def load_point_values(source: str) -> dict[str, torch.Tensor]:
     return values
 
 
-def build(spec: RunSpec, data: Dataset):
+def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
     """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
     pyro.set_rng_seed(spec.seed)
     net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation)
@@ -74,7 +76,7 @@ def build(spec: RunSpec, data: Dataset):
     return family, guide
 
 
-def prepare(spec: RunSpec) -> tuple[Dataset, object, torch.nn.Module, torch.device]:
+def prepare(spec: RunSpec) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
     """Load the data and build the family and guide on the spec's device and dtype."""
     device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
     data = load_dataset(spec.data, spec.seed)

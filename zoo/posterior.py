@@ -12,12 +12,13 @@ import torch
 from pyro import poutine
 
 from zoo.likelihoods import PredictiveDraws
+from zoo.models.base import ModelFamily
 
 
 class Posterior(ABC):
     """Draws of every latent site of ``family``'s model, and predictions from them."""
 
-    def __init__(self, family) -> None:
+    def __init__(self, family: ModelFamily) -> None:
         self.family = family
 
     @abstractmethod
@@ -41,7 +42,7 @@ class Posterior(ABC):
 class GuidePosterior(Posterior):
     """The posterior approximation of a fitted guide (mean-field, Delta, and any guide to come)."""
 
-    def __init__(self, family, guide: torch.nn.Module) -> None:
+    def __init__(self, family: ModelFamily, guide: torch.nn.Module) -> None:
         super().__init__(family)
         self.guide = guide
 
@@ -60,7 +61,7 @@ class GuidePosterior(Posterior):
 class SamplePosterior(Posterior):
     """A posterior held as stored draws (e.g. MCMC): ``sample(S)`` returns S of them, evenly thinned."""
 
-    def __init__(self, family, draws: dict[str, torch.Tensor]) -> None:
+    def __init__(self, family: ModelFamily, draws: dict[str, torch.Tensor]) -> None:
         super().__init__(family)
         self.draws = draws
 

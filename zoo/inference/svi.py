@@ -19,6 +19,7 @@ from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
+from zoo.models.base import ModelFamily
 from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
 from zoo.spec import InferenceSpec
 
@@ -123,7 +124,7 @@ def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], st
 
 
 def fit_svi(
-    family,
+    family: ModelFamily,
     guide: torch.nn.Module,
     data: Dataset,
     spec: InferenceSpec,

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch import nn
 from torch.distributions import constraints
+
+if TYPE_CHECKING:
+    from zoo.likelihoods import Likelihood
 
 
 @dataclass(frozen=True)
@@ -20,3 +25,24 @@ class LatentSite:
     def is_weight(self) -> bool:
         """Real-valued sites are weights (or weight-like factors); constrained ones are e.g. noise scales."""
         return self.support is constraints.real
+
+
+class ModelFamily(Protocol):
+    """The interface guides, inference methods and the Posterior rely on; families know nothing else of them."""
+
+    likelihood: Likelihood
+
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """Every latent sample site of :meth:`model`, with shape, support and an initial value."""
+
+    def point_parameters(self) -> list[nn.Parameter]:
+        """Parameters fitted as point estimates beside the guide (may be empty)."""
+
+    def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
+        """The Pyro model: observe ``y`` on rows ``batch`` of ``x``, scaled to all ``len(x)`` rows."""
+
+    def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Net outputs ``[S, B, out]`` under S joint draws of the latent sites."""
+
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> ModelFamily:
+        """Move the family's tensors to ``device``/``dtype``."""
