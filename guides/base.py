@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyro
 import torch
+from pyro import poutine
 from torch import nn
 from torch.distributions import biject_to
 
@@ -18,6 +19,8 @@ def _key(site: str) -> str:
 
 class SiteGuide(nn.Module):
     """A guide over a model's latent sites, each sampled from ``self.distribution(name)`` in model order."""
+
+    plated_terms = True  # whether sites inside a plate (ensemble members) contribute their KL terms
 
     def __init__(self, sites: dict[str, LatentSite]) -> None:
         super().__init__()
@@ -36,8 +39,22 @@ class SiteGuide(nn.Module):
         return self.loc[_key(name)]
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Sample every latent site (the model's arguments are accepted and ignored)."""
-        return {name: pyro.sample(name, self.distribution(name)) for name in self.sites}
+        """Sample every latent site (the model's arguments are accepted and ignored).
+
+        A site inside a plate (e.g. ensemble members) is sampled in that plate with its terms averaged over it,
+        exactly as the model declares it.
+        """
+        values, plates = {}, {}
+        for name, site in self.sites.items():
+            if site.plate is None:
+                values[name] = pyro.sample(name, self.distribution(name))
+                continue
+            plate_name, size = site.plate
+            if plate_name not in plates:  # one plate object per run: Pyro records its site once
+                plates[plate_name] = pyro.plate(plate_name, size, dim=-1)
+            with plates[plate_name], poutine.scale(scale=1.0 / size), poutine.mask(mask=self.plated_terms):
+                values[name] = pyro.sample(name, self.distribution(name))
+        return values
 
     def distribution(self, name: str) -> pyro.distributions.TorchDistribution:  # pragma: no cover - abstract
         """q(site) as a distribution whose event is the whole site."""

@@ -15,4 +15,4 @@ class DeltaGuide(SiteGuide):
         """A Delta at the site's current point value."""
         site = self.sites[name]
         value = biject_to(site.support)(self.unconstrained_loc(name))
-        return dist.Delta(value, event_dim=len(site.shape))
+        return dist.Delta(value, event_dim=site.event_dim)

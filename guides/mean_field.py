@@ -62,7 +62,7 @@ class MeanFieldNormalGuide(SiteGuide):
             base = dist.LogNormal(loc, scale)
         else:
             base = dist.TransformedDistribution(dist.Normal(loc, scale), [biject_to(site.support)])
-        return base.to_event(len(site.shape))
+        return base.to_event(site.event_dim)
 
     def signal_to_noise(self) -> dict[str, torch.Tensor]:
         """|mu| / sigma for every weight site: Blundell et al.'s criterion for pruning."""

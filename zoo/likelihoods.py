@@ -26,6 +26,16 @@ class PredictiveDraws:
     loc: torch.Tensor | None = None
     scale: torch.Tensor | None = None
 
+    @staticmethod
+    def concat(parts: list[PredictiveDraws]) -> PredictiveDraws:
+        """Join predictions made on consecutive chunks of the inputs (along the B dim)."""
+
+        def cat(field: str) -> torch.Tensor | None:
+            values = [getattr(p, field) for p in parts]
+            return None if values[0] is None else torch.cat(values, dim=1)
+
+        return PredictiveDraws(log_probs=cat("log_probs"), loc=cat("loc"), scale=cat("scale"))
+
     def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         """Pointwise log p(y_b | x_b, w_s) as ``[S, B]`` (standardised units for regression)."""
         if self.log_probs is not None:
@@ -59,9 +69,11 @@ class LogitsCategorical(dist.Categorical):
         """log p(value) via ``F.cross_entropy`` on the raw logits."""
         if self._validate_args:
             self._validate_sample(value)
-        logits = self.raw_logits.expand(value.shape + (self._num_events,))
-        flat = F.cross_entropy(logits.reshape(-1, self._num_events), value.reshape(-1).long(), reduction="none")
-        return -flat.reshape(value.shape)
+        shape = torch.broadcast_shapes(value.shape, self.batch_shape)
+        logits = self.raw_logits.expand(shape + (self._num_events,))
+        flat = F.cross_entropy(logits.reshape(-1, self._num_events), value.expand(shape).reshape(-1).long(),
+                               reduction="none")
+        return -flat.reshape(shape)
 
 
 class Categorical:
@@ -77,9 +89,9 @@ class Categorical:
         """Nothing to sample."""
         return {}
 
-    def observe(self, out: torch.Tensor, y: torch.Tensor | None, latents: dict[str, torch.Tensor]) -> None:
-        """The ``obs`` site inside the data plate."""
-        pyro.sample("obs", LogitsCategorical(out), obs=y)
+    def component(self, out: torch.Tensor, latents: dict[str, torch.Tensor]) -> dist.TorchDistribution:
+        """p(y | f(x)) for net outputs ``out [..., C]``: batch shape ``out.shape[:-1]``."""
+        return LogitsCategorical(out)
 
     def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
         """Per-draw class log-probabilities from logits ``[S, B, C]``."""
@@ -122,9 +134,9 @@ class Gaussian:
             return like.new_tensor(self.fixed_noise)
         return latents[self.noise_site]
 
-    def observe(self, out: torch.Tensor, y: torch.Tensor | None, latents: dict[str, torch.Tensor]) -> None:
-        """The ``obs`` site inside the data plate; the net's single output is the mean."""
-        pyro.sample("obs", dist.Normal(out[..., 0], self._scale(latents, out)), obs=y)
+    def component(self, out: torch.Tensor, latents: dict[str, torch.Tensor]) -> dist.TorchDistribution:
+        """p(y | f(x)) for net outputs ``out [..., 1]`` (the mean): batch shape ``out.shape[:-1]``."""
+        return dist.Normal(out[..., 0], self._scale(latents, out))
 
     def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
         """Per-draw Gaussian predictive from outputs ``[S, B, 1]`` and noise draws ``[S]``."""
@@ -134,6 +146,56 @@ class Gaussian:
         else:
             scale = draws[self.noise_site].reshape(-1, 1).expand_as(loc)
         return PredictiveDraws(loc=loc, scale=scale)
+
+
+class MemberAverage(dist.TorchDistribution):
+    """Average over ensemble members of log p(y | w_k): the `average` objective of rank-1 BNNs.
+
+    ``members`` has batch shape ``[..., K]``; ``log_prob(y)`` is (1/K) sum_k log p_k(y). It is a training
+    objective, not a normalised density; its samples are those of the uniform mixture of the members.
+    """
+
+    arg_constraints: dict = {}
+
+    def __init__(self, members: dist.TorchDistribution) -> None:
+        self.members = members
+        super().__init__(members.batch_shape[:-1], members.event_shape)
+
+    @property
+    def support(self):
+        return self.members.support
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Mean over members of the members' log densities."""
+        return self.members.log_prob(value.unsqueeze(-1)).mean(-1)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        """A draw of a uniformly chosen member."""
+        with torch.no_grad():
+            draws = self.members.sample(sample_shape)  # [..., K]
+            pick = torch.randint(draws.shape[-1], draws.shape[:-1] + (1,), device=draws.device)
+            return draws.gather(-1, pick).squeeze(-1)
+
+
+def uniform_member_mixture(members: dist.TorchDistribution, like: torch.Tensor) -> dist.MixtureSameFamily:
+    """(1/K) sum_k p_k(y) over the last batch dim of ``members``: the `mixture` objective of rank-1 BNNs."""
+    logits = torch.zeros(members.batch_shape, device=like.device, dtype=like.dtype)
+    return dist.MixtureSameFamily(dist.Categorical(logits=logits), members)
+
+
+def observe(likelihood: Likelihood, out: torch.Tensor, y: torch.Tensor | None,
+            latents: dict[str, torch.Tensor], members: str | None = None) -> None:
+    """The ``obs`` site, inside the data plate, for outputs ``out [B, O]`` or, with members, ``[K, B, O]``.
+
+    ``members`` is None (one net), ``"mixture"`` (log of the members' average likelihood) or ``"average"``
+    (average of the members' log-likelihoods).
+    """
+    if members is None:
+        pyro.sample("obs", likelihood.component(out, latents), obs=y)
+        return
+    per_member = likelihood.component(out.movedim(0, -2), latents)  # batch [B, K]
+    fn = uniform_member_mixture(per_member, out) if members == "mixture" else MemberAverage(per_member)
+    pyro.sample("obs", fn, obs=y)
 
 
 Likelihood = Categorical | Gaussian

@@ -65,8 +65,9 @@ def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
     """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
     pyro.set_rng_seed(spec.seed)
     net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation)
-    priors = assign_priors(spec.prior, [name for name, _ in net.named_parameters()])
-    family = registry.FAMILIES[spec.model.family](net, priors, build_likelihood(spec.likelihood, data))
+    family_cls = registry.FAMILIES[spec.model.family]
+    priors = assign_priors(spec.prior, family_cls.prior_sites(net))
+    family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)
     registry.check_guide_fits(spec.model.family, spec.guide.name)
     guide = registry.GUIDES[spec.guide.name].from_spec(family.latent_sites(), spec.guide)
     if spec.guide.init_from:

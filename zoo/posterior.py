@@ -35,8 +35,7 @@ class Posterior(ABC):
                 raise ValueError("predict needs num_samples or draws")
             draws = self.sample(num_samples)
         with torch.no_grad():
-            outs = torch.cat([self.family.forward_draws(draws, xc) for xc in x.split(chunk_size)], dim=1)
-            return self.family.likelihood.predictive(outs, draws)
+            return PredictiveDraws.concat([self.family.predict(draws, xc) for xc in x.split(chunk_size)])
 
 
 class GuidePosterior(Posterior):

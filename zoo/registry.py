@@ -6,20 +6,24 @@ from typing import get_args
 
 from guides.delta import DeltaGuide
 from guides.mean_field import MeanFieldNormalGuide
+from guides.mixture import BatchEnsembleGuide, MixtureGuide
 from zoo.data import DATASETS
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import ELBOS
 from zoo.inference.svi import fit_svi
 from zoo.likelihoods import LIKELIHOODS
 from zoo.models.mean_field import MeanFieldBNN
+from zoo.models.rank1 import Rank1BNN
 from zoo.nets import ACTIVATIONS, NETS
 from zoo.spec import PriorConfig
 
 PRIORS = {get_args(cls.model_fields["name"].annotation)[0]: cls for cls in get_args(get_args(PriorConfig)[0])}
-FAMILIES = {"mean_field": MeanFieldBNN}
-GUIDES = {"mean_field": MeanFieldNormalGuide, "delta": DeltaGuide}
-# Which guides fit which family's latent structure (a guide outside this list is refused up front).
-FAMILY_GUIDES = {"mean_field": ("mean_field", "delta")}
+FAMILIES = {"mean_field": MeanFieldBNN, "rank1": Rank1BNN}
+GUIDES = {"mean_field": MeanFieldNormalGuide, "delta": DeltaGuide, "mixture": MixtureGuide,
+          "batch_ensemble": BatchEnsembleGuide}
+# Which guides fit which family's latent structure (a guide outside this list is refused up front):
+# the mixture and BatchEnsemble guides need ensemble members.
+FAMILY_GUIDES = {"mean_field": ("mean_field", "delta"), "rank1": ("mixture", "batch_ensemble", "mean_field", "delta")}
 INFERENCE = {"svi": fit_svi}
 
 TABLES = {

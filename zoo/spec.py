@@ -129,9 +129,14 @@ class PriorSpec(_Strict):
 
 # ---------------------------------------------------------------------------------------- model/guide
 class ModelSpec(_Strict):
-    """Which model family turns the net and prior into a Pyro model."""
+    """Which model family turns the net and prior into a Pyro model (and the family's own settings)."""
 
     family: str = "mean_field"
+    members: PositiveInt = Field(4, description="rank1: ensemble members K")
+    member_likelihood: Literal["mixture", "average"] = Field(
+        "average", description="rank1: mean of the members' log-likelihoods (average), or log of their mean "
+        "likelihood (mixture; lets members specialise on parts of the data)")
+    weight_decay: PositiveFloat | None = Field(None, description="rank1: scale of a Normal prior on the shared W")
 
 
 class GuideSpec(_Strict):
@@ -140,6 +145,10 @@ class GuideSpec(_Strict):
     name: str = "mean_field"
     init_rho: float = Field(-5.0, description="initial rho of sigma = softplus(rho)")
     init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
+    component: Literal["normal", "cauchy"] = Field("normal", description="mixture: family of each component")
+    init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description="mixture/batch_ensemble: P(+1) of the factor "
+                                  "means' random-sign initialisation")
+    init_scale: PositiveFloat = Field(0.03, description="mixture: initial standard deviation of the factors")
 
 
 class NoisePrior(_Strict):

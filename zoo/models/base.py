@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributions import constraints
 
 if TYPE_CHECKING:
-    from zoo.likelihoods import Likelihood
+    from zoo.likelihoods import Likelihood, PredictiveDraws
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,12 @@ class LatentSite:
     shape: torch.Size
     init: torch.Tensor
     support: constraints.Constraint = constraints.real
+    plate: tuple[str, int] | None = None  # the leading dim of `shape` is this plate; its terms are averaged
+
+    @property
+    def event_dim(self) -> int:
+        """Dims of ``shape`` that form one event (all but a leading plate dim)."""
+        return len(self.shape) - (self.plate is not None)
 
     @property
     def is_weight(self) -> bool:
@@ -41,8 +47,8 @@ class ModelFamily(Protocol):
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
         """The Pyro model: observe ``y`` on rows ``batch`` of ``x``, scaled to all ``len(x)`` rows."""
 
-    def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Net outputs ``[S, B, out]`` under S joint draws of the latent sites."""
+    def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
+        """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> ModelFamily:
         """Move the family's tensors to ``device``/``dtype``."""

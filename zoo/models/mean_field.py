@@ -11,11 +11,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from zoo.likelihoods import Likelihood
+from zoo.errors import ZooInputError
+from zoo.likelihoods import Likelihood, PredictiveDraws, observe
 from zoo.models.base import LatentSite
 from zoo.nets import ParameterSwap
 from zoo.priors import prior_distribution
-from zoo.spec import PriorConfig
+from zoo.spec import ModelSpec, PriorConfig
 
 
 class MeanFieldBNN:
@@ -31,6 +32,22 @@ class MeanFieldBNN:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
         self._swap = ParameterSwap(net)
+
+    @staticmethod
+    def prior_sites(net: nn.Module) -> list[str]:
+        """The sites the spec's priors are assigned to: every parameter of the net."""
+        return [name for name, _ in net.named_parameters()]
+
+    @classmethod
+    def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
+                  spec: ModelSpec) -> MeanFieldBNN:
+        """Build from the spec's model section (which has no settings of this family's own)."""
+        defaults = {k: ModelSpec.model_fields[k].default for k in ("members", "member_likelihood", "weight_decay")}
+        foreign = [k for k, default in defaults.items() if getattr(spec, k) != default]
+        if foreign:
+            raise ZooInputError(f"model.{foreign[0]}", getattr(spec, foreign[0]),
+                                "applies to the rank1 family only; drop it or use model.family: rank1")
+        return cls(net, priors, likelihood)
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
@@ -69,11 +86,15 @@ class MeanFieldBNN:
             # index_select, not x[batch]: advanced indexing is ~100x slower on multi-threaded CPU torch
             xb = x if batch is None else x.index_select(0, batch)
             yb = y if (y is None or batch is None) else y.index_select(0, batch)
-            self.likelihood.observe(self.forward(weights, xb), yb, latents)
+            observe(self.likelihood, self.forward(weights, xb), yb, latents)
 
     def forward(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The net's output under one set of weights ``[B, out]``."""
         return self._swap(weights, x)
+
+    def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
+        """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
+        return self.likelihood.predictive(self.forward_draws(draws, x), draws)
 
     def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs under S weight draws ``{name: [S, ...]}`` at once: ``[S, B, out]``."""
