@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from itertools import pairwise
 
 import torch
 from torch import nn
+
+from zoo.errors import ZooInputError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -58,4 +61,30 @@ class ParameterSwap:
                 module._parameters[attr] = original
 
 
-NETS = {"mlp": build_mlp}
+def build_cnn(in_dim: int, out_dim: int, hidden: list[int], activation: str = "relu",
+              channels: list[int] | None = None) -> nn.Sequential:
+    """A small CNN for square one-channel images given as flat rows of ``side * side`` pixels (e.g. digits 8x8).
+
+    3x3 convolutions (``conv0, conv1, ...``; every one after the first with stride 2), then dense layers
+    ``hidden0, ...`` and ``out``. Shapes are taken from the last dims, so any leading batch dims pass through.
+    """
+    side = math.isqrt(in_dim)
+    if side * side != in_dim:
+        raise ZooInputError("net.name", "cnn", f"needs square one-channel images; {in_dim} inputs are not a square")
+    layers: OrderedDict[str, nn.Module] = OrderedDict(image=nn.Unflatten(-1, (1, side, side)))
+    widths = [1, *(channels or [16, 32])]
+    for i, (c_in, c_out) in enumerate(pairwise(widths)):
+        stride = 1 if i == 0 else 2
+        layers[f"conv{i}"] = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
+        layers[f"conv_act{i}"] = ACTIVATIONS[activation]()
+        side = (side - 1) // stride + 1
+    layers["flatten"] = nn.Flatten(start_dim=-3)
+    dense = [widths[-1] * side * side, *hidden]
+    for i, (fan_in, fan_out) in enumerate(pairwise(dense)):
+        layers[f"hidden{i}"] = nn.Linear(fan_in, fan_out)
+        layers[f"act{i}"] = ACTIVATIONS[activation]()
+    layers["out"] = nn.Linear(dense[-1], out_dim)
+    return nn.Sequential(layers)
+
+
+NETS = {"mlp": build_mlp, "cnn": build_cnn}

@@ -64,7 +64,8 @@ def load_point_values(source: str) -> dict[str, torch.Tensor]:
 def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
     """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
     pyro.set_rng_seed(spec.seed)
-    net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation)
+    net_args = {"channels": spec.net.channels} if spec.net.name == "cnn" else {}
+    net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation, **net_args)
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)

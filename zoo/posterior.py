@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 
 import torch
 from pyro import poutine
+from pyro.poutine.util import site_is_subsample
 
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
@@ -52,7 +53,7 @@ class GuidePosterior(Posterior):
             for _ in range(num_samples):
                 trace = poutine.trace(self.guide).get_trace()
                 for name, site in trace.nodes.items():
-                    if site["type"] == "sample" and not site["is_observed"]:
+                    if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
                         runs.setdefault(name, []).append(site["value"])
         return {name: torch.stack(values) for name, values in runs.items()}
 

@@ -10,7 +10,15 @@ import torch
 from torch.distributions import constraints, register_kl
 
 from zoo.errors import ZooInputError
-from zoo.spec import CauchyPrior, LaplacePrior, NormalPrior, PriorConfig, PriorSpec, ScaleMixturePrior
+from zoo.spec import (
+    CauchyPrior,
+    GaussianScaleMixturePrior,
+    LaplacePrior,
+    NormalPrior,
+    PriorConfig,
+    PriorSpec,
+    ScaleMixturePrior,
+)
 
 
 class ScaleMixtureNormal(dist.TorchDistribution):
@@ -102,9 +110,22 @@ def prior_distribution(
         base = dist.Cauchy(t(config.loc), t(config.scale))
     elif isinstance(config, ScaleMixturePrior):
         base = ScaleMixtureNormal(t(config.pi), t(config.sigma1), t(config.sigma2))
+    elif isinstance(config, GaussianScaleMixturePrior):
+        raise ZooInputError("prior.name", "gsm", "the hierarchical gsm prior applies to rank-1 factors (family rank1)")
     else:  # pragma: no cover - the spec's discriminated union admits nothing else
         raise ZooInputError("prior.name", getattr(config, "name", config), "unknown prior")
     return base.expand(shape).to_event(len(shape))
+
+
+def gsm_scale_prior(config: GaussianScaleMixturePrior, width: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> dist.TorchDistribution:
+    """The prior of a GSM prior's per-neuron scales tau (one event of ``width``)."""
+    scale = torch.tensor(config.scale, device=device, dtype=dtype)
+    if config.scale_prior == "half_cauchy":
+        base = dist.HalfCauchy(scale)
+    else:
+        base = dist.LogNormal(scale.log(), torch.tensor(config.log_scale_sd, device=device, dtype=dtype))
+    return base.expand(torch.Size([width])).to_event(1)
 
 
 def assign_priors(spec: PriorSpec, site_names: list[str]) -> dict[str, PriorConfig]:

@@ -53,12 +53,13 @@ class NetSpec(_Strict):
     name: str = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [50], description="hidden layer widths")
     activation: str = Field("relu", description="relu | tanh | gelu | elu | silu | sigmoid")
+    channels: list[int] = Field(default_factory=lambda: [16, 32], description="cnn: channels of the conv layers")
 
-    @field_validator("hidden")
+    @field_validator("hidden", "channels")
     @classmethod
     def _positive_widths(cls, v: list[int]) -> list[int]:
         if any(w < 1 for w in v):
-            raise ValueError(f"hidden widths must be positive integers, got {v}")
+            raise ValueError(f"widths must be positive integers, got {v}")
         return v
 
 
@@ -96,8 +97,22 @@ class ScaleMixturePrior(_Strict):
     sigma2: PositiveFloat = 0.0024787521766663585  # e^-6, as in Blundell et al. 2015
 
 
+class GaussianScaleMixturePrior(_Strict):
+    """Hierarchical Gaussian scale mixture in non-centred form (rank-1 factors only): factor = loc + tau * z,
+    z ~ N(0, 1) per member, one scale tau per neuron shared by the members, tau ~ half-Cauchy(scale) or
+    LogNormal(log scale, log_scale_sd). On an ``.s`` site the hierarchy runs over the layer's input neurons, on
+    an ``.r`` site over its output neurons, on both with a glob matching both."""
+
+    name: Literal["gsm"]
+    loc: float = 1.0
+    scale_prior: Literal["half_cauchy", "log_normal"] = "half_cauchy"
+    scale: PositiveFloat = 0.1
+    log_scale_sd: PositiveFloat = 1.0
+
+
 PriorConfig = Annotated[
-    NormalPrior | LaplacePrior | CauchyPrior | ScaleMixturePrior, Field(discriminator="name")
+    NormalPrior | LaplacePrior | CauchyPrior | ScaleMixturePrior | GaussianScaleMixturePrior,
+    Field(discriminator="name"),
 ]
 
 

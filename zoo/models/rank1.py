@@ -14,40 +14,68 @@ import torch
 import torch.nn.functional as F
 from pyro import poutine
 from torch import nn
+from torch.distributions import constraints
 
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, observe
 from zoo.models.base import LatentSite
-from zoo.priors import prior_distribution
-from zoo.spec import ModelSpec, PriorConfig
+from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
+from zoo.spec import GaussianScaleMixturePrior, ModelSpec, PriorConfig
 
 MEMBERS = "members"
+SCALE, RAW = "_scale", "_z"  # a GSM factor f is held as sites f_scale (per neuron) and f_z (per member)
+FACTORED_LAYERS = (nn.Linear, nn.Conv2d)
 
 
-class MemberLinear:
-    """Within this context, ``F.linear`` on a registered weight W computes ((x ∘ s) Wᵀ) ∘ r + b for all members.
+def _widths(layer: nn.Module) -> tuple[int, int]:
+    """(outputs, inputs) of a Linear layer, (output, input) channels of a Conv2d."""
+    if isinstance(layer, nn.Conv2d):
+        return layer.out_channels, layer.in_channels
+    return layer.out_features, layer.in_features
+
+
+class MemberLayers:
+    """Within this context, Linear and Conv2d layers with registered weights W run all members at once.
 
     ``layers`` maps each weight tensor to its factors ``r [M, out]``, ``s [M, in]`` and biases ``b [M, out]``;
-    inputs are ``[M, B, in]`` (the batch tiled once per member).
+    inputs carry the members as their leading dim (the batch tiled once per member). ``F.linear`` computes
+    ((x ∘ s) Wᵀ) ∘ r + b in one matmul; ``F.conv2d`` scales input channels by s and output channels by r around
+    one convolution of the flattened [M * B] batch.
     """
 
     def __init__(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         self.layers = layers
 
-    def __enter__(self) -> MemberLinear:
-        self._linear = F.linear
-        F.linear = self._member_linear
+    def __enter__(self) -> MemberLayers:
+        self._linear, self._conv2d = F.linear, F.conv2d
+        F.linear, F.conv2d = self._member_linear, self._member_conv2d
         return self
 
     def __exit__(self, *exc) -> None:
-        F.linear = self._linear
+        F.linear, F.conv2d = self._linear, self._conv2d
+
+    def _lookup(self, weight: torch.Tensor):
+        entry = self.layers.get(id(weight))
+        return entry[1:] if entry is not None and entry[0] is weight else None
 
     def _member_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        entry = self.layers.get(id(weight))
-        if entry is None or entry[0] is not weight:
+        factors = self._lookup(weight)
+        if factors is None:
             return self._linear(x, weight, bias)
-        _, r, s, b = entry
+        r, s, b = factors
         return torch.addcmul(b.unsqueeze(-2), self._linear(x * s.unsqueeze(-2), weight), r.unsqueeze(-2))
+
+    def _member_conv2d(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *args):
+        factors = self._lookup(weight)
+        if factors is None:
+            return self._conv2d(x, weight, bias, *args)
+        r, s, b = factors  # x: [M, B, C, H, W]
+
+        def per_channel(v: torch.Tensor) -> torch.Tensor:
+            return v[:, None, :, None, None]
+
+        out = self._conv2d((x * per_channel(s)).flatten(0, 1), weight, None, *args)
+        return torch.addcmul(per_channel(b), out.unflatten(0, x.shape[:2]), per_channel(r))
 
 
 class Rank1BNN:
@@ -58,9 +86,9 @@ class Rank1BNN:
                  member_likelihood: str = "average", weight_decay: float | None = None) -> None:
         self.net, self.likelihood = net, likelihood
         self.members, self.member_likelihood, self.weight_decay = members, member_likelihood, weight_decay
-        self.layers = {name: m for name, m in net.named_modules() if isinstance(m, nn.Linear)}
+        self.layers = {name: m for name, m in net.named_modules() if isinstance(m, FACTORED_LAYERS)}
         if not self.layers:
-            raise ZooInputError("net", type(net).__name__, "the rank-1 family needs a net with Linear layers")
+            raise ZooInputError("net", type(net).__name__, "the rank-1 family needs Linear or Conv2d layers")
         self.factor_names = [f"{layer}.{side}" for layer in self.layers for side in ("r", "s")]
         missing = set(self.factor_names) - set(priors)
         if missing:
@@ -68,7 +96,7 @@ class Rank1BNN:
         self.prior_configs = priors
         self.member_bias = nn.ParameterDict({
             layer.replace(".", "/"): nn.Parameter(
-                (m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)).expand(members, -1).clone())
+                (m.bias.detach() if m.bias is not None else torch.zeros(_widths(m)[0])).expand(members, -1).clone())
             for layer, m in self.layers.items()
         })
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
@@ -76,7 +104,7 @@ class Rank1BNN:
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
         """The sites the spec's priors are assigned to: ``<layer>.r`` and ``<layer>.s`` for every Linear layer."""
-        return [f"{n}.{side}" for n, m in net.named_modules() if isinstance(m, nn.Linear) for side in ("r", "s")]
+        return [f"{n}.{side}" for n, m in net.named_modules() if isinstance(m, FACTORED_LAYERS) for side in ("r", "s")]
 
     @classmethod
     def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
@@ -91,14 +119,21 @@ class Rank1BNN:
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
-        """r [K, out] and s [K, in] per layer (in the members plate, initialised at 1), then likelihood latents."""
-        sites = {}
+        """Per-neuron GSM scales (global), then the factors r [K, out], s [K, in] in the members plate
+        (initialised at 1; a GSM factor is held as its standardised z [K, width], initialised at 0),
+        then the likelihood's latents."""
+        scales, plated = {}, {}
         for layer, m in self.layers.items():
-            for side, width in (("r", m.out_features), ("s", m.in_features)):
-                shape = torch.Size([self.members, width])
-                sites[f"{layer}.{side}"] = LatentSite(shape, torch.ones(shape), plate=(MEMBERS, self.members))
-        sites.update(self.likelihood.latent_sites())
-        return sites
+            for side, width in zip(("r", "s"), _widths(m), strict=True):
+                name, shape = f"{layer}.{side}", torch.Size([self.members, width])
+                config = self.prior_configs[name]
+                if isinstance(config, GaussianScaleMixturePrior):
+                    scales[name + SCALE] = LatentSite(torch.Size([width]), torch.full((width,), config.scale),
+                                                      constraints.positive)
+                    plated[name + RAW] = LatentSite(shape, torch.zeros(shape), plate=(MEMBERS, self.members))
+                else:
+                    plated[name] = LatentSite(shape, torch.ones(shape), plate=(MEMBERS, self.members))
+        return {**scales, **plated, **self.likelihood.latent_sites()}
 
     def point_parameters(self) -> list[nn.Parameter]:
         """The shared weights W of every Linear layer and the per-member biases."""
@@ -111,14 +146,36 @@ class Rank1BNN:
         return self
 
     def priors(self) -> dict[str, dist.TorchDistribution]:
-        """The prior of every factor site: one event per member (the members plate adds the K dim)."""
+        """The prior of every factor-related site; a plated site's prior is one member's event."""
         ref = next(self.net.parameters())
         key = (ref.device, ref.dtype)
         if key not in self._priors:
-            sites = self.latent_sites()
-            self._priors[key] = {n: prior_distribution(self.prior_configs[n], sites[n].shape[1:], ref.device,
-                                                       ref.dtype) for n in self.factor_names}
+            table = {}
+            for name, site in self.latent_sites().items():
+                factor = name.removesuffix(SCALE).removesuffix(RAW)
+                if factor not in self.prior_configs:
+                    continue  # the likelihood's own latents
+                config, width = self.prior_configs[factor], site.shape[-1]
+                if name.endswith(SCALE):
+                    table[name] = gsm_scale_prior(config, width, ref.device, ref.dtype)
+                elif name.endswith(RAW):
+                    table[name] = ScalarNormal(0.0, 1.0, torch.Size([width]), ref.device, ref.dtype).to_event(1)
+                else:
+                    table[name] = prior_distribution(config, torch.Size([width]), ref.device, ref.dtype)
+            self._priors[key] = table
         return self._priors[key]
+
+    def factors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Factor values ``{<layer>.r|s: [M, width]}`` from site values (GSM: loc + tau * z, non-centred)."""
+        out = {}
+        for name in self.factor_names:
+            config = self.prior_configs[name]
+            if isinstance(config, GaussianScaleMixturePrior):
+                out[name] = torch.addcmul(torch.full_like(values[name + RAW], config.loc), values[name + SCALE],
+                                          values[name + RAW])
+            else:
+                out[name] = values[name]
+        return out
 
     # -- the Pyro model --------------------------------------------------------------------------------
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
@@ -127,8 +184,10 @@ class Rank1BNN:
             weight_prior = dist.Normal(0.0, self.weight_decay)
             pyro.factor("weight_prior", sum(weight_prior.log_prob(m.weight).sum() for m in self.layers.values()))
         priors = self.priors()
+        values = {name: pyro.sample(name, fn) for name, fn in priors.items() if name.endswith(SCALE)}
         with pyro.plate(MEMBERS, self.members, dim=-1), poutine.scale(scale=1.0 / self.members):
-            factors = {name: pyro.sample(name, priors[name]) for name in self.factor_names}
+            values.update({name: pyro.sample(name, fn) for name, fn in priors.items() if not name.endswith(SCALE)})
+        factors = self.factors(values)
         latents = self.likelihood.sample_latents(x)
         with pyro.plate("data", x.shape[0], subsample=batch):
             xb = x if batch is None else x.index_select(0, batch)
@@ -142,13 +201,14 @@ class Rank1BNN:
         n_members = factors[self.factor_names[0]].shape[0]
         layers = {id(m.weight): (m.weight, factors[f"{name}.r"], factors[f"{name}.s"], bias)
                   for (name, m), bias in zip(self.layers.items(), biases, strict=True)}
-        with MemberLinear(layers):
+        with MemberLayers(layers):
             return self.net(x.expand(n_members, *x.shape))
 
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
         """S draws of the K components become S*K predictive draws (the mixture over components and samples)."""
-        n_draws = draws[self.factor_names[0]].shape[0]
-        flat = {name: draws[name].reshape(-1, *draws[name].shape[2:]) for name in self.factor_names}
+        sites = self.latent_sites()
+        members = {n: v.flatten(0, 1) if sites[n].plate is not None else v.repeat_interleave(self.members, dim=0)
+                   for n, v in draws.items()}  # every site as [S * K, ...], draw-major
+        n_draws = next(iter(draws.values())).shape[0]
         biases = [b.repeat(n_draws, 1) for b in self.member_bias.values()]
-        others = {n: v.repeat_interleave(self.members, dim=0) for n, v in draws.items() if n not in flat}
-        return self.likelihood.predictive(self.forward_members(flat, biases, x), others)
+        return self.likelihood.predictive(self.forward_members(self.factors(members), biases, x), members)
