@@ -70,8 +70,10 @@ def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samp
 def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
     """Fix the ``fraction`` of weights with the lowest signal-to-noise |mu|/sigma at zero (Blundell et al. 2015)."""
     guide = getattr(posterior, "guide", None)
-    if guide is None or not hasattr(guide, "signal_to_noise"):
-        raise ZooInputError("zoo prune", type(guide).__name__, "pruning needs a mean-field guide (|mu|/sigma)")
+    if guide is None or not hasattr(guide, "signal_to_noise") or any(s.plate for s in guide.sites.values()):
+        raise ZooInputError("zoo prune", type(guide).__name__,
+                            "pruning needs a mean-field guide over individual weights (|mu|/sigma); "
+                            "rank-1 factors scale whole units, so they are not pruned")
     if not 0.0 <= fraction < 1.0:
         raise ZooInputError("--fractions", fraction, "each fraction must be in [0, 1)")
     snr = guide.signal_to_noise()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -143,15 +143,33 @@ class PriorSpec(_Strict):
 
 
 # ---------------------------------------------------------------------------------------- model/guide
-class ModelSpec(_Strict):
-    """Which model family turns the net and prior into a Pyro model (and the family's own settings)."""
+class MeanFieldModelSpec(_Strict):
+    """Every weight and bias a latent site (mean-field VI, MAP, HMC)."""
 
-    family: str = "mean_field"
-    members: PositiveInt = Field(4, description="rank1: ensemble members K")
+    family: Literal["mean_field"] = "mean_field"
+
+
+class Rank1ModelSpec(_Strict):
+    """Rank-1 BNN: shared point-estimated weights, rank-1 factors per ensemble member."""
+
+    family: Literal["rank1"]
+    members: PositiveInt = Field(4, description="ensemble members K")
     member_likelihood: Literal["mixture", "average"] = Field(
-        "average", description="rank1: mean of the members' log-likelihoods (average), or log of their mean "
+        "average", description="mean of the members' log-likelihoods (average), or log of their mean "
         "likelihood (mixture; lets members specialise on parts of the data)")
-    weight_decay: PositiveFloat | None = Field(None, description="rank1: scale of a Normal prior on the shared W")
+    weight_decay: PositiveFloat | None = Field(None, description="scale of a Normal prior on the shared W")
+
+
+ModelSpec = Annotated[MeanFieldModelSpec | Rank1ModelSpec, Field(discriminator="family")]
+_UNION_MEMBERS = {get_args(cls.model_fields[key].annotation)[0]: cls
+                  for union, key in ((PriorConfig, "name"), (ModelSpec, "family"))
+                  for cls in get_args(get_args(union)[0])}
+_UNION_TAGS = set(_UNION_MEMBERS)
+
+
+def _owners(field: str) -> list[str]:
+    """The priors/families that do have a setting called ``field`` (for 'not permitted here' messages)."""
+    return sorted(tag for tag, cls in _UNION_MEMBERS.items() if field in cls.model_fields)
 
 
 class GuideSpec(_Strict):
@@ -216,13 +234,19 @@ class RunSpec(_Strict):
     data: DataSpec
     net: NetSpec = Field(default_factory=NetSpec)
     prior: PriorSpec = Field(default_factory=PriorSpec)
-    model: ModelSpec = Field(default_factory=ModelSpec)
+    model: ModelSpec = Field(default_factory=MeanFieldModelSpec)
     guide: GuideSpec = Field(default_factory=GuideSpec)
     likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec)
     inference: InferenceSpec = Field(default_factory=InferenceSpec)
     seed: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "float64"] = "float32"
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _default_family(cls, v: Any) -> Any:
+        # a model section without a family is the mean-field one, like the section's own default
+        return {"family": "mean_field", **v} if isinstance(v, dict) else v
 
     @model_validator(mode="after")
     def _known_names(self) -> RunSpec:
@@ -240,10 +264,14 @@ class RunSpec(_Strict):
 def _format_pydantic_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-", "tagged-union")))
+        loc = ".".join(str(p) for p in e["loc"]
+                       if not str(p).startswith(("function-", "tagged-union")) and p not in _UNION_TAGS)
         given = e.get("input")
         given_txt = "" if isinstance(given, dict) else f"got {given!r}; "
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            owners = _owners(str(e["loc"][-1]))
+            msg = "unknown setting here" + (f"; it belongs to: {', '.join(owners)}" if owners else " (a typo?)")
         lines.append(f"  {loc or 'spec'}: {given_txt}{msg}")
     return "\n".join(lines)
 

@@ -11,12 +11,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, observe
 from zoo.models.base import LatentSite
 from zoo.nets import ParameterSwap
 from zoo.priors import prior_distribution
-from zoo.spec import ModelSpec, PriorConfig
+from zoo.spec import MeanFieldModelSpec, PriorConfig
 
 
 class MeanFieldBNN:
@@ -40,13 +39,8 @@ class MeanFieldBNN:
 
     @classmethod
     def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
-                  spec: ModelSpec) -> MeanFieldBNN:
+                  spec: MeanFieldModelSpec) -> MeanFieldBNN:
         """Build from the spec's model section (which has no settings of this family's own)."""
-        defaults = {k: ModelSpec.model_fields[k].default for k in ("members", "member_likelihood", "weight_decay")}
-        foreign = [k for k, default in defaults.items() if getattr(spec, k) != default]
-        if foreign:
-            raise ZooInputError(f"model.{foreign[0]}", getattr(spec, foreign[0]),
-                                "applies to the rank1 family only; drop it or use model.family: rank1")
         return cls(net, priors, likelihood)
 
     # -- what the guides and inference methods see ------------------------------------------------------

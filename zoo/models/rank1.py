@@ -20,7 +20,7 @@ from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, observe
 from zoo.models.base import LatentSite
 from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
-from zoo.spec import GaussianScaleMixturePrior, ModelSpec, PriorConfig
+from zoo.spec import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
 
 MEMBERS = "members"
 SCALE, RAW = "_scale", "_z"  # a GSM factor f is held as sites f_scale (per neuron) and f_z (per member)
@@ -108,7 +108,7 @@ class Rank1BNN:
 
     @classmethod
     def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
-                  spec: ModelSpec) -> Rank1BNN:
+                  spec: Rank1ModelSpec) -> Rank1BNN:
         """Build from the spec's model section; factor priors must be centred at 1 (factors multiply W)."""
         for site, config in priors.items():
             if getattr(config, "loc", 0.0) != 1.0:

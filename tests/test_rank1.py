@@ -1,0 +1,475 @@
+"""Rank-1 BNNs: the vectorised member forward, the member likelihoods, the factor KL under the mixture and
+BatchEnsemble guides, the guides' initialisation, point parameters, posterior draws, end-to-end runs and the
+input errors of the rank-1 family."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+import zoo.models.rank1 as rank1
+from guides.mixture import BatchEnsembleGuide, MixtureGuide
+from zoo.cli import main
+from zoo.inference.elbo import ANALYTIC, MONTE_CARLO, LazyTraceMeanField_ELBO
+from zoo.likelihoods import Categorical, Gaussian
+from zoo.models.rank1 import Rank1BNN
+from zoo.nets import build_mlp
+from zoo.pipeline import prepare, train
+from zoo.posterior import GuidePosterior
+from zoo.priors import assign_priors
+from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, load_torch
+from zoo.spec import NormalPrior, PriorSpec, load_spec
+
+# the member-wise layer handler (named MemberLinear before Conv2d support, MemberLayers with it)
+MemberHandler = getattr(rank1, "MemberLayers", None) or rank1.MemberLinear
+
+REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
+CLASSIFICATION_KEYS = {"accuracy", "nll", "ece", "brier", "ood_auroc_entropy", "ood_auroc_mi", "train_seconds"}
+
+TOY_RANK1 = {
+    "data": {"name": "toy_gap", "n_train": 40},
+    "net": {"hidden": [8], "activation": "tanh"},
+    "model": {"family": "rank1", "members": 3, "member_likelihood": "mixture"},
+    "guide": {"name": "mixture", "init_scale": 0.05},
+    "prior": {"name": "normal", "loc": 1.0, "scale": 0.5},
+    "inference": {"num_steps": 30, "batch_size": 16, "lr": 0.01, "checkpoint_every": 100, "predictive_samples": 4},
+    "device": "cpu",
+    "seed": 0,
+}
+DIGITS_RANK1 = {
+    "data": {"name": "digits", "ood_classes": [8, 9]},
+    "net": {"hidden": [16]},
+    "model": {"family": "rank1", "members": 2},
+    "guide": {"name": "batch_ensemble"},
+    "prior": {"name": "normal", "loc": 1.0, "scale": 1.0},
+    "inference": {"num_steps": 40, "batch_size": 64, "lr": 0.01, "predictive_samples": 2},
+    "device": "cpu",
+    "seed": 0,
+}
+
+
+def tiny_family(likelihood=None, members: int = 3, sizes=(3, 5, 4), scale: float = 0.5,
+                member_likelihood: str = "average", activation: str = "tanh") -> Rank1BNN:
+    """A 2-layer rank-1 MLP under a Normal(1, scale) prior on every factor."""
+    net = build_mlp(sizes[0], sizes[-1], list(sizes[1:-1]), activation)
+    priors = assign_priors(PriorSpec(default=NormalPrior(loc=1.0, scale=scale)), Rank1BNN.prior_sites(net))
+    return Rank1BNN(net, priors, likelihood or Categorical(), members=members, member_likelihood=member_likelihood)
+
+
+def linears(family: Rank1BNN) -> list[tuple[str, nn.Linear]]:
+    return [(n, m) for n, m in family.net.named_modules() if isinstance(m, nn.Linear)]
+
+
+def loop_forward(family: Rank1BNN, factors: dict[str, torch.Tensor], biases: list[torch.Tensor],
+                 x: torch.Tensor, act=torch.tanh) -> torch.Tensor:
+    """Member by member, layer by layer: h <- φ(((h ∘ s_k) Wᵀ) ∘ r_k + b_k), no activation after the last layer."""
+    layers = linears(family)
+    outs = []
+    for k in range(factors[f"{layers[0][0]}.r"].shape[0]):
+        h = x
+        for i, ((name, m), b) in enumerate(zip(layers, biases, strict=True)):
+            h = (h * factors[f"{name}.s"][k]) @ m.weight.T * factors[f"{name}.r"][k] + b[k]
+            if i + 1 < len(layers):
+                h = act(h)
+        outs.append(h)
+    return torch.stack(outs)
+
+
+def random_factors(family: Rank1BNN, members: int) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, m in linears(family):
+        out[f"{name}.r"] = 1.0 + 0.5 * torch.randn(members, m.out_features)
+        out[f"{name}.s"] = 1.0 + 0.5 * torch.randn(members, m.in_features)
+    return out
+
+
+def set_factors(guide, factors: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, value in factors.items():
+            guide.unconstrained_loc(name).copy_(value)
+
+
+def set_biases(family: Rank1BNN, biases: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, b in zip(family.member_bias.values(), biases, strict=True):
+            p.copy_(b)
+
+
+# ------------------------------------------------------------------------------------------- the forward
+def test_vectorised_forward_equals_a_loop_over_members():
+    torch.manual_seed(0)
+    family = tiny_family(members=4, sizes=(3, 6, 2))
+    factors = random_factors(family, 4)
+    biases = [torch.randn(4, m.out_features) for _, m in linears(family)]
+    x = torch.randn(7, 3)
+    out = family.forward_members(factors, biases, x)
+    assert out.shape == (4, 7, 2)
+    expected = loop_forward(family, factors, biases, x)
+    assert torch.allclose(out, expected, atol=1e-6)
+    # every member differs from the others (the factors are used, not broadcast from member 0)
+    assert not torch.allclose(out[0], out[1], atol=1e-3)
+
+
+def test_member_handler_leaves_linear_alone_outside_and_for_other_weights():
+    torch.manual_seed(0)
+    original = F.linear
+    layer, other = nn.Linear(3, 2), nn.Linear(3, 2)
+    r, s, b = torch.randn(2, 2), torch.randn(2, 3), torch.randn(2, 2)
+    x = torch.randn(2, 5, 3)
+    with MemberHandler({id(layer.weight): (layer.weight, r, s, b)}):
+        assert F.linear is not original
+        inside_other = F.linear(x, other.weight, other.bias)
+        inside_registered = F.linear(x, layer.weight, layer.bias)
+    assert F.linear is original
+    # an unregistered weight is an ordinary linear layer, bias included
+    assert torch.equal(inside_other, original(x, other.weight, other.bias))
+    # outside the context the registered weight is an ordinary linear layer again
+    assert torch.equal(layer(x), original(x, layer.weight, layer.bias))
+    expected = (x * s[:, None]) @ layer.weight.T * r[:, None] + b[:, None]
+    assert torch.allclose(inside_registered, expected, atol=1e-6)
+    # a tensor that merely reuses a registered id is not taken for the registered weight
+    impostor = {id(layer.weight): (other.weight, r, s, b)}
+    with MemberHandler(impostor):
+        assert torch.equal(F.linear(x, layer.weight, layer.bias), original(x, layer.weight, layer.bias))
+    assert F.linear is original
+
+
+def test_member_handler_restores_the_functions_after_an_exception():
+    linear, conv2d = F.linear, F.conv2d
+    with pytest.raises(RuntimeError, match="boom"), MemberHandler({}):
+        raise RuntimeError("boom")
+    assert F.linear is linear and F.conv2d is conv2d
+
+
+# ------------------------------------------------------------------------------------------- likelihoods
+def member_log_probs(family, factors, biases, x, y, noise=None) -> torch.Tensor:
+    """log p(y_b | x_b, w_k) as [K, B], computed by hand."""
+    out = loop_forward(family, factors, biases, x)
+    if noise is None:
+        return torch.log_softmax(out, dim=-1).gather(-1, y.expand(out.shape[0], -1)[..., None])[..., 0]
+    loc = out[..., 0]
+    return -0.5 * ((y - loc) / noise) ** 2 - math.log(noise) - 0.5 * math.log(2 * math.pi)
+
+
+@pytest.mark.parametrize("task", ["categorical", "gaussian"])
+@pytest.mark.parametrize("objective", ["mixture", "average"])
+def test_member_likelihood_matches_a_hand_computation(task, objective):
+    torch.manual_seed(1)
+    k, n = 3, 11
+    if task == "categorical":
+        family = tiny_family(Categorical(), members=k, sizes=(3, 5, 4), member_likelihood=objective)
+        x, y = torch.randn(n, 3), torch.randint(0, 4, (n,))
+    else:
+        family = tiny_family(Gaussian(None), members=k, sizes=(3, 5, 1), member_likelihood=objective)
+        x, y = torch.randn(n, 3), torch.randn(n)
+    guide = BatchEnsembleGuide(family.latent_sites())
+    factors = random_factors(family, k)
+    biases = [torch.randn(k, m.out_features) for _, m in linears(family)]
+    set_factors(guide, factors)
+    set_biases(family, biases)
+    noise = None
+    if task == "gaussian":
+        noise = 0.6
+        with torch.no_grad():
+            guide.unconstrained_loc("noise_scale").fill_(math.log(noise))  # positive site: loc is log sigma
+    elbo = LazyTraceMeanField_ELBO()
+    elbo.differentiable_loss(family.model, guide, x, y, None)  # full batch: the data plate's scale is 1
+    log_p = member_log_probs(family, factors, biases, x, y, noise)  # [K, B]
+    if objective == "mixture":
+        expected = (torch.logsumexp(log_p, dim=0) - math.log(k)).sum()
+    else:
+        expected = log_p.mean(dim=0).sum()
+    assert torch.allclose(elbo.last_terms["obs"], expected, rtol=1e-5, atol=1e-4)
+    # the two objectives differ (Jensen): the mixture's log-mean is above the mean of logs
+    other = log_p.mean(dim=0).sum() if objective == "mixture" else (torch.logsumexp(log_p, 0) - math.log(k)).sum()
+    assert (expected - other).abs() > 1e-3
+
+
+def test_minibatch_obs_term_is_scaled_to_the_data_set():
+    torch.manual_seed(2)
+    family = tiny_family(Categorical(), members=2)
+    guide = BatchEnsembleGuide(family.latent_sites())
+    x, y = torch.randn(12, 3), torch.randint(0, 4, (12,))
+    batch = torch.tensor([0, 5, 7])
+    elbo = LazyTraceMeanField_ELBO()
+    elbo.differentiable_loss(family.model, guide, x, y, batch)
+    sub = elbo.last_terms["obs"]
+    elbo.differentiable_loss(family.model, guide, x[batch], y[batch], None)
+    assert torch.allclose(sub, 12 / 3 * elbo.last_terms["obs"], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------- KL
+def normal_kl(loc: torch.Tensor, scale: torch.Tensor, prior_loc: float, prior_scale: float) -> torch.Tensor:
+    return math.log(prior_scale) - scale.log() + (scale**2 + (loc - prior_loc) ** 2) / (2 * prior_scale**2) - 0.5
+
+
+def test_mixture_kl_is_the_average_of_the_component_kls():
+    torch.manual_seed(3)
+    k, sigma = 4, 0.3
+    family = tiny_family(Categorical(), members=k, scale=sigma)
+    guide = MixtureGuide(family.latent_sites(), init_scale=0.1)
+    with torch.no_grad():  # components that differ in loc and scale
+        for p in guide.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x, y = torch.randn(6, 3), torch.randint(0, 4, (6,))
+    elbo = LazyTraceMeanField_ELBO()
+    loss = elbo.differentiable_loss(family.model, guide, x, y, None)
+    factor_sites = [n for n, s in family.latent_sites().items() if s.plate is not None]
+    assert factor_sites == family.factor_names
+    total = 0.0
+    for name in factor_sites:
+        loc, scale = guide.unconstrained_loc(name), guide.scale(name)
+        assert loc.shape[0] == k
+        per_component = normal_kl(loc, scale, 1.0, sigma).sum(-1)  # [K]
+        assert torch.allclose(elbo.last_terms[name], per_component.mean(), rtol=1e-5), name
+        assert not torch.allclose(per_component[0], per_component[1])  # the average is over distinct terms
+        total = total + per_component.mean()
+        assert elbo.kl_methods[name] == ANALYTIC
+    assert torch.allclose(loss, total - elbo.last_terms["obs"], rtol=1e-5)
+
+
+def test_cauchy_components_use_a_monte_carlo_kl():
+    torch.manual_seed(4)
+    family = tiny_family(Categorical(), members=2)
+    guide = MixtureGuide(family.latent_sites(), component="cauchy")
+    assert isinstance(guide.distribution("hidden0.r").base_dist, torch.distributions.Cauchy)
+    elbo = LazyTraceMeanField_ELBO()
+    loss = elbo.differentiable_loss(family.model, guide, torch.randn(5, 3), torch.randint(0, 4, (5,)), None)
+    assert torch.isfinite(loss)
+    assert {elbo.kl_methods[n] for n in family.factor_names} == {MONTE_CARLO}
+
+
+def test_batch_ensemble_factors_contribute_no_kl():
+    torch.manual_seed(5)
+    family = tiny_family(Categorical(), members=3)
+    guide = BatchEnsembleGuide(family.latent_sites())
+    elbo = LazyTraceMeanField_ELBO()
+    loss = elbo.differentiable_loss(family.model, guide, torch.randn(8, 3), torch.randint(0, 4, (8,)), None)
+    for name in family.factor_names:
+        assert float(elbo.last_terms[name]) == 0.0, name
+    assert "obs" in elbo.last_terms and elbo.last_terms["obs"].item() < 0
+    assert torch.allclose(loss, -elbo.last_terms["obs"])
+
+
+# --------------------------------------------------------------------------------------------- guide init
+def factor_locs(guide, family) -> torch.Tensor:
+    return torch.cat([guide.unconstrained_loc(n).detach().flatten() for n in family.factor_names])
+
+
+@pytest.mark.parametrize("guide_cls", [MixtureGuide, BatchEnsembleGuide])
+def test_factor_means_start_at_random_signs(guide_cls):
+    family = tiny_family(Gaussian(None), members=4, sizes=(10, 20, 1))
+    sites = family.latent_sites()
+    all_minus = factor_locs(guide_cls(sites, init_sign_prob=0.0), family)
+    assert torch.equal(all_minus, -torch.ones_like(all_minus))
+    all_plus = factor_locs(guide_cls(sites, init_sign_prob=1.0), family)
+    assert torch.equal(all_plus, torch.ones_like(all_plus))
+    torch.manual_seed(0)
+    half = factor_locs(guide_cls(sites, init_sign_prob=0.5), family)
+    torch.manual_seed(0)
+    assert torch.equal(half, factor_locs(guide_cls(sites, init_sign_prob=0.5), family))  # seeded
+    assert set(half.tolist()) == {-1.0, 1.0}
+    assert 0.35 < (half > 0).float().mean() < 0.65
+    torch.manual_seed(0)
+    mostly = factor_locs(guide_cls(sites, init_sign_prob=0.9), family)
+    assert 0.8 < (mostly > 0).float().mean() < 0.98
+
+
+def test_mixture_init_scale_and_mean_field_noise_site():
+    family = tiny_family(Gaussian(None, prior_loc=-1.5), members=3, sizes=(2, 4, 1))
+    guide = MixtureGuide(family.latent_sites(), init_scale=0.2, init_rho=-4.0)
+    for name in family.factor_names:
+        assert torch.allclose(guide.scale(name), torch.full_like(guide.scale(name), 0.2)), name
+    # the learned noise is outside the members plate: one mean-field LogNormal, not signed, init_rho as given
+    assert family.latent_sites()["noise_scale"].plate is None
+    assert guide.unconstrained_loc("noise_scale").shape == ()
+    assert guide.unconstrained_loc("noise_scale").item() == pytest.approx(-1.5)
+    assert guide.scale("noise_scale").item() == pytest.approx(F.softplus(torch.tensor(-4.0)).item())
+    assert isinstance(guide.distribution("noise_scale"), torch.distributions.LogNormal)
+    elbo = LazyTraceMeanField_ELBO()
+    elbo.differentiable_loss(family.model, guide, torch.randn(5, 2), torch.randn(5), None)
+    assert elbo.kl_methods["noise_scale"] == ANALYTIC
+
+
+# ---------------------------------------------------------------------------------------- point params
+def test_point_parameters_are_shared_weights_and_member_biases():
+    family = tiny_family(Categorical(), members=5, sizes=(3, 6, 7, 4))
+    params = family.point_parameters()
+    layers = linears(family)
+    assert len(params) == 2 * len(layers)
+    for p, (_, m) in zip(params[:len(layers)], layers, strict=True):
+        assert p is m.weight
+    for b, (_, m) in zip(params[len(layers):], layers, strict=True):
+        assert isinstance(b, nn.Parameter) and b.shape == (5, m.out_features)
+        assert torch.equal(b, m.bias.detach().expand(5, -1))  # each member starts from the net's own bias
+
+
+# ------------------------------------------------------------------------------------------ end to end
+def run(tree: dict, out, *overrides: str):
+    return train(load_spec(tree, list(overrides)), out, progress=False, echo=None)
+
+
+def metrics_without_time(run_dir) -> dict:
+    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    metrics.pop("train_seconds")
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def toy_rank1_run(tmp_path_factory):
+    return run(TOY_RANK1, tmp_path_factory.mktemp("rank1") / "toy")
+
+
+@pytest.fixture(scope="module")
+def digits_rank1_run(tmp_path_factory):
+    return run(DIGITS_RANK1, tmp_path_factory.mktemp("rank1") / "digits")
+
+
+def test_svi_trains_the_point_parameters(toy_rank1_run):
+    _, family, _, _ = prepare(load_spec(TOY_RANK1))  # seeded: the same initial values the run started from
+    initial = [p.detach().clone() for p in family.point_parameters()]
+    trained = load_torch(toy_rank1_run.run_dir / CHECKPOINT_FILE)["point_parameters"]
+    assert [t.shape for t in trained] == [p.shape for p in initial]
+    for before, after in zip(initial, trained, strict=True):
+        assert not torch.allclose(before, after), before.shape
+
+
+def test_rank1_mixture_toy_run(toy_rank1_run, tmp_path):
+    out = toy_rank1_run.run_dir
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert set(metrics) == REGRESSION_KEYS
+    assert all(math.isfinite(v) for v in metrics.values())
+    state = load_torch(out / CHECKPOINT_FILE)
+    assert state["step"] == 30 and state["done"] is True
+    assert state["kl_methods"] == {**{n: ANALYTIC for n in ("hidden0.r", "hidden0.s", "out.r", "out.s")},
+                                   "noise_scale": ANALYTIC}
+    again = run(TOY_RANK1, tmp_path / "again")
+    assert metrics_without_time(again.run_dir) == metrics_without_time(out)
+    other = load_torch(again.run_dir / CHECKPOINT_FILE)
+    assert other["losses"] == state["losses"]
+    for name, value in state["guide"].items():
+        assert torch.equal(value, other["guide"][name]), name
+    for a, b in zip(state["point_parameters"], other["point_parameters"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_rank1_batch_ensemble_digits_run(digits_rank1_run):
+    out = digits_rank1_run.run_dir
+    metrics = json.loads((out / METRICS_FILE).read_text())
+    assert CLASSIFICATION_KEYS <= set(metrics)
+    assert {"ood_auroc_entropy_heldout_classes", "ood_auroc_entropy_image_patches"} <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["accuracy"] > 0.5  # 8 classes: chance is 0.125
+    guide = load_torch(out / CHECKPOINT_FILE)["guide"]
+    assert not any(key.startswith("rho.") for key in guide)  # Diracs: locations only
+
+
+@pytest.mark.parametrize("which", [
+    "digits_rank1_run",
+    "toy_rank1_run",
+])
+def test_prune_refuses_a_rank1_run(which, request, capsys):
+    run_dir = request.getfixturevalue(which).run_dir
+    code = main(["prune", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert not (run_dir / "prune.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- draws
+def test_posterior_draws_and_predictions_per_member():
+    torch.manual_seed(6)
+    k, s, n = 3, 4, 9
+    family = tiny_family(Gaussian(None), members=k, sizes=(2, 5, 1))
+    guide = MixtureGuide(family.latent_sites(), init_scale=0.3)
+    with torch.no_grad():
+        guide.rho["noise_scale"].fill_(0.0)  # the noise draws vary
+    set_biases(family, [torch.randn(k, m.out_features) for _, m in linears(family)])  # members differ in b_k too
+    posterior = GuidePosterior(family, guide)
+    draws = posterior.sample(s)
+    sites = family.latent_sites()
+    assert set(draws) == set(sites)
+    for name, site in sites.items():
+        assert draws[name].shape == (s, *site.shape), name
+    assert draws["hidden0.r"].shape == (s, k, 5) and draws["hidden0.s"].shape == (s, k, 2)
+    assert draws["noise_scale"].shape == (s,) and len(set(draws["noise_scale"].tolist())) == s
+    x = torch.randn(n, 2)
+    pred = posterior.predict(x, draws=draws)
+    assert pred.loc.shape == (s * k, n) and pred.scale.shape == (s * k, n)
+    biases = list(family.member_bias.values())
+    for i in range(s):
+        factors = {name: draws[name][i] for name in family.factor_names}
+        expected = loop_forward(family, factors, biases, x)[..., 0]  # [K, B]
+        for j in range(k):
+            assert torch.allclose(pred.loc[i * k + j], expected[j], atol=1e-5), (i, j)
+            # the noise draw s is repeated for each of its K members
+            assert torch.equal(pred.scale[i * k + j], draws["noise_scale"][i].expand(n)), (i, j)
+
+
+def test_classification_predictions_are_s_times_k_draws():
+    torch.manual_seed(7)
+    family = tiny_family(Categorical(), members=2)
+    posterior = GuidePosterior(family, MixtureGuide(family.latent_sites()))
+    pred = posterior.predict(torch.randn(6, 3), num_samples=5)
+    assert pred.log_probs.shape == (10, 6, 4)
+    assert torch.allclose(pred.log_probs.exp().sum(-1), torch.ones(10, 6), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- bad input
+def without(tree: dict, section: str) -> dict:
+    return {k: v for k, v in tree.items() if k != section}
+
+
+BAD_INPUT = {
+    "members_zero": (TOY_RANK1, ["model.members=0"], [r"model\.members"]),
+    "negative_prior_scale": (TOY_RANK1, ["prior.scale=-0.5"], [r"prior\.\S*scale", "greater than 0"]),
+    "mixture_on_mean_field": (without(TOY_RANK1, "model"), ["prior.loc=0.0"],
+                              [r"guide\.name", "mixture", "mean_field"]),
+    "init_scale_zero": (TOY_RANK1, ["guide.init_scale=0"], [r"guide\.init_scale"]),
+    "init_scale_negative": (TOY_RANK1, ["guide.init_scale=-0.1"], [r"guide\.init_scale"]),
+    "init_sign_prob_above_one": (TOY_RANK1, ["guide.init_sign_prob=1.5"], [r"guide\.init_sign_prob"]),
+    "default_prior_on_rank1": (without(TOY_RANK1, "prior"), [], [r"prior", r"prior\.loc: 1\.0", "hidden0"]),
+    "prior_not_centred_at_one": (TOY_RANK1, ["prior.loc=0.5"], [r"prior", r"prior\.loc"]),
+    "members_on_mean_field": (TOY_RANK1, ["model.family=mean_field", "guide.name=mean_field", "prior.loc=0.0"],
+                              [r"model\.members", "rank1"]),
+    "members_default_value_on_mean_field": (TOY_RANK1, ["model.family=mean_field", "guide.name=mean_field",
+                                                        "prior.loc=0.0", "model.members=4",
+                                                        "model.member_likelihood=average"], [r"model\.members"]),
+}
+
+
+@pytest.mark.parametrize("case", [
+    *BAD_INPUT,
+])
+def test_bad_rank1_input_exits_2_naming_the_field(case, tmp_path, capsys):
+    tree, overrides, patterns = BAD_INPUT[case]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tree))
+    argv = ["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"]
+    for override in overrides:
+        argv += ["--set", override]
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, captured
+    assert err.startswith("error: ") and "Traceback" not in captured.err + captured.out
+    for pattern in patterns:
+        assert re.search(pattern, err), (pattern, err)
+    assert not (tmp_path / "run" / CHECKPOINT_FILE).exists()
+
+
+def test_the_valid_base_spec_of_the_bad_input_cases_trains(tmp_path, capsys):
+    # the cases above fail for their one change, not for something in the base spec
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(TOY_RANK1))
+    code = main(["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress", "--set",
+                 "inference.num_steps=2"])
+    assert code == 0, capsys.readouterr()
