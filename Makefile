@@ -34,6 +34,7 @@ demo: $(STAMP)
 	$(VENV)/bin/zoo train configs/mean_field_toy.yaml --out $(DEMO_DIR)/mean_field_toy
 	$(VENV)/bin/zoo train configs/mean_field_digits.yaml --out $(DEMO_DIR)/mean_field_digits
 	$(VENV)/bin/zoo prune $(DEMO_DIR)/mean_field_digits --fractions 0.5,0.75,0.95,0.98
+	$(VENV)/bin/zoo train configs/rank1_cauchy_digits.yaml --out $(DEMO_DIR)/rank1_cauchy_digits
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
