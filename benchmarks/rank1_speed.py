@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+from timing import time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.base import _key
 from guides.mixture import MixtureGuide
@@ -109,21 +109,6 @@ def parameter_counts(sizes: list[int], members: int) -> dict:
             "params_rank1_factor_guide": factor_guide, "params_rank1_factor_means_only": means_only,
             "params_deterministic": deterministic, "params_bound": bound, "bound_holds": rank1 <= bound,
             "bound_holds_factor_means_only": means_only <= bound}
-
-
-def time_side_by_side(a, b, rounds: int, steps: int, warmup: int = 10) -> tuple[list[float], list[float]]:
-    """Microseconds per step of ``a`` and ``b``, alternating in ``rounds`` blocks of ``steps``."""
-    for _ in range(warmup):
-        a()
-        b()
-    ta, tb = [], []
-    for _ in range(rounds):
-        for fn, out in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            out.append((time.perf_counter() - start) / steps * 1e6)
-    return ta, tb
 
 
 def main(argv: list[str] | None = None) -> dict:

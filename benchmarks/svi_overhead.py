@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+from timing import time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.data.digits import load_digits
@@ -85,21 +85,6 @@ def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferenc
         return value
 
     return step
-
-
-def time_side_by_side(a, b, rounds: int, steps: int, warmup: int = 20) -> tuple[list[float], list[float]]:
-    """Microseconds per step of ``a`` and ``b``, alternating in ``rounds`` blocks of ``steps``."""
-    for _ in range(warmup):
-        a()
-        b()
-    ta, tb = [], []
-    for _ in range(rounds):
-        for fn, out in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            out.append((time.perf_counter() - start) / steps * 1e6)
-    return ta, tb
 
 
 def main(argv: list[str] | None = None) -> dict:

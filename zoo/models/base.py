@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -11,6 +12,16 @@ from torch.distributions import constraints
 
 if TYPE_CHECKING:
     from zoo.likelihoods import Likelihood, PredictiveDraws
+
+T = TypeVar("T")
+
+
+def per_device(cache: dict, ref: torch.Tensor, build: Callable[[torch.device, torch.dtype], T]) -> T:
+    """``build(device, dtype)`` once per device and dtype of ``ref`` (e.g. a family's priors); then reused."""
+    key = (ref.device, ref.dtype)
+    if key not in cache:
+        cache[key] = build(*key)
+    return cache[key]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, observe
-from zoo.models.base import LatentSite
+from zoo.models.base import LatentSite, per_device
 from zoo.nets import ParameterSwap
 from zoo.priors import prior_distribution
 from zoo.spec import MeanFieldModelSpec, PriorConfig
@@ -61,14 +61,12 @@ class MeanFieldBNN:
 
     def priors(self) -> dict[str, dist.TorchDistribution]:
         """The prior of every weight site on the net's device and dtype (built once, then reused)."""
-        ref = next(self.net.parameters())
-        key = (ref.device, ref.dtype)
-        if key not in self._priors:
-            self._priors[key] = {
-                n: prior_distribution(self.prior_configs[n], p.shape, ref.device, ref.dtype)
-                for n, p in self.net.named_parameters()
-            }
-        return self._priors[key]
+
+        def build(device: torch.device, dtype: torch.dtype) -> dict[str, dist.TorchDistribution]:
+            return {n: prior_distribution(self.prior_configs[n], p.shape, device, dtype)
+                    for n, p in self.net.named_parameters()}
+
+        return per_device(self._priors, next(self.net.parameters()), build)
 
     # -- the Pyro model --------------------------------------------------------------------------------
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:

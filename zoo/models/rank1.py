@@ -18,7 +18,7 @@ from torch.distributions import constraints
 
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, observe
-from zoo.models.base import LatentSite
+from zoo.models.base import LatentSite, per_device
 from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
 from zoo.spec import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
 
@@ -147,9 +147,8 @@ class Rank1BNN:
 
     def priors(self) -> dict[str, dist.TorchDistribution]:
         """The prior of every factor-related site; a plated site's prior is one member's event."""
-        ref = next(self.net.parameters())
-        key = (ref.device, ref.dtype)
-        if key not in self._priors:
+
+        def build(device: torch.device, dtype: torch.dtype) -> dict[str, dist.TorchDistribution]:
             table = {}
             for name, site in self.latent_sites().items():
                 factor = name.removesuffix(SCALE).removesuffix(RAW)
@@ -157,13 +156,14 @@ class Rank1BNN:
                     continue  # the likelihood's own latents
                 config, width = self.prior_configs[factor], site.shape[-1]
                 if name.endswith(SCALE):
-                    table[name] = gsm_scale_prior(config, width, ref.device, ref.dtype)
+                    table[name] = gsm_scale_prior(config, width, device, dtype)
                 elif name.endswith(RAW):
-                    table[name] = ScalarNormal(0.0, 1.0, torch.Size([width]), ref.device, ref.dtype).to_event(1)
+                    table[name] = ScalarNormal(0.0, 1.0, torch.Size([width]), device, dtype).to_event(1)
                 else:
-                    table[name] = prior_distribution(config, torch.Size([width]), ref.device, ref.dtype)
-            self._priors[key] = table
-        return self._priors[key]
+                    table[name] = prior_distribution(config, torch.Size([width]), device, dtype)
+            return table
+
+        return per_device(self._priors, next(self.net.parameters()), build)
 
     def factors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Factor values ``{<layer>.r|s: [M, width]}`` from site values (GSM: loc + tau * z, non-centred)."""
