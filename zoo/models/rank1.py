@@ -157,10 +157,13 @@ class Rank1BNN:
                 config, width = self.prior_configs[factor], site.shape[-1]
                 if name.endswith(SCALE):
                     table[name] = gsm_scale_prior(config, width, device, dtype)
-                elif name.endswith(RAW):
-                    table[name] = ScalarNormal(0.0, 1.0, torch.Size([width]), device, dtype).to_event(1)
+                    continue
+                if name.endswith(RAW):
+                    one_member = ScalarNormal(0.0, 1.0, torch.Size([width]), device, dtype).to_event(1)
                 else:
-                    table[name] = prior_distribution(config, torch.Size([width]), device, dtype)
+                    one_member = prior_distribution(config, torch.Size([width]), device, dtype)
+                # expanded over the members once here, so the members plate need not expand it every step
+                table[name] = one_member.expand(torch.Size([self.members]))
             return table
 
         return per_device(self._priors, next(self.net.parameters()), build)
