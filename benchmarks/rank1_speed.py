@@ -28,11 +28,10 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
-from timing import time_side_by_side  # noqa: E402 - sibling module of this script
+from timing import add_timing_arguments, benchmark_cases, time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.base import _key
 from guides.mixture import MixtureGuide
-from zoo.data.digits import load_digits
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.svi import SVIStep, make_optimizer
 from zoo.likelihoods import Categorical
@@ -116,26 +115,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=4, help="ensemble members K")
     parser.add_argument("--batch", type=int, default=128, help="minibatch rows B (the deterministic net sees K·B)")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per round and side")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps of each side before timing")
-    parser.add_argument("--synthetic-rows", type=int, default=10_000, help="rows of the 784-input synthetic set")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
+    add_timing_arguments(parser, rounds=30, steps=30, warmup=10)
     args = parser.parse_args(argv)
     if args.members < 1 or args.batch < 1 or args.rounds < 1 or args.steps < 1:
         parser.error("--members, --batch, --rounds and --steps must be positive")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     spec = InferenceSpec(lr=1e-3)
-    digits = load_digits(seed=0)
-    synthetic_x = torch.randn(args.synthetic_rows, 784)
-    synthetic_y = torch.randint(0, 10, (args.synthetic_rows,))
-    cases = {
-        "digits 64-100-10": ([64, 100, 10], digits.x_train, digits.y_train),
-        "784-400-400-10": ([784, 400, 400, 10], synthetic_x, synthetic_y),
-    }
+    cases = benchmark_cases(args)
     k, b = args.members, args.batch
     results = {"members": k, "batch_size": b, "rounds": args.rounds, "steps_per_round": args.steps,
                "threads": torch.get_num_threads(), "target_ratio": TARGET_RATIO, "cases": {}}

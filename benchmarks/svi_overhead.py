@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
-from timing import time_side_by_side  # noqa: E402 - sibling module of this script
+from timing import add_timing_arguments, benchmark_cases, time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.mean_field import MeanFieldNormalGuide
-from zoo.data.digits import load_digits
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.svi import SVIStep, make_optimizer
 from zoo.likelihoods import Categorical
@@ -90,24 +89,10 @@ def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferenc
 def main(argv: list[str] | None = None) -> dict:
     """Run both cases and print the table; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--json", help="also write the figures to this JSON file")
-    parser.add_argument("--synthetic-rows", type=int, default=10_000, help="rows of the 784-input synthetic set")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps of each side before timing")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    add_timing_arguments(parser, rounds=7, steps=100, warmup=20)
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     spec = InferenceSpec(lr=1e-3)
-    digits = load_digits(seed=0)
-    synthetic_x = torch.randn(args.synthetic_rows, 784)
-    synthetic_y = torch.randint(0, 10, (args.synthetic_rows,))
-    cases = {
-        "digits 64-100-10": ([64, 100, 10], digits.x_train, digits.y_train),
-        "784-400-400-10": ([784, 400, 400, 10], synthetic_x, synthetic_y),
-    }
+    cases = benchmark_cases(args)
     results = {"batch_size": BATCH, "rounds": args.rounds, "steps_per_round": args.steps,
                "threads": torch.get_num_threads(), "cases": {}}
     table = Table(title=f"mean-field SVI step, batch {BATCH} ({torch.get_num_threads()} threads)")

@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import rank1_speed  # noqa: E402
 
+from zoo.data.digits import load_digits  # noqa: E402
+
 CASES = {"digits 64-100-10": [64, 100, 10], "784-400-400-10": [784, 400, 400, 10]}
 
 
@@ -54,7 +56,7 @@ def test_benchmark_writes_ratios_and_parameter_counts(tmp_path, capsys):
 
 
 def test_rank1_and_deterministic_steps_both_learn():
-    digits = rank1_speed.load_digits(seed=0)
+    digits = load_digits(seed=0)
     spec = rank1_speed.InferenceSpec(lr=1e-2)
     rank1 = rank1_speed.rank1_step([64, 16, 10], digits.x_train, digits.y_train, spec, 2, 64)
     det = rank1_speed.deterministic_step([64, 16, 10], digits.x_train, digits.y_train, spec, 2, 64)

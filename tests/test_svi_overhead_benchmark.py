@@ -8,10 +8,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import svi_overhead  # noqa: E402
 
+from zoo.data.digits import load_digits  # noqa: E402
+
 
 def test_zoo_and_hand_written_steps_optimise_the_same_objective():
     # Same data, same init, same batches, same estimator: both losses fall, and start from similar values.
-    digits = svi_overhead.load_digits(seed=0)
+    digits = load_digits(seed=0)
     spec = svi_overhead.InferenceSpec(lr=1e-2)
     zoo = svi_overhead.zoo_step([64, 16, 10], digits.x_train, digits.y_train, spec)
     hand = svi_overhead.hand_step([64, 16, 10], digits.x_train, digits.y_train, spec)
