@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
-from timing import add_timing_arguments, benchmark_cases, time_side_by_side  # noqa: E402 - sibling module of this script
+from timing import add_timing_arguments, batches, benchmark_cases, optimiser_step, time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.base import _key
 from guides.mixture import MixtureGuide
@@ -42,14 +42,6 @@ from zoo.runs import write_json
 from zoo.spec import InferenceSpec, NormalPrior, PriorSpec
 
 TARGET_RATIO = 1.5
-
-
-def batches(n: int, batch: int, seed: int):
-    """Endless minibatch index tensors: a fresh permutation per epoch (same order for both sides)."""
-    gen = torch.Generator().manual_seed(seed)
-    while True:
-        perm = torch.randperm(n, generator=gen)
-        yield from perm.split(batch)
 
 
 def rank1_parts(sizes: list[int], members: int) -> tuple[Rank1BNN, MixtureGuide]:
@@ -79,12 +71,7 @@ def deterministic_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec:
     def step() -> float:
         idx = next(order)
         xb, yb = x.index_select(0, idx).repeat(members, 1), y.index_select(0, idx).repeat(members)
-        loss = F.cross_entropy(net(xb), yb)
-        value = float(loss.detach())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return value
+        return optimiser_step(F.cross_entropy(net(xb), yb), optimizer)
 
     return step
 

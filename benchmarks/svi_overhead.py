@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
-from timing import add_timing_arguments, benchmark_cases, time_side_by_side  # noqa: E402 - sibling module of this script
+from timing import add_timing_arguments, batches, benchmark_cases, optimiser_step, time_side_by_side  # noqa: E402 - sibling module of this script
 
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
@@ -35,14 +35,6 @@ BATCH = 128
 INIT_RHO = -5.0
 
 
-def batches(n: int, seed: int):
-    """Endless minibatch index tensors: a fresh permutation per epoch (same order for both sides)."""
-    gen = torch.Generator().manual_seed(seed)
-    while True:
-        perm = torch.randperm(n, generator=gen)
-        yield from perm.split(BATCH)
-
-
 def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec):
     """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
@@ -50,7 +42,7 @@ def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inference
     family = MeanFieldBNN(net, assign_priors(PriorSpec(), names), Categorical())
     guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)
     step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), make_optimizer(list(guide.parameters()), spec))
-    order = batches(len(x), seed=1)
+    order = batches(len(x), BATCH, seed=1)
     return lambda: step(x, y, next(order))
 
 
@@ -61,7 +53,7 @@ def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferenc
     locs = [p.detach().clone().requires_grad_() for m in linears for p in (m.weight, m.bias)]
     rhos = [torch.full_like(p, INIT_RHO, requires_grad=True) for p in locs]
     optimizer = make_optimizer(locs + rhos, spec)
-    order = batches(len(x), seed=1)
+    order = batches(len(x), BATCH, seed=1)
     n = len(x)
 
     def step() -> float:
@@ -76,12 +68,7 @@ def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferenc
             h = F.linear(h, weights[i], weights[i + 1])
             if i + 2 < len(weights):
                 h = F.relu(h)
-        loss = kl + n / len(idx) * F.cross_entropy(h, yb, reduction="sum")
-        value = float(loss.detach())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return value
+        return optimiser_step(kl + n / len(idx) * F.cross_entropy(h, yb, reduction="sum"), optimizer)
 
     return step
 

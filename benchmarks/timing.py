@@ -13,6 +13,22 @@ from zoo.data.digits import load_digits
 Case = tuple[list[int], torch.Tensor, torch.Tensor]
 
 
+def batches(n: int, batch_size: int, seed: int):
+    """Endless minibatch index tensors: a fresh permutation per epoch (the same order for both sides)."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        yield from torch.randperm(n, generator=gen).split(batch_size)
+
+
+def optimiser_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:
+    """Backward and one step on ``loss`` (what a baseline's training step ends with); returns the loss."""
+    value = float(loss.detach())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return value
+
+
 def add_timing_arguments(parser: argparse.ArgumentParser, rounds: int, steps: int, warmup: int) -> None:
     """--rounds, --steps, --warmup, --synthetic-rows, --threads and --json."""
     parser.add_argument("--rounds", type=int, default=rounds, help="alternating timed rounds")

@@ -36,12 +36,6 @@ class PredictiveDraws:
 
         return PredictiveDraws(log_probs=cat("log_probs"), loc=cat("loc"), scale=cat("scale"))
 
-    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
-        """Pointwise log p(y_b | x_b, w_s) as ``[S, B]`` (standardised units for regression)."""
-        if self.log_probs is not None:
-            return self.log_probs.gather(-1, y.expand(self.log_probs.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-        return dist.Normal(self.loc, self.scale).log_prob(y)
-
 
 class LogitsCategorical(dist.Categorical):
     """Categorical over unnormalised logits whose ``log_prob`` is one fused cross-entropy.

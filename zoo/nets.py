@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import OrderedDict
 from itertools import pairwise
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from zoo.errors import ZooInputError
+from zoo.spec import NetSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -88,3 +90,10 @@ def build_cnn(in_dim: int, out_dim: int, hidden: list[int], activation: str = "r
 
 
 NETS = {"mlp": build_mlp, "cnn": build_cnn}
+
+
+def build_net(spec: NetSpec, in_dim: int, out_dim: int) -> nn.Module:
+    """The spec's net for the data's widths; each builder receives the spec fields its signature names."""
+    builder = NETS[spec.name]
+    accepted = inspect.signature(builder).parameters
+    return builder(in_dim, out_dim, **{k: v for k, v in spec.model_dump().items() if k in accepted})

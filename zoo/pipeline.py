@@ -19,6 +19,7 @@ from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate, plot_predictive
 from zoo.likelihoods import Categorical, Gaussian, Likelihood
 from zoo.models.base import ModelFamily
+from zoo.nets import build_net
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.priors import assign_priors
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, RunLog, load_torch, save_torch, write_json, write_text
@@ -64,8 +65,7 @@ def load_point_values(source: str) -> dict[str, torch.Tensor]:
 def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
     """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
     pyro.set_rng_seed(spec.seed)
-    net_args = {"channels": spec.net.channels} if spec.net.name == "cnn" else {}
-    net = registry.NETS[spec.net.name](data.in_dim, data.out_dim, spec.net.hidden, spec.net.activation, **net_args)
+    net = build_net(spec.net, data.in_dim, data.out_dim)
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)

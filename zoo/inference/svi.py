@@ -26,10 +26,9 @@ from zoo.spec import InferenceSpec
 
 @dataclass
 class SVIResult:
-    """What a fit leaves behind besides the trained guide: the loss curve, its length and its cost."""
+    """What a fit leaves behind besides the trained guide: the loss curve and its cost."""
 
     losses: list[float] = field(default_factory=list)
-    steps: int = 0
     seconds: float = 0.0
     kl_methods: dict[str, str] = field(default_factory=dict)
 
@@ -230,7 +229,6 @@ def fit_svi(
         finally:
             bar.close()
     result.seconds += time.perf_counter() - started
-    result.steps = step
     checkpoint()
     return result
 
