@@ -177,19 +177,30 @@ def uniform_member_mixture(members: dist.TorchDistribution, like: torch.Tensor) 
     return dist.MixtureSameFamily(dist.Categorical(logits=logits), members)
 
 
-def observe(likelihood: Likelihood, out: torch.Tensor, y: torch.Tensor | None,
-            latents: dict[str, torch.Tensor], members: str | None = None) -> None:
-    """The ``obs`` site, inside the data plate, for outputs ``out [B, O]`` or, with members, ``[K, B, O]``.
+def observation(likelihood: Likelihood, out: torch.Tensor, latents: dict[str, torch.Tensor],
+                members: str | None = None) -> dist.TorchDistribution:
+    """p(y | outputs) as the model observes it, for outputs ``out [..., B, O]`` or, with members, ``[..., K, B, O]``.
 
     ``members`` is None (one net), ``"mixture"`` (log of the members' average likelihood) or ``"average"``
-    (average of the members' log-likelihoods).
+    (average of the members' log-likelihoods). Leading dims (e.g. S posterior draws) pass through, so the
+    model's ``obs`` site and the pointwise log-likelihood of many draws share this one definition; latents must
+    broadcast against the batch shape (scalars in the model, ``[S, 1]`` / ``[S, 1, 1]`` for S draws).
     """
     if members is None:
-        pyro.sample("obs", likelihood.component(out, latents), obs=y)
-        return
-    per_member = likelihood.component(out.movedim(0, -2), latents)  # batch [B, K]
-    fn = uniform_member_mixture(per_member, out) if members == "mixture" else MemberAverage(per_member)
-    pyro.sample("obs", fn, obs=y)
+        return likelihood.component(out, latents)
+    per_member = likelihood.component(out.movedim(-3, -2), latents)  # batch [..., B, K]
+    return uniform_member_mixture(per_member, out) if members == "mixture" else MemberAverage(per_member)
+
+
+def observe(likelihood: Likelihood, out: torch.Tensor, y: torch.Tensor | None,
+            latents: dict[str, torch.Tensor], members: str | None = None) -> None:
+    """The ``obs`` site, inside the data plate: :func:`observation` of ``out`` with value ``y``."""
+    pyro.sample("obs", observation(likelihood, out, latents, members), obs=y)
+
+
+def draw_latents(likelihood: Likelihood, draws: dict[str, torch.Tensor], trailing: int) -> dict[str, torch.Tensor]:
+    """The likelihood's own latents from S draws ``{site: [S]}``, shaped ``[S, 1 * trailing]`` to broadcast."""
+    return {n: draws[n].reshape(-1, *([1] * trailing)) for n in likelihood.latent_sites()}
 
 
 Likelihood = Categorical | Gaussian

@@ -61,5 +61,8 @@ class ModelFamily(Protocol):
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
         """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
 
+    def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Pointwise log-density of the model's observation site at ``(x, y)`` under S draws: ``[S, B]``."""
+
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> ModelFamily:
         """Move the family's tensors to ``device``/``dtype``."""

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from zoo.likelihoods import Likelihood, PredictiveDraws, observe
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
 from zoo.models.base import LatentSite, per_device
 from zoo.nets import ParameterSwap
 from zoo.priors import prior_distribution
@@ -88,7 +88,14 @@ class MeanFieldBNN:
         """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
         return self.likelihood.predictive(self.forward_draws(draws, x), draws)
 
+    def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Pointwise log p(y_i | x_i, w_s) of the model's ``obs`` site under S draws: ``[S, B]``."""
+        fn = observation(self.likelihood, self.forward_draws(draws, x), draw_latents(self.likelihood, draws, 1))
+        return fn.log_prob(y)
+
     def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs under S weight draws ``{name: [S, ...]}`` at once: ``[S, B, out]``."""
         weights = {name: draws[name] for name in self.weight_names}
+        if next(iter(weights.values())).shape[0] == 1:  # one draw (e.g. a NUTS chain): no vmap overhead
+            return self.forward({n: w[0] for n, w in weights.items()}, x).unsqueeze(0)
         return vmap(lambda w: functional_call(self.net, w, (x,)))(weights)

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributions import constraints
 
 from zoo.errors import ZooInputError
-from zoo.likelihoods import Likelihood, PredictiveDraws, observe
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
 from zoo.models.base import LatentSite, per_device
 from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
 from zoo.spec import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
@@ -207,11 +207,23 @@ class Rank1BNN:
         with MemberLayers(layers):
             return self.net(x.expand(n_members, *x.shape))
 
-    def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
-        """S draws of the K components become S*K predictive draws (the mixture over components and samples)."""
+    def _member_draws(self, draws: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        """S draws of every site as S*K member values (draw-major), with the member biases repeated S times."""
         sites = self.latent_sites()
         members = {n: v.flatten(0, 1) if sites[n].plate is not None else v.repeat_interleave(self.members, dim=0)
-                   for n, v in draws.items()}  # every site as [S * K, ...], draw-major
+                   for n, v in draws.items()}
         n_draws = next(iter(draws.values())).shape[0]
-        biases = [b.repeat(n_draws, 1) for b in self.member_bias.values()]
+        return members, [b.repeat(n_draws, 1) for b in self.member_bias.values()]
+
+    def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
+        """S draws of the K components become S*K predictive draws (the mixture over components and samples)."""
+        members, biases = self._member_draws(draws)
         return self.likelihood.predictive(self.forward_members(self.factors(members), biases, x), members)
+
+    def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Pointwise log-likelihood of the model's ``obs`` site (members' mixture or average), per draw: ``[S, B]``."""
+        members, biases = self._member_draws(draws)
+        out = self.forward_members(self.factors(members), biases, x)  # [S*K, B, O]
+        out = out.unflatten(0, (-1, self.members))
+        return observation(self.likelihood, out, draw_latents(self.likelihood, draws, 2),
+                           self.member_likelihood).log_prob(y)
