@@ -39,7 +39,7 @@ from zoo.models.rank1 import Rank1BNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import InferenceSpec, NormalPrior, PriorSpec
+from zoo.spec import SVISpec, NormalPrior, PriorSpec
 
 TARGET_RATIO = 1.5
 
@@ -52,7 +52,7 @@ def rank1_parts(sizes: list[int], members: int) -> tuple[Rank1BNN, MixtureGuide]
     return family, MixtureGuide(family.latent_sites())
 
 
-def rank1_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec, members: int, batch: int):
+def rank1_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec, members: int, batch: int):
     """The zoo's rank-1 SVI step: guide parameters and point parameters (W, member biases) in one Adam."""
     family, guide = rank1_parts(sizes, members)
     optimizer = make_optimizer(list(guide.parameters()) + family.point_parameters(), spec)
@@ -61,7 +61,7 @@ def rank1_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inferen
     return lambda: step(x, y, next(order))
 
 
-def deterministic_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec, members: int,
+def deterministic_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec, members: int,
                        batch: int):
     """A deterministic net of the same shape on the minibatch tiled ``members`` times, in plain PyTorch."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.members < 1 or args.batch < 1 or args.rounds < 1 or args.steps < 1:
         parser.error("--members, --batch, --rounds and --steps must be positive")
-    spec = InferenceSpec(lr=1e-3)
+    spec = SVISpec(lr=1e-3)
     cases = benchmark_cases(args)
     k, b = args.members, args.batch
     results = {"members": k, "batch_size": b, "rounds": args.rounds, "steps_per_round": args.steps,

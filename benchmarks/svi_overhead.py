@@ -29,13 +29,13 @@ from zoo.models.mean_field import MeanFieldBNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import InferenceSpec, PriorSpec
+from zoo.spec import SVISpec, PriorSpec
 
 BATCH = 128
 INIT_RHO = -5.0
 
 
-def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec):
+def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec):
     """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
     names = [n for n, _ in net.named_parameters()]
@@ -46,7 +46,7 @@ def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: Inference
     return lambda: step(x, y, next(order))
 
 
-def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: InferenceSpec):
+def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec):
     """The same model and estimator written directly in PyTorch."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_timing_arguments(parser, rounds=7, steps=100, warmup=20)
     args = parser.parse_args(argv)
-    spec = InferenceSpec(lr=1e-3)
+    spec = SVISpec(lr=1e-3)
     cases = benchmark_cases(args)
     results = {"batch_size": BATCH, "rounds": args.rounds, "steps_per_round": args.steps,
                "threads": torch.get_num_threads(), "cases": {}}

@@ -57,7 +57,7 @@ def test_benchmark_writes_ratios_and_parameter_counts(tmp_path, capsys):
 
 def test_rank1_and_deterministic_steps_both_learn():
     digits = load_digits(seed=0)
-    spec = rank1_speed.InferenceSpec(lr=1e-2)
+    spec = rank1_speed.SVISpec(lr=1e-2)
     rank1 = rank1_speed.rank1_step([64, 16, 10], digits.x_train, digits.y_train, spec, 2, 64)
     det = rank1_speed.deterministic_step([64, 16, 10], digits.x_train, digits.y_train, spec, 2, 64)
     rank1_losses = [rank1() for _ in range(30)]

@@ -147,7 +147,6 @@ def test_spec_to_yaml_round_trips(tmp_path):
     (["guide.name=lowrank"], "guide.name", "lowrank"),
     (["net.name=resnet"], "net.name", "resnet"),
     (["net.activation=swish"], "net.activation", "swish"),
-    (["inference.method=nuts"], "inference.method", "nuts"),
 ])
 def test_unknown_registry_names_are_refused_with_the_choices(overrides, field, value):
     msg = spec_error(overrides)
@@ -158,6 +157,16 @@ def test_unknown_registry_names_are_refused_with_the_choices(overrides, field, v
 def test_unknown_family_is_refused_with_the_choices():
     msg = spec_error(["model.family=deep_ensemble"])
     assert "model" in msg and "deep_ensemble" in msg and "'mean_field'" in msg and "'rank1'" in msg
+
+
+def test_unknown_inference_method_is_refused_with_the_choices():
+    msg = spec_error(["inference.method=laplace"])
+    assert "inference" in msg and "'laplace'" in msg and "'svi'" in msg and "'nuts'" in msg and "'hmc'" in msg
+
+
+def test_an_svi_setting_under_mcmc_is_refused_naming_its_owner():
+    msg = spec_error(["inference.method=nuts", "inference.lr=0.1"])
+    assert "inference.lr: got 0.1; unknown setting here; it belongs to: svi" in msg
 
 
 def test_a_setting_of_another_family_is_refused_naming_its_owner():

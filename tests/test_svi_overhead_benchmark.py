@@ -14,7 +14,7 @@ from zoo.data.digits import load_digits  # noqa: E402
 def test_zoo_and_hand_written_steps_optimise_the_same_objective():
     # Same data, same init, same batches, same estimator: both losses fall, and start from similar values.
     digits = load_digits(seed=0)
-    spec = svi_overhead.InferenceSpec(lr=1e-2)
+    spec = svi_overhead.SVISpec(lr=1e-2)
     zoo = svi_overhead.zoo_step([64, 16, 10], digits.x_train, digits.y_train, spec)
     hand = svi_overhead.hand_step([64, 16, 10], digits.x_train, digits.y_train, spec)
     zoo_losses = [zoo() for _ in range(40)]

@@ -17,6 +17,7 @@ from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate, plot_predictive
+from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.likelihoods import Categorical, Gaussian, Likelihood
 from zoo.models.base import ModelFamily
 from zoo.nets import build_net
@@ -26,6 +27,12 @@ from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, RunLog, load_torc
 from zoo.spec import LikelihoodSpec, RunSpec, load_spec, spec_to_yaml
 
 POINT_ESTIMATE_FILE = "point_estimate.pt"
+
+
+def describe(spec: RunSpec) -> str:
+    """``family ..., guide ...`` (SVI) or ``family ..., <sampler>`` (MCMC): what a run fits, in one phrase."""
+    how = f"guide {spec.guide.name}" if spec.inference.method == "svi" else f"sampled by {spec.inference.method}"
+    return f"family {spec.model.family}, {how}"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,31 +113,40 @@ def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bo
         if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
             raise ZooInputError("--resume", str(out),
                                 "the spec differs from the run's spec.yaml; resume with that spec")
-    elif (out / CHECKPOINT_FILE).exists():
+    elif (out / CHECKPOINT_FILE).exists() or (out / SAMPLES_FILE).exists():
         raise ZooInputError("--out", str(out), "already holds a run; pass --resume to continue it, or pick a new --out")
     data, family, guide, device = prepare(spec)
     write_text(out / SPEC_FILE, spec_to_yaml(spec))
     log = RunLog(out, echo)
     log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
-        f"outputs; family {spec.model.family}, guide {spec.guide.name}, device {device}")
+        f"outputs; {describe(spec)}, device {device}")
     fit = registry.INFERENCE[spec.inference.method]
     result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log, progress=progress)
-    posterior = GuidePosterior(family, guide)
+    posterior = result.posterior
     metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
     metrics["train_seconds"] = round(result.seconds, 3)
-    save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
+    if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
+        save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
     write_json(out / METRICS_FILE, metrics)
     plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
     return RunSummary(out, metrics, plot)
 
 
 def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
-    """Rebuild a trained run's data and posterior from its spec.yaml and checkpoint."""
+    """Rebuild a trained run's data and posterior from its spec.yaml and checkpoint (or MCMC samples)."""
     run = Path(run_dir)
-    if not (run / SPEC_FILE).exists() or not (run / CHECKPOINT_FILE).exists():
-        raise ZooInputError("RUN_DIR", str(run), "not a run directory (needs spec.yaml and checkpoint.pt)")
+    stored = SAMPLES_FILE if (run / SAMPLES_FILE).exists() else CHECKPOINT_FILE
+    if not (run / SPEC_FILE).exists() or not (run / stored).exists():
+        raise ZooInputError("RUN_DIR", str(run), "not a run directory (needs spec.yaml, checkpoint.pt or samples.pt)")
     spec = load_spec(run / SPEC_FILE)
     data, family, guide, device = prepare(spec)
+    if stored == SAMPLES_FILE:
+        if family.point_parameters():  # e.g. rank-1's W, fitted by the run MCMC started from
+            _, _, start = load_run(spec.inference.init)
+            with torch.no_grad():
+                for mine, theirs in zip(family.point_parameters(), start.family.point_parameters(), strict=True):
+                    mine.copy_(theirs)
+        return spec, data, load_samples(run, family, device).posterior
     state = load_torch(run / CHECKPOINT_FILE, device)
     guide.load_state_dict(state["guide"])
     with torch.no_grad():

@@ -10,6 +10,7 @@ from guides.mixture import BatchEnsembleGuide, MixtureGuide
 from zoo.data import DATASETS
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import ELBOS
+from zoo.inference.mcmc import fit_mcmc
 from zoo.inference.svi import fit_svi
 from zoo.likelihoods import LIKELIHOODS
 from zoo.models.mean_field import MeanFieldBNN
@@ -24,7 +25,7 @@ GUIDES = {"mean_field": MeanFieldNormalGuide, "delta": DeltaGuide, "mixture": Mi
 # Which guides fit which family's latent structure (a guide outside this list is refused up front):
 # the mixture and BatchEnsemble guides need ensemble members.
 FAMILY_GUIDES = {"mean_field": ("mean_field", "delta"), "rank1": ("mixture", "batch_ensemble", "mean_field", "delta")}
-INFERENCE = {"svi": fit_svi}
+INFERENCE = {"svi": fit_svi, "nuts": fit_mcmc, "hmc": fit_mcmc}
 
 TABLES = {
     "data sets": DATASETS,
@@ -36,9 +37,11 @@ TABLES = {
     "likelihoods": {name: cls.__doc__.splitlines()[0] for name, cls in LIKELIHOODS.items()},
     "elbos": {"trace_mean_field": "analytic KL where registered, Monte Carlo elsewhere (default)",
               "trace": "Monte Carlo KL everywhere"},
-    "inference": {name: fn.__doc__.splitlines()[0] for name, fn in INFERENCE.items()},
+    "inference": {"svi": fit_svi.__doc__.splitlines()[0],
+                  "nuts": "NUTS (Pyro's kernel) on the family's model, chain after chain; the gold standard",
+                  "hmc": "HMC with all chains in one tensor computation, ChEES-tuned trajectory length"},
 }
-assert set(TABLES["elbos"]) == set(ELBOS)
+assert set(TABLES["elbos"]) == set(ELBOS) and set(TABLES["inference"]) == set(INFERENCE)
 
 
 def check_choice(field: str, value: str, table: dict) -> None:

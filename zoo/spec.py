@@ -161,14 +161,10 @@ class Rank1ModelSpec(_Strict):
 
 
 ModelSpec = Annotated[MeanFieldModelSpec | Rank1ModelSpec, Field(discriminator="family")]
-_UNION_MEMBERS = {get_args(cls.model_fields[key].annotation)[0]: cls
-                  for union, key in ((PriorConfig, "name"), (ModelSpec, "family"))
-                  for cls in get_args(get_args(union)[0])}
-_UNION_TAGS = set(_UNION_MEMBERS)
 
 
 def _owners(field: str) -> list[str]:
-    """The priors/families that do have a setting called ``field`` (for 'not permitted here' messages)."""
+    """The priors/families/methods that do have a setting called ``field`` (for 'not permitted here' messages)."""
     return sorted(tag for tag, cls in _UNION_MEMBERS.items() if field in cls.model_fields)
 
 
@@ -209,10 +205,10 @@ class LikelihoodSpec(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ inference
-class InferenceSpec(_Strict):
-    """How the posterior is fitted and how many draws represent it at test time."""
+class SVISpec(_Strict):
+    """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
 
-    method: str = "svi"
+    method: Literal["svi"] = "svi"
     elbo: Literal["trace_mean_field", "trace"] = "trace_mean_field"
     epochs: PositiveInt | None = 100
     num_steps: PositiveInt | None = Field(None, description="overrides epochs when set")
@@ -228,6 +224,40 @@ class InferenceSpec(_Strict):
     predictive_samples: PositiveInt = 100
 
 
+class MCMCSpec(_Strict):
+    """Markov chain Monte Carlo on the family's own Pyro model (full batch): the gold-standard posterior.
+
+    ``nuts`` is Pyro's NUTS kernel, one chain after another. ``hmc`` is the zoo's HMC that runs all chains as one
+    tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion (use many chains,
+    e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
+    """
+
+    method: Literal["nuts", "hmc"]
+    num_chains: PositiveInt = 4
+    warmup_steps: PositiveInt = 500
+    num_samples: PositiveInt = 500
+    target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0)
+    step_size: PositiveFloat = Field(0.01, description="initial step size (adapted during warm-up)")
+    max_tree_depth: PositiveInt = Field(10, le=15, description="nuts: at most 2^depth leapfrog steps per draw")
+    trajectory_length: PositiveFloat = Field(1.0, description="hmc: initial integration time")
+    adapt_trajectory_length: bool = Field(True, description="hmc: tune the trajectory length by ChEES in warm-up")
+    max_leapfrog_steps: PositiveInt = Field(1024, description="hmc: cap on leapfrog steps per draw")
+    adapt_mass_matrix: bool = True
+    init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
+                      "chains start at its draws")
+    max_weights: PositiveInt = Field(20_000, description="refuse models with more latent dimensions than this")
+    checkpoint_every: PositiveInt = Field(100, description="hmc: iterations between checkpoints")
+    predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
+
+
+InferenceSpec = Annotated[SVISpec | MCMCSpec, Field(discriminator="method")]
+_UNION_MEMBERS = {tag: cls
+                  for union, key in ((PriorConfig, "name"), (ModelSpec, "family"), (InferenceSpec, "method"))
+                  for cls in get_args(get_args(union)[0])
+                  for tag in get_args(cls.model_fields[key].annotation)}
+_UNION_TAGS = set(_UNION_MEMBERS)
+
+
 class RunSpec(_Strict):
     """A whole run: any valid combination of parts is one spec away."""
 
@@ -237,7 +267,7 @@ class RunSpec(_Strict):
     model: ModelSpec = Field(default_factory=MeanFieldModelSpec)
     guide: GuideSpec = Field(default_factory=GuideSpec)
     likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec)
-    inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    inference: InferenceSpec = Field(default_factory=SVISpec)
     seed: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "float64"] = "float32"
@@ -247,6 +277,12 @@ class RunSpec(_Strict):
     def _default_family(cls, v: Any) -> Any:
         # a model section without a family is the mean-field one, like the section's own default
         return {"family": "mean_field", **v} if isinstance(v, dict) else v
+
+    @field_validator("inference", mode="before")
+    @classmethod
+    def _default_method(cls, v: Any) -> Any:
+        # an inference section without a method is SVI, like the section's own default
+        return {"method": "svi", **v} if isinstance(v, dict) else v
 
     @model_validator(mode="after")
     def _known_names(self) -> RunSpec:

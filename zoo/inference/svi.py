@@ -20,8 +20,9 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.models.base import ModelFamily
+from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
-from zoo.spec import InferenceSpec
+from zoo.spec import SVISpec
 
 
 @dataclass
@@ -31,6 +32,7 @@ class SVIResult:
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
     kl_methods: dict[str, str] = field(default_factory=dict)
+    posterior: Posterior | None = None
 
 
 class SVIStep:
@@ -60,7 +62,7 @@ class SVIStep:
         return value
 
 
-def make_optimizer(params: list[torch.nn.Parameter], spec: InferenceSpec) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.optim.Optimizer:
     """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping)."""
     if spec.optimizer == "clipped_adam":
         return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=spec.lr_decay)
@@ -68,19 +70,19 @@ def make_optimizer(params: list[torch.nn.Parameter], spec: InferenceSpec) -> tor
     return torch.optim.Adam(params, lr=spec.lr, fused=fused)
 
 
-def total_steps(spec: InferenceSpec, n_train: int) -> int:
+def total_steps(spec: SVISpec, n_train: int) -> int:
     """Number of optimisation steps: ``num_steps`` if given, else ``epochs`` passes over the data."""
     if spec.num_steps is not None:
         return spec.num_steps
     return (spec.epochs or 1) * steps_per_epoch(spec, n_train)
 
 
-def steps_per_epoch(spec: InferenceSpec, n_train: int) -> int:
+def steps_per_epoch(spec: SVISpec, n_train: int) -> int:
     """Minibatches per pass over the training set."""
     return 1 if spec.batch_size is None else max(1, math.ceil(n_train / spec.batch_size))
 
 
-def kl_weight(step: int, spec: InferenceSpec) -> float:
+def kl_weight(step: int, spec: SVISpec) -> float:
     """Linear KL annealing: weight (step + 1) / kl_annealing_steps, capped at 1."""
     return 1.0 if spec.kl_annealing_steps == 0 else min(1.0, (step + 1) / spec.kl_annealing_steps)
 
@@ -126,7 +128,7 @@ def fit_svi(
     family: ModelFamily,
     guide: torch.nn.Module,
     data: Dataset,
-    spec: InferenceSpec,
+    spec: SVISpec,
     seed: int,
     run_dir: Path | None = None,
     resume: bool = False,
@@ -230,5 +232,6 @@ def fit_svi(
             bar.close()
     result.seconds += time.perf_counter() - started
     checkpoint()
+    result.posterior = GuidePosterior(family, guide)
     return result
 

@@ -1,0 +1,173 @@
+"""MCMC on the families' own models: the potential, both samplers against a closed-form posterior, run dirs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from zoo import runs
+from zoo.errors import ZooInputError
+from zoo.inference import mcmc
+from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, DualAveraging, LogJoint, Potential, fit_mcmc, halton
+from zoo.pipeline import load_run, prepare, train
+from zoo.posterior import SamplePosterior
+from zoo.spec import load_spec
+
+NOISE = 0.5  # original units
+
+
+def linear_spec(method: str, **inference) -> dict:
+    """Bayesian linear regression y = w x + b on the toy data: a conjugate model with a closed-form posterior."""
+    return {"data": {"name": "toy_gap", "n_train": 40}, "net": {"hidden": []},
+            "prior": {"name": "normal", "scale": 1.0}, "likelihood": {"noise": NOISE},
+            "device": "cpu", "dtype": "float64", "seed": 1,
+            "inference": {"method": method, **inference}}
+
+
+def closed_form(data, noise: float, prior_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Posterior mean and covariance of (w, b) for y ~ N(w x + b, noise^2), (w, b) ~ N(0, prior_scale^2 I)."""
+    design = torch.cat([data.x_train, torch.ones_like(data.x_train)], dim=1).double()
+    precision = design.T @ design / noise**2 + torch.eye(2, dtype=torch.float64) / prior_scale**2
+    cov = torch.linalg.inv(precision)
+    return cov @ design.T @ data.y_train.double() / noise**2, cov
+
+
+def sampled_moments(result) -> tuple[torch.Tensor, torch.Tensor]:
+    draws = result.flat_draws()
+    flat = torch.stack([draws["out.weight"].reshape(-1), draws["out.bias"].reshape(-1)], dim=1)
+    return flat.mean(0), torch.cov(flat.T)
+
+
+@pytest.mark.parametrize(("method", "settings"), [
+    ("nuts", {"num_chains": 2, "warmup_steps": 100, "num_samples": 200}),
+    ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100}),
+])
+def test_samplers_recover_the_conjugate_linear_regression_posterior(method, settings):
+    spec = load_spec(linear_spec(method, **settings))
+    data, family, guide, _ = prepare(spec)
+    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    mean, cov = closed_form(data, NOISE / data.y_std)
+    got_mean, got_cov = sampled_moments(result)
+    sd = cov.diagonal().sqrt()
+    # Monte Carlo error of a mean over >= 600 correlated draws is well under 0.15 posterior sd
+    assert ((got_mean - mean).abs() / sd).max() < 0.15
+    assert torch.allclose(got_cov.diagonal().sqrt(), sd, rtol=0.15)
+    corr, got_corr = cov[0, 1] / sd.prod(), got_cov[0, 1] / got_cov.diagonal().sqrt().prod()
+    assert abs(float(corr - got_corr)) < 0.1
+    n_chains = settings["num_chains"]
+    assert result.draws["out.weight"].shape == (n_chains, settings["num_samples"], 1, 1)
+    for name in ("energy", "acceptance_rate", "diverging", "step_size"):
+        assert result.stats[name].shape == (n_chains, settings["num_samples"])
+    assert int(result.stats["diverging"].sum()) == 0
+    assert 0.5 < float(result.stats["acceptance_rate"].mean()) <= 1.0
+    assert ("tree_depth" if method == "nuts" else "n_steps") in result.stats
+
+
+def test_fast_log_joint_equals_the_traced_model_with_a_learned_noise(spec_factory):
+    spec = spec_factory("toy", "likelihood.noise=learned", "prior.scale=0.7")
+    data, family, _, _ = prepare(spec)
+    coords = Coordinates(family)
+    z = torch.randn(5, coords.dim)
+    values, _ = coords.unpack(z)
+    log_joint = LogJoint(family, data.x_train, data.y_train)
+    assert torch.allclose(log_joint.fast(values), log_joint.exact(values), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("member_likelihood", ["average", "mixture"])
+def test_fast_log_joint_equals_the_traced_model_for_rank1(spec_factory, member_likelihood):
+    spec = spec_factory("toy", "model.family=rank1", "model.members=3", f"model.member_likelihood={member_likelihood}",
+                        "model.weight_decay=1.0", "guide.name=mixture", "prior.loc=1.0", "prior.scale=0.3")
+    data, family, _, _ = prepare(spec)
+    coords = Coordinates(family)
+    values, _ = coords.unpack(1.0 + 0.3 * torch.randn(4, coords.dim))
+    log_joint = LogJoint(family, data.x_train, data.y_train)
+    assert log_joint.constant != 0.0  # the weight-decay factor on W
+    assert torch.allclose(log_joint.fast(values), log_joint.exact(values), rtol=1e-5, atol=1e-3)
+
+
+def test_a_disagreeing_fast_path_falls_back_to_the_traced_model(spec_factory, monkeypatch):
+    spec = spec_factory("toy")
+    data, family, _, _ = prepare(spec)
+    coords = Coordinates(family)
+    values, _ = coords.unpack(torch.randn(3, coords.dim))
+    log_joint = LogJoint(family, data.x_train, data.y_train)
+    monkeypatch.setattr(family, "log_likelihood", lambda d, x, y: torch.zeros(3, len(y)))
+    messages = []
+    log_joint.verify(values, messages.append)
+    assert log_joint.exact_only and "exact" in messages[0]
+    assert torch.equal(log_joint(values), log_joint.exact(values))
+
+
+def test_potential_includes_the_jacobian_of_constrained_sites(spec_factory):
+    spec = spec_factory("toy", "likelihood.noise=learned")
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data)
+    z = torch.randn(2, potential.coords.dim)
+    values, log_det = potential.coords.unpack(z)
+    # the noise scale is exp(z_noise): log|dσ/dz| = z_noise
+    index = potential.coords.names.index("noise_scale")
+    offset = sum(potential.coords.sizes[:index])
+    assert torch.allclose(log_det, z[:, offset])
+    assert torch.allclose(potential(z), -(potential.log_joint(values) + log_det))
+    energy, grad = potential.value_and_grad(z)
+    assert grad.shape == z.shape and torch.isfinite(grad).all()
+    assert torch.allclose(coords_round_trip := potential.coords.pack(values), z, atol=1e-5), coords_round_trip
+
+
+def test_dual_averaging_moves_the_step_size_towards_the_target():
+    rejecting, accepting = DualAveraging(0.1, target=0.8), DualAveraging(0.1, target=0.8)
+    for _ in range(5):
+        low, high = rejecting.update(0.0), accepting.update(1.0)
+    assert low < 0.1 < high and rejecting.final < accepting.final
+    balanced = DualAveraging(0.1, target=0.8)
+    for _ in range(50):
+        balanced.update(0.8)  # on target: the step size settles near its start's bias point, 10x the start
+    assert balanced.final == pytest.approx(1.0, rel=0.05)
+    assert [halton(i) for i in range(1, 5)] == [0.5, 0.25, 0.75, 0.125]
+
+
+def test_too_many_weights_are_refused_suggesting_svi():
+    spec = load_spec(linear_spec("nuts", max_weights=1))
+    data, family, guide, _ = prepare(spec)
+    with pytest.raises(ZooInputError, match="svi"):
+        fit_mcmc(family, guide, data, spec.inference, 0, progress=False)
+
+
+def test_point_estimated_weights_need_a_fitted_run_to_start_from():
+    spec = load_spec({**linear_spec("hmc"), "model": {"family": "rank1"}, "guide": {"name": "mixture"},
+                      "prior": {"name": "normal", "loc": 1.0}})
+    data, family, guide, _ = prepare(spec)
+    with pytest.raises(ZooInputError, match="SVI first"):
+        fit_mcmc(family, guide, data, spec.inference, 0, progress=False)
+
+
+def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch):
+    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6, checkpoint_every=4))
+    data, family, guide, _ = prepare(spec)
+    saved = []
+    real_save = runs.save_torch
+
+    def keep(path, obj):
+        saved.append(torch.load(real_save(path, obj), weights_only=False))
+        return path
+
+    monkeypatch.setattr(mcmc, "save_torch", keep)
+    full = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    at_eight = next(s for s in saved if not s["done"] and s["sampler"]["iteration"] == 8)
+    runs.save_torch(tmp_path / SAMPLES_FILE, at_eight)  # as if the run had stopped after iteration 8
+    resumed = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    for name, value in full.draws.items():
+        assert torch.equal(resumed.draws[name], value)
+
+
+def test_an_mcmc_run_directory_round_trips(tmp_path):
+    spec = load_spec(linear_spec("nuts", num_chains=2, warmup_steps=20, num_samples=15, predictive_samples=30))
+    summary = train(spec, tmp_path / "run", progress=False, echo=None)
+    assert (summary.run_dir / SAMPLES_FILE).exists() and math.isfinite(summary.metrics["test_ll"])
+    _, _, posterior = load_run(summary.run_dir)
+    assert isinstance(posterior, SamplePosterior)
+    assert posterior.draws["out.weight"].shape == (30, 1, 1)
+    log = (summary.run_dir / "train.log").read_text()
+    assert "chain 0:" in log and "chain 1:" in log

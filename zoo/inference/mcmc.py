@@ -1,0 +1,574 @@
+"""Markov chain Monte Carlo on a family's own Pyro model: Pyro's NUTS, and a many-chain HMC tuned by ChEES.
+
+Both samplers see one thing: the potential energy U(z) = -log p(w, y | x) - log|det J| of the family's model
+on the full training set, at C stacked points ``z [C, D]`` of unconstrained coordinates. It is evaluated as
+one tensor computation for all C points: the prior terms come from one trace of the model (each latent
+site's prior, with its plate scale), the likelihood from the family's batched ``log_likelihood``; at start-up
+it is checked against the model itself, traced at each point, and that exact (slower) evaluation is used
+whenever the two disagree.
+
+``nuts`` runs Pyro's NUTS kernel chain after chain (step size and diagonal mass matrix adapted in warm-up).
+``hmc`` runs all chains in lockstep (Hoffman, Radul & Sountsov 2021, "An adaptive MCMC scheme for setting
+trajectory lengths in HMC"): one step size (dual averaging on the chains' mean acceptance), one diagonal mass
+matrix (the across-chain variance), and one trajectory length, jittered per draw and tuned by the ChEES
+criterion, so each leapfrog step is one batched gradient for all chains.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.mcmc import MCMC, NUTS
+from torch.distributions import biject_to
+from torch.distributions.transforms import identity_transform
+from torch.func import vmap
+from tqdm.auto import tqdm
+
+from zoo.data.base import Dataset
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.svi import deferred_interrupt
+from zoo.models.base import ModelFamily
+from zoo.posterior import Posterior, SamplePosterior
+from zoo.runs import RunLog, load_torch, save_torch
+from zoo.spec import MCMCSpec
+
+SAMPLES_FILE = "samples.pt"
+MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
+
+
+# ------------------------------------------------------------------------------------------ the potential
+class Coordinates:
+    """The flat unconstrained layout of a model's latent sites: ``z [C, D]`` <-> ``{site: [C, *shape]}``."""
+
+    def __init__(self, family: ModelFamily) -> None:
+        self.sites = family.latent_sites()
+        self.names = list(self.sites)
+        self.shapes = [self.sites[n].shape for n in self.names]
+        self.sizes = [max(1, s.numel()) for s in self.shapes]
+        self.transforms = {n: biject_to(s.support) for n, s in self.sites.items()}
+        self.dim = sum(self.sizes)
+
+    def unpack(self, z: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Constrained site values from ``z [C, D]``, and log|det dvalues/dz| per point ``[C]``."""
+        values, log_det = {}, z.new_zeros(z.shape[0])
+        for name, part, shape in zip(self.names, z.split(self.sizes, dim=-1), self.shapes, strict=True):
+            raw = part.reshape(z.shape[0], *shape)
+            transform = self.transforms[name]
+            values[name] = transform(raw)
+            if transform is not identity_transform:
+                log_det = log_det + transform.log_abs_det_jacobian(raw, values[name]).reshape(z.shape[0], -1).sum(-1)
+        return values, log_det
+
+    def pack(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``z [C, D]`` from constrained values ``{site: [C, *shape]}``."""
+        missing = [n for n in self.names if n not in values]
+        if missing:
+            raise ZooInputError("inference.init", ", ".join(missing), "these latent sites have no starting value")
+        parts = []
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            value = values[name]
+            if tuple(value.shape[1:]) != tuple(shape):
+                raise ZooInputError("inference.init", name, f"has shape {tuple(value.shape[1:])}, the model "
+                                    f"needs {tuple(shape)}: start from a run of the same net")
+            parts.append(self.transforms[name].inv(value).reshape(value.shape[0], -1))
+        return torch.cat(parts, dim=-1)
+
+
+class LogJoint:
+    """log p(w, y | x) of ``family.model`` on all of (x, y), at C stacked draws ``{site: [C, *shape]}``: ``[C]``."""
+
+    def __init__(self, family: ModelFamily, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.family, self.x, self.y = family, x, y
+        with torch.no_grad(), pyro.validation_enabled(False):
+            trace = poutine.trace(family.model).get_trace(x, y)
+        latent = set(family.latent_sites())
+        self.priors, self.constant, self.observed = [], 0.0, []
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample" or site["name"].startswith("_") or name in ("data",):
+                continue
+            fn = site["fn"]
+            if getattr(fn, "has_enumerate_support", False) and not site["is_observed"]:
+                raise ZooInputError("model", name, "is a discrete latent site; HMC/NUTS need continuous ones: "
+                                    "marginalise it or use inference.method: svi")
+            if not site["is_observed"]:
+                if name not in latent:
+                    continue  # a subsample index site of a plate
+                self.priors.append((name, fn, site["scale"]))
+            elif name == "obs":
+                self.observed.append(site["scale"])
+            else:  # a factor of point parameters only (e.g. weight decay on rank-1's W): a constant here
+                self.constant += float((site["scale"] * fn.log_prob(site["value"])).sum())
+        self.exact_only = False
+
+    def fast(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The log joint as one batched computation: prior terms per site, then the family's log-likelihood."""
+        total = self.family.log_likelihood(values, self.x, self.y).sum(-1)
+        for scale in self.observed:
+            total = total * scale
+        for name, fn, scale in self.priors:
+            value = values[name]
+            total = total + scale * fn.log_prob(value).reshape(value.shape[0], -1).sum(-1)
+        return total + self.constant
+
+    def exact(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The log joint of the model traced at every draw (vmapped): the definition ``fast`` is checked against."""
+
+        def one(draw: dict[str, torch.Tensor]) -> torch.Tensor:
+            model = poutine.condition(self.family.model, data=draw)
+            return poutine.trace(model).get_trace(self.x, self.y).log_prob_sum()
+
+        with pyro.validation_enabled(False):
+            return vmap(one)(values)
+
+    def verify(self, values: dict[str, torch.Tensor], log=None) -> None:
+        """Use the exact evaluation from now on if the fast one disagrees with it at ``values``."""
+        with torch.no_grad():
+            fast, exact = self.fast(values), self.exact(values)
+        tolerance = 1e-4 * exact.abs().clamp(min=1.0) + (1e-2 if exact.dtype == torch.float32 else 1e-6)
+        if not torch.allclose(fast, exact, atol=0.0, rtol=0.0) and ((fast - exact).abs() > tolerance).any():
+            self.exact_only = True
+            if log is not None:
+                log(f"batched log joint differs from the model's trace by {(fast - exact).abs().max():.3g}; "
+                    "using the traced model at every point (exact, slower)")
+
+    def __call__(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.exact(values) if self.exact_only else self.fast(values)
+
+
+class Potential:
+    """U(z) = -log p(w(z), y | x) - log|det J(z)| at C points ``z [C, D]``, with its gradient."""
+
+    def __init__(self, family: ModelFamily, data: Dataset) -> None:
+        self.coords = Coordinates(family)
+        self.log_joint = LogJoint(family, data.x_train, data.y_train)
+        self.evaluations = 0
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        """U at every row of ``z``: ``[C]``."""
+        values, log_det = self.coords.unpack(z)
+        return -(self.log_joint(values) + log_det)
+
+    def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one backward serves all)."""
+        self.evaluations += 1
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            energy = self(z)
+            (grad,) = torch.autograd.grad(energy.sum(), z)
+        return energy.detach(), grad
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass
+class MCMCResult:
+    """Draws ``{site: [chains, samples, *shape]}``, per-draw sampler statistics ``[chains, samples]``, timing."""
+
+    draws: dict[str, torch.Tensor]
+    stats: dict[str, torch.Tensor]
+    seconds: float = 0.0
+    method: str = "nuts"
+    settings: dict[str, float] = field(default_factory=dict)
+    posterior: Posterior | None = None
+
+    def flat_draws(self) -> dict[str, torch.Tensor]:
+        """All chains' draws, chain after chain: ``{site: [chains * samples, *shape]}``."""
+        return {n: v.flatten(0, 1) for n, v in self.draws.items()}
+
+
+def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str = "cpu") -> MCMCResult:
+    """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``."""
+    state = load_torch(Path(run_dir) / SAMPLES_FILE, device)
+    if not state.get("done", False):
+        raise ZooInputError("RUN_DIR", str(run_dir), "holds an unfinished MCMC run; finish it with zoo train --resume")
+    result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
+    result.posterior = SamplePosterior(family, result.flat_draws())
+    return result
+
+
+# ------------------------------------------------------------------------------------------ starting points
+def initial_points(family: ModelFamily, coords: Coordinates, spec: MCMCSpec, data: Dataset, log) -> torch.Tensor:
+    """``z [C, D]`` for C chains: prior draws, or draws of an earlier run's posterior (``inference.init``)."""
+    chains = spec.num_chains
+    if spec.init == "prior":
+        if family.point_parameters():
+            raise ZooInputError("inference.init", "prior", "this family has point-estimated weights that MCMC does "
+                                "not fit: train it with SVI first and set inference.init to that run directory")
+        draws: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad(), pyro.validation_enabled(False):
+            for _ in range(chains):
+                trace = poutine.trace(family.model).get_trace(data.x_train, data.y_train)
+                for name in coords.names:
+                    draws.setdefault(name, []).append(trace.nodes[name]["value"])
+        return coords.pack({n: torch.stack(v) for n, v in draws.items()})
+    from zoo.pipeline import load_run  # the pipeline imports the inference methods
+
+    path = Path(spec.init)
+    if not path.is_dir():
+        raise ZooInputError("inference.init", spec.init, "use 'prior' or the directory of a finished run")
+    _, _, start = load_run(path)
+    with torch.no_grad():
+        for mine, theirs in zip(family.point_parameters(), start.family.point_parameters(), strict=True):
+            mine.copy_(theirs)
+    values = {n: v.to(data.x_train) for n, v in start.sample(chains).items()}
+    if next(iter(values.values())).shape[0] < chains:  # a Delta guide or a short run: repeat its draws
+        values = {n: v[torch.arange(chains) % v.shape[0]] for n, v in values.items()}
+    log(f"chains start at {chains} draws of the posterior in {path}")
+    return coords.pack(values)
+
+
+def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
+    """Refuse models too large for full-batch MCMC."""
+    if coords.dim > spec.max_weights:
+        raise ZooInputError("inference.method", spec.method, f"the model has {coords.dim:,} latent dimensions, more "
+                            f"than inference.max_weights = {spec.max_weights:,}; use inference.method: svi, a smaller "
+                            "net, a subnetwork, or raise inference.max_weights")
+
+
+# ------------------------------------------------------------------------------------------ NUTS (Pyro)
+class RecordingNUTS(NUTS):
+    """Pyro's NUTS kernel, also recording per draw: energy, tree depth, acceptance, divergence, step size."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.records: list[tuple[float, int, float, bool, float]] = []
+        self._nesting = 0
+
+    def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
+        top = self._nesting == 0
+        self._nesting += 1
+        try:
+            tree = super()._build_tree(z, r, z_grads, log_slice, direction, tree_depth, energy_current)
+        finally:
+            self._nesting -= 1
+        if top:  # one doubling of this draw's trajectory
+            draw = self._draw
+            draw["energy"] = float(energy_current)
+            draw["depth"] = tree_depth + 1
+            draw["accept"] += float(tree.sum_accept_probs)
+            draw["proposals"] += int(tree.num_proposals)
+            draw["diverging"] |= bool(tree.diverging)
+        return tree
+
+    def sample(self, params):
+        self._draw = {"energy": float("nan"), "depth": 0, "accept": 0.0, "proposals": 0, "diverging": False}
+        step_size = self.step_size
+        out = super().sample(params)
+        d = self._draw
+        self.records.append((d["energy"], d["depth"], d["accept"] / max(d["proposals"], 1), d["diverging"],
+                             step_size))
+        return out
+
+    def logging(self):
+        info = super().logging()
+        info["divergences"] = str(len(self._divergences))
+        return info
+
+
+def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, progress: bool, log, done: list[dict],
+              save) -> None:
+    """Chain after chain with Pyro's NUTS; ``done`` gathers finished chains and ``save`` stores them."""
+
+    def potential_fn(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return potential(params["z"].unsqueeze(0))[0]
+
+    with deferred_interrupt() as ctrl_c_pressed:
+        for chain in range(len(done), spec.num_chains):
+            kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
+                                   target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
+                                   adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False)
+            mcmc = MCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
+                        initial_params={"z": z0[chain]}, num_chains=1, disable_progbar=not progress)
+            started = time.perf_counter()
+            mcmc.run()
+            energy, depth, accept, diverging, step = map(torch.tensor, zip(*kernel.records[-spec.num_samples:],
+                                                                          strict=True))
+            done.append({"z": mcmc.get_samples()["z"].detach(), "seconds": time.perf_counter() - started,
+                         "stats": {"energy": energy, "tree_depth": depth, "acceptance_rate": accept,
+                                   "diverging": diverging, "step_size": step},
+                         "settings": {"step_size": float(kernel.step_size)}})
+            log(f"chain {chain}: {int(diverging.sum())} divergences, mean acceptance {float(accept.mean()):.3f}, "
+                f"step size {kernel.step_size:.3g}, mean tree depth {float(depth.float().mean()):.2f}")
+            save()
+            if ctrl_c_pressed() and chain + 1 < spec.num_chains:
+                log(f"interrupted after chain {chain}; finished chains are saved, continue with --resume")
+                raise KeyboardInterrupt
+
+
+# ------------------------------------------------------------------------------------------ many-chain HMC
+class DualAveraging:
+    """Nesterov dual averaging of log step size towards a target acceptance (Hoffman & Gelman 2014)."""
+
+    def __init__(self, step_size: float, target: float, gamma: float = 0.05, t0: float = 10.0,
+                 kappa: float = 0.75) -> None:
+        self.target, self.gamma, self.t0, self.kappa = target, gamma, t0, kappa
+        self.reset(step_size)
+
+    def reset(self, step_size: float) -> None:
+        """Restart around ``step_size`` (e.g. after the mass matrix changed)."""
+        self.mu, self.t, self.h_bar = math.log(10 * step_size), 0, 0.0
+        self.log_step, self.log_step_bar = math.log(step_size), math.log(step_size)
+
+    def update(self, accept: float) -> float:
+        """Feed one iteration's acceptance; returns the next step size."""
+        self.t += 1
+        eta = 1.0 / (self.t + self.t0)
+        self.h_bar = (1 - eta) * self.h_bar + eta * (self.target - accept)
+        self.log_step = self.mu - math.sqrt(self.t) / self.gamma * self.h_bar
+        weight = self.t ** -self.kappa
+        self.log_step_bar = weight * self.log_step + (1 - weight) * self.log_step_bar
+        return math.exp(self.log_step)
+
+    @property
+    def final(self) -> float:
+        """The averaged step size used after warm-up."""
+        return math.exp(self.log_step_bar)
+
+
+def halton(index: int, base: int = 2) -> float:
+    """Element ``index`` (from 1) of the van der Corput sequence in (0, 1): evenly spread trajectory jitter."""
+    result, fraction = 0.0, 1.0
+    while index > 0:
+        fraction /= base
+        result += fraction * (index % base)
+        index //= base
+    return result
+
+
+class ManyChainHMC:
+    """HMC for C chains at once, with shared step size, diagonal mass matrix and ChEES-tuned trajectory length."""
+
+    def __init__(self, potential: Potential, z: torch.Tensor, spec: MCMCSpec, generator: torch.Generator) -> None:
+        self.potential, self.spec, self.gen = potential, spec, generator
+        self.z = z.detach().clone()
+        self.energy, self.grad = potential.value_and_grad(self.z)
+        self.inv_mass = torch.ones(z.shape[1], dtype=z.dtype, device=z.device)
+        self.step_size, self.trajectory = spec.step_size, spec.trajectory_length
+        self.dual = DualAveraging(self.step_size, spec.target_accept_prob)
+        self.adam_v, self.adam_t = 0.0, 0  # Adam on log T, with beta1 = 0 as in the ChEES paper
+        self.log_trajectory_sum, self.log_trajectory_weight = 0.0, 0.0
+        self.window: list[torch.Tensor] = []
+        self.iteration = 0
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue sampling exactly."""
+        return {k: v for k, v in vars(self).items() if k not in ("potential", "spec", "gen", "dual")} | {
+            "gen": self.gen.get_state(), "dual": vars(self.dual).copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`."""
+        self.gen.set_state(state.pop("gen"))
+        vars(self.dual).update(state.pop("dual"))
+        vars(self).update(state)
+
+    def _randn(self, shape: torch.Size) -> torch.Tensor:
+        noise = torch.randn(shape, generator=self.gen, dtype=self.z.dtype)
+        return noise.to(self.z.device)
+
+    def _leapfrog(self, z, momentum, grad, steps: int) -> tuple[torch.Tensor, ...]:
+        eps = self.step_size
+        momentum = momentum - 0.5 * eps * grad
+        energy = None
+        for i in range(steps):
+            z = z + eps * self.inv_mass * momentum
+            energy, grad = self.potential.value_and_grad(z)
+            momentum = momentum - (eps if i + 1 < steps else 0.5 * eps) * grad
+        return z, momentum, energy, grad
+
+    def step(self, warmup: bool) -> dict[str, torch.Tensor]:
+        """One draw for every chain; during warm-up, also adapt. Returns the draw's statistics per chain."""
+        self.iteration += 1
+        jitter = halton(self.iteration)
+        steps = max(1, min(self.spec.max_leapfrog_steps, math.ceil(jitter * self.trajectory / self.step_size)))
+        momentum = self._randn(self.z.shape) / self.inv_mass.sqrt()
+        start = self.energy + 0.5 * (self.inv_mass * momentum**2).sum(-1)
+        z_new, p_new, u_new, g_new = self._leapfrog(self.z, momentum, self.grad, steps)
+        end = u_new + 0.5 * (self.inv_mass * p_new**2).sum(-1)
+        error = torch.where(torch.isfinite(end), end - start, torch.full_like(end, math.inf))
+        accept_prob = torch.exp(-error.clamp(min=0.0))
+        diverging = error > MAX_ENERGY_ERROR
+        accepted = torch.rand(accept_prob.shape, generator=self.gen, dtype=accept_prob.dtype).to(
+            accept_prob.device) < accept_prob
+        z_old, keep = self.z, accepted.unsqueeze(-1)
+        self.z = torch.where(keep, z_new, self.z)
+        self.grad = torch.where(keep, g_new, self.grad)
+        self.energy = torch.where(accepted, u_new, self.energy)
+        if warmup:
+            self._adapt(z_old, z_new, p_new, accept_prob, jitter)
+        hamiltonian = torch.where(accepted, end, start)
+        return {"energy": hamiltonian, "acceptance_rate": accept_prob, "diverging": diverging,
+                "n_steps": torch.full_like(accept_prob, steps), "step_size": torch.full_like(accept_prob,
+                                                                                             self.step_size)}
+
+    def _adapt(self, z_old, z_new, p_new, accept_prob, jitter: float) -> None:
+        spec, t = self.spec, self.iteration
+        # step size: dual averaging on the chains' mean acceptance
+        self.step_size = self.dual.update(float(accept_prob.nan_to_num(0.0).mean()))
+        # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted)
+        if spec.adapt_trajectory_length:
+            weight = accept_prob.nan_to_num(0.0)
+            if weight.sum() > 0:
+                scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
+                mean_old = (z_old / scale).mean(0)
+                mean_new = ((z_new / scale) * weight.unsqueeze(-1)).sum(0) / weight.sum()
+                centred_new = z_new / scale - mean_new
+                growth = (centred_new**2).sum(-1) - ((z_old / scale - mean_old) ** 2).sum(-1)
+                velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
+                per_chain = jitter * self.trajectory * growth * (centred_new * velocity).sum(-1)
+                per_chain = torch.where(torch.isfinite(per_chain), per_chain, torch.zeros_like(per_chain))
+                gradient = float((weight * per_chain).sum() / weight.sum())
+                self.adam_t += 1
+                self.adam_v = 0.95 * self.adam_v + 0.05 * gradient**2
+                v_hat = self.adam_v / (1 - 0.95**self.adam_t)
+                log_t = math.log(self.trajectory) + 0.025 * gradient / (math.sqrt(v_hat) + 1e-8)
+                low, high = math.log(self.step_size), math.log(self.step_size * spec.max_leapfrog_steps)
+                self.trajectory = math.exp(min(max(log_t, low), high))
+                self.log_trajectory_sum += t * math.log(self.trajectory)  # later iterations weigh more
+                self.log_trajectory_weight += t
+        # diagonal mass matrix: each chain's variance over a window of warm-up, pooled over the chains (within-
+        # chain, as Stan's windows: chains in different modes of a BNN posterior must not inflate it)
+        if spec.adapt_mass_matrix:
+            self.window.append(self.z.detach())
+            ends = {int(spec.warmup_steps * f) for f in (0.15, 0.3, 0.6)}
+            if t in ends and len(self.window) > 2:
+                n = len(self.window)
+                variance = torch.stack(self.window).var(0).mean(0)  # [window, chains, D] -> [D]
+                variance = variance * n / (n + 5.0) + 1e-3 * 5.0 / (n + 5.0)  # Stan's regularisation
+                self.inv_mass = variance.clamp(min=1e-8)
+                self.window = []
+                self.dual.reset(self.step_size)
+        if t == spec.warmup_steps:  # freeze the adapted settings for sampling
+            self.step_size = self.dual.final
+            if spec.adapt_trajectory_length and self.log_trajectory_weight > 0:
+                self.trajectory = math.exp(self.log_trajectory_sum / self.log_trajectory_weight)
+
+
+def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
+             ckpt: dict | None, save) -> dict:
+    """All chains in lockstep; returns positions and statistics of the kept draws."""
+    sampler = ManyChainHMC(potential, z0, spec, torch.Generator().manual_seed(seed))
+    kept: list[torch.Tensor] = []
+    stats: dict[str, list[torch.Tensor]] = {}
+    seconds = 0.0
+    if ckpt is not None:
+        sampler.load_state_dict(ckpt["sampler"])
+        kept, stats, seconds = ckpt["kept"], ckpt["stats"], ckpt["seconds"]
+        log(f"resumed at iteration {sampler.iteration}")
+    total = spec.warmup_steps + spec.num_samples
+    bar = tqdm(total=total, initial=sampler.iteration, disable=not progress, desc="HMC", mininterval=0.5,
+               leave=False)
+
+    def snapshot() -> dict:
+        return {"sampler": sampler.state_dict(), "kept": kept, "stats": stats, "seconds": seconds}
+
+    started = time.perf_counter()
+    divergences = 0
+    with deferred_interrupt() as ctrl_c_pressed:
+        try:
+            while sampler.iteration < total:
+                warmup = sampler.iteration < spec.warmup_steps
+                info = sampler.step(warmup)
+                if not warmup:
+                    kept.append(sampler.z.clone())
+                    for k, v in info.items():
+                        stats.setdefault(k, []).append(v)
+                    divergences += int(info["diverging"].sum())
+                if not torch.isfinite(sampler.energy).all():
+                    raise TrainingDiverged("a chain's potential energy became non-finite; lower inference.step_size "
+                                           "or start from inference.init: <a MAP or VI run>")
+                bar.update(1)
+                accept = float(info["acceptance_rate"].mean())
+                bar.set_postfix(stage="warm-up" if warmup else "sample", accept=f"{accept:.2f}",
+                                step=f"{sampler.step_size:.3g}", L=int(info["n_steps"][0]),
+                                divergences=divergences, refresh=False)
+                if sampler.iteration % spec.checkpoint_every == 0 or ctrl_c_pressed():
+                    seconds += time.perf_counter() - started
+                    started = time.perf_counter()
+                    save(snapshot())
+                    if ctrl_c_pressed():
+                        log(f"interrupted at iteration {sampler.iteration}; state saved, continue with --resume")
+                        raise KeyboardInterrupt
+        finally:
+            bar.close()
+    seconds += time.perf_counter() - started
+    log(f"hmc: step size {sampler.step_size:.3g}, trajectory length {sampler.trajectory:.3g} "
+        f"(~{math.ceil(sampler.trajectory / sampler.step_size)} leapfrog steps at most), "
+        f"{potential.evaluations} batched gradients")
+    return {"z": torch.stack(kept, dim=1), "stats": {k: torch.stack(v, dim=1) for k, v in stats.items()},
+            "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory}}
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def fit_mcmc(
+    family: ModelFamily,
+    guide: torch.nn.Module,
+    data: Dataset,
+    spec: MCMCSpec,
+    seed: int,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    log: RunLog | None = None,
+    progress: bool = True,
+) -> MCMCResult:
+    """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
+
+    Finished NUTS chains, and the HMC state every ``checkpoint_every`` iterations, are saved atomically to
+    ``run_dir/samples.pt``; ``resume=True`` continues from there.
+    """
+    log = log or RunLog(None, echo=None)
+    potential = Potential(family, data)
+    coords = potential.coords
+    check_size(coords, spec)
+    path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
+    state = load_torch(path, data.x_train.device) if resume and path is not None and path.exists() else None
+    if resume and state is None:
+        raise ZooInputError("--resume", str(run_dir), f"no {SAMPLES_FILE} there to resume; drop --resume")
+    if state is not None and state.get("done"):
+        log("the run had finished; nothing to resume")
+        return load_samples(run_dir, family, data.x_train.device)
+    torch.manual_seed(seed)
+    pyro.set_rng_seed(seed)
+    z0 = state["z0"] if state is not None else initial_points(family, coords, spec, data, log)
+    potential.log_joint.verify(coords.unpack(z0[: min(4, len(z0))])[0], log)
+    log(f"{spec.method}: {spec.num_chains} chains x ({spec.warmup_steps} warm-up + {spec.num_samples} draws) over "
+        f"{coords.dim:,} latent dimensions")
+
+    def write(progress_state: dict) -> None:
+        if path is not None:
+            save_torch(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
+
+    with pyro.validation_enabled(False):  # diverging trajectories reach non-finite values: rejected, not errors
+        draws, stats, seconds, settings = _sample(potential, z0, spec, seed, state, progress, log, write)
+    result = MCMCResult(draws, stats, seconds, spec.method, settings)
+    if path is not None:
+        save_torch(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
+                          "seconds": seconds, "settings": settings})
+    diverging = int(stats["diverging"].sum())
+    if diverging:
+        log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
+            "inference.target_accept_prob or reparameterise the prior")
+    result.posterior = SamplePosterior(family, result.flat_draws())
+    return result
+
+
+def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, state: dict | None, progress: bool,
+            log, write) -> tuple[dict, dict, float, dict]:
+    """Run the spec's sampler from ``z0`` (or a saved state); draws by site ``[chains, samples, ...]``."""
+    if spec.method == "nuts":
+        chains: list[dict] = state["chains"] if state is not None else []
+        _run_nuts(potential, z0, spec, progress, log, chains, lambda: write({"chains": chains}))
+        z = torch.stack([c["z"] for c in chains])
+        stats = {k: torch.stack([c["stats"][k] for c in chains]) for k in chains[0]["stats"]}
+        seconds = sum(c["seconds"] for c in chains)
+        settings = {"step_size": sum(c["settings"]["step_size"] for c in chains) / len(chains)}
+    else:
+        out = _run_hmc(potential, z0, spec, seed, progress, log, state, write)
+        z, stats, seconds, settings = out["z"], out["stats"], out["seconds"], out["settings"]
+    with torch.no_grad():
+        values, _ = potential.coords.unpack(z.flatten(0, 1))
+    return {n: v.unflatten(0, z.shape[:2]) for n, v in values.items()}, stats, seconds, settings
