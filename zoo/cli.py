@@ -1,4 +1,7 @@
-"""The ``zoo`` command: train, eval, prune and list. Bad input exits 2 with a one-paragraph message, no traceback."""
+"""The ``zoo`` command: train, eval, prune, diagnose, compare and list.
+
+Bad input exits 2 with a one-paragraph message and no traceback; ``zoo diagnose --strict`` exits 3 when a check warns.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from rich.table import Table
 from zoo.errors import TrainingDiverged, ZooInputError
 
 console = Console()
+STRICT_EXIT = 3  # zoo diagnose --strict: a check warned
 
 
 def _metrics_table(title: str, rows: list[dict[str, float]], first: str | None = None) -> Table:
@@ -36,7 +40,7 @@ def _metric_list(title: str, metrics: dict[str, float]) -> Table:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a spec into a run directory and print its metrics."""
-    from zoo.pipeline import train
+    from zoo.pipeline import describe, train
     from zoo.spec import load_spec
 
     overrides = list(args.set or [])
@@ -45,7 +49,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     spec = load_spec(args.spec, overrides)
     summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
                     echo=lambda line: console.print(line, soft_wrap=True, markup=False))
-    console.print(_metric_list(f"{spec.model.family} / {spec.guide.name} on {spec.data.name}", summary.metrics))
+    console.print(_metric_list(f"{describe(spec)} on {spec.data.name}", summary.metrics))
     console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
         console.print(f"plot: {summary.plot}", soft_wrap=True, markup=False)
@@ -87,6 +91,31 @@ def cmd_prune(args: argparse.Namespace) -> None:
     console.print(f"written: {run_dir / 'prune.json'}, {plot}", soft_wrap=True, markup=False)
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Check a run's posterior (R-hat, ESS, divergences, BFMI or Pareto k-hat), print the tables, write the files."""
+    from zoo.diagnostics import diagnose, diagnose_report
+
+    result = diagnose(args.run_dir, num_samples=args.samples)
+    for renderable in diagnose_report(result):
+        console.print(renderable)
+    console.print(f"written: {', '.join(result['files'].values())}", soft_wrap=True, markup=False)
+    return STRICT_EXIT if args.strict and result["warnings"] else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    """Compare runs' test predictives with a reference run's; print the table, write the plot (and JSON)."""
+    from zoo.diagnostics import COMPARE_DRAWS, compare, compare_table
+    from zoo.runs import write_json
+
+    rows = compare(args.reference, args.runs, num_samples=COMPARE_DRAWS if args.samples is None else args.samples,
+                   out_dir=args.out)
+    console.print(compare_table(rows))
+    written = [rows[0]["plot"]]
+    if args.json:
+        written.append(str(write_json(Path(args.json), rows)))
+    console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
+
+
 def cmd_list(args: argparse.Namespace) -> None:
     """Print every registered part."""
     from zoo.registry import TABLES
@@ -124,15 +153,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fractions", default="0.5,0.75,0.95,0.98", help="fractions of weights to remove")
     p.set_defaults(func=cmd_prune)
 
+    p = sub.add_parser("diagnose", help="R-hat, ESS, divergences, BFMI / Pareto k-hat of a run; ArviZ file and plots")
+    p.add_argument("run_dir")
+    p.add_argument("--samples", type=int, help="draws: guide runs 200 by default; MCMC runs thin to about N "
+                   "(default: every stored draw)")
+    p.add_argument("--strict", action="store_true", help=f"exit {STRICT_EXIT} when any check warns")
+    p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("compare", help="compare runs' test predictives with a reference run (e.g. HMC)")
+    p.add_argument("reference", metavar="REFERENCE_RUN")
+    p.add_argument("runs", metavar="RUN", nargs="+")
+    p.add_argument("--samples", type=int, help="posterior draws per run (default 200)")
+    p.add_argument("--out", default=".", help="directory for compare.png (default: the current directory)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.set_defaults(func=cmd_compare)
+
     p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference")
     p.set_defaults(func=cmd_list)
     return parser
 
 
 def exit_code(run: Callable[[], object]) -> int:
-    """Call ``run``; bad input exits 2 and a diverged fit 1 with a one-paragraph message, Ctrl-C exits 130."""
+    """Call ``run`` (an int it returns is the exit code, else 0); bad input exits 2 and a diverged fit 1 with a
+    one-paragraph message, Ctrl-C exits 130."""
     try:
-        run()
+        code = run()
     except ZooInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -142,7 +187,7 @@ def exit_code(run: Callable[[], object]) -> int:
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint is kept (use --resume)", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
