@@ -20,14 +20,14 @@ $(STAMP): $(PY) pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check zoo guides tests benchmarks
+	$(PY) -m ruff check zoo guides tests benchmarks notebooks
 	$(PY) -m pytest -q
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: $(STAMP)
-	$(PY) -m ruff check zoo guides tests benchmarks
+	$(PY) -m ruff check zoo guides tests benchmarks notebooks
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)

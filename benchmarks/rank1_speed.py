@@ -39,7 +39,7 @@ from zoo.models.rank1 import Rank1BNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import SVISpec, NormalPrior, PriorSpec
+from zoo.spec import NormalPrior, PriorSpec, SVISpec
 
 TARGET_RATIO = 1.5
 

@@ -29,7 +29,7 @@ from zoo.models.mean_field import MeanFieldBNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import SVISpec, PriorSpec
+from zoo.spec import PriorSpec, SVISpec
 
 BATCH = 128
 INIT_RHO = -5.0

@@ -1,0 +1,383 @@
+"""HMC speed: the zoo's best sampler against NumPyro's NUTS on the same BNN posterior, by function-space ESS/s.
+
+Model (both sides): a 1-50-1 tanh net, Normal(0, 1) prior on every weight and bias, Gaussian likelihood with a
+fixed sigma = 0.1 on the zoo's ``toy_gap`` data (100 training points in two clusters with a gap; data seed 0).
+sigma is taken in ORIGINAL target units, as the spec's ``likelihood.noise`` is: 0.1 is the noise the toy targets
+were drawn with (and what ``configs/mean_field_toy.yaml`` uses); on the standardised targets both samplers see
+it is 0.1 / y_std (about 0.13). Both sides sample exactly that density on the same standardised float32 tensors.
+
+Zoo side: the model built as a run builds it (``zoo.spec.load_spec`` -> ``zoo.pipeline.prepare``), sampled by
+``zoo.inference.mcmc.fit_mcmc`` for each ``--zoo-methods`` candidate: ``hmc:C`` is the zoo's many-chain HMC
+(C chains in lockstep, ChEES-tuned trajectory), ``nuts:C`` Pyro's NUTS chain after chain (very slow, off by
+default). Time: ``result.seconds``, the wall time of warm-up + sampling (the zoo compiles nothing); the whole
+``fit_mcmc`` call, start-up included, is in the JSON as ``seconds_total``.
+NumPyro side: the same model written in NumPyro, ``NUTS`` with default settings, one run per
+``--numpyro-methods`` candidate (``vectorized:C``, ``sequential:C``, ``parallel:C``; ``parallel`` runs one chain
+per host device, of which this script asks XLA for 2 at import time). Time: the wall time of ``mcmc.run``
+(initialisation, warm-up and sampling, results blocked on), measured once; the part of it JAX spent tracing,
+lowering and compiling (``jax.monitoring`` compile events during the run) is reported as compile time, and
+ESS/s is given without it (the headline) and with it. One run, not a second run of the same MCMC: NumPyro
+re-compiles its sampling loop on every ``run`` (checked with jax 0.10 / numpyro 0.22), so a rerun would not be
+compile-free either.
+
+Figure: function-space ESS. f(x), the net's output, at five inputs over the whole input range (outside left,
+left cluster, the gap's centre, right cluster, outside right: -1.5, -0.75, 0, 0.75, 1.5 in original units); ESS
+is ArviZ's rank-normalised bulk ESS over all chains of each, and a sampler's figure is the minimum over the five,
+divided by its time. R-hat (rank-normalised split R-hat) max over the five and the post-warm-up divergences are
+reported beside it. The best candidate of each side is the one with the highest min ESS/s; the ratio zoo best ÷
+NumPyro best is the headline (higher is better; target >= 0.5). Each candidate runs once, one after the other,
+so machine noise on a shared machine moves the absolute figures; note the chains and threads used.
+
+    python benchmarks/hmc_speed.py [--warmup 200] [--samples 200] [--zoo-methods hmc:128[,nuts:2]]
+                                   [--numpyro-methods vectorized:4,sequential:4,parallel:2] [--threads N]
+                                   [--seed 0] [--zoo-set inference.KEY=VALUE ...] [--json PATH]
+
+Needs the optional NumPyro/JAX extra (``pip install -e .[bench]``) and ArviZ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import zoo.inference.mcmc
+import zoo.pipeline
+import zoo.spec
+from zoo.runs import write_json
+
+try:  # the NumPyro side is optional: pip install -e .[bench]
+    import numpyro
+except ImportError:  # main() says what to install
+    numpyro = None
+else:
+    # before JAX's first use, so that chain_method="parallel" has 2 host devices (a count the user set wins)
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        numpyro.set_host_device_count(2)
+
+TARGET_RATIO = 0.5
+DATA_SEED = 0  # the data set is the zoo's toy_gap of spec seed 0, whatever --seed the samplers get
+NOISE = 0.1  # likelihood sigma in ORIGINAL target units (the spec's convention); see the module docstring
+X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # original input units: outside, left cluster, gap, right cluster, outside
+ZOO_METHODS = ("hmc", "nuts")
+NUMPYRO_METHODS = ("vectorized", "sequential", "parallel")
+INSTALL_HINT = "hmc_speed.py needs NumPyro and JAX (pip install -e .[bench]) and ArviZ (pip install arviz)"
+
+
+# ------------------------------------------------------------------------------------------ shared pieces
+def parse_candidates(text: str, methods: tuple[str, ...], option: str) -> list[tuple[str, int]]:
+    """``"hmc:128,nuts:2"`` -> ``[("hmc", 128), ("nuts", 2)]``, refusing unknown methods and bad chain counts."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        method, _, chains = item.partition(":")
+        if method not in methods or not chains.isdigit() or int(chains) < 1:
+            raise ValueError(f"{option}: {item!r}; write METHOD:CHAINS with METHOD one of {', '.join(methods)}")
+        out.append((method, int(chains)))
+    if not out:
+        raise ValueError(f"{option}: give at least one METHOD:CHAINS")
+    return out
+
+
+def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: list[str]) -> zoo.spec.RunSpec:
+    """The run spec of the benchmark's model with a zoo sampler; ``overrides`` (``--zoo-set``) are applied last."""
+    return zoo.spec.load_spec({
+        "data": {"name": "toy_gap"},
+        "net": {"hidden": [50], "activation": "tanh"},
+        "prior": {"name": "normal", "scale": 1.0},
+        "likelihood": {"name": "gaussian", "noise": NOISE},
+        "inference": {"method": method, "num_chains": chains, "warmup_steps": warmup, "num_samples": samples},
+        "device": "cpu",
+        "seed": DATA_SEED,
+    }, overrides)
+
+
+def eval_inputs(data) -> torch.Tensor:
+    """The five evaluation inputs ``[5, 1]``, standardised like the training inputs."""
+    x = torch.tensor(X_EVAL, dtype=data.x_train.dtype).unsqueeze(-1)
+    return (x - data.x_mean.to(x)) / data.x_std.to(x)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def diagnostics(f: np.ndarray) -> dict:
+    """Bulk ESS and R-hat of f(x) draws ``[chains, samples, 5]`` (ArviZ, rank-normalised, over all chains)."""
+    import arviz as az
+
+    dataset = az.convert_to_dataset({"f": np.asarray(f, dtype=np.float64)})
+    ess = np.asarray(az.ess(dataset, method="bulk")["f"], dtype=np.float64)
+    rhat = np.asarray(az.rhat(dataset, method="rank")["f"], dtype=np.float64)
+    min_ess = float(np.min(ess)) if np.isfinite(ess).all() else float("nan")
+    max_rhat = float(np.max(rhat)) if np.isfinite(rhat).all() else float("nan")
+    return {"ess_bulk": [_finite(v) for v in ess], "min_ess": _finite(min_ess), "rhat": [_finite(v) for v in rhat],
+            "rhat_max": _finite(max_rhat)}
+
+
+def per_second(ess: float | None, seconds: float) -> float | None:
+    """ESS per second, or None when the ESS is undefined (e.g. chains that never moved)."""
+    return None if ess is None or seconds <= 0 else ess / seconds
+
+
+# ------------------------------------------------------------------------------------------ zoo side
+def run_zoo(method: str, chains: int, args: argparse.Namespace) -> dict:
+    """One zoo candidate: build the run's model, sample it with ``fit_mcmc``, and diagnose f at the five inputs."""
+    spec = build_spec(method, chains, args.warmup, args.samples, args.zoo_set)
+    data, family, guide, _ = zoo.pipeline.prepare(spec)
+    started = time.perf_counter()
+    result = zoo.inference.mcmc.fit_mcmc(family, guide, data, spec.inference, args.seed, progress=False)
+    total = time.perf_counter() - started
+    chains, samples = next(iter(result.draws.values())).shape[:2]
+    with torch.no_grad():
+        f = family.forward_draws({k: v.flatten(0, 1) for k, v in result.draws.items()}, eval_inputs(data))[..., 0]
+    row = {"side": "zoo", "method": method, "chains": int(chains), "warmup": spec.inference.warmup_steps,
+           "samples": int(samples), "seconds": result.seconds, "seconds_total": total, "compile_seconds": 0.0,
+           "divergences": int(result.stats["diverging"].sum()),
+           "settings": {k: float(v) for k, v in result.settings.items()},
+           **diagnostics(f.reshape(chains, samples, -1).double().numpy())}
+    steps = result.stats.get("n_steps")
+    row["leapfrog_steps_per_draw"] = float(steps.float().mean()) if steps is not None else None
+    if "tree_depth" in result.stats:
+        row["mean_tree_depth"] = float(result.stats["tree_depth"].float().mean())
+    row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
+    row["min_ess_per_s_compile_inclusive"] = row["min_ess_per_s"]  # nothing to compile on the zoo side
+    return row
+
+
+# ------------------------------------------------------------------------------------------ NumPyro side
+class CompileClock:
+    """Seconds JAX spends tracing, lowering and compiling, summed from its ``jax.monitoring`` duration events."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self) -> None:
+        import jax.monitoring
+
+        self.seconds = 0.0
+        self.events = 0
+        jax.monitoring.register_event_duration_secs_listener(self._record)
+
+    def _record(self, event: str, duration: float, **_: object) -> None:
+        if event in self.EVENTS:
+            self.seconds += duration
+            self.events += 1
+
+
+_COMPILE_CLOCK: CompileClock | None = None
+
+
+def compile_clock() -> CompileClock:
+    """The one listener of this process (JAX keeps listeners for good, so register once)."""
+    global _COMPILE_CLOCK
+    if _COMPILE_CLOCK is None:
+        _COMPILE_CLOCK = CompileClock()
+    return _COMPILE_CLOCK
+
+
+def numpyro_model(hidden: int, prior_scale: float, noise: float) -> Callable:
+    """The benchmark's BNN in NumPyro, with the zoo's site names and shapes (torch ``nn.Linear`` layout)."""
+    import jax.numpy as jnp
+    import numpyro.distributions as dist
+
+    def model(x, y=None):
+        def weight(name: str, shape: tuple[int, ...]):
+            return numpyro.sample(name, dist.Normal(0.0, prior_scale).expand(shape).to_event(len(shape)))
+
+        w1, b1 = weight("hidden0.weight", (hidden, 1)), weight("hidden0.bias", (hidden,))
+        w2, b2 = weight("out.weight", (1, hidden)), weight("out.bias", (1,))
+        f = (jnp.tanh(x @ w1.T + b1) @ w2.T + b2)[..., 0]
+        numpyro.sample("obs", dist.Normal(f, noise), obs=y)
+
+    return model
+
+
+def numpy_forward(draws: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """f(x) under draws ``{site: [chains, samples, *shape]}`` of the tanh net: ``[chains, samples, B]``."""
+    w1, b1 = draws["hidden0.weight"].astype(np.float64), draws["hidden0.bias"].astype(np.float64)
+    w2, b2 = draws["out.weight"].astype(np.float64), draws["out.bias"].astype(np.float64)
+    hidden = np.tanh(np.einsum("bi,csji->csbj", x, w1) + b1[:, :, None, :])
+    return np.einsum("csbj,csoj->csbo", hidden, w2)[..., 0] + b2  # b2 [chains, samples, 1] broadcasts over B
+
+
+def run_numpyro(method: str, chains: int, args: argparse.Namespace, data, model: Callable) -> dict:
+    """One NumPyro candidate: default NUTS, timed whole (blocked on), with JAX's compile time measured inside."""
+    import jax
+    from numpyro.infer import MCMC, NUTS
+
+    clock = compile_clock()
+    x, y = data.x_train.detach().cpu().numpy(), data.y_train.detach().cpu().numpy()  # float32, standardised
+    mcmc = MCMC(NUTS(model), num_warmup=args.warmup, num_samples=args.samples, num_chains=chains,
+                chain_method=method, progress_bar=False)
+    compile_before = clock.seconds
+    started = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(args.seed), x, y, extra_fields=("diverging", "num_steps"))
+    draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
+    extra = jax.block_until_ready(mcmc.get_extra_fields(group_by_chain=True))
+    wall = time.perf_counter() - started
+    compile_seconds = min(clock.seconds - compile_before, wall)
+    draws = {k: np.asarray(v) for k, v in draws.items()}
+    f = numpy_forward(draws, eval_inputs(data).double().numpy())
+    row = {"side": "numpyro", "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
+           "samples": int(f.shape[1]), "seconds": wall - compile_seconds, "seconds_compile_inclusive": wall,
+           "compile_seconds": compile_seconds, "divergences": int(np.asarray(extra["diverging"]).sum()),
+           "leapfrog_steps_per_draw": float(np.asarray(extra["num_steps"]).mean()),
+           "host_devices": jax.local_device_count(), **diagnostics(f)}
+    row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
+    row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ driver
+def best(rows: dict[str, dict], key: str) -> str:
+    """The candidate with the highest ``key`` (an undefined figure counts as the lowest)."""
+    return max(rows, key=lambda name: rows[name][key] if rows[name][key] is not None else -math.inf)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def limit_xla_threads() -> bool:
+    """One XLA CPU compute thread per device (the NumPyro side of ``--threads 1``), if JAX has not started yet."""
+    try:
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            return False
+    except (ImportError, AttributeError):
+        return False
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    return True
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every candidate of both sides, print the table; returns the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=200, help="warm-up iterations per chain")
+    parser.add_argument("--samples", type=int, default=200, help="kept draws per chain")
+    parser.add_argument("--zoo-methods", default="hmc:128",
+                        help="zoo candidates METHOD:CHAINS, comma-separated (hmc, nuts); e.g. hmc:128,nuts:2")
+    parser.add_argument("--numpyro-methods", default="vectorized:4,sequential:4,parallel:2",
+                        help="NumPyro NUTS candidates CHAIN_METHOD:CHAINS (vectorized, sequential, parallel)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads; 1 also makes XLA's CPU compute "
+                        "single-threaded per device (default: each library's choice)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of both samplers (the data set stays seed 0)")
+    parser.add_argument("--zoo-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="spec override for the zoo candidates, applied last (e.g. "
+                        "inference.max_leapfrog_steps=64); likelihood/prior overrides reach the NumPyro model too")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.warmup < 1 or args.samples < 4:
+        parser.error("--warmup must be >= 1 and --samples >= 4 (ESS needs a few draws per chain)")
+    try:
+        zoo_candidates = parse_candidates(args.zoo_methods, ZOO_METHODS, "--zoo-methods")
+        numpyro_candidates = parse_candidates(args.numpyro_methods, NUMPYRO_METHODS, "--numpyro-methods")
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        import arviz  # noqa: F401 - the ESS and R-hat
+    except ImportError:
+        sys.exit(INSTALL_HINT)
+    if numpyro is None:
+        sys.exit(INSTALL_HINT)
+    import jax
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    xla_single_thread = limit_xla_threads() if args.threads == 1 else False
+
+    # the model both sides sample: data, standardised noise and prior scale exactly as a zoo run has them
+    reference = build_spec("hmc", 1, args.warmup, args.samples, args.zoo_set)
+    data, family, _, _ = zoo.pipeline.prepare(reference)
+    noise = family.likelihood.fixed_noise
+    prior = reference.prior.default
+    if (noise is None or prior.name != "normal" or prior.loc != 0.0 or reference.prior.sites
+            or len(reference.net.hidden) != 1 or reference.net.activation != "tanh" or reference.net.name != "mlp"):
+        parser.error("the NumPyro side writes a one-hidden-layer tanh MLP with a Normal(0, s) prior and fixed "
+                     "noise; keep --zoo-set to such a model")
+    hidden = reference.net.hidden[0]
+
+    results = {"model": f"1-{hidden}-1 tanh, Normal(0, {prior.scale:g}) prior, Gaussian likelihood",
+               "data": "toy_gap", "data_seed": DATA_SEED, "n_train": data.n_train,
+               "noise_original_units": float(reference.likelihood.noise), "noise_standardised": float(noise),
+               "y_std": data.y_std, "x_eval": list(X_EVAL), "x_eval_standardised": eval_inputs(data)[:, 0].tolist(),
+               "warmup": args.warmup, "samples": args.samples, "seed": args.seed, "zoo_set": args.zoo_set,
+               "torch_threads": torch.get_num_threads(), "xla_single_thread": xla_single_thread,
+               "versions": {"torch": torch.__version__, "numpyro": numpyro.__version__, "jax": jax.__version__},
+               "target_ratio": TARGET_RATIO, "zoo": {}, "numpyro": {}}
+    for method, chains in zoo_candidates:
+        results["zoo"][f"{method}:{chains}"] = run_zoo(method, chains, args)
+    model = numpyro_model(hidden, prior.scale, noise)
+    for method, chains in numpyro_candidates:
+        results["numpyro"][f"{method}:{chains}"] = run_numpyro(method, chains, args, data, model)
+    results["host_devices"] = jax.local_device_count()
+
+    zoo_best = best(results["zoo"], "min_ess_per_s")
+    np_best = best(results["numpyro"], "min_ess_per_s")
+    np_best_inclusive = best(results["numpyro"], "min_ess_per_s_compile_inclusive")
+    zoo_ess_s = results["zoo"][zoo_best]["min_ess_per_s"]
+    results.update({
+        "zoo_best": zoo_best, "numpyro_best": np_best, "numpyro_best_compile_inclusive": np_best_inclusive,
+        "zoo_best_min_ess_per_s": zoo_ess_s,
+        "numpyro_best_min_ess_per_s": results["numpyro"][np_best]["min_ess_per_s"],
+        "numpyro_best_min_ess_per_s_compile_inclusive":
+            results["numpyro"][np_best_inclusive]["min_ess_per_s_compile_inclusive"],
+    })
+    results["ratio_zoo_over_numpyro"] = ratio(zoo_ess_s, results["numpyro_best_min_ess_per_s"])
+    results["ratio_zoo_over_numpyro_compile_inclusive"] = ratio(
+        zoo_ess_s, results["numpyro_best_min_ess_per_s_compile_inclusive"])
+    results["ratio_within_target"] = (results["ratio_zoo_over_numpyro"] is not None
+                                      and results["ratio_zoo_over_numpyro"] >= TARGET_RATIO)
+
+    table = Table(title=f"function-space ESS/s: 1-{hidden}-1 tanh BNN on toy_gap (sigma {NOISE:g} original = "
+                        f"{noise:.3f} standardised), {args.warmup} warm-up + {args.samples} draws per chain, "
+                        f"bulk ESS and R-hat of f(x) at x = {', '.join(f'{v:g}' for v in X_EVAL)} (min / max of "
+                        f"the five); time = warm-up + sampling, '+compile' adds NumPyro's compile time "
+                        f"(torch threads {torch.get_num_threads()}, {results['host_devices']} XLA host devices)")
+    for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
+                "divergences", "leapfrog/draw"):
+        table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
+    for side in ("zoo", "numpyro"):
+        for name, row in results[side].items():
+            label = f"{side} {name}" + (" (best)" if name == (zoo_best if side == "zoo" else np_best) else "")
+            compile_s = f"{row['compile_seconds']:.1f}" if side == "numpyro" else "–"
+            table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", compile_s,
+                          _fmt(row["min_ess"], ".0f"), _fmt(row["min_ess_per_s"], ".2f"),
+                          _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
+                          str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"))
+    summary = Table(title="zoo best ÷ NumPyro best (min ESS/s; higher is better)")
+    for col in ("figure", "zoo best", "NumPyro best", "ratio", f"≥ {TARGET_RATIO}"):
+        summary.add_column(col, justify="left" if col == "figure" else "right")
+    r = results["ratio_zoo_over_numpyro"]
+    summary.add_row("min ESS/s (NumPyro without compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
+                    f"{np_best}: {_fmt(results['numpyro_best_min_ess_per_s'], '.2f')}", _fmt(r, ".3f"),
+                    "yes" if results["ratio_within_target"] else "no")
+    r_incl = results["ratio_zoo_over_numpyro_compile_inclusive"]
+    summary.add_row("min ESS/s (NumPyro with compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
+                    f"{np_best_inclusive}: {_fmt(results['numpyro_best_min_ess_per_s_compile_inclusive'], '.2f')}",
+                    _fmt(r_incl, ".3f"), "yes" if r_incl is not None and r_incl >= TARGET_RATIO else "no")
+    console = Console(width=max(Console().width, 170))  # wide enough for every column when piped to a file
+    console.print(table)
+    console.print(summary)
+    if args.json:
+        write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

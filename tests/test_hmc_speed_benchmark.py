@@ -1,0 +1,93 @@
+"""The HMC speed benchmark runs tiny, prints its tables and writes its figures: per-sampler ESS, R-hat and
+divergences, and the ratio zoo best ÷ NumPyro best as the quotient of the two reported ESS/s; and its NumPyro
+model is the zoo's model (the same potential energy at the same weights, the same f(x))."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("numpyro", reason="the NumPyro side needs the bench extra: pip install -e .[bench]")
+pytest.importorskip("arviz", reason="the benchmark's ESS and R-hat need ArviZ: pip install arviz")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import hmc_speed  # noqa: E402
+
+from zoo.inference.mcmc import Potential  # noqa: E402
+from zoo.pipeline import prepare  # noqa: E402
+
+ROW_KEYS = {"side", "method", "chains", "warmup", "samples", "seconds", "compile_seconds", "divergences",
+            "ess_bulk", "min_ess", "rhat", "rhat_max", "min_ess_per_s", "min_ess_per_s_compile_inclusive",
+            "leapfrog_steps_per_draw"}
+
+
+def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
+    out = tmp_path / "hmc_speed.json"
+    hmc_speed.main(["--warmup", "10", "--samples", "10", "--zoo-methods", "hmc:4", "--numpyro-methods",
+                    "vectorized:2", "--zoo-set", "inference.max_leapfrog_steps=8", "--json", str(out)])
+    figures = json.loads(out.read_text())
+    assert figures["warmup"] == 10 and figures["samples"] == 10 and figures["n_train"] == 100
+    assert figures["noise_original_units"] == 0.1
+    assert figures["noise_standardised"] == pytest.approx(0.1 / figures["y_std"])
+    assert len(figures["x_eval"]) == len(figures["x_eval_standardised"]) == 5
+    assert set(figures["zoo"]) == {"hmc:4"} and set(figures["numpyro"]) == {"vectorized:2"}
+    assert figures["zoo_best"] == "hmc:4" and figures["numpyro_best"] == "vectorized:2"
+    zoo, npy = figures["zoo"]["hmc:4"], figures["numpyro"]["vectorized:2"]
+    for row, chains in ((zoo, 4), (npy, 2)):
+        assert ROW_KEYS <= set(row)
+        assert row["chains"] == chains and row["samples"] == 10 and row["warmup"] == 10
+        assert len(row["ess_bulk"]) == 5 and len(row["rhat"]) == 5
+        assert row["min_ess"] == min(row["ess_bulk"]) and row["rhat_max"] == max(row["rhat"])
+        assert row["seconds"] > 0 and row["min_ess"] > 0 and row["divergences"] >= 0
+        assert row["min_ess_per_s"] == row["min_ess"] / row["seconds"]
+    assert zoo["leapfrog_steps_per_draw"] <= 8  # the --zoo-set override reached the sampler
+    assert npy["compile_seconds"] > 0 and npy["seconds_compile_inclusive"] == pytest.approx(
+        npy["seconds"] + npy["compile_seconds"])
+    assert npy["min_ess_per_s_compile_inclusive"] == npy["min_ess"] / npy["seconds_compile_inclusive"]
+    assert {"ratio_zoo_over_numpyro", "ratio_zoo_over_numpyro_compile_inclusive"} <= {k for k in figures if
+                                                                                       "ratio" in k}
+    assert figures["zoo_best_min_ess_per_s"] == zoo["min_ess_per_s"]
+    assert figures["numpyro_best_min_ess_per_s"] == npy["min_ess_per_s"]
+    assert figures["ratio_zoo_over_numpyro"] == zoo["min_ess_per_s"] / npy["min_ess_per_s"]
+    assert figures["ratio_zoo_over_numpyro_compile_inclusive"] == (
+        zoo["min_ess_per_s"] / npy["min_ess_per_s_compile_inclusive"])
+    assert figures["ratio_within_target"] is (figures["ratio_zoo_over_numpyro"] >= 0.5)
+    printed = capsys.readouterr().out
+    assert "zoo hmc:4" in printed and "numpyro vectorized:2" in printed and "ratio" in printed
+    assert "…" not in printed  # no column cut short when the output is not a terminal
+
+
+def test_numpyro_model_has_the_zoo_potential():
+    from numpyro.infer.util import potential_energy
+
+    spec = hmc_speed.build_spec("hmc", 3, 10, 10, [])
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data)
+    torch.manual_seed(0)
+    z = torch.randn(3, potential.coords.dim)
+    zoo_energy = potential(z)
+    values, _ = potential.coords.unpack(z)
+    model = hmc_speed.numpyro_model(50, 1.0, family.likelihood.fixed_noise)
+    x, y = data.x_train.numpy(), data.y_train.numpy()
+    for i in range(3):
+        params = {name: value[i].numpy() for name, value in values.items()}
+        numpyro_energy = float(potential_energy(model, (x, y), {}, params))
+        assert numpyro_energy == pytest.approx(float(zoo_energy[i]), rel=1e-4)
+    # and f(x) of NumPyro's draws is computed as the zoo's net computes it
+    x_eval = hmc_speed.eval_inputs(data)
+    with torch.no_grad():
+        expected = family.forward_draws(values, x_eval)[..., 0]
+    got = hmc_speed.numpy_forward({k: v.unsqueeze(0).numpy() for k, v in values.items()}, x_eval.double().numpy())
+    assert got.shape == (1, 3, 5)
+    assert torch.allclose(torch.from_numpy(got[0]).float(), expected, atol=1e-4)
+
+
+def test_candidates_parse_and_refuse_unknown_methods():
+    assert hmc_speed.parse_candidates("hmc:128, nuts:2", hmc_speed.ZOO_METHODS, "--zoo-methods") == [
+        ("hmc", 128), ("nuts", 2)]
+    for bad in ("hmc", "hmc:0", "mala:4", ""):
+        with pytest.raises(ValueError, match="--zoo-methods"):
+            hmc_speed.parse_candidates(bad, hmc_speed.ZOO_METHODS, "--zoo-methods")
