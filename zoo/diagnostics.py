@@ -52,6 +52,7 @@ from zoo.errors import ZooInputError
 from zoo.inference.mcmc import SAMPLES_FILE, LogJoint, load_samples
 from zoo.models.base import LatentSite
 from zoo.pipeline import load_run
+from zoo.plots import save_figure
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import METRICS_FILE, write_json, write_text
 
@@ -497,23 +498,6 @@ def _new_figure(nrows: int, ncols: int, figsize: tuple[float, float]) -> tuple[F
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)  # the Agg canvas: no pyplot, no global figure registry, the caller's backend untouched
     return fig, fig.subplots(nrows, ncols, squeeze=False)
-
-
-def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Save ``fig`` atomically (temp file in the same directory, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png", dpi=90, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        fig.clear()
-    return path
 
 
 def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:

@@ -38,7 +38,7 @@ def _new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
 
 
-def _save_atomic(fig: Figure, path: str | os.PathLike) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     """Save ``fig`` to ``path`` via a temp file in the same directory and ``os.replace``; return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def reliability_diagram(
     ax_hist.set_xlim(0, 1)
     ax_hist.set_xlabel("confidence (top-class predictive probability)")
     ax_hist.set_ylabel("count")
-    return _save_atomic(fig, path)
+    return save_figure(fig, path)
 
 
 def uncertainty_band(
@@ -135,7 +135,7 @@ def uncertainty_band(
     if title:
         ax.set_title(title)
     ax.legend(loc="best", fontsize="small")
-    return _save_atomic(fig, path)
+    return save_figure(fig, path)
 
 
 def pruning_curve(
@@ -159,4 +159,4 @@ def pruning_curve(
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
-    return _save_atomic(fig, path)
+    return save_figure(fig, path)
