@@ -24,8 +24,6 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,7 +52,7 @@ from zoo.models.base import LatentSite
 from zoo.pipeline import load_run
 from zoo.plots import save_figure
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import METRICS_FILE, write_json, write_text
+from zoo.runs import METRICS_FILE, write_atomically, write_json, write_text
 
 INFERENCE_DATA_FILE = "posterior.nc"
 DIAGNOSTICS_FILE = "diagnostics.json"
@@ -243,19 +241,7 @@ def to_inference_data(
 
 def save_inference_data(idata: az.InferenceData, run_dir: str | Path) -> Path:
     """Write ``idata`` as netCDF to ``run_dir/posterior.nc`` atomically (temp file, fsync, rename)."""
-    path = Path(run_dir) / INFERENCE_DATA_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        idata.to_netcdf(tmp, engine="h5netcdf")
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(Path(run_dir) / INFERENCE_DATA_FILE, lambda tmp: idata.to_netcdf(tmp, engine="h5netcdf"))
 
 
 # ------------------------------------------------------------------------------------------ PSIS of a guide

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -16,20 +17,32 @@ CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "train.log"
 
 
-def _atomic(path: Path, write) -> Path:
+def write_atomically(path: Path, write_to: Callable[[Path], object]) -> Path:
+    """Have ``write_to(tmp)`` write a temp file beside ``path``, flush it to disk, then rename it to ``path``.
+
+    A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
+        write_to(Path(tmp))
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    def to_file(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            write(handle)
+
+    return write_atomically(path, to_file)
 
 
 def write_text(path: Path, text: str) -> Path:
