@@ -176,7 +176,8 @@ class GuideSpec(_Strict):
     init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
     component: Literal["normal", "cauchy"] = Field("normal", description="mixture: family of each component")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description="mixture/batch_ensemble: P(+1) of the factor "
-                                  "means' random-sign initialisation")
+                                  "means' random-sign initialisation (normal/cauchy/laplace factor priors; a gsm "
+                                  "factor's standardised z starts at 0, i.e. every member at factor 1)")
     init_scale: PositiveFloat = Field(0.03, description="mixture: initial standard deviation of the factors")
 
 
