@@ -25,6 +25,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.infer.mcmc import MCMC, NUTS
+from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 from torch.distributions.transforms import identity_transform
 from torch.func import vmap
@@ -90,7 +91,7 @@ class LogJoint:
         latent = set(family.latent_sites())
         self.priors, self.constant, self.observed = [], 0.0, []
         for name, site in trace.nodes.items():
-            if site["type"] != "sample" or site["name"].startswith("_") or name in ("data",):
+            if site["type"] != "sample" or site_is_subsample(site):
                 continue
             fn = site["fn"]
             if getattr(fn, "has_enumerate_support", False) and not site["is_observed"]:
@@ -98,7 +99,8 @@ class LogJoint:
                                     "marginalise it or use inference.method: svi")
             if not site["is_observed"]:
                 if name not in latent:
-                    continue  # a subsample index site of a plate
+                    raise ZooInputError("model", name, "is a latent site the family does not declare in "
+                                        "latent_sites(), so MCMC cannot place it; add it there")
                 self.priors.append((name, fn, site["scale"]))
             elif name == "obs":
                 self.observed.append(site["scale"])
