@@ -355,6 +355,7 @@ class ManyChainHMC:
         self.adam_v, self.adam_t = 0.0, 0  # Adam on log T, with beta1 = 0 as in the ChEES paper
         self.log_trajectory_sum, self.log_trajectory_weight = 0.0, 0.0
         self.window: list[torch.Tensor] = []
+        self.centre: torch.Tensor | None = None  # each chain's running mean position (ChEES)
         self.iteration = 0
 
     def state_dict(self) -> dict:
@@ -411,15 +412,17 @@ class ManyChainHMC:
         spec, t = self.spec, self.iteration
         # step size: dual averaging on the chains' mean acceptance
         self.step_size = self.dual.update(float(accept_prob.nan_to_num(0.0).mean()))
-        # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted)
-        if spec.adapt_trajectory_length:
+        # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted), once
+        # the chains have left their starting points (after the first mass-matrix window). Each chain's jump is
+        # measured from its own running mean, not the mean over chains: chains in different modes of a BNN
+        # posterior would otherwise make the criterion measure distances between modes, and T collapses.
+        self.centre = self.z.clone() if self.centre is None else self.centre + 0.05 * (self.z - self.centre)
+        if spec.adapt_trajectory_length and t > 0.15 * spec.warmup_steps:
             weight = accept_prob.nan_to_num(0.0)
             if weight.sum() > 0:
                 scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
-                mean_old = (z_old / scale).mean(0)
-                mean_new = ((z_new / scale) * weight.unsqueeze(-1)).sum(0) / weight.sum()
-                centred_new = z_new / scale - mean_new
-                growth = (centred_new**2).sum(-1) - ((z_old / scale - mean_old) ** 2).sum(-1)
+                centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
+                growth = (centred_new**2).sum(-1) - (centred_old**2).sum(-1)
                 velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
                 per_chain = jitter * self.trajectory * growth * (centred_new * velocity).sum(-1)
                 per_chain = torch.where(torch.isfinite(per_chain), per_chain, torch.zeros_like(per_chain))
