@@ -36,8 +36,6 @@ import pyro
 import pyro.distributions as dist
 import torch
 import xarray as xr
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from pyro import poutine
 from rich.console import RenderableType
 from rich.markup import escape
@@ -50,7 +48,7 @@ from zoo.errors import ZooInputError
 from zoo.inference.mcmc import SAMPLES_FILE, LogJoint, load_samples
 from zoo.models.base import LatentSite
 from zoo.pipeline import load_run
-from zoo.plots import save_figure
+from zoo.plots import new_figure, save_figure
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import METRICS_FILE, write_atomically, write_json, write_text
 
@@ -101,6 +99,7 @@ def log_joint(posterior: Posterior, data: Dataset, draws: dict[str, torch.Tensor
     """log p(w, y | x) of the model on the full training set at S draws ``{site: [S, ...]}``: ``[S]``."""
     joint = LogJoint(posterior.family, data.x_train, data.y_train)
     with torch.no_grad(), pyro.validation_enabled(False):
+        joint.verify({n: v[:4] for n, v in draws.items()})  # the batched form, checked against the traced model
         return _chunked(lambda d, _: joint(d), draws)
 
 
@@ -480,16 +479,10 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
 
 
 # ------------------------------------------------------------------------------------------ plots
-def _new_figure(nrows: int, ncols: int, figsize: tuple[float, float]) -> tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)  # the Agg canvas: no pyplot, no global figure registry, the caller's backend untouched
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
-
-
 def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
     """Density and rank bars (MCMC; a plain trace for iid draws) of every function-space summary."""
     rows = int(idata.posterior.sizes["test_point"]) + 1
-    fig, axes = _new_figure(rows, 2, (10, 1.8 * rows))
+    fig, axes = new_figure(rows, 2, (10, 1.8 * rows))
     fig.subplots_adjust(hspace=0.9, wspace=0.25, top=1 - 0.4 / rows, bottom=0.3 / rows)
     kind = "rank_bars" if idata.posterior.sizes["chain"] > 1 else "trace"
     with az.rc_context({"plot.max_subplots": 2 * rows + 2}):
@@ -500,7 +493,7 @@ def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
 
 def plot_energy(idata: az.InferenceData, path: str | Path) -> Path:
     """Marginal energy vs energy transition distributions (MCMC)."""
-    fig, axes = _new_figure(1, 1, (6, 4))
+    fig, axes = new_figure(1, 1, (6, 4))
     _quiet(lambda: az.plot_energy(idata, ax=axes[0, 0]))
     return save_figure(fig, path)
 
@@ -518,7 +511,7 @@ def plot_pair(idata: az.InferenceData, elements: list[tuple[str, tuple[int, ...]
     if divergences:
         groups["sample_stats"] = idata.sample_stats
     n = len(elements)
-    fig, axes = _new_figure(n - 1, n - 1, (2.6 * n, 2.6 * n))
+    fig, axes = new_figure(n - 1, n - 1, (2.6 * n, 2.6 * n))
     _quiet(lambda: az.plot_pair(az.InferenceData(**groups), kind="scatter", divergences=divergences,
                                 ax=axes if n > 2 else axes[0, 0]))
     return save_figure(fig, path)
@@ -755,7 +748,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     data = reference.data
     labels = [r["label"] for r in rows]
     if data.task == "classification":
-        fig, axes = _new_figure(1, 1, (max(5.0, 1.6 * len(rows)), 4))
+        fig, axes = new_figure(1, 1, (max(5.0, 1.6 * len(rows)), 4))
         ax, pos, width = axes[0, 0], np.arange(len(rows)), 0.38
         ax.bar(pos - width / 2, [r["agreement"] for r in rows], width, label="agreement")
         ax.bar(pos + width / 2, [r["tv"] for r in rows], width, label="mean total variation")
@@ -768,7 +761,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     if data.in_dim == 1:
         x = _numpy(data.inputs_in_original_units(data.x_test)[:, 0].double())
         order = np.argsort(x)
-        fig, axes = _new_figure(2, 1, (8, 7))
+        fig, axes = new_figure(2, 1, (8, 7))
         ax = axes[0, 0]
         for i, (run, label) in enumerate(zip(everyone, labels, strict=True)):
             mean, sd = run.y.mean(0)[order], run.y.std(0)[order]
@@ -790,7 +783,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
             ax.plot(x[order], w1[order], color=f"C{i}", label=label)
         ax.set_xlabel("x")
     else:
-        fig, axes = _new_figure(1, 1, (8, 4))
+        fig, axes = new_figure(1, 1, (8, 4))
         ax = axes[0, 0]
         order = np.argsort(reference.y.std(0))
         for i, (w1, label) in enumerate(zip(per_input[1:], labels[1:], strict=True)):

@@ -32,7 +32,8 @@ def _np(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
+def new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
+    """A figure on the Agg canvas (no pyplot, no global figure registry) and its ``[nrows, ncols]`` axes."""
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
@@ -65,7 +66,7 @@ def reliability_diagram(
     top_lp, pred = predictive_log_probs(log_probs).max(dim=-1)
     bins = reliability_bins(top_lp.exp(), pred == y, n_bins)
 
-    fig, axes = _new_figure(2, 1, (5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, axes = new_figure(2, 1, (5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax, ax_hist = axes[0, 0], axes[1, 0]
     width = 1.0 / n_bins
     centres = (bins["lower"] + bins["upper"]) / 2
@@ -118,7 +119,7 @@ def uncertainty_band(
     total_std = np.sqrt((scale_np**2).mean(axis=0) + epistemic_var)  # variance of the Gaussian mixture
     epistemic_std = np.sqrt(epistemic_var)
 
-    fig, axes = _new_figure(1, 1, (7, 4))
+    fig, axes = new_figure(1, 1, (7, 4))
     ax = axes[0, 0]
     ax.fill_between(xg, mean - 2 * total_std, mean + 2 * total_std, color="tab:blue", alpha=0.2,
                     linewidth=0, label="±2 std (total)")
@@ -150,7 +151,7 @@ def pruning_curve(
             raise ValueError(f"metric {name!r} has {len(values)} values but there are {frac.shape[0]} fractions")
 
     n = len(metric_values)
-    fig, axes = _new_figure(1, n, (4 * n, 3.5))
+    fig, axes = new_figure(1, n, (4 * n, 3.5))
     for ax, (name, values) in zip(axes[0], metric_values.items(), strict=True):
         ax.plot(frac, _np(values), marker="o")
         ax.set_xlabel("fraction pruned")
