@@ -1,0 +1,135 @@
+"""Deep ensembles (Lakshminarayanan et al. 2017): K independently initialised copies of a deterministic net.
+
+Every parameter of the net becomes one latent site holding all K members' values (``[K, *shape]``, in a plate of
+K members), so the family is an ordinary Pyro model that the Delta guide fits by MAP: each member under the
+spec's prior (weight decay) and its own likelihood. The K nets run as one vectorised computation
+(``torch.func.vmap`` of ``functional_call`` over the stacked member parameters), never a loop over members.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from torch import nn
+from torch.func import functional_call, vmap
+
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
+from zoo.models.base import LatentSite, per_device
+from zoo.priors import prior_distribution
+from zoo.spec import DeepEnsembleModelSpec, PriorConfig
+
+MEMBERS = "members"
+MEMBER_LIKELIHOOD = "average"  # each member fits its own likelihood: the model averages the members' log p(y | w_k)
+
+
+def member_inits(net: nn.Module, members: int) -> dict[str, torch.Tensor]:
+    """K fresh initialisations of ``net``'s parameters ``{name: [K, *shape]}``, each drawn by the layers' own
+    ``reset_parameters`` from torch's global generator (seeded by the pipeline), so members start apart."""
+    draws: dict[str, list[torch.Tensor]] = {name: [] for name, _ in net.named_parameters()}
+    fresh = copy.deepcopy(net)
+    for _ in range(members):
+        for module in fresh.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+        for name, p in fresh.named_parameters():
+            draws[name].append(p.detach().clone())
+    return {name: torch.stack(values) for name, values in draws.items()}
+
+
+class DeepEnsemble:
+    """Deep ensemble: K copies of the net's parameters as latent sites in a members plate, each under the prior.
+
+    With the Delta guide the ELBO is (1/K) sum_k [log p(y | w_k) + log p(w_k)] (plus the likelihood's own
+    latents): K independent MAP problems, each member's gradient that of its own problem scaled by 1/K. A learned
+    Gaussian noise scale is one site shared by the members. Predictions are the uniform mixture over members.
+    """
+
+    def __init__(self, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
+                 members: int = 5) -> None:
+        if members < 1:
+            raise ValueError(f"a deep ensemble needs at least one member, got {members}")
+        self.net, self.likelihood, self.members = net, likelihood, members
+        self.weight_names = [name for name, _ in net.named_parameters()]
+        missing = set(self.weight_names) - set(priors)
+        if missing:
+            raise ValueError(f"no prior for sites {sorted(missing)}")
+        self.prior_configs = priors
+        self.init = member_inits(net, members)
+        self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
+
+    @staticmethod
+    def prior_sites(net: nn.Module) -> list[str]:
+        """The sites the spec's priors are assigned to: every parameter of the net (shared by the members)."""
+        return [name for name, _ in net.named_parameters()]
+
+    @classmethod
+    def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
+                  spec: DeepEnsembleModelSpec) -> DeepEnsemble:
+        """Build from the spec's model section (``members``)."""
+        return cls(net, priors, likelihood, spec.members)
+
+    # -- what the guides and inference methods see ------------------------------------------------------
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """One site per net parameter, ``[K, *shape]`` in the members plate (each member's own random init),
+        then the likelihood's latents."""
+        sites = {name: LatentSite(value.shape, value.clone(), plate=(MEMBERS, self.members))
+                 for name, value in self.init.items()}
+        sites.update(self.likelihood.latent_sites())
+        return sites
+
+    def point_parameters(self) -> list[nn.Parameter]:
+        """Parameters fitted beside the guide: none, every member's weights are sites of the model."""
+        return []
+
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> DeepEnsemble:
+        """Move the template net, the members' initial values and (lazily) the priors."""
+        self.net.to(device=device, dtype=dtype)
+        self.init = {name: value.to(device=device, dtype=dtype) for name, value in self.init.items()}
+        return self
+
+    def priors(self) -> dict[str, dist.TorchDistribution]:
+        """One member's prior of every parameter, expanded over the K members (built once per device/dtype)."""
+
+        def build(device: torch.device, dtype: torch.dtype) -> dict[str, dist.TorchDistribution]:
+            return {n: prior_distribution(self.prior_configs[n], p.shape, device, dtype).expand(
+                torch.Size([self.members])) for n, p in self.net.named_parameters()}
+
+        return per_device(self._priors, next(self.net.parameters()), build)
+
+    # -- the Pyro model --------------------------------------------------------------------------------
+    def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
+        """Every member's weights under the prior, then ``y`` on rows ``batch`` under the members' average
+        log-likelihood (scaled up to all ``len(x)`` rows)."""
+        priors = self.priors()
+        with pyro.plate(MEMBERS, self.members, dim=-1), poutine.scale(scale=1.0 / self.members):
+            weights = {name: pyro.sample(name, priors[name]) for name in self.weight_names}
+        latents = self.likelihood.sample_latents(x)
+        with pyro.plate("data", x.shape[0], subsample=batch):
+            xb = x if batch is None else x.index_select(0, batch)
+            yb = y if (y is None or batch is None) else y.index_select(0, batch)
+            observe(self.likelihood, self.forward_members(weights, xb), yb, latents, members=MEMBER_LIKELIHOOD)
+
+    def forward_members(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Outputs ``[M, B, out]`` of M nets whose parameters are stacked ``{name: [M, *shape]}``, in one vmap."""
+        return vmap(lambda w: functional_call(self.net, w, (x,)))({n: weights[n] for n in self.weight_names})
+
+    def _member_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """S draws of every site as S*K member values (draw-major); unplated sites repeated K times."""
+        return {n: v.flatten(0, 1) if n in self.init else v.repeat_interleave(self.members, dim=0)
+                for n, v in draws.items()}
+
+    def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
+        """S draws of the K members become S*K predictive draws: the uniform mixture over members (and draws)."""
+        members = self._member_draws(draws)
+        return self.likelihood.predictive(self.forward_members(members, x), members)
+
+    def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Pointwise log-density of the model's ``obs`` site (the members' average log-likelihood): ``[S, B]``."""
+        out = self.forward_members(self._member_draws(draws), x).unflatten(0, (-1, self.members))  # [S, K, B, O]
+        return observation(self.likelihood, out, draw_latents(self.likelihood, draws, 2),
+                           MEMBER_LIKELIHOOD).log_prob(y)
