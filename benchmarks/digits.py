@@ -3,7 +3,11 @@
 The seed changes the train/test split, the initialisation and the minibatch order. OOD sets are those of the
 spec's data section (held-out classes via ``data.ood_classes``; 8x8 photo patches always).
 
-    python benchmarks/digits.py --spec configs/mean_field_digits.yaml [--seeds 0-4] [--set k=v ...] [--json PATH]
+    python benchmarks/digits.py --spec configs/mean_field_digits.yaml [--seeds 0-4] [--set k=v ...] [--json PATH] \\
+        [--runs-dir DIR]
+
+``--runs-dir DIR`` keeps each seed's run as ``DIR/<spec stem>-seed<N>`` (default: throw-away temporary
+directories), for ``zoo report DIR/* --group-by label --out report.md``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -42,12 +47,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", default="0-4")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json")
+    parser.add_argument("--runs-dir", metavar="DIR", help="keep each run as DIR/<spec stem>-seed<N> (for zoo report)")
     args = parser.parse_args(argv)
     runs = []
     for seed in tqdm(parse_seeds(args.seeds), desc="seeds"):
         spec = load_spec(args.spec, [*args.set, f"seed={seed}"])
-        with tempfile.TemporaryDirectory() as tmp:
-            runs.append(train(spec, tmp, progress=False, echo=None).metrics)
+        if args.runs_dir:
+            keep = Path(args.runs_dir) / f"{Path(args.spec).stem}-seed{seed}"
+            runs.append(train(spec, keep, progress=False, echo=None).metrics)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(train(spec, tmp, progress=False, echo=None).metrics)
     columns = [c for c in COLUMNS if all(c in r for r in runs)]
     figures = {"spec": args.spec, "overrides": args.set, "seeds": parse_seeds(args.seeds), "runs": runs,
                **{f"{c}_mean": mean_and_standard_error([r[c] for r in runs])[0] for c in columns},

@@ -3,11 +3,12 @@
 For each data set and split the spec is trained with ``data.name=uci:<dataset>``, ``data.split=<split>`` and
 ``net.hidden`` from the folder's ``n_hidden.txt`` (each hidden layer gets that width; ``--set net.hidden=...``
 wins). Runs go through ``zoo.pipeline.train`` into throw-away temporary directories, so nothing is left behind
-but the printed table and, with ``--json``, one results file. The table sets the figures next to the published
-PBP, MC-dropout and deep-ensembles results.
+but the printed table and, with ``--json``, one results file; ``--runs-dir DIR`` keeps them instead, as
+``DIR/<dataset>-split<NN>``, for ``zoo report DIR/* --group-by label --out report.md``. The table sets the
+figures next to the published PBP, MC-dropout and deep-ensembles results.
 
     python benchmarks/uci.py --spec configs/mean_field_uci.yaml --datasets bostonHousing --splits 0-19 \\
-        [--data-dir DIR] [--json PATH] [--set key=value ...] [--workers N] [--threads N]
+        [--data-dir DIR] [--json PATH] [--set key=value ...] [--workers N] [--threads N] [--runs-dir DIR]
 
 Data directory: ``--data-dir``, else ``$ZOO_DATA_DIR``, else ``../shared/data/uci`` next to the repository.
 Tuning: ``--set data.validation_fraction=0.2`` evaluates on a share of each split's TRAINING rows instead of
@@ -127,8 +128,10 @@ def _user_set(overrides: list[str], key: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ one split
-def run_split(spec_path: str, overrides: list[str], threads: int | None = None) -> dict[str, float]:
-    """Train the spec with ``overrides`` into a temporary directory; its rmse, test_ll and timings.
+def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
+              run_dir: str | None = None) -> dict[str, float]:
+    """Train the spec with ``overrides`` into ``run_dir`` (default: a temporary directory); its rmse, test_ll and
+    timings.
 
     ``threads`` caps torch's intra-op threads (a 50-unit net gains nothing from more, and loses a lot when the
     cores are shared); the previous setting is restored afterwards.
@@ -144,12 +147,21 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None) 
     spec = load_spec(spec_path, overrides)
     started = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:
-            summary = train(spec, Path(tmp) / "run", progress=False, echo=None)
+        if run_dir is not None:
+            summary = train(spec, run_dir, progress=False, echo=None)
+        else:
+            with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:
+                summary = train(spec, Path(tmp) / "run", progress=False, echo=None)
     finally:
         torch.set_num_threads(before)
     return {"rmse": float(summary.metrics["rmse"]), "test_ll": float(summary.metrics["test_ll"]),
             "seconds": time.perf_counter() - started, "train_seconds": float(summary.metrics["train_seconds"])}
+
+
+def split_run_dir(runs_dir: str | None, dataset: str, split: int) -> str | None:
+    """Where ``--runs-dir`` keeps one split's run (``<dataset>-split<NN>``, so ``zoo report --group-by name``
+    groups a data set's splits); None without ``--runs-dir``."""
+    return None if runs_dir is None else str(Path(runs_dir) / f"{dataset}-split{split:02d}")
 
 
 def split_overrides(base: list[str], dataset: str, split: int, data_dir: Path, n_hidden: int | None,
@@ -218,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
     p.add_argument("--workers", type=int, default=1, help="parallel training processes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training process (default 1)")
+    p.add_argument("--runs-dir", metavar="DIR", help="keep each run as DIR/<dataset>-split<NN> (for zoo report) "
+                   "instead of a temporary directory")
     return p
 
 
@@ -247,6 +261,10 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         for split in splits:
             jobs.append((dataset, split, split_overrides(args.set, dataset, split, data_dir, protocol[dataset], depth)))
     load_spec(args.spec, jobs[0][2])  # the per-split overrides validate too
+    kept = [d for d in (split_run_dir(args.runs_dir, ds, s) for ds, s, _ in jobs)
+            if d and Path(d).is_dir() and any(Path(d).iterdir())]
+    if kept:
+        raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir")
 
     results: dict[str, dict[int, dict[str, float]]] = {d: {} for d in datasets}
     started = time.perf_counter()
@@ -257,14 +275,16 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if args.workers == 1:
             for dataset, split, overrides in jobs:
                 progress.update(task, description=f"{dataset} split {split}")
+                keep = split_run_dir(args.runs_dir, dataset, split)
                 results[dataset][split] = _checked(dataset, split,
-                                                   lambda o=overrides: run_split(args.spec, o, args.threads))
+                                                   lambda o=overrides, k=keep: run_split(args.spec, o, args.threads, k))
                 progress.advance(task)
         else:
             context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
                                                   else "spawn")
             with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-                futures = {pool.submit(run_split, args.spec, o, args.threads): (d, s) for d, s, o in jobs}
+                futures = {pool.submit(run_split, args.spec, o, args.threads,
+                                       split_run_dir(args.runs_dir, d, s)): (d, s) for d, s, o in jobs}
                 for future in as_completed(futures):
                     dataset, split = futures[future]
                     results[dataset][split] = _checked(dataset, split, future.result)
@@ -277,6 +297,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     console.print(results_table(summary, evaluated_on, Path(args.spec).name))
     console.print(f"{len(jobs)} runs in {wall:.1f} s wall ({args.workers} worker(s) x {args.threads} thread(s)); "
                   f"evaluated on {evaluated_on} rows")
+    if args.runs_dir:
+        console.print(f"runs kept in {args.runs_dir}; table: zoo report {args.runs_dir}/* --group-by label "
+                      "--out report.md", soft_wrap=True, markup=False)
     out = {
         "spec": str(args.spec), "overrides": list(args.set), "data_dir": str(data_dir), "evaluated_on": evaluated_on,
         "validation_fraction": base_spec.data.validation_fraction, "workers": args.workers,

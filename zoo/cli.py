@@ -1,4 +1,4 @@
-"""The ``zoo`` command: train, eval, prune, diagnose, compare and list.
+"""The ``zoo`` command: train, eval, prune, diagnose, compare, report and list.
 
 Bad input exits 2 with a one-paragraph message and no traceback; ``zoo diagnose --strict`` exits 3 when a check warns.
 """
@@ -116,6 +116,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
     console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
 
 
+def cmd_report(args: argparse.Namespace) -> None:
+    """Gather many runs' metrics (and diagnostics) into one table; write it as Markdown, CSV and a plot."""
+    from zoo.report import rich_tables, write_report
+
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
+    report = write_report(args.run_dirs, args.out, group_by=args.group_by, metrics=metrics)
+    title = f"zoo report: {len(report.rows)} row(s)" + (f" by {args.group_by}, mean ± s.e." if args.group_by else "")
+    for table in rich_tables(report, console.width, title):
+        console.print(table)
+    console.print(f"written: {', '.join(str(report.files[k]) for k in ('markdown', 'csv', 'plot'))}",
+                  soft_wrap=True, markup=False)
+
+
 def cmd_list(args: argparse.Namespace) -> None:
     """Print every registered part."""
     from zoo.registry import TABLES
@@ -167,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="directory for compare.png (default: the current directory)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("report", help="one table (Markdown, CSV, plot) of many runs' metrics and diagnostics")
+    p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    p.add_argument("--out", required=True, help="Markdown file to write; its .csv and .png go beside it")
+    p.add_argument("--group-by", metavar="KEY", help="aggregate runs sharing KEY into mean ± s.e.: label, name, "
+                   "parent, data, family, guide, method, prior or a spec field (default: one row per run)")
+    p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to show (default: all recorded)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference")
     p.set_defaults(func=cmd_list)
