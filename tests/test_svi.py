@@ -57,8 +57,8 @@ def guide_hook(monkeypatch):
         real_build = pipeline.build
         calls = []
 
-        def build(spec, data):
-            family, guide = real_build(spec, data)
+        def build(spec, data, *args, **kwargs):
+            family, guide = real_build(spec, data, *args, **kwargs)
 
             def hook(module, *args):
                 calls.append(None)

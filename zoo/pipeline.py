@@ -20,13 +20,22 @@ from zoo.evaluate import evaluate, plot_predictive
 from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.likelihoods import Categorical, Gaussian, Likelihood
 from zoo.models.base import ModelFamily
+from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import build_net
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.priors import assign_priors
-from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, RunLog, load_torch, save_torch, write_json, write_text
+from zoo.runs import (
+    CHECKPOINT_FILE,
+    METRICS_FILE,
+    POINT_ESTIMATE_FILE,
+    SPEC_FILE,
+    RunLog,
+    load_torch,
+    save_torch,
+    write_json,
+    write_text,
+)
 from zoo.spec import LikelihoodSpec, RunSpec, load_spec, spec_to_yaml
-
-POINT_ESTIMATE_FILE = "point_estimate.pt"
 
 
 def describe(spec: RunSpec) -> str:
@@ -69,14 +78,23 @@ def load_point_values(source: str) -> dict[str, torch.Tensor]:
     return values
 
 
-def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
-    """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init)."""
+def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog | None = None,
+          progress: bool = False) -> tuple[ModelFamily, SiteGuide]:
+    """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init).
+
+    A family whose structure depends on a fit to the data (the subnetwork family: a MAP net and a selected
+    subnet) does that in its ``prepare`` here, keeping what it fitted in ``run_dir`` for resumes and reloads.
+    """
     pyro.set_rng_seed(spec.seed)
     net = build_net(spec.net, data.in_dim, data.out_dim)
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)
     registry.check_guide_fits(spec.model.family, spec.guide.name)
+    family.to(data.x_train.device, data.x_train.dtype)
+    if hasattr(family, "prepare"):
+        family.prepare(data, run_dir, spec.seed, log or RunLog(None, echo=None), progress)
+        pyro.set_rng_seed(spec.seed)
     guide = registry.GUIDES[spec.guide.name].from_spec(family.latent_sites(), spec.guide)
     if spec.guide.init_from:
         matched = guide.init_from(load_point_values(spec.guide.init_from))
@@ -85,13 +103,12 @@ def build(spec: RunSpec, data: Dataset) -> tuple[ModelFamily, SiteGuide]:
     return family, guide
 
 
-def prepare(spec: RunSpec) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
+def prepare(spec: RunSpec, run_dir: Path | None = None, log: RunLog | None = None,
+            progress: bool = False) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
     """Load the data and build the family and guide on the spec's device and dtype."""
     device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
-    data = load_dataset(spec.data, spec.seed)
-    family, guide = build(spec, data)
-    data = data.to(device, dtype)
-    family.to(device, dtype)
+    data = load_dataset(spec.data, spec.seed).to(device, dtype)
+    family, guide = build(spec, data, run_dir, log, progress)
     guide.to(device=device, dtype=dtype)
     return data, family, guide, device
 
@@ -113,11 +130,11 @@ def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bo
         if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
             raise ZooInputError("--resume", str(out),
                                 "the spec differs from the run's spec.yaml; resume with that spec")
-    elif (out / CHECKPOINT_FILE).exists() or (out / SAMPLES_FILE).exists():
+    elif any((out / name).exists() for name in (CHECKPOINT_FILE, SAMPLES_FILE, SUBNET_FILE, MAP_DIR)):
         raise ZooInputError("--out", str(out), "already holds a run; pass --resume to continue it, or pick a new --out")
-    data, family, guide, device = prepare(spec)
     write_text(out / SPEC_FILE, spec_to_yaml(spec))
     log = RunLog(out, echo)
+    data, family, guide, device = prepare(spec, out, log, progress)
     log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
         f"outputs; {describe(spec)}, device {device}")
     fit = registry.INFERENCE[spec.inference.method]
@@ -139,7 +156,7 @@ def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
     if not (run / SPEC_FILE).exists() or not (run / stored).exists():
         raise ZooInputError("RUN_DIR", str(run), "not a run directory (needs spec.yaml, checkpoint.pt or samples.pt)")
     spec = load_spec(run / SPEC_FILE)
-    data, family, guide, device = prepare(spec)
+    data, family, guide, device = prepare(spec, run)
     if stored == SAMPLES_FILE:
         if family.point_parameters():  # e.g. rank-1's W, fitted by the run MCMC started from
             _, _, start = load_run(spec.inference.init)
@@ -152,4 +169,6 @@ def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
     with torch.no_grad():
         for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
             p.copy_(saved)
-    return spec, data, GuidePosterior(family, guide)
+    if "hyperparameters" in state:  # e.g. a prior precision tuned by the Laplace evidence
+        family.set_hyperparameters(state["hyperparameters"])
+    return spec, data, registry.GUIDE_POSTERIORS[spec.inference.method](family, guide, spec.inference)

@@ -14,6 +14,7 @@ import torch
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.json"
 CHECKPOINT_FILE = "checkpoint.pt"
+POINT_ESTIMATE_FILE = "point_estimate.pt"  # a fit's point values by site name (guide.init_from reads it)
 LOG_FILE = "train.log"
 
 

@@ -160,7 +160,48 @@ class Rank1ModelSpec(_Strict):
     weight_decay: PositiveFloat | None = Field(None, description="scale of a Normal prior on the shared W")
 
 
-ModelSpec = Annotated[MeanFieldModelSpec | Rank1ModelSpec, Field(discriminator="family")]
+class DeepEnsembleModelSpec(_Strict):
+    """Deep ensemble: K independently initialised copies of the net, each a MAP fit under the prior."""
+
+    family: Literal["deep_ensemble"]
+    members: PositiveInt = Field(5, description="ensemble members K (each a full copy of the net)")
+
+
+class SubnetSelectionSpec(_Strict):
+    """Which weights of the MAP net become the subnetwork (Daxberger et al. 2021); the rest stay at MAP."""
+
+    strategy: Literal["largest_variance", "largest_magnitude", "random", "last_layer", "modules"] = Field(
+        "largest_variance", description="largest_variance: largest marginal variance under a diagonal GGN Laplace "
+        "(the paper's Wasserstein criterion); largest_magnitude: largest |w|; random; last_layer: every weight "
+        "and bias of the output layer; modules: every weight and bias of the modules named in `modules`")
+    size: int | float = Field(0.05, description="largest_variance/largest_magnitude/random: a count of weights "
+                              "(a whole number, e.g. 100) or a fraction of all weights (a decimal in (0, 1], e.g. "
+                              "0.05; 1.0 is the whole net)")
+    modules: list[str] = Field(default_factory=list, description="modules strategy: module names, e.g. [out]")
+
+    @field_validator("size")
+    @classmethod
+    def _count_or_fraction(cls, v: int | float) -> int | float:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"a count of weights must be at least 1, got {v}")
+        if isinstance(v, float) and not 0.0 < v <= 1.0:
+            raise ValueError(f"a fraction of the weights must be in (0, 1], got {v}; give a count as a whole number")
+        return v
+
+
+class SubnetworkModelSpec(_Strict):
+    """Subnetwork inference: a selected subset of a MAP net's weights is random (one site), the rest fixed."""
+
+    family: Literal["subnetwork"]
+    selection: SubnetSelectionSpec = Field(default_factory=SubnetSelectionSpec)
+    map: SVISpec = Field(default_factory=lambda: SVISpec(epochs=200, lr=1e-2),
+                         description="how the MAP net (the linearisation point) is fitted: SVI with a Delta guide")
+    map_from: str | None = Field(None, description="reuse a MAP fit instead: a run directory (family mean_field, "
+                                 "guide delta, the same net and data) or its point_estimate.pt")
+
+
+ModelSpec = Annotated[MeanFieldModelSpec | Rank1ModelSpec | DeepEnsembleModelSpec | SubnetworkModelSpec,
+                      Field(discriminator="family")]
 
 
 def _owners(field: str) -> list[str]:
@@ -179,6 +220,8 @@ class GuideSpec(_Strict):
                                   "means' random-sign initialisation (normal/cauchy/laplace factor priors; a gsm "
                                   "factor's standardised z starts at 0, i.e. every member at factor 1)")
     init_scale: PositiveFloat = Field(0.03, description="mixture: initial standard deviation of the factors")
+    dropout_rate: float = Field(0.05, gt=0.0, lt=1.0, description="dropout: probability p of dropping an input "
+                                "unit of every weight matrix but the first layer's (MC dropout)")
 
 
 class NoisePrior(_Strict):
@@ -251,7 +294,32 @@ class MCMCSpec(_Strict):
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
 
-InferenceSpec = Annotated[SVISpec | MCMCSpec, Field(discriminator="method")]
+class LaplaceSpec(_Strict):
+    """Linearised Laplace over the subnetwork family's random weights (Daxberger et al. 2021; Antorán et al. 2022).
+
+    The posterior is N(MAP, (GGN + prior precision)^-1) with the generalised Gauss-Newton matrix of the subnet
+    taken at the MAP. The prior precision (and a learned Gaussian noise) is tuned by maximising the linearised
+    model's marginal likelihood, evaluated at the linearised model's own mode.
+    """
+
+    method: Literal["laplace"]
+    prior_structure: Literal["scalar", "layer", "parameter"] = Field(
+        "layer", description="one prior precision for all, one per layer (module), or one per parameter tensor "
+        "(e.g. hidden0.weight and hidden0.bias apart)")
+    tune: bool = Field(True, description="tune the prior precision (and a learned noise) by the evidence")
+    tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
+    evidence_at: Literal["linearised_mode", "map"] = Field(
+        "linearised_mode", description="where the evidence is evaluated: the linearised model's own mode for each "
+        "prior (Antorán et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021)")
+    predictive: Literal["glm", "nn"] = Field(
+        "glm", description="glm: the linearised net (closed form for regression); nn: the net itself at draws")
+    link: Literal["probit", "mc"] = Field("probit", description="classification glm: probit approximation or "
+                                          "Monte Carlo over the linearised logits")
+    chunk_size: PositiveInt = Field(256, description="rows per Jacobian batch (memory vs speed)")
+    predictive_samples: PositiveInt = Field(200, description="draws used for test metrics")
+
+
+InferenceSpec = Annotated[SVISpec | MCMCSpec | LaplaceSpec, Field(discriminator="method")]
 _UNION_MEMBERS = {tag: cls
                   for union, key in ((PriorConfig, "name"), (ModelSpec, "family"), (InferenceSpec, "method"))
                   for cls in get_args(get_args(union)[0])
@@ -285,6 +353,16 @@ class RunSpec(_Strict):
         # an inference section without a method is SVI, like the section's own default
         return {"method": "svi", **v} if isinstance(v, dict) else v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _laplace_guide(cls, v: Any) -> Any:
+        # inference: laplace builds its own guide (a Gaussian with the Laplace covariance): name it by default
+        if isinstance(v, dict) and isinstance(v.get("inference"), dict) and v["inference"].get("method") == "laplace":
+            guide = v.get("guide") or {}
+            if isinstance(guide, dict) and "name" not in guide:
+                v = {**v, "guide": {**guide, "name": "laplace"}}
+        return v
+
     @model_validator(mode="after")
     def _known_names(self) -> RunSpec:
         from zoo import registry  # registry imports the modules that use this spec
@@ -294,6 +372,12 @@ class RunSpec(_Strict):
         registry.check_choice("model.family", self.model.family, registry.FAMILIES)
         registry.check_choice("guide.name", self.guide.name, registry.GUIDES)
         registry.check_choice("inference.method", self.inference.method, registry.INFERENCE)
+        if (self.inference.method == "laplace") != (self.guide.name == "laplace"):
+            raise ValueError("the laplace guide is what inference.method: laplace fits, and only that: use both "
+                             "(leave guide.name out with laplace) or neither")
+        if self.inference.method == "laplace" and self.model.family != "subnetwork":
+            raise ValueError("inference.method: laplace linearises a MAP net around a selected subnetwork: use "
+                             "model.family: subnetwork (selection size 1.0 gives the whole net)")
         return self
 
 

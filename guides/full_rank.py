@@ -1,0 +1,54 @@
+"""Full-rank Gaussian guide: q(w) = N(mu, L Lᵀ) with a trained Cholesky factor per vector site (for SVI).
+
+Fitting it by SVI on the subnetwork family's model is the variational counterpart of the Laplace posterior:
+both are full-covariance Gaussians over the subnet. Scalar constrained sites (a noise scale) get the mean-field
+guide's LogNormal.
+"""
+
+from __future__ import annotations
+
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import constraints
+
+from guides.base import _key
+from guides.mean_field import MeanFieldNormalGuide
+from zoo.errors import ZooInputError
+from zoo.models.base import LatentSite
+from zoo.spec import GuideSpec
+
+
+class FullRankGuide(MeanFieldNormalGuide):
+    """q(w) = N(mu, L Lᵀ) over each vector weight site, L lower-triangular with a softplus diagonal."""
+
+    def __init__(self, sites: dict[str, LatentSite], init_rho: float = -5.0) -> None:
+        wide = [n for n, s in sites.items() if s.is_weight and s.event_dim > 1]
+        if wide:
+            raise ZooInputError("guide.name", "full_rank", f"the full-rank guide takes vector sites, and {wide[:2]} "
+                                "are matrices; use it with model.family: subnetwork, or use the mean_field guide")
+        super().__init__(sites, init_rho)
+        self.off_diagonal = nn.ParameterDict({
+            _key(n): nn.Parameter(torch.zeros(s.shape[0], s.shape[0])) for n, s in sites.items() if self._full(n)
+        })
+
+    @classmethod
+    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> FullRankGuide:
+        """Build from the spec's guide section (``init_rho`` sets the initial standard deviations)."""
+        return cls(sites, init_rho=spec.init_rho)
+
+    def _full(self, name: str) -> bool:
+        site = self.sites[name]
+        return site.support is constraints.real and site.event_dim == 1 and site.plate is None
+
+    def scale_tril(self, name: str) -> torch.Tensor:
+        """The Cholesky factor L of q's covariance for a vector site."""
+        key = _key(name)
+        return self.off_diagonal[key].tril(-1) + torch.diag(F.softplus(self.rho[key]))
+
+    def distribution(self, name: str) -> dist.TorchDistribution:
+        """N(mu, L Lᵀ) for vector weight sites; the mean-field guide's distribution for the rest."""
+        if self._full(name):
+            return dist.MultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril(name))
+        return super().distribution(name)

@@ -1,0 +1,313 @@
+"""Subnetwork linearised Laplace: per-layer Jacobians and GGNs against dense autograd, the evidence against closed
+forms, the GLM predictive against laplace-torch and a dense reference, selections, the Pyro pair, bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+from torch import nn
+from torch.func import functional_call, jacrev
+
+from tests.laplace_reference import dense_glm, laplace_torch_glm
+from zoo.cli import main
+from zoo.curvature import LayerFactors, ParameterLayout, ggn, output_hessian_root
+from zoo.errors import ZooInputError
+from zoo.inference.laplace import GaussianStatistics, linearised_mode, prior_groups
+from zoo.models.subnetwork import SITE, subnet_size
+from zoo.nets import build_cnn, build_mlp
+from zoo.pipeline import load_run, prepare, train
+from zoo.spec import load_spec
+
+UCI_DIR = Path(os.environ.get("ZOO_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "uci"))
+
+TOY = {
+    "data": {"name": "toy_gap"},
+    "net": {"hidden": [10], "activation": "tanh"},
+    "prior": {"name": "normal", "scale": 1.0},
+    "likelihood": {"name": "gaussian", "noise": 0.1},
+    "model": {"family": "subnetwork", "selection": {"strategy": "random", "size": 12},
+              "map": {"num_steps": 300, "batch_size": None, "lr": 0.02}},
+    "inference": {"method": "laplace", "tune": False},
+    "device": "cpu",
+    "dtype": "float64",
+}
+MOONS = {
+    **TOY,
+    "data": {"name": "two_moons", "n_train": 60},
+    "likelihood": {"name": "categorical"},
+    "net": {"hidden": [6], "activation": "tanh"},
+}
+
+
+def spec(base: dict, *overrides: str):
+    return load_spec(base, list(overrides))
+
+
+def dense_jacobian(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """∂f/∂θ [B, O, P] over every parameter, by autograd on the whole net (the thing never built in the zoo)."""
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    jac = jacrev(lambda p: functional_call(net, p, (x,)))(params)
+    return torch.cat([j.flatten(2) for j in jac.values()], dim=-1)
+
+
+NETS = {
+    "mlp": lambda: build_mlp(3, 4, [5, 6], "tanh"),
+    "cnn": lambda: build_cnn(16, 3, [5], "relu", channels=[2, 3]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NETS))
+def test_jacobian_from_layer_factors_equals_dense_autograd(kind):
+    torch.manual_seed(0)
+    net = NETS[kind]().double()
+    x = torch.randn(7, 3 if kind == "mlp" else 16, dtype=torch.float64)
+    layout = ParameterLayout(net)
+    indices = torch.randperm(layout.size)[:40].sort().values
+    factors = LayerFactors(net, layout, x)
+    dense = dense_jacobian(net, x)
+    torch.testing.assert_close(factors.f, net(x).detach())
+    torch.testing.assert_close(factors.jacobian(layout, indices), dense[:, :, indices], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+@pytest.mark.parametrize("kind", sorted(NETS))
+def test_diagonal_and_subnet_ggn_equal_dense(kind, task):
+    torch.manual_seed(1)
+    net = NETS[kind]().double()
+    x = torch.randn(9, 3 if kind == "mlp" else 16, dtype=torch.float64)
+    layout = ParameterLayout(net)
+    factors = LayerFactors(net, layout, x)
+    root = output_hessian_root(task, factors.f, 0.3)
+    dense = dense_jacobian(net, x)
+    if task == "regression":
+        hessian = torch.eye(dense.shape[1], dtype=torch.float64) / 0.09
+        full = torch.einsum("bop,boq,bqr->pr", dense, hessian.expand(9, -1, -1), dense)
+    else:
+        p = factors.f.softmax(-1)
+        hessian = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+        full = torch.einsum("bop,boq,bqr->pr", dense, hessian, dense)
+    torch.testing.assert_close(factors.diagonal_ggn(layout, root), full.diagonal(), rtol=1e-9, atol=1e-12)
+    indices = torch.tensor([0, 3, layout.size - 1, layout.size // 2])
+    torch.testing.assert_close(ggn(factors.jacobian(layout, indices), root), full[indices][:, indices])
+
+
+def test_linear_gaussian_evidence_is_the_exact_marginal_likelihood():
+    # y = J theta + noise, theta ~ N(0, diag(1/lam)): log Z = log N(y; 0, J diag(1/lam) J^T + s^2 I)
+    torch.manual_seed(2)
+    J = torch.randn(20, 4, dtype=torch.float64)
+    y = torch.randn(20, dtype=torch.float64)
+    lam = torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+    noise = torch.tensor(0.7, dtype=torch.float64)
+    stats = GaussianStatistics(J.T @ J, J.T @ y, y @ y, 20)
+    theta, log_z = stats.mode_and_evidence(lam, noise)
+    cov = J @ torch.diag(1 / lam) @ J.T + noise**2 * torch.eye(20, dtype=torch.float64)
+    exact = torch.distributions.MultivariateNormal(torch.zeros(20, dtype=torch.float64), cov).log_prob(y)
+    torch.testing.assert_close(log_z, exact)
+    torch.testing.assert_close(theta, torch.linalg.solve(J.T @ J / noise**2 + torch.diag(lam), J.T @ y / noise**2))
+
+
+def test_categorical_linearised_mode_is_stationary():
+    torch.manual_seed(3)
+    f = torch.randn(30, 3, dtype=torch.float64)
+    J = torch.randn(30, 3, 5, dtype=torch.float64)
+    y = torch.randint(3, (30,))
+    centre = torch.randn(5, dtype=torch.float64)
+    lam = torch.full((5,), 0.8, dtype=torch.float64)
+    theta = linearised_mode(f, J, y, centre, lam).requires_grad_(True)
+    logits = f + J @ (theta - centre)
+    objective = -torch.nn.functional.cross_entropy(logits, y, reduction="sum") - 0.5 * (lam * theta**2).sum()
+    (grad,) = torch.autograd.grad(objective, theta)
+    assert grad.abs().max() < 1e-8
+
+
+def test_prior_groups():
+    names = ["hidden0.weight", "hidden0.weight", "hidden0.bias", "out.weight"]
+    assert prior_groups(names, "scalar")[0].tolist() == [0, 0, 0, 0]
+    index, labels = prior_groups(names, "layer")
+    assert index.tolist() == [0, 0, 0, 1] and labels == ["hidden0", "out"]
+    assert prior_groups(names, "parameter")[0].tolist() == [0, 0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------------ peer agreement
+def _fitted(base: dict, tmp_path: Path, *overrides: str):
+    summary = train(spec(base, *overrides), tmp_path / "run", progress=False, echo=None)
+    return load_run(summary.run_dir)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _peer_check(run_spec, data, posterior, reference) -> None:
+    family = posterior.family
+    task = "regression" if data.task == "regression" else "classification"
+    noise = float(family.likelihood.fixed_noise) if task == "regression" else 1.0
+    mean, cov = posterior.glm_moments(data.x_test)
+    ref = reference(family.net, family.indices.cpu(), data.x_train, data.y_train, data.x_test, task,
+                    family.prior_precision.cpu(), noise)
+    assert _relative(mean, ref.mean) <= 1e-4
+    assert _relative(cov, ref.var) <= 1e-4
+    if task == "classification":
+        probs = posterior.predict(data.x_test, num_samples=1).log_probs[0].exp()
+        assert _relative(probs, ref.probs) <= 1e-4
+
+
+def _laplace_torch(*args):
+    try:
+        import laplace  # noqa: F401
+    except Exception as exc:  # a broken optional install (e.g. a CUDA torchvision) is as absent as a missing one
+        pytest.skip(f"laplace-torch does not import ({type(exc).__name__}: {exc}); pip install -e '.[peer]'")
+    return laplace_torch_glm(*args)
+
+
+@pytest.mark.parametrize("reference", [dense_glm, _laplace_torch], ids=["dense", "laplace_torch"])
+@pytest.mark.parametrize("base", ["toy", "moons"])
+def test_glm_predictive_agrees_with_peer(base, reference, tmp_path):
+    run_spec, data, posterior = _fitted(TOY if base == "toy" else MOONS, tmp_path)
+    _peer_check(run_spec, data, posterior, reference)
+
+
+@pytest.mark.skipif(not (UCI_DIR / "bostonHousing").is_dir(), reason=f"UCI data not found in {UCI_DIR} (the "
+                    "shared benchmark data of CI; set ZOO_DATA_DIR to a folder holding bostonHousing)")
+@pytest.mark.parametrize("reference", [dense_glm, _laplace_torch], ids=["dense", "laplace_torch"])
+def test_glm_predictive_agrees_with_peer_on_a_uci_split(reference, tmp_path):
+    base = {**TOY, "data": {"name": "uci:bostonHousing", "split": 0, "dir": str(UCI_DIR)},
+            "net": {"hidden": [50], "activation": "relu"}, "likelihood": {"name": "gaussian", "noise": 3.0},
+            "model": {**TOY["model"], "selection": {"strategy": "largest_variance", "size": 0.05}}}
+    run_spec, data, posterior = _fitted(base, tmp_path)
+    _peer_check(run_spec, data, posterior, reference)
+
+
+# ------------------------------------------------------------------------------------------ the fit
+def test_evidence_tuning_maximises_the_evidence(tmp_path):
+    run_spec, data, posterior = _fitted(TOY, tmp_path, "inference.tune=true", "likelihood.noise=learned",
+                                        "inference.prior_structure=scalar")
+    family = posterior.family
+    lam = family.prior_precision[0]
+    noise = posterior.guide.point_estimate()["noise_scale"]
+    f, J = family.linearise(data.x_train)
+    centre = posterior.guide.point_estimate()[SITE]
+    pseudo = data.y_train - f[:, 0] + J[:, 0] @ centre
+    stats = GaussianStatistics(J[:, 0].T @ J[:, 0], J[:, 0].T @ pseudo, pseudo @ pseudo, len(pseudo))
+
+    def evidence(lam_value, noise_value):
+        return float(stats.mode_and_evidence(torch.full_like(centre, lam_value), noise_value)[1])
+
+    best = evidence(lam, noise)
+    for factor in (0.8, 1.25):
+        assert evidence(lam * factor, noise) < best
+        assert evidence(lam, noise * factor) < best
+    assert (tmp_path / "run" / "subnetwork.pt").exists() and (tmp_path / "run" / "map" / "point_estimate.pt").exists()
+
+
+def test_posterior_covariance_is_the_inverse_ggn_plus_prior(tmp_path):
+    _, data, posterior = _fitted(TOY, tmp_path)
+    family = posterior.family
+    _, J = family.linearise(data.x_train)
+    precision = J[:, 0].T @ J[:, 0] / family.likelihood.fixed_noise**2 + torch.diag(family.prior_precision)
+    scale_tril = posterior.guide.scale_tril[SITE]
+    torch.testing.assert_close(scale_tril @ scale_tril.T, torch.linalg.inv(precision))
+    # the closed-form regression predictive adds the noise to the linearised variance
+    pred = posterior.predict(data.x_test[:5], num_samples=1)
+    mean, cov = posterior.glm_moments(data.x_test[:5])
+    torch.testing.assert_close(pred.scale[0] ** 2, cov[:, 0, 0] + family.likelihood.fixed_noise**2)
+    # Monte Carlo over the linearised net converges to the same moments
+    pyro.set_rng_seed(0)
+    draws = posterior.sample(4000)
+    mc = posterior.predict(data.x_test[:5], draws=draws)
+    assert torch.allclose(mc.loc.var(0), cov[:, 0, 0], rtol=0.1)
+
+
+def test_model_log_density_is_prior_plus_likelihood(tmp_path):
+    _, data, posterior = _fitted(TOY, tmp_path)
+    family = posterior.family
+    subnet = torch.randn(len(family.indices), dtype=torch.float64)
+    trace = poutine.trace(poutine.condition(family.model, {SITE: subnet})).get_trace(data.x_train, data.y_train)
+    flat = nn.utils.parameters_to_vector(family.net.parameters()).detach().clone()
+    flat[family.indices] = subnet
+    net = build_mlp(1, 1, [10], "tanh").double()
+    nn.utils.vector_to_parameters(flat, net.parameters())
+    by_hand = (torch.distributions.Normal(0, family.prior_precision.rsqrt()).log_prob(subnet).sum()
+               + torch.distributions.Normal(net(data.x_train)[:, 0], family.likelihood.fixed_noise)
+               .log_prob(data.y_train).sum())
+    torch.testing.assert_close(trace.log_prob_sum(), by_hand)
+    torch.testing.assert_close(family.log_likelihood({SITE: subnet[None]}, data.x_train, data.y_train).sum(),
+                               trace.nodes["obs"]["fn"].log_prob(data.y_train).sum())
+
+
+def test_reload_gives_the_same_predictions(tmp_path):
+    summary = train(spec(TOY, "inference.tune=true"), tmp_path / "run", progress=False, echo=None)
+    _, data, first = load_run(summary.run_dir)
+    _, _, second = load_run(summary.run_dir)
+    torch.testing.assert_close(first.glm_moments(data.x_test), second.glm_moments(data.x_test))
+    assert first.family.prior_precision.ne(1.0).all()  # the tuned precision came back, not the spec's
+
+
+def test_same_model_by_nuts_and_by_full_rank_svi(tmp_path):
+    nuts = train(spec(TOY, "inference={method: nuts, num_chains: 1, warmup_steps: 30, num_samples: 20, "
+                      "max_tree_depth: 4, predictive_samples: 20}"), tmp_path / "nuts", progress=False, echo=None)
+    svi = train(spec(TOY, "inference={method: svi, num_steps: 50, batch_size: null, lr: 0.01}",
+                     "guide.name=full_rank"), tmp_path / "svi", progress=False, echo=None)
+    for summary in (nuts, svi):
+        assert math.isfinite(summary.metrics["test_ll"])
+    _, _, posterior = load_run(svi.run_dir)
+    assert posterior.sample(3)[SITE].shape == (3, 12)
+
+
+def test_selections_pick_what_they_say(tmp_path):
+    modules = ["model.selection.modules=[hidden0]"]
+    for strategy, extra in [("largest_magnitude", []), ("last_layer", []), ("modules", modules),
+                            ("largest_variance", [])]:
+        data, family, _, _ = prepare(spec(TOY, f"model.selection.strategy={strategy}", *extra))
+        flat = nn.utils.parameters_to_vector(family.net.parameters()).detach()
+        layout = family.layout
+        if strategy == "largest_magnitude":
+            assert set(family.indices.tolist()) == set(flat.abs().topk(12).indices.tolist())
+        elif strategy == "last_layer":
+            assert set(family.parameter_names()) == {"out.weight", "out.bias"} and len(family.indices) == 11
+        elif strategy == "modules":
+            assert set(family.parameter_names()) == {"hidden0.weight", "hidden0.bias"} and len(family.indices) == 20
+        else:
+            factors = LayerFactors(family.net, layout, data.x_train)
+            diag = factors.diagonal_ggn(layout, output_hessian_root("regression", factors.f, 0.1 / data.y_std))
+            assert set(family.indices.tolist()) == set((1 / (diag + 1.0)).topk(12).indices.tolist())
+    a = prepare(spec(TOY))[1].indices
+    b = prepare(spec(TOY))[1].indices
+    assert torch.equal(a, b) and len(a) == 12  # seeded
+    assert subnet_size(0.05, 151) == 8 and subnet_size(3, 151) == 3
+    assert subnet_size(1.0, 151) == 151 and subnet_size(1, 151) == 1
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["model.selection.size=500"], "only 31 weights"),
+    (["model.selection.size=0"], "at least 1"),
+    (["model.selection.size=2.5"], "give a count as a whole number"),
+    (["model.selection.strategy=modules", "model.selection.modules=[nope]"], "hidden0, out"),
+    (["model.selection.modules=[out]"], "only the 'modules' strategy"),
+    (["prior.name=cauchy"], "zero-mean Normal prior"),
+    (["prior.scale=0"], "greater than 0"),
+    (["guide.name=mean_field"], "laplace guide"),
+    (["model={family: mean_field}"], "use model.family: subnetwork"),
+])
+def test_bad_input_exits_2_with_a_hint(overrides, message, tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(TOY))
+    code = main(["train", str(path), "--out", str(tmp_path / "run"), *sum((["--set", o] for o in overrides), [])])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_classification_guide_rejects_a_precision_of_zero(tmp_path):
+    _, _, posterior = _fitted(MOONS, tmp_path)
+    with pytest.raises(ValueError, match="positive"):
+        posterior.family.set_hyperparameters({"prior_precision": torch.zeros(12, dtype=torch.float64)})
+    with pytest.raises(ZooInputError):
+        prepare(spec(MOONS, "model.selection.size=1000"))

@@ -1,0 +1,352 @@
+"""Linearised Laplace over a family's random weights: a full-covariance Gaussian with an evidence-tuned prior.
+
+For a family that can linearise its net around the MAP (``family.linearise(x) -> f, J``: the subnetwork family),
+the posterior over its vector weight site θ is N(θ_MAP, (G + Λ)⁻¹), with G = Σ_n J_nᵀ Λ_n J_n the generalised
+Gauss-Newton matrix (GGN) and Λ the diagonal prior precision. Λ (one value per group: all, per layer, or per
+parameter tensor) and, for regression with a learned noise, the noise σ maximise the marginal likelihood of the
+linearised model f_lin(θ) = f + J (θ - θ_MAP), evaluated at that model's own mode θ* (Antorán et al. 2022):
+
+    log Z = log p(y | f_lin(θ*)) - ½ θ*ᵀ Λ θ* + ½ log|Λ| - ½ log|G(θ*) + Λ|
+
+For a Gaussian likelihood θ* and log Z are closed-form functions of (Λ, σ), maximised jointly by L-BFGS; for a
+categorical one θ* is found by Newton's method and Λ by L-BFGS in turn. Predictions use the linearised net (GLM:
+closed form for regression, probit or Monte Carlo for classification) or the net itself at posterior draws.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from guides.laplace import LaplaceGuide
+from zoo.curvature import ggn, output_hessian_root
+from zoo.data.base import Dataset
+from zoo.errors import ZooInputError
+from zoo.likelihoods import PredictiveDraws
+from zoo.models.base import ModelFamily
+from zoo.posterior import GuidePosterior
+from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
+from zoo.spec import LaplaceSpec
+
+MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
+NEWTON_STEPS = 30
+OUTER_ROUNDS = 5
+
+
+@dataclass
+class LaplaceResult:
+    """What the Laplace fit leaves besides the guide: the tuned prior and noise, the evidence and the cost."""
+
+    seconds: float = 0.0
+    log_evidence: float = float("nan")
+    prior_precision: dict[str, float] = field(default_factory=dict)
+    noise: float | None = None
+    posterior: LaplacePosterior | None = None
+
+
+# ------------------------------------------------------------------------------------------ the posterior
+class LaplacePosterior(GuidePosterior):
+    """The Laplace posterior: draws from the Gaussian guide; predictions from the linearised net (GLM) or the net."""
+
+    def __init__(self, family: ModelFamily, guide: LaplaceGuide, predictive: str = "glm", link: str = "probit",
+                 chunk_size: int = 256) -> None:
+        super().__init__(family, guide)
+        self.predictive, self.link, self.chunk_size = predictive, link, chunk_size
+        self.site = gaussian_site(guide)
+
+    @classmethod
+    def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec) -> LaplacePosterior:
+        """The posterior with the spec's predictive settings."""
+        return cls(family, guide, spec.predictive, spec.link, spec.chunk_size)
+
+    def _noise(self) -> torch.Tensor | float:
+        likelihood = self.family.likelihood
+        if likelihood.fixed_noise is not None:
+            return likelihood.fixed_noise
+        return self.guide.point_estimate()[likelihood.noise_site]
+
+    def glm_moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean ``[B, O]`` and covariance ``[B, O, O]`` of the linearised net's outputs f (no observation noise)."""
+        with torch.no_grad():
+            scale_tril = self.guide.scale_tril[self.site.replace(".", "/")]
+        means, covs = [], []
+        for xc in x.split(self.chunk_size):
+            f, J = self.family.linearise(xc)
+            root = J @ scale_tril  # J L: [B, O, D]
+            means.append(f)
+            covs.append(root @ root.transpose(-1, -2))
+        return torch.cat(means), torch.cat(covs)
+
+    def predict(self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
+                chunk_size: int = 4096) -> PredictiveDraws:
+        """GLM: closed form (regression) or probit (classification) when no draws are given, else the linearised
+        net at each draw; NN: the net itself at each draw."""
+        if self.predictive == "nn":
+            return super().predict(x, num_samples, draws, chunk_size)
+        task = self.family.likelihood.task
+        if draws is None and (task == "regression" or self.link == "probit"):
+            mean, cov = self.glm_moments(x)
+            variance = cov.diagonal(dim1=-2, dim2=-1)
+            if task == "regression":
+                noise = torch.as_tensor(self._noise(), dtype=mean.dtype, device=mean.device)
+                return PredictiveDraws(loc=mean[None, :, 0], scale=(noise**2 + variance[:, 0]).sqrt()[None])
+            return PredictiveDraws(log_probs=F.log_softmax(mean / (1 + math.pi / 8 * variance).sqrt(), -1)[None])
+        if draws is None:
+            if num_samples is None:
+                raise ValueError("predict needs num_samples or draws")
+            draws = self.sample(num_samples)
+        with torch.no_grad():
+            centre = self.guide.point_estimate()[self.site]
+            shift = draws[self.site] - centre  # [S, D]
+            parts = []
+            for xc in x.split(self.chunk_size):
+                f, J = self.family.linearise(xc)
+                outputs = f + torch.einsum("bod,sd->sbo", J, shift)
+                parts.append(self.family.likelihood.predictive(outputs, draws))
+            return PredictiveDraws.concat(parts)
+
+
+def gaussian_site(guide: LaplaceGuide) -> str:
+    """The one site the Laplace guide holds a full-covariance Gaussian on."""
+    names = [n for n in guide.sites if guide.is_gaussian(n)]
+    if len(names) != 1:
+        raise ZooInputError("guide.name", "laplace", f"needs exactly one vector weight site, found {names}")
+    return names[0]
+
+
+# ------------------------------------------------------------------------------------------ prior groups
+def prior_groups(parameter_names: list[str], structure: str) -> tuple[torch.Tensor, list[str]]:
+    """Group index ``[D]`` of each subnet element and the group labels, for a scalar/per-layer/per-parameter prior."""
+    if structure == "scalar":
+        keys = ["all"] * len(parameter_names)
+    elif structure == "layer":
+        keys = [n.rpartition(".")[0] for n in parameter_names]
+    else:
+        keys = list(parameter_names)
+    labels = list(dict.fromkeys(keys))
+    index = torch.tensor([labels.index(k) for k in keys], dtype=torch.long)
+    return index, labels
+
+
+# ------------------------------------------------------------------------------------------ evidence
+def _logdet_from_cholesky(chol: torch.Tensor) -> torch.Tensor:
+    return 2 * chol.diagonal().log().sum()
+
+
+@dataclass
+class GaussianStatistics:
+    """Sufficient statistics of the linearised Gaussian model ỹ ≈ J θ with ỹ = y - f + J θ_MAP (one output)."""
+
+    gram: torch.Tensor  # Σ Jᵀ J  [D, D]
+    cross: torch.Tensor  # Σ Jᵀ ỹ  [D]
+    sum_squares: torch.Tensor  # Σ ỹ²
+    n: int
+    at: torch.Tensor | None = None  # evaluate the evidence here (e.g. the MAP) instead of at the linearised mode
+
+    def mode_and_evidence(self, precision: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """θ* (or the fixed point ``at``) and log Z for prior precisions ``[D]`` and noise σ (differentiable)."""
+        s2 = noise**2
+        chol = torch.linalg.cholesky(self.gram / s2 + torch.diag(precision))
+        if self.at is None:
+            theta = torch.cholesky_solve((self.cross / s2).unsqueeze(-1), chol).squeeze(-1)
+        else:
+            theta = self.at
+        residual = self.sum_squares - 2 * theta @ self.cross + theta @ self.gram @ theta
+        log_z = (-0.5 * self.n * torch.log(2 * math.pi * s2) - 0.5 * residual / s2
+                 - 0.5 * (precision * theta**2).sum() + 0.5 * precision.log().sum() - 0.5 * _logdet_from_cholesky(chol))
+        return theta, log_z
+
+
+def _lbfgs(params: list[torch.Tensor], objective, iterations: int) -> None:
+    optimizer = torch.optim.LBFGS(params, lr=1.0, max_iter=iterations, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
+def tune_regression(stats: GaussianStatistics, group_index: torch.Tensor, log_precision: torch.Tensor,
+                    log_noise: torch.Tensor, tune_noise: bool, iterations: int) -> torch.Tensor:
+    """Maximise the closed-form evidence over the group precisions (and σ); returns the final log Z."""
+    log_precision.requires_grad_(True)
+    log_noise.requires_grad_(tune_noise)
+    params = [log_precision] + ([log_noise] if tune_noise else [])
+    _lbfgs(params, lambda: -stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1],
+           iterations)
+    log_precision.requires_grad_(False)
+    log_noise.requires_grad_(False)
+    with torch.no_grad():
+        return stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
+
+
+def _categorical_log_joint(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+                           theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = f + J @ (theta - centre)
+    return -F.cross_entropy(logits, y.long(), reduction="sum"), logits
+
+
+def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+                    precision: torch.Tensor) -> torch.Tensor:
+    """θ* = argmax log p(y | f + J (θ - centre)) - ½ θᵀ Λ θ of the linearised categorical model (Newton)."""
+    theta = centre.clone()
+    onehot = F.one_hot(y.long(), f.shape[1]).to(f)
+    for _ in range(NEWTON_STEPS):
+        _, logits = _categorical_log_joint(f, J, y, centre, theta)
+        p = logits.softmax(-1)
+        gradient = torch.einsum("bod,bo->d", J, p - onehot) + precision * theta
+        hessian = ggn(J, output_hessian_root("classification", logits, None)) + torch.diag(precision)
+        step = torch.linalg.solve(hessian, gradient)
+        theta = theta - step
+        if float(step.abs().max()) < 1e-7 * (1 + float(theta.abs().max())):
+            break
+    return theta
+
+
+def _occam(precision: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor) -> torch.Tensor:
+    """The prior's part of log Z: -½ θᵀΛθ + ½ log|Λ| - ½ log|G + Λ|."""
+    chol = torch.linalg.cholesky(curvature + torch.diag(precision))
+    return -0.5 * (precision * theta**2).sum() + 0.5 * precision.log().sum() - 0.5 * _logdet_from_cholesky(chol)
+
+
+def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+                         precision: torch.Tensor, at_map: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log Z of the linearised categorical model at its mode θ* (or at the MAP), with θ and G(θ)."""
+    theta = centre if at_map else linearised_mode(f, J, y, centre, precision)
+    log_lik, logits = _categorical_log_joint(f, J, y, centre, theta)
+    curvature = ggn(J, output_hessian_root("classification", logits, None))
+    return log_lik + _occam(precision, theta, curvature), theta, curvature
+
+
+def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+                        group_index: torch.Tensor, log_precision: torch.Tensor, iterations: int,
+                        at_map: bool) -> torch.Tensor:
+    """Alternate θ*, G(θ*) and the group precisions (L-BFGS on log Z at fixed θ*, G); returns the final log Z."""
+    for _ in range(1 if at_map else OUTER_ROUNDS):
+        before = log_precision.clone()
+        _, theta, curvature = categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map)
+        log_precision.requires_grad_(True)
+        _lbfgs([log_precision], lambda theta=theta, curvature=curvature: -_occam(
+            log_precision.exp()[group_index], theta, curvature), iterations)
+        log_precision.requires_grad_(False)
+        if float((log_precision - before).abs().max()) < 1e-4:
+            break
+    return categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map)[0]
+
+
+# ------------------------------------------------------------------------------------------ the fit
+def _check_family(family: ModelFamily) -> None:
+    if not hasattr(family, "linearise"):
+        raise ZooInputError("inference.method", "laplace", "needs a family that linearises its net around a MAP: "
+                            "use model.family: subnetwork (selection size 1.0 gives the whole net)")
+
+
+def fit_laplace(
+    family: ModelFamily,
+    guide: LaplaceGuide,
+    data: Dataset,
+    spec: LaplaceSpec,
+    seed: int,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    log: RunLog | None = None,
+    progress: bool = True,
+) -> LaplaceResult:
+    """Fit the Laplace guide at the family's MAP: GGN over its weight site, prior (and noise) tuned by evidence.
+
+    The result is saved atomically to ``run_dir/checkpoint.pt`` (guide, tuned prior precision); ``resume=True``
+    with a finished checkpoint there loads it instead of refitting.
+    """
+    _check_family(family)
+    log = log or RunLog(None, echo=None)
+    site = gaussian_site(guide)
+    path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
+    if resume and path is not None and path.exists():
+        state = load_torch(path, data.x_train.device)
+        guide.load_state_dict(state["guide"])
+        family.set_hyperparameters(state["hyperparameters"])
+        log("the Laplace fit had finished; loaded it")
+        result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"])
+        result.posterior = LaplacePosterior.from_spec(family, guide, spec)
+        return result
+
+    started = time.perf_counter()
+    dtype = data.x_train.dtype
+    task = family.likelihood.task
+    centre = guide.point_estimate()[site].double()
+    group_index, labels = prior_groups(family.parameter_names(), spec.prior_structure)
+    group_index = group_index.to(centre.device)
+    initial = family.prior_precision.double()
+    log_precision = torch.stack([initial[group_index == g].mean().log() for g in range(len(labels))])
+    noise = family.map_noise()
+    learned_noise = task == "regression" and family.likelihood.fixed_noise is None
+    log_noise = torch.as_tensor(noise, dtype=torch.float64, device=centre.device).log() if noise is not None else None
+
+    D, n = len(centre), data.n_train
+    fs, Js = [], []
+    gram = centre.new_zeros(D, D)
+    cross, sum_squares = centre.new_zeros(D), centre.new_zeros(())
+    store = task == "classification"
+    if store and n * data.out_dim * D > MAX_STORED_JACOBIAN:
+        raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
+                            f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")
+    for xc, yc in zip(data.x_train.split(spec.chunk_size), data.y_train.split(spec.chunk_size), strict=True):
+        f, J = family.linearise(xc)
+        f, J = f.double(), J.double()
+        if store:
+            fs.append(f)
+            Js.append(J)
+        else:
+            pseudo = yc.double() - f[:, 0] + J[:, 0] @ centre
+            gram += J[:, 0].T @ J[:, 0]
+            cross += J[:, 0].T @ pseudo
+            sum_squares += pseudo @ pseudo
+    log(f"laplace: GGN over {D:,} weights from {n:,} rows in {time.perf_counter() - started:.1f} s")
+
+    at_map = spec.evidence_at == "map"
+    if task == "regression":
+        stats = GaussianStatistics(gram, cross, sum_squares, n, at=centre if at_map else None)
+        if spec.tune:
+            log_z = tune_regression(stats, group_index, log_precision, log_noise, learned_noise, spec.tune_iterations)
+        else:
+            log_z = stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
+        curvature = gram / log_noise.exp() ** 2
+    else:
+        f_all, J_all = torch.cat(fs), torch.cat(Js)
+        if spec.tune:
+            log_z = tune_classification(f_all, J_all, data.y_train, centre, group_index, log_precision,
+                                        spec.tune_iterations, at_map)
+        else:
+            log_z = categorical_evidence(f_all, J_all, data.y_train, centre, log_precision.exp()[group_index],
+                                         at_map)[0]
+        curvature = ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
+    precision = log_precision.exp()[group_index]
+    chol_precision = torch.linalg.cholesky(curvature + torch.diag(precision))
+    scale_tril = torch.linalg.cholesky(torch.cholesky_inverse(chol_precision))
+    guide.set_gaussian(site, centre.to(dtype), scale_tril.to(dtype))
+    family.set_hyperparameters({"prior_precision": precision.to(dtype)})
+    result = LaplaceResult(
+        seconds=time.perf_counter() - started, log_evidence=float(log_z),
+        prior_precision={label: float(log_precision[g].exp()) for g, label in enumerate(labels)},
+        noise=float(log_noise.exp()) if log_noise is not None else None,
+    )
+    if learned_noise:
+        guide.set_point(family.likelihood.noise_site, log_noise.exp().to(dtype))
+    described = ", ".join(f"{k} {v:.3g}" for k, v in result.prior_precision.items())
+    log(f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
+        + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
+    if path is not None:
+        save_torch(path, {"guide": guide.state_dict(), "point_parameters": [],
+                          "hyperparameters": family.hyperparameters(), "seconds": result.seconds,
+                          "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
+                          "noise": result.noise, "done": True})
+    result.posterior = LaplacePosterior.from_spec(family, guide, spec)
+    return result
