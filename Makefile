@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-bootstrapped
 DEMO_DIR ?= runs/demo
 
-.PHONY: bootstrap test test-all lint demo benchmarks clean
+.PHONY: bootstrap peer test test-all lint demo benchmarks clean
 
 bootstrap: $(STAMP)
 
@@ -18,6 +18,15 @@ $(STAMP): $(PY) pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null && echo "keeping the installed torch" || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# laplace-torch, the peer the subnetwork Laplace tests compare with (they skip without it). Installed against the
+# torch already in .venv (pinned, so pip cannot replace it); the torchvision it drags in is CUDA-only on PyPI and
+# breaks `import laplace` on a CPU torch, and neither laplace nor backpack uses it, so it is removed again there.
+peer: $(STAMP)
+	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt -e '.[peer]'
+	@$(PY) -c 'import torchvision' 2>/dev/null || $(PY) -m pip uninstall -q -y torchvision
+	$(PY) -c 'import laplace; print("laplace-torch", laplace.__version__ if hasattr(laplace, "__version__") else "ok")'
 
 test: $(STAMP)
 	$(PY) -m ruff check zoo guides tests benchmarks notebooks

@@ -311,3 +311,15 @@ def test_classification_guide_rejects_a_precision_of_zero(tmp_path):
         posterior.family.set_hyperparameters({"prior_precision": torch.zeros(12, dtype=torch.float64)})
     with pytest.raises(ZooInputError):
         prepare(spec(MOONS, "model.selection.size=1000"))
+
+
+def test_regression_metrics_use_the_closed_form_glm_predictive(tmp_path):
+    from zoo import metrics
+    from zoo.evaluate import evaluate
+
+    _, data, posterior = _fitted(TOY, tmp_path)
+    pred = posterior.predict(data.x_test, num_samples=1)
+    exact = metrics.regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
+    assert evaluate(posterior, data, num_samples=5) == exact  # not a 5-draw mixture
+    posterior.predictive = "nn"
+    assert not posterior.exact_predictive and evaluate(posterior, data, num_samples=5) != exact

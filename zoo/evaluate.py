@@ -20,12 +20,14 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
 
     Classification: accuracy, nll, ece, brier and, per OOD set, ``ood_auroc_{entropy,mi}_<set>``; the unsuffixed
     ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set.
-    Regression: rmse and test_ll in original units.
+    Regression: rmse and test_ll in original units (from the closed form where the posterior has one).
     """
     pyro.set_rng_seed(seed + 1)
     draws = posterior.sample(num_samples)
     pred = posterior.predict(data.x_test, draws=draws)
     if data.task == "regression":
+        if posterior.exact_predictive:
+            pred = posterior.predict(data.x_test, num_samples)
         return metrics.regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
     out = metrics.classification_metrics(pred.log_probs, data.y_test)
     for name, x_ood in data.x_ood.items():

@@ -59,6 +59,11 @@ class LaplacePosterior(GuidePosterior):
         self.predictive, self.link, self.chunk_size = predictive, link, chunk_size
         self.site = gaussian_site(guide)
 
+    @property
+    def exact_predictive(self) -> bool:
+        """The GLM predictive of a Gaussian likelihood is a closed form: N(f, J Σ Jᵀ + σ²)."""
+        return self.predictive == "glm" and self.family.likelihood.task == "regression"
+
     @classmethod
     def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec) -> LaplacePosterior:
         """The posterior with the spec's predictive settings."""
