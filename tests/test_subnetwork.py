@@ -323,3 +323,13 @@ def test_regression_metrics_use_the_closed_form_glm_predictive(tmp_path):
     assert evaluate(posterior, data, num_samples=5) == exact  # not a 5-draw mixture
     posterior.predictive = "nn"
     assert not posterior.exact_predictive and evaluate(posterior, data, num_samples=5) != exact
+
+
+def test_precision_to_scale_tril_is_the_cholesky_factor_of_the_inverse():
+    from zoo.inference.laplace import precision_to_scale_tril
+
+    torch.manual_seed(4)
+    a = torch.randn(6, 6, dtype=torch.float64)
+    precision = a @ a.T + torch.eye(6, dtype=torch.float64)
+    factor = precision_to_scale_tril(precision)
+    torch.testing.assert_close(factor, torch.linalg.cholesky(torch.linalg.inv(precision)))

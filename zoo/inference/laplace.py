@@ -116,6 +116,12 @@ class LaplacePosterior(GuidePosterior):
             return PredictiveDraws.concat(parts)
 
 
+def precision_to_scale_tril(precision: torch.Tensor) -> torch.Tensor:
+    """The lower Cholesky factor of P⁻¹ from a precision matrix P (Cholesky, inverse, Cholesky; the flipped-
+    Cholesky shortcut with a triangular solve measured no faster here at D = 3,000)."""
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(precision)))
+
+
 def gaussian_site(guide: LaplaceGuide) -> str:
     """The one site the Laplace guide holds a full-covariance Gaussian on."""
     names = [n for n in guide.sites if guide.is_gaussian(n)]
@@ -326,6 +332,7 @@ def fit_laplace(
         curvature = gram / log_noise.exp() ** 2
     else:
         f_all, J_all = torch.cat(fs), torch.cat(Js)
+        del fs, Js  # one copy of the stored Jacobian, not two
         if spec.tune:
             log_z = tune_classification(f_all, J_all, data.y_train, centre, group_index, log_precision,
                                         spec.tune_iterations, at_map)
@@ -334,8 +341,9 @@ def fit_laplace(
                                          at_map)[0]
         curvature = ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
     precision = log_precision.exp()[group_index]
-    chol_precision = torch.linalg.cholesky(curvature + torch.diag(precision))
-    scale_tril = torch.linalg.cholesky(torch.cholesky_inverse(chol_precision))
+    curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
+    scale_tril = precision_to_scale_tril(curvature)
+    del curvature
     guide.set_gaussian(site, centre.to(dtype), scale_tril.to(dtype))
     family.set_hyperparameters({"prior_precision": precision.to(dtype)})
     result = LaplaceResult(
