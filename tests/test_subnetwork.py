@@ -333,3 +333,15 @@ def test_precision_to_scale_tril_is_the_cholesky_factor_of_the_inverse():
     precision = a @ a.T + torch.eye(6, dtype=torch.float64)
     factor = precision_to_scale_tril(precision)
     torch.testing.assert_close(factor, torch.linalg.cholesky(torch.linalg.inv(precision)))
+
+
+def test_a_singular_laplace_fit_stops_with_a_diagnosis(tmp_path, monkeypatch):
+    from zoo.errors import TrainingDiverged
+    from zoo.inference import laplace
+
+    def singular(precision):
+        raise torch.linalg.LinAlgError("linalg.cholesky: The factorization could not be completed")
+
+    monkeypatch.setattr(laplace, "precision_to_scale_tril", singular)
+    with pytest.raises(TrainingDiverged, match="model.map.num_steps"):
+        train(spec(TOY), tmp_path / "run", progress=False, echo=None)

@@ -39,8 +39,15 @@ from zoo.spec import LikelihoodSpec, RunSpec, load_spec, spec_to_yaml
 
 
 def describe(spec: RunSpec) -> str:
-    """``family ..., guide ...`` (SVI) or ``family ..., <sampler>`` (MCMC): what a run fits, in one phrase."""
-    how = f"guide {spec.guide.name}" if spec.inference.method == "svi" else f"sampled by {spec.inference.method}"
+    """``family ..., guide ...`` (SVI), ``family ..., sampled by <sampler>`` (MCMC) or ``family ..., laplace (glm)``:
+    what a run fits, in one phrase."""
+    method = spec.inference.method
+    if method == "svi":
+        how = f"guide {spec.guide.name}"
+    elif method == "laplace":
+        how = f"laplace ({spec.inference.predictive} predictive)"
+    else:
+        how = f"sampled by {method}"
     return f"family {spec.model.family}, {how}"
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from guides.laplace import LaplaceGuide
 from zoo.curvature import ggn, output_hessian_root
 from zoo.data.base import Dataset
-from zoo.errors import ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
@@ -34,6 +34,11 @@ from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
 from zoo.spec import LaplaceSpec
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
+# The evidence is maximised over log prior precisions and log σ inside these bounds: a group the evidence would
+# switch off entirely (precision -> infinity) stops at prior sd e^-7.5 ~ 5e-4, and the line search never tries
+# values whose GGN + Λ is numerically singular.
+LOG_PRECISION_RANGE = (-15.0, 15.0)
+LOG_NOISE_RANGE = (-10.0, 5.0)
 NEWTON_STEPS = 30
 OUTER_ROUNDS = 5
 
@@ -191,12 +196,19 @@ def tune_regression(stats: GaussianStatistics, group_index: torch.Tensor, log_pr
     log_precision.requires_grad_(True)
     log_noise.requires_grad_(tune_noise)
     params = [log_precision] + ([log_noise] if tune_noise else [])
-    _lbfgs(params, lambda: -stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1],
-           iterations)
+    _lbfgs(params, lambda: -stats.mode_and_evidence(_bounded(log_precision, LOG_PRECISION_RANGE)[group_index],
+                                                    _bounded(log_noise, LOG_NOISE_RANGE))[1], iterations)
     log_precision.requires_grad_(False)
     log_noise.requires_grad_(False)
     with torch.no_grad():
+        log_precision.clamp_(*LOG_PRECISION_RANGE)
+        log_noise.clamp_(*LOG_NOISE_RANGE)
         return stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
+
+
+def _bounded(log_value: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+    """exp of ``log_value`` clamped to ``bounds`` (no gradient pushes it further out)."""
+    return log_value.clamp(*bounds).exp()
 
 
 def _categorical_log_joint(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
@@ -246,14 +258,39 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
         _, theta, curvature = categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map)
         log_precision.requires_grad_(True)
         _lbfgs([log_precision], lambda theta=theta, curvature=curvature: -_occam(
-            log_precision.exp()[group_index], theta, curvature), iterations)
+            _bounded(log_precision, LOG_PRECISION_RANGE)[group_index], theta, curvature), iterations)
         log_precision.requires_grad_(False)
+        log_precision.clamp_(*LOG_PRECISION_RANGE)
         if float((log_precision - before).abs().max()) < 1e-4:
             break
     return categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map)[0]
 
 
 # ------------------------------------------------------------------------------------------ the fit
+def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor, cross: torch.Tensor, sum_squares: torch.Tensor, n: int,
+          centre: torch.Tensor, fs: list[torch.Tensor], Js: list[torch.Tensor], y: torch.Tensor,
+          group_index: torch.Tensor, log_precision: torch.Tensor, log_noise: torch.Tensor | None,
+          learned_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tune ``log_precision`` (and ``log_noise``) in place by the evidence; returns log Z and the GGN at the MAP."""
+    at_map = spec.evidence_at == "map"
+    if task == "regression":
+        stats = GaussianStatistics(gram, cross, sum_squares, n, at=centre if at_map else None)
+        if spec.tune:
+            log_z = tune_regression(stats, group_index, log_precision, log_noise, learned_noise, spec.tune_iterations)
+        else:
+            log_z = stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
+        return log_z, gram / log_noise.exp() ** 2
+    f_all, J_all = torch.cat(fs), torch.cat(Js)
+    fs.clear()  # one copy of the stored Jacobian, not two
+    Js.clear()
+    precision = log_precision.exp()[group_index]
+    if spec.tune:
+        log_z = tune_classification(f_all, J_all, y, centre, group_index, log_precision, spec.tune_iterations, at_map)
+    else:
+        log_z = categorical_evidence(f_all, J_all, y, centre, precision, at_map)[0]
+    return log_z, ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
+
+
 def _check_family(family: ModelFamily) -> None:
     if not hasattr(family, "linearise"):
         raise ZooInputError("inference.method", "laplace", "needs a family that linearises its net around a MAP: "
@@ -322,27 +359,16 @@ def fit_laplace(
             sum_squares += pseudo @ pseudo
     log(f"laplace: GGN over {D:,} weights from {n:,} rows in {time.perf_counter() - started:.1f} s")
 
-    at_map = spec.evidence_at == "map"
-    if task == "regression":
-        stats = GaussianStatistics(gram, cross, sum_squares, n, at=centre if at_map else None)
-        if spec.tune:
-            log_z = tune_regression(stats, group_index, log_precision, log_noise, learned_noise, spec.tune_iterations)
-        else:
-            log_z = stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
-        curvature = gram / log_noise.exp() ** 2
-    else:
-        f_all, J_all = torch.cat(fs), torch.cat(Js)
-        del fs, Js  # one copy of the stored Jacobian, not two
-        if spec.tune:
-            log_z = tune_classification(f_all, J_all, data.y_train, centre, group_index, log_precision,
-                                        spec.tune_iterations, at_map)
-        else:
-            log_z = categorical_evidence(f_all, J_all, data.y_train, centre, log_precision.exp()[group_index],
-                                         at_map)[0]
-        curvature = ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
-    precision = log_precision.exp()[group_index]
-    curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
-    scale_tril = precision_to_scale_tril(curvature)
+    try:
+        log_z, curvature = _tune(spec, task, gram, cross, sum_squares, n, centre, fs, Js, data.y_train, group_index,
+                                 log_precision, log_noise, learned_noise)
+        precision = log_precision.exp()[group_index]
+        curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
+        scale_tril = precision_to_scale_tril(curvature)
+    except torch.linalg.LinAlgError as exc:
+        raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
+                               "not have converged (raise model.map.num_steps), or the evidence was maximised at "
+                               "an extreme: try inference.tune: false or another prior_structure") from None
     del curvature
     guide.set_gaussian(site, centre.to(dtype), scale_tril.to(dtype))
     family.set_hyperparameters({"prior_precision": precision.to(dtype)})

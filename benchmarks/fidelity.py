@@ -1,0 +1,356 @@
+"""Posterior fidelity of every zoo member against a 4-chain NUTS reference, on the reference run's own task.
+
+    python benchmarks/fidelity.py --reference runs/notebooks/regression/full/nuts \\
+        [--members all|name,...] [--runs-dir DIR] [--json PATH] [--threads N] [--samples S] [--steps N]
+
+The task follows from the reference run's spec: the toy with a gap (regression) or two moons (classification).
+Every member is a table entry below, ``name -> spec overrides`` applied to the REFERENCE run's own spec (its
+data, net, prior and likelihood, which a member keeps unless it has to replace them), then trained, or reused:
+
+* a run directory next to the reference (e.g. the notebooks' ``runs/notebooks/<topic>/full/mean_field``) whose
+  ``spec.yaml`` equals the spec the table builds is used as it is (the table says which);
+* otherwise the run goes to ``--runs-dir`` (default ``runs/fidelity/<toy|moons>/<member>``); a finished run there
+  with the same spec is reused, an unfinished one is resumed, and one with a different spec is an error.
+
+Figures. All of them come from one set of S posterior draws per run (``--samples``, default 200), taken the way
+``zoo compare`` takes them: ``pyro.set_rng_seed(seed + 1)``, then
+``posterior.predict(x_test, draws=posterior.sample(S))`` -- the same treatment for every method, including the
+ones with a closed-form predictive (subnetwork Laplace's GLM is evaluated at draws here, so its RMSE / test LL can
+differ slightly from its metrics.json).
+
+* Regression: ``coverage_95`` (share of the NUTS predictive of y inside the member's central 95% interval, mean
+  over test inputs; 0.95 ideal) and ``w1`` (Wasserstein-1 between predictive marginals of y, original units):
+  exactly ``zoo.diagnostics.compare``; ``rmse`` and ``test_ll`` (``zoo.metrics.regression_metrics`` on those
+  draws); ``sd_ratio``: the mean predictive sd of f inside the gap (the widest space between training inputs, on a
+  300-point grid from min - 1 to max + 1 of the training inputs) divided by its mean at the training inputs, from
+  400 draws seeded 0, grid and training inputs in one call -- as the regression notebook defines it (null, shown
+  as -, for a point estimate such as MAP: its f has sd 0 everywhere, so the ratio is 0 / 0). The JSON also has
+  both sds (``sd_gap``, ``sd_data``, original units): the ratio is scale-free, so a narrow band can score well.
+* Classification: ``agreement`` (argmax matches NUTS's) and ``tv`` (mean total variation between predictive class
+  distributions), exactly ``compare``; ``accuracy``, ``nll``, ``ece`` (``classification_metrics`` on those draws).
+
+Where each member's settings come from (nothing was tuned on test inputs; the SVI settings are the notebooks':
+3000 full-batch Adam steps at lr 0.01, those of ``configs/mean_field_toy.yaml`` and ``configs/rank1_toy.yaml``):
+
+* ``mean_field``: ``configs/mean_field_toy.yaml`` (guide ``mean_field``, init rho -5, 200 predictive draws), as
+  both notebooks train it -- their cached runs are reused.
+* ``map``: guide ``delta`` with the reference's N(0, 1) prior as weight decay (``configs/map_*.yaml``); steps and
+  lr the notebooks' SVI settings (the map configs' own schedules were chosen for UCI / digits).
+* ``mc_dropout``: guide ``dropout`` (``configs/mc_dropout_*.yaml``); rate p = 0.2 on regression (chosen on
+  validation LL for a one-hidden-layer regression net in ``configs/mc_dropout_uci.yaml``) and p = 0.1 on
+  classification (``configs/mc_dropout_digits.yaml``); 100 predictive passes; the notebooks' SVI settings.
+* ``deep_ensemble``: family ``deep_ensemble``, 5 members, guide ``delta`` (``configs/deep_ensemble_*.yaml``),
+  each a MAP fit under the reference's prior; the notebooks' SVI settings.
+* ``rank1``: ``configs/rank1_toy.yaml`` (K = 4, N(1, 0.5) factor priors, weight decay 1 on the shared W, mixture
+  guide) as both notebooks train it -- their cached runs are reused.
+* ``batch_ensemble``: the rank-1 family of ``configs/rank1_toy.yaml`` with guide ``batch_ensemble`` (Dirac
+  factors; prior N(1, 1), unused, and guide init of ``configs/batchensemble_uci.yaml``); the notebooks' SVI
+  settings.
+* ``subnet_laplace``: family ``subnetwork``, ``inference: laplace``, GLM predictive, one prior precision per
+  layer. Toy: exactly ``configs/subnet_laplace_toy.yaml``, which uses a **1-50-50-1** tanh net (not the
+  reference's 1-50-1: with 1-50-1, 5% of the weights is 8 and the in-between sd stays low; see that config), 5%
+  largest-magnitude weights, evidence at the linearised mode -- the regression notebook's cached run. Two moons:
+  the reference's 2-16-2 net, the 25% largest-magnitude of its 82 weights, evidence at the MAP (as
+  ``configs/subnet_laplace_uci.yaml`` chose on validation data), probit link; MAP by the notebooks' SVI settings.
+
+``--steps N`` replaces every member's SVI step count (and the subnetwork's MAP step count) -- for smoke tests; it
+changes the specs, so such runs never reuse full-size ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyro
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from zoo.cli import exit_code
+from zoo.diagnostics import COMPARE_DRAWS, compare
+from zoo.errors import ZooInputError
+from zoo.metrics import classification_metrics, regression_metrics
+from zoo.pipeline import load_run, train
+from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
+from zoo.spec import RunSpec, load_spec
+
+REFERENCE = "nuts"
+RATIO_DRAWS, RATIO_SEED, GRID_POINTS = 400, 0, 300  # the regression notebook's predictive_band
+
+# The notebooks' SVI settings (configs/mean_field_toy.yaml, configs/rank1_toy.yaml): full batch, 3000 Adam steps.
+SVI = {"method": "svi", "num_steps": 3000, "batch_size": None, "lr": 0.01}
+RANK1_MODEL = {"family": "rank1", "members": 4, "member_likelihood": "average", "weight_decay": 1.0}
+
+# name -> (label, overrides by task). Each override replaces a whole section of the reference's spec (so the
+# section's defaults apply, as when the member's config is loaded), except "net.hidden", set on its own.
+MEMBERS: dict[str, dict[str, Any]] = {
+    "mean_field": {
+        "label": "mean-field VI",
+        "overrides": {"model": {"family": "mean_field"}, "guide": {"name": "mean_field", "init_rho": -5.0},
+                      "inference": {**SVI, "predictive_samples": 200}},
+    },
+    "map": {
+        "label": "MAP",
+        "overrides": {"model": {"family": "mean_field"}, "guide": {"name": "delta"},
+                      "inference": {**SVI, "predictive_samples": 1}},
+    },
+    "mc_dropout": {
+        "label": "MC dropout",
+        "overrides": {"model": {"family": "mean_field"},
+                      "guide": {"regression": {"name": "dropout", "dropout_rate": 0.2},
+                                "classification": {"name": "dropout", "dropout_rate": 0.1}},
+                      "inference": {**SVI, "predictive_samples": 100}},
+    },
+    "deep_ensemble": {
+        "label": "deep ensemble (5)",
+        "overrides": {"model": {"family": "deep_ensemble", "members": 5}, "guide": {"name": "delta"},
+                      "inference": {**SVI, "predictive_samples": 1}},
+    },
+    "rank1": {
+        "label": "rank-1 (K = 4)",
+        "overrides": {"prior": {"name": "normal", "loc": 1.0, "scale": 0.5}, "model": RANK1_MODEL,
+                      "guide": {"name": "mixture", "component": "normal", "init_sign_prob": 0.5, "init_scale": 0.03},
+                      "inference": {**SVI, "predictive_samples": 100}},
+    },
+    "batch_ensemble": {
+        "label": "BatchEnsemble (K = 4)",
+        "overrides": {"prior": {"name": "normal", "loc": 1.0, "scale": 1.0}, "model": RANK1_MODEL,
+                      "guide": {"name": "batch_ensemble", "init_sign_prob": 0.5, "init_rho": -5.0},
+                      "inference": {**SVI, "predictive_samples": 100}},
+    },
+    "subnet_laplace": {
+        "label": {"regression": "subnetwork Laplace (5%, 1-50-50-1 net)",
+                  "classification": "subnetwork Laplace (25%)"},
+        "overrides": {
+            "net.hidden": {"regression": [50, 50]},  # configs/subnet_laplace_toy.yaml's net; moons keep 2-16-2
+            "guide": {},  # inference: laplace names its own guide
+            "model": {
+                "regression": {"family": "subnetwork",
+                               "selection": {"strategy": "largest_magnitude", "size": 0.05},
+                               "map": {"num_steps": 3000, "batch_size": None, "lr": 0.01}},
+                "classification": {"family": "subnetwork",
+                                   "selection": {"strategy": "largest_magnitude", "size": 0.25},
+                                   "map": {"num_steps": 3000, "batch_size": None, "lr": 0.01}}},
+            "inference": {
+                "regression": {"method": "laplace", "prior_structure": "layer", "predictive": "glm"},
+                "classification": {"method": "laplace", "prior_structure": "layer", "evidence_at": "map",
+                                   "predictive": "glm", "link": "probit"}},
+        },
+    },
+}
+TOPICS = {"regression": "toy", "classification": "moons"}
+COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
+           "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
+HEADERS = {"coverage_95": "coverage of NUTS", "w1": "W1 to NUTS", "rmse": "RMSE", "test_ll": "test LL",
+           "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with NUTS", "tv": "total variation",
+           "accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}
+
+
+def _by_task(value: Any, task: str) -> Any:
+    """A per-task entry ({"regression": ..., "classification": ...}) for ``task``, or the value itself."""
+    if isinstance(value, dict) and set(value) <= {"regression", "classification"} and value:
+        return value.get(task)
+    return value
+
+
+def member_label(name: str, task: str) -> str:
+    return _by_task(MEMBERS[name]["label"], task)
+
+
+def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = None) -> RunSpec:
+    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count)."""
+    tree = reference.model_dump(mode="json")
+    for key, value in MEMBERS[name]["overrides"].items():
+        value = copy.deepcopy(_by_task(value, task))
+        if value is None:
+            continue
+        if key == "net.hidden":
+            tree["net"]["hidden"] = value
+        else:
+            tree[key] = value
+    if steps is not None:
+        if tree["inference"].get("method") == "svi":
+            tree["inference"]["num_steps"] = steps
+        if tree["model"].get("family") == "subnetwork":
+            tree["model"]["map"]["num_steps"] = steps
+    return load_spec(tree)
+
+
+def _same_spec(run_dir: Path, spec: RunSpec) -> bool:
+    try:
+        return load_spec(run_dir / SPEC_FILE).model_dump() == spec.model_dump()
+    except ZooInputError:  # a spec.yaml this version no longer reads
+        return False
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / METRICS_FILE).exists() and (run_dir / SPEC_FILE).exists()
+
+
+def obtain_run(spec: RunSpec, name: str, reference_dir: Path, runs_dir: Path, echo) -> tuple[Path, str]:
+    """A finished run of ``spec``: a sibling of the reference with this spec, else ``runs_dir/name`` (trained,
+    resumed or reused). Returns the directory and how it was obtained."""
+    for sibling in sorted(p for p in reference_dir.parent.iterdir() if p.is_dir() and p != reference_dir):
+        if _finished(sibling) and _same_spec(sibling, spec):
+            return sibling, "reused, next to the reference"
+    out = runs_dir / name
+    if (out / SPEC_FILE).exists():
+        if not _same_spec(out, spec):
+            raise ZooInputError("--runs-dir", str(out), f"holds a run of member {name} with a different spec; "
+                                "remove it or pick another --runs-dir")
+        if _finished(out):
+            return out, "reused"
+        echo(f"{name}: resuming {out}")
+        train(spec, out, resume=True, progress=False, echo=None)
+        return out, "resumed"
+    echo(f"{name}: training into {out}")
+    train(spec, out, progress=False, echo=None)
+    return out, "trained"
+
+
+def _gap_grid(data) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The notebook's grid (original units), which of its points are in the gap, and the training inputs."""
+    raw_x = data.inputs_in_original_units(data.x_train)[:, 0].detach().cpu().float()
+    grid = torch.linspace(float(raw_x.min()) - 1.0, float(raw_x.max()) + 1.0, GRID_POINTS)[:, None]
+    ordered = raw_x.sort().values
+    widest = int((ordered[1:] - ordered[:-1]).argmax())
+    left, right = ordered[widest], ordered[widest + 1]
+    return grid, (grid[:, 0] > left) & (grid[:, 0] < right), raw_x
+
+
+def in_between_sd(posterior, data) -> dict[str, float]:
+    """Mean sd of f (original units) in the gap, at the training inputs, and their ratio (the notebook's)."""
+    grid, in_gap, raw_x = _gap_grid(data)
+    inputs = torch.cat([grid, raw_x[:, None]])
+    x = ((inputs - data.x_mean.cpu()) / data.x_std.cpu()).to(data.x_train)
+    pyro.set_rng_seed(RATIO_SEED)
+    with torch.no_grad():
+        pred = posterior.predict(x, draws=posterior.sample(RATIO_DRAWS))
+    sd = (pred.loc * data.y_std).std(0).detach().cpu()
+    gap, at_data = float(sd[: len(grid)][in_gap].mean()), float(sd[len(grid):].mean())
+    return {"sd_ratio": gap / at_data if at_data > 0 else math.nan, "sd_gap": gap, "sd_data": at_data}
+
+
+def run_figures(run_dir: Path, num_samples: int) -> dict[str, float]:
+    """Test metrics from the draws ``zoo compare`` takes (seed + 1, ``num_samples``); the sd ratio on regression."""
+    spec, data, posterior = load_run(run_dir)
+    pyro.set_rng_seed(spec.seed + 1)
+    with torch.no_grad():
+        pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
+    if data.task == "classification":
+        out = classification_metrics(pred.log_probs, data.y_test)
+        return {k: out[k] for k in ("accuracy", "nll", "ece")}
+    out = regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
+    return {**out, **in_between_sd(posterior, data)}
+
+
+def _fmt(key: str, value: float | None) -> str:
+    if value is None:  # e.g. the sd ratio of a point estimate: 0 / 0
+        return "-"
+    if key in ("w1", "tv") and value == 0:
+        return "0"
+    if key in ("agreement",) and value == 1:
+        return "1"
+    return f"{value:.1f}" if key == "sd_ratio" else f"{value:.3f}"
+
+
+def table_of(figures: dict[str, Any]) -> Table:
+    task = figures["task"]
+    table = Table(title=f"posterior fidelity against {figures['reference']} ({figures['data']}, "
+                        f"{figures['num_samples']} draws per run)", title_justify="left")
+    table.add_column("member")
+    for key in COLUMNS[task]:
+        table.add_column(HEADERS[key], justify="right")
+    for row in figures["rows"]:
+        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in COLUMNS[task]))
+    return table
+
+
+def parse_members(text: str) -> list[str]:
+    names = list(MEMBERS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MEMBERS]
+    if unknown or not names:
+        raise ZooInputError("--members", text, f"use all or a comma-separated list of {', '.join(MEMBERS)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train or reuse every member, compare each with the reference, print the table, optionally write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", required=True, help="a finished NUTS run directory")
+    parser.add_argument("--members", default="all", help=f"all, or some of: {','.join(MEMBERS)}")
+    parser.add_argument("--runs-dir", metavar="DIR", help="where new member runs go (default runs/fidelity/<topic>)")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--samples", type=int, default=COMPARE_DRAWS, help="posterior draws per run")
+    parser.add_argument("--steps", type=int, help="every member's SVI / MAP step count (smoke tests)")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        raise ZooInputError("--threads", args.threads, "use 1 or more")
+    if args.steps is not None and args.steps < 1:
+        raise ZooInputError("--steps", args.steps, "use 1 or more")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    console = Console()
+    reference = Path(args.reference)
+    if not _finished(reference):
+        raise ZooInputError("--reference", str(reference), "not a finished run directory (spec.yaml, metrics.json)")
+    ref_spec, ref_data, _ = load_run(reference)
+    if ref_spec.inference.method not in ("nuts", "hmc"):
+        raise ZooInputError("--reference", str(reference), "the reference must be an MCMC run (nuts or hmc)")
+    task = ref_data.task
+    runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / TOPICS[task]
+    names = parse_members(args.members)
+
+    def echo(message: str) -> None:
+        console.print(message, style="dim", highlight=False)
+
+    members: list[tuple[str, Path, str, float]] = []
+    for name in names:
+        spec = member_spec(ref_spec, name, task, args.steps)
+        t0 = time.perf_counter()
+        run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
+        members.append((name, run_dir, how, time.perf_counter() - t0))
+
+    compared = compare(reference, [m[1] for m in members], num_samples=args.samples)
+    rows = []
+    for (name, run_dir, how, seconds), row in zip([(REFERENCE, reference, "reference", 0.0), *members], compared,
+                                                  strict=True):
+        label = f"NUTS (reference, {ref_spec.inference.num_chains} chains)" if name == REFERENCE \
+            else member_label(name, task)
+        fidelity = {k: row[k] for k in COLUMNS[task][:2]}
+        stored = json.loads((run_dir / METRICS_FILE).read_text())
+        rows.append({"member": name, "label": label, "run": str(run_dir), "how": how,
+                     "obtain_seconds": round(seconds, 1), **fidelity, **run_figures(run_dir, args.samples),
+                     "train_seconds": stored.get("train_seconds"),
+                     "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
+    figures = _finite({"reference": str(reference), "task": task, "data": ref_data.name,
+                       "num_samples": args.samples, "steps": args.steps, "columns": COLUMNS[task], "rows": rows,
+                       "wall_seconds": round(time.perf_counter() - start, 1)})
+    console.print(table_of(figures))
+    for row in figures["rows"]:
+        console.print(f"{row['member']}: {row['run']} ({row['how']})", style="dim", highlight=False)
+    console.print(f"wall time {figures['wall_seconds']:.0f} s", style="dim")
+    if args.json:
+        write_json(args.json, figures)
+    return figures
+
+
+def _finite(value: Any) -> Any:
+    """Plain JSON: NaN and inf become null, recursively."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+if __name__ == "__main__":
+    sys.exit(exit_code(main))

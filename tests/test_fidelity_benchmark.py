@@ -1,0 +1,83 @@
+"""The fidelity benchmark, tiny: a 2-chain NUTS reference on a 1-3-1 toy net and two cheap members."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import fidelity  # noqa: E402
+
+from zoo.pipeline import train  # noqa: E402
+from zoo.spec import load_spec  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fidelity") / "tiny" / "nuts"
+    spec = load_spec(CONFIGS / "nuts_toy.yaml", [
+        "net.hidden=[3]", "inference.num_chains=2", "inference.warmup_steps=20", "inference.num_samples=20",
+        "inference.max_tree_depth=4", "inference.predictive_samples=40", "device=cpu"])
+    train(spec, out, progress=False, echo=None)
+    return out
+
+
+def test_member_specs_keep_the_reference_data_net_and_prior(reference):
+    ref = load_spec(reference / "spec.yaml")
+    for name in fidelity.MEMBERS:
+        spec = fidelity.member_spec(ref, name, "regression")
+        assert spec.data == ref.data and spec.likelihood == ref.likelihood and spec.seed == ref.seed
+        if name != "subnet_laplace":  # configs/subnet_laplace_toy.yaml's 1-50-50-1 net
+            assert spec.net == ref.net
+        if spec.model.family in ("mean_field", "deep_ensemble", "subnetwork"):
+            assert spec.prior == ref.prior
+    assert fidelity.member_spec(ref, "subnet_laplace", "regression").net.hidden == [50, 50]
+    assert fidelity.member_spec(ref, "mc_dropout", "classification").guide.dropout_rate == 0.1
+    assert fidelity.member_spec(ref, "map", "regression", steps=7).inference.num_steps == 7
+    with pytest.raises(Exception, match="--members"):
+        fidelity.parse_members("mean_field,nope")
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.replace("┃", "│").split("│")[1:-1]]
+
+
+def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich: no wrapped cells
+    out, runs = tmp_path / "fidelity.json", tmp_path / "runs"
+    argv = ["--reference", str(reference), "--members", "mean_field,map", "--runs-dir", str(runs),
+            "--steps", "20", "--samples", "40", "--json", str(out)]
+    figures = fidelity.main(argv)
+    printed = capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["task"] == "regression" and saved["columns"] == ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"]
+    assert [r["member"] for r in saved["rows"]] == ["nuts", "mean_field", "map"]
+    assert {"label", "run", "how", "coverage_95", "w1", "rmse", "test_ll", "sd_ratio", "sd_gap", "sd_data",
+            "stored_metrics", "train_seconds"} <= set(saved["rows"][1])
+    assert saved["rows"][2]["sd_ratio"] is None and saved["rows"][2]["sd_gap"] == 0  # MAP: 0 / 0
+    assert {"reference", "data", "num_samples", "wall_seconds"} <= set(saved)
+    nuts = saved["rows"][0]
+    assert nuts["coverage_95"] == pytest.approx(0.95, abs=0.005) and nuts["w1"] == 0
+    assert [r["how"] for r in saved["rows"]] == ["reference", "trained", "trained"]
+    assert saved["rows"] == json.loads(json.dumps(figures["rows"]))
+
+    # the printed table shows the JSON's figures, row by row
+    lines = [_cells(line) for line in printed.splitlines() if line.startswith("│")]
+    assert len(lines) == 3
+    for cells, row in zip(lines, saved["rows"], strict=True):
+        assert cells[0] == row["label"]
+        assert cells[1:6] == [fidelity._fmt(k, row[k]) for k in saved["columns"]]
+    assert lines[0][1:3] == ["0.950", "0"]
+
+    # resume-safe: finished runs are reused, and a run next to the reference with the same spec is found there
+    again = fidelity.main(argv)
+    assert [r["how"] for r in again["rows"]] == ["reference", "reused", "reused"]
+    assert again["rows"][1]["coverage_95"] == saved["rows"][1]["coverage_95"]
+    (runs / "map").rename(reference.parent / "map_elsewhere")
+    third = fidelity.main(argv[:-2])
+    assert third["rows"][2]["how"] == "reused, next to the reference"
+    assert third["rows"][2]["run"] == str(reference.parent / "map_elsewhere")
