@@ -158,6 +158,19 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
             "seconds": time.perf_counter() - started, "train_seconds": float(summary.metrics["train_seconds"])}
 
 
+def parse_set_for(pairs: list[str], datasets: list[str]) -> dict[str, list[str]]:
+    """``DATASET:KEY=VALUE`` strings as ``{dataset: [KEY=VALUE, ...]}`` for every data set of the run."""
+    out: dict[str, list[str]] = {d: [] for d in datasets}
+    for pair in pairs:
+        dataset, sep, override = pair.partition(":")
+        if not sep or "=" not in override:
+            raise ZooInputError("--set-for", pair, "write DATASET:KEY=VALUE, e.g. kin8nm:model.map.num_steps=4000")
+        if dataset not in out:
+            raise ZooInputError("--set-for", pair, f"{dataset} is not one of --datasets: {', '.join(datasets)}")
+        out[dataset].append(override)
+    return out
+
+
 def split_run_dir(runs_dir: str | None, dataset: str, split: int) -> str | None:
     """Where ``--runs-dir`` keeps one split's run (``<dataset>-split<NN>``, so ``zoo report --group-by name``
     groups a data set's splits); None without ``--runs-dir``."""
@@ -228,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder holding the UCI folders (default $ZOO_DATA_DIR, then ../shared/data/uci)")
     p.add_argument("--json", help="write the figures to this JSON file (atomically)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+    p.add_argument("--set-for", action="append", default=[], metavar="DATASET:KEY=VALUE",
+                   help="override a spec field for one data set only (after --set), e.g. a longer MAP fit chosen "
+                   "on that data set's validation rows: --set-for kin8nm:model.map.num_steps=4000")
     p.add_argument("--workers", type=int, default=1, help="parallel training processes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training process (default 1)")
     p.add_argument("--runs-dir", metavar="DIR", help="keep each run as DIR/<dataset>-split<NN> (for zoo report) "
@@ -248,6 +264,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     datasets, splits = parse_datasets(args.datasets), parse_splits(args.splits)
     data_dir = resolve_data_dir(args.data_dir)
     base_spec = load_spec(args.spec, args.set)  # fail early on a bad spec or --set
+    per_dataset = parse_set_for(args.set_for, datasets)
     depth = len(base_spec.net.hidden)
     jobs: list[tuple[str, int, list[str]]] = []
     protocol: dict[str, int | None] = {}
@@ -259,8 +276,10 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                                 f"no split {bad[0]}")
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
         for split in splits:
-            jobs.append((dataset, split, split_overrides(args.set, dataset, split, data_dir, protocol[dataset], depth)))
-    load_spec(args.spec, jobs[0][2])  # the per-split overrides validate too
+            jobs.append((dataset, split, split_overrides(args.set + per_dataset[dataset], dataset, split, data_dir,
+                                                         protocol[dataset], depth)))
+    for dataset in datasets:  # the per-split and per-data-set overrides validate too
+        load_spec(args.spec, next(o for d, _, o in jobs if d == dataset))
     kept = [d for d in (split_run_dir(args.runs_dir, ds, s) for ds, s, _ in jobs)
             if d and Path(d).is_dir() and any(Path(d).iterdir())]
     if kept:
@@ -301,7 +320,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         console.print(f"runs kept in {args.runs_dir}; table: zoo report {args.runs_dir}/* --group-by label "
                       "--out report.md", soft_wrap=True, markup=False)
     out = {
-        "spec": str(args.spec), "overrides": list(args.set), "data_dir": str(data_dir), "evaluated_on": evaluated_on,
+        "spec": str(args.spec), "overrides": list(args.set), "overrides_per_dataset": per_dataset,
+        "data_dir": str(data_dir), "evaluated_on": evaluated_on,
         "validation_fraction": base_spec.data.validation_fraction, "workers": args.workers,
         "threads": args.threads,
         "wall_seconds": wall, "datasets": summary,

@@ -156,3 +156,11 @@ def test_real_boston_one_split(tmp_path, capsys):
         assert math.isfinite(block[key]), key
     assert 0 < block["rmse_mean"] < 50
     assert "bostonHousing" in capsys.readouterr().out
+
+
+def test_set_for_applies_overrides_to_one_data_set_only():
+    assert uci.parse_set_for(["kin8nm:model.map.num_steps=4000", "kin8nm:seed=2"], ["bostonHousing", "kin8nm"]) == {
+        "bostonHousing": [], "kin8nm": ["model.map.num_steps=4000", "seed=2"]}
+    for bad in ("kin8nm=3", "energy:seed=1", "kin8nm:seed"):
+        with pytest.raises(ZooInputError, match="--set-for"):
+            uci.parse_set_for([bad], ["bostonHousing", "kin8nm"])
