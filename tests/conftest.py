@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from zoo.cli import main
 from zoo.pipeline import train
+from zoo.runs import CHECKPOINT_FILE
 from zoo.spec import RunSpec, load_spec
 
 # Tiny tensors: one thread is faster than two, and far faster when another process keeps a core busy.
@@ -35,6 +39,27 @@ SPECS: dict[str, dict] = {
         "seed": 0,
     },
 }
+
+
+def assert_input_error(tree: dict, overrides: list[str], patterns: list[str], tmp_path: Path, capsys) -> str:
+    """``zoo train`` of spec ``tree`` with ``--set`` overrides exits 2 with a one-line error (no traceback) that
+    matches every regex in ``patterns``, and leaves no checkpoint; returns the message."""
+    import yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(tree))
+    argv = ["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"]
+    for override in overrides:
+        argv += ["--set", override]
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, captured
+    assert err.startswith("error: ") and "Traceback" not in captured.err + captured.out
+    for pattern in patterns:
+        assert re.search(pattern, err), (pattern, err)
+    assert not (tmp_path / "run" / CHECKPOINT_FILE).exists()
+    return err
 
 
 def make_spec(base: str = "toy", *overrides: str) -> RunSpec:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 from pathlib import Path
 
 import pyro
@@ -19,7 +18,7 @@ from pyro import poutine
 
 from guides.delta import DeltaGuide
 from guides.dropout import DropoutGuide
-from zoo.cli import main
+from tests.conftest import assert_input_error
 from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
@@ -357,16 +356,4 @@ BAD_INPUT = {
 def test_bad_baseline_input_exits_2_naming_the_field(case, tmp_path, capsys):
     config, overrides, patterns = BAD_INPUT[case]
     tree = yaml.safe_load((CONFIGS / f"{config}.yaml").read_text())
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(tree))
-    argv = ["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"]
-    for override in [*FAST["uci"], *overrides]:
-        argv += ["--set", override]
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, captured
-    assert err.startswith("error: ") and "Traceback" not in captured.err + captured.out
-    for pattern in patterns:
-        assert re.search(pattern, err), (pattern, err)
-    assert not (tmp_path / "run" / CHECKPOINT_FILE).exists()
+    assert_input_error(tree, [*FAST["uci"], *overrides], patterns, tmp_path, capsys)

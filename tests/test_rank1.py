@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 
 import zoo.models.rank1 as rank1
 from guides.mixture import BatchEnsembleGuide, MixtureGuide
+from tests.conftest import assert_input_error
 from zoo.cli import main
 from zoo.inference.elbo import ANALYTIC, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.likelihoods import Categorical, Gaussian
@@ -451,19 +451,7 @@ BAD_INPUT = {
 ])
 def test_bad_rank1_input_exits_2_naming_the_field(case, tmp_path, capsys):
     tree, overrides, patterns = BAD_INPUT[case]
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(tree))
-    argv = ["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"]
-    for override in overrides:
-        argv += ["--set", override]
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, captured
-    assert err.startswith("error: ") and "Traceback" not in captured.err + captured.out
-    for pattern in patterns:
-        assert re.search(pattern, err), (pattern, err)
-    assert not (tmp_path / "run" / CHECKPOINT_FILE).exists()
+    assert_input_error(tree, overrides, patterns, tmp_path, capsys)
 
 
 def test_the_valid_base_spec_of_the_bad_input_cases_trains(tmp_path, capsys):

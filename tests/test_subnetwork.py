@@ -14,8 +14,8 @@ from pyro import poutine
 from torch import nn
 from torch.func import functional_call, jacrev
 
+from tests.conftest import assert_input_error
 from tests.laplace_reference import dense_glm, laplace_torch_glm
-from zoo.cli import main
 from zoo.curvature import LayerFactors, ParameterLayout, ggn, output_hessian_root
 from zoo.errors import ZooInputError
 from zoo.inference.laplace import GaussianStatistics, linearised_mode, prior_groups
@@ -296,13 +296,7 @@ def test_selections_pick_what_they_say(tmp_path):
     (["model={family: mean_field}"], "use model.family: subnetwork"),
 ])
 def test_bad_input_exits_2_with_a_hint(overrides, message, tmp_path, capsys):
-    path = tmp_path / "spec.yaml"
-    import yaml
-
-    path.write_text(yaml.safe_dump(TOY))
-    code = main(["train", str(path), "--out", str(tmp_path / "run"), *sum((["--set", o] for o in overrides), [])])
-    assert code == 2
-    assert message in capsys.readouterr().err
+    assert message in assert_input_error(TOY, overrides, [], tmp_path, capsys)
 
 
 def test_classification_guide_rejects_a_precision_of_zero(tmp_path):
