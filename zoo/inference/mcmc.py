@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,10 +145,13 @@ class LogJoint:
 class Potential:
     """U(z) = -log p(w(z), y | x) - log|det J(z)| at C points ``z [C, D]``, with its gradient."""
 
-    def __init__(self, family: ModelFamily, data: Dataset) -> None:
+    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False) -> None:
         self.coords = Coordinates(family)
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
         self.evaluations = 0
+        # torch.compile fuses the potential and its backward into a few kernels (one compile per batch shape)
+        self._energy = torch.compile(self.__call__, dynamic=False) if compile else self.__call__
+        self.compiled = compile
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         """U at every row of ``z``: ``[C]``."""
@@ -159,7 +163,15 @@ class Potential:
         self.evaluations += 1
         with torch.enable_grad():
             z = z.detach().requires_grad_(True)
-            energy = self(z)
+            try:
+                energy = self._energy(z)
+            except Exception as exc:  # no C++ toolchain, an unsupported op: the eager potential is the same maths
+                if not self.compiled:
+                    raise
+                warnings.warn(f"torch.compile of the potential failed ({type(exc).__name__}); running it eagerly",
+                              stacklevel=2)
+                self._energy, self.compiled = self.__call__, False
+                energy = self(z)
             (grad,) = torch.autograd.grad(energy.sum(), z)
         return energy.detach(), grad
 
@@ -525,7 +537,7 @@ def fit_mcmc(
     ``run_dir/samples.pt``; ``resume=True`` continues from there.
     """
     log = log or RunLog(None, echo=None)
-    potential = Potential(family, data)
+    potential = Potential(family, data, compile=spec.compile)
     coords = potential.coords
     check_size(coords, spec)
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
