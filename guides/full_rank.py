@@ -47,6 +47,13 @@ class FullRankGuide(MeanFieldNormalGuide):
         key = _key(name)
         return self.off_diagonal[key].tril(-1) + torch.diag(F.softplus(self.rho[key]))
 
+    def scale(self, name: str) -> torch.Tensor:
+        """Posterior standard deviation of each element: the row norms of L for a full-covariance site (so
+        signal-to-noise pruning reads the marginal sd), the mean-field softplus(rho) for the rest."""
+        if self._full(name):
+            return self.scale_tril(name).norm(dim=-1)
+        return super().scale(name)
+
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mu, L Lᵀ) for vector weight sites; the mean-field guide's distribution for the rest."""
         if self._full(name):

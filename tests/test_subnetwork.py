@@ -258,6 +258,9 @@ def test_same_model_by_nuts_and_by_full_rank_svi(tmp_path):
         assert math.isfinite(summary.metrics["test_ll"])
     _, _, posterior = load_run(svi.run_dir)
     assert posterior.sample(3)[SITE].shape == (3, 12)
+    guide = posterior.guide  # its sd per weight (what SNR pruning reads) is the full covariance's marginal sd
+    covariance = guide.distribution(SITE).covariance_matrix
+    torch.testing.assert_close(guide.scale(SITE), covariance.diagonal().sqrt())
 
 
 def test_selections_pick_what_they_say(tmp_path):
@@ -315,8 +318,8 @@ def test_regression_metrics_use_the_closed_form_glm_predictive(tmp_path):
     pred = posterior.predict(data.x_test, num_samples=1)
     exact = metrics.regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
     assert evaluate(posterior, data, num_samples=5) == exact  # not a 5-draw mixture
-    posterior.predictive = "nn"
-    assert not posterior.exact_predictive and evaluate(posterior, data, num_samples=5) != exact
+    posterior.predictive = "nn"  # the net at draws: a 5-draw mixture, not the closed form
+    assert evaluate(posterior, data, num_samples=5) != exact
 
 
 def test_precision_to_scale_tril_is_the_cholesky_factor_of_the_inverse():

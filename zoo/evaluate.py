@@ -23,12 +23,11 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     Regression: rmse and test_ll in original units (from the closed form where the posterior has one).
     """
     pyro.set_rng_seed(seed + 1)
-    draws = posterior.sample(num_samples)
-    pred = posterior.predict(data.x_test, draws=draws)
-    if data.task == "regression":
-        if posterior.exact_predictive:
-            pred = posterior.predict(data.x_test, num_samples)
+    if data.task == "regression":  # the posterior's own predictive: a closed form where it has one (Laplace GLM)
+        pred = posterior.predict(data.x_test, num_samples)
         return metrics.regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
+    draws = posterior.sample(num_samples)  # shared by the test and the OOD inputs
+    pred = posterior.predict(data.x_test, draws=draws)
     out = metrics.classification_metrics(pred.log_probs, data.y_test)
     for name, x_ood in data.x_ood.items():
         auroc = metrics.ood_auroc(pred.log_probs, posterior.predict(x_ood, draws=draws).log_probs)

@@ -19,10 +19,6 @@ from zoo.models.base import ModelFamily
 class Posterior(ABC):
     """Draws of every latent site of ``family``'s model, and predictions from them."""
 
-    # True where ``predict(x, num_samples)`` is the exact predictive (a closed form) rather than a Monte Carlo
-    # mixture over draws: metrics then use it instead of a finite mixture, whose log-likelihood is biased low.
-    exact_predictive: bool = False
-
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
 

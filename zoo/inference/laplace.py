@@ -64,11 +64,6 @@ class LaplacePosterior(GuidePosterior):
         self.predictive, self.link, self.chunk_size = predictive, link, chunk_size
         self.site = gaussian_site(guide)
 
-    @property
-    def exact_predictive(self) -> bool:
-        """The GLM predictive of a Gaussian likelihood is a closed form: N(f, J Σ Jᵀ + σ²)."""
-        return self.predictive == "glm" and self.family.likelihood.task == "regression"
-
     @classmethod
     def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec) -> LaplacePosterior:
         """The posterior with the spec's predictive settings."""
@@ -267,7 +262,8 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
 
 
 # ------------------------------------------------------------------------------------------ the fit
-def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor, cross: torch.Tensor, sum_squares: torch.Tensor, n: int,
+def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor | None, cross: torch.Tensor | None,
+          sum_squares: torch.Tensor | None, n: int,
           centre: torch.Tensor, fs: list[torch.Tensor], Js: list[torch.Tensor], y: torch.Tensor,
           group_index: torch.Tensor, log_precision: torch.Tensor, log_noise: torch.Tensor | None,
           learned_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,11 +279,10 @@ def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor, cross: torch.Tensor,
     f_all, J_all = torch.cat(fs), torch.cat(Js)
     fs.clear()  # one copy of the stored Jacobian, not two
     Js.clear()
-    precision = log_precision.exp()[group_index]
     if spec.tune:
         log_z = tune_classification(f_all, J_all, y, centre, group_index, log_precision, spec.tune_iterations, at_map)
     else:
-        log_z = categorical_evidence(f_all, J_all, y, centre, precision, at_map)[0]
+        log_z = categorical_evidence(f_all, J_all, y, centre, log_precision.exp()[group_index], at_map)[0]
     return log_z, ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
 
 
@@ -339,10 +334,11 @@ def fit_laplace(
     log_noise = torch.as_tensor(noise, dtype=torch.float64, device=centre.device).log() if noise is not None else None
 
     D, n = len(centre), data.n_train
+    store = task == "classification"  # Newton steps need every row's J; regression needs only sums over rows
     fs, Js = [], []
-    gram = centre.new_zeros(D, D)
-    cross, sum_squares = centre.new_zeros(D), centre.new_zeros(())
-    store = task == "classification"
+    gram = cross = sum_squares = None
+    if not store:
+        gram, cross, sum_squares = centre.new_zeros(D, D), centre.new_zeros(D), centre.new_zeros(())
     if store and n * data.out_dim * D > MAX_STORED_JACOBIAN:
         raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
                             f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")

@@ -133,6 +133,12 @@ class ByModule(Selection):
         return torch.cat(ranges).to(context.data.x_train.device)
 
 
+SIZED_SELECTIONS: dict[str, type[Selection]] = {
+    "largest_variance": LargestVariance, "largest_magnitude": LargestMagnitude, "random": RandomSelection}
+SELECTIONS = {**{name: cls.__doc__ for name, cls in SIZED_SELECTIONS.items()},
+              "last_layer": "Every weight and bias of the output layer.", "modules": ByModule.__doc__}
+
+
 def build_selection(spec: SubnetSelectionSpec) -> Selection:
     """The mask object the spec names."""
     if spec.strategy == "modules":
@@ -141,13 +147,7 @@ def build_selection(spec: SubnetSelectionSpec) -> Selection:
         raise ZooInputError("model.selection.modules", spec.modules, "only the 'modules' strategy takes module names")
     if spec.strategy == "last_layer":
         return ByModule(None)
-    return {"largest_variance": LargestVariance, "largest_magnitude": LargestMagnitude,
-            "random": RandomSelection}[spec.strategy](spec.size)
-
-
-SELECTIONS = {"largest_variance": LargestVariance.__doc__, "largest_magnitude": LargestMagnitude.__doc__,
-              "random": RandomSelection.__doc__, "last_layer": "every weight and bias of the output layer",
-              "modules": ByModule.__doc__}
+    return SIZED_SELECTIONS[spec.strategy](spec.size)
 
 
 # ------------------------------------------------------------------------------------------ the family
@@ -165,7 +165,9 @@ class SubnetworkBNN:
         self.prior_configs = priors
         self.layout = ParameterLayout(net)
         self._swap = ParameterSwap(net)
+        self._params = dict(net.named_parameters())  # the same Parameter objects across .to() and MAP copies
         self.indices: torch.Tensor | None = None
+        self._parts: list = []  # layout.split(indices), kept with the indices: weights() runs every model call
         self.prior_precision: torch.Tensor | None = None
         self.map_values: dict[str, torch.Tensor] = {}
 
@@ -184,23 +186,24 @@ class SubnetworkBNN:
     def prepare(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog, progress: bool = True) -> None:
         """Fit (or load) the MAP net and select the subnetwork; stored in ``run_dir`` for resumes and reloads."""
         path = Path(run_dir) / SUBNET_FILE if run_dir is not None else None
+        flat_precision = self._flat_prior_precision(data.x_train)
         if path is not None and path.exists():
             state = load_torch(path, data.x_train.device)
             self._set_map(state["map"])
-            self.indices = state["indices"]
+            self._set_indices(state["indices"])
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
             self._set_map(self._map_values(data, run_dir, seed, log, progress))
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood.task, self.map_noise(),
-                                       self._flat_prior_precision(data.x_train), seed)
-            self.indices = selection.select(context).to(data.x_train.device)
+                                       flat_precision, seed)
+            self._set_indices(selection.select(context).to(data.x_train.device))
             if path is not None:
                 save_torch(path, {"map": self.map_values, "indices": self.indices})
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights "
                 f"({100 * len(self.indices) / self.layout.size:.2g}%), selected by {self.spec.selection.strategy}; "
                 f"{self.count_by_parameter()}")
-        self.prior_precision = self._flat_prior_precision(data.x_train)[self.indices]
+        self.prior_precision = flat_precision[self.indices]
 
     def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog,
                     progress: bool) -> dict[str, torch.Tensor]:
@@ -231,6 +234,10 @@ class SubnetworkBNN:
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
             save_torch(map_dir / POINT_ESTIMATE_FILE, values)
         return values
+
+    def _set_indices(self, indices: torch.Tensor) -> None:
+        self.indices = indices
+        self._parts = self.layout.split(indices)
 
     def _set_map(self, values: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -294,7 +301,7 @@ class SubnetworkBNN:
         """Move the net, the indices and the prior precision to ``device``/``dtype``."""
         self.net.to(device=device, dtype=dtype)
         if self.indices is not None:
-            self.indices = self.indices.to(device)
+            self._set_indices(self.indices.to(device))
             self.prior_precision = self.prior_precision.to(device=device, dtype=dtype)
         self.map_values = {n: v.to(device=device, dtype=dtype) for n, v in self.map_values.items()}
         return self
@@ -318,9 +325,9 @@ class SubnetworkBNN:
         """The parameters the subnet touches, MAP values with the subnet's entries replaced: ``{name: [S, ...]}``
         for subnet draws ``[S, D]``."""
         out = {}
-        params = dict(self.net.named_parameters())
-        for slot, positions, local in self.layout.split(self._require_prepared()):
-            base = params[slot.name].detach().flatten().expand(subnet.shape[0], -1)
+        self._require_prepared()
+        for slot, positions, local in self._parts:
+            base = self._params[slot.name].detach().flatten().expand(subnet.shape[0], -1)
             out[slot.name] = base.index_copy(1, local, subnet[:, positions]).view(-1, *slot.shape)
         return out
 
