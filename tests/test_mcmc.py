@@ -11,7 +11,7 @@ import torch
 from zoo import runs
 from zoo.errors import ZooInputError
 from zoo.inference import mcmc
-from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, DualAveraging, LogJoint, Potential, fit_mcmc, halton
+from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, DualAveraging, LogJoint, Potential, exp_tanh, fit_mcmc, halton
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import SamplePosterior
 from zoo.spec import load_spec
@@ -44,7 +44,9 @@ def sampled_moments(result) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize(("method", "settings"), [
     ("nuts", {"num_chains": 2, "warmup_steps": 100, "num_samples": 200}),
     ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100}),
-])
+    ("nuts", {"num_chains": 2, "warmup_steps": 100, "num_samples": 200, "compile": True}),
+    ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "compile": True}),
+], ids=["nuts", "hmc", "nuts-compiled", "hmc-compiled"])
 def test_samplers_recover_the_conjugate_linear_regression_posterior(method, settings):
     spec = load_spec(linear_spec(method, **settings))
     data, family, guide, _ = prepare(spec)
@@ -129,6 +131,33 @@ def test_compiled_potential_matches_the_eager_one(spec_factory):
         assert any("torch.compile" in str(w.message) for w in caught)
     reference_energy, reference_grad = eager.value_and_grad(z)
     torch.testing.assert_close(energy, reference_energy, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-4)
+
+
+def test_exp_tanh_rewrites_tanh_in_value_and_gradient():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.func.grad(lambda x: (torch.tanh(3 * x) * x).sum())(x)
+
+    x = torch.tensor([-60.0, -3.0, -0.5, -1e-4, 0.0, 1e-4, 0.5, 3.0, 60.0])
+    graph = make_fx(f)(x)
+    exp_tanh(graph)
+    targets = {node.target for node in graph.graph.nodes}
+    assert torch.ops.aten.tanh.default not in targets and torch.ops.aten.exp.default in targets
+    torch.testing.assert_close(graph(x), f(x), rtol=0, atol=1e-6)  # saturates at +-1 without inf/inf
+    assert torch.isfinite(graph(x)).all()
+
+
+def test_compiled_potential_drives_nuts_through_its_own_gradient(spec_factory):
+    spec = spec_factory("toy", "net.hidden=[4]")
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data, compile=True)
+    z = torch.randn(1, potential.coords.dim, requires_grad=True)
+    energy = potential.energy(z)
+    (grad,) = torch.autograd.grad(energy.sum(), z)
+    reference_energy, reference_grad = Potential(family, data).value_and_grad(z)
+    torch.testing.assert_close(energy.detach(), reference_energy, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-4)
 
 

@@ -286,8 +286,9 @@ class MCMCSpec(_Strict):
     trajectory_length: PositiveFloat = Field(1.0, description="hmc: initial integration time")
     adapt_trajectory_length: bool = Field(True, description="hmc: tune the trajectory length by ChEES in warm-up")
     max_leapfrog_steps: PositiveInt = Field(1024, description="hmc: cap on leapfrog steps per draw")
-    compile: bool = Field(False, description="compile the potential and its gradient with torch.compile (a one-off "
-                          "compile of ~10 s; about 2x faster gradients for the many-chain HMC on CPU here)")
+    compile: bool = Field(False, description="trace the potential with its gradient into one graph and compile it "
+                          "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
+                          "for 64 lockstep HMC chains and ~1.8x faster NUTS iterations")
     adapt_mass_matrix: bool = True
     init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
                       "chains start at its draws")
