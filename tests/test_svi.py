@@ -383,3 +383,78 @@ def test_fixed_noise_has_no_noise_site(tmp_path, spec_factory):
     out = run(spec, tmp_path / "fixed").run_dir
     assert "noise_scale" not in checkpoint(out)["kl_methods"]
     assert "noise_scale" not in load_torch(out / POINT_ESTIMATE_FILE)
+
+
+# ------------------------------------------------------------------------------------------ compiled SVI step
+def _step_parts(spec):
+    data, family, guide, _ = prepare(spec)
+    params = list(guide.parameters()) + list(family.point_parameters() if hasattr(family, "point_parameters")
+                                               else [])
+    optimizer = svi.make_optimizer(params, spec.inference)
+    elbo = LazyTraceMeanField_ELBO()
+    return data, params, svi.SVIStep(family.model, guide, elbo, optimizer, spec.inference.local_reparam,
+                                     spec.inference.compile)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["guide.name=delta"],  # mean-field family, MAP: no draws, so eager and compiled must agree step by step
+    ["model.family=rank1", "guide.name=batch_ensemble", "prior.loc=1.0"],
+], ids=["map", "batchensemble"])
+def test_compiled_svi_steps_follow_the_eager_ones(spec_factory, overrides):
+    eager_spec = spec_factory("toy", *overrides)
+    compiled_spec = spec_factory("toy", *overrides, "inference.compile=true")
+    data, eager_params, eager = _step_parts(eager_spec)
+    _, compiled_params, compiled = _step_parts(compiled_spec)
+    batch = torch.arange(32)
+    for weight in (1.0, 1.0, 0.25, 0.0, 1.0):  # the KL weight reaches the compiled graph as an input
+        eager.elbo.kl_weight = compiled.elbo.kl_weight = weight
+        torch.testing.assert_close(compiled(data.x_train, data.y_train, batch),
+                                   eager(data.x_train, data.y_train, batch), rtol=1e-5, atol=1e-4)
+    assert compiled.compiled, "the compiled path was not taken"
+    for a, b in zip(compiled_params, eager_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_traced_elbo_draws_the_same_noise_as_the_eager_one(spec_factory):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    spec = spec_factory("toy", "model.family=rank1", "guide.name=mixture", "prior.loc=1.0")
+    data, params, step = _step_parts(spec)
+    batch = torch.arange(32)
+    step.validated = True
+    graph = make_fx(lambda x, y, b: step.loss(x, y, b))(data.x_train, data.y_train, batch)
+    torch.manual_seed(5)
+    eager = step.loss(data.x_train, data.y_train, batch)
+    eager_grads = torch.autograd.grad(eager, params)
+    torch.manual_seed(5)
+    traced = graph(data.x_train, data.y_train, batch)
+    for a, b in zip(torch.autograd.grad(traced, params), eager_grads, strict=True):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(traced, eager)
+
+
+def test_compiled_svi_trains_rank1_with_a_mixture_guide_and_a_short_last_batch(spec_factory, tmp_path):
+    spec = spec_factory("toy", "model.family=rank1", "guide.name=mixture", "prior.loc=1.0", "inference.compile=true",
+                        "inference.batch_size=30", "inference.kl_annealing_steps=20")
+    summary = run(spec, tmp_path / "run")
+    losses = load_torch(tmp_path / "run" / CHECKPOINT_FILE)["losses"]
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20
+    assert math.isfinite(summary.metrics["test_ll"])
+
+
+def test_a_model_the_tracer_cannot_follow_falls_back_to_eager_with_a_warning(spec_factory):
+    spec = spec_factory("toy", "guide.name=delta", "inference.compile=true")
+    data, _, step = _step_parts(spec)
+    model = step.model
+
+    def data_dependent(x, y=None, batch=None):
+        if float(x.sum()) > -1e9:  # Python control flow on a tensor's value: make_fx cannot trace it
+            return model(x, y, batch)
+
+    step.model = data_dependent
+    batch = torch.arange(32)
+    step(data.x_train, data.y_train, batch)
+    with pytest.warns(UserWarning, match="compiling the SVI step failed"):
+        value = step(data.x_train, data.y_train, batch)
+    assert math.isfinite(value) and step.compiled is None

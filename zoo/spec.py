@@ -264,6 +264,8 @@ class SVISpec(_Strict):
     num_particles: PositiveInt = 1
     kl_annealing_steps: NonNegativeInt = Field(0, description="linear warm-up of the KL weight from 0 to 1")
     local_reparam: bool = False
+    compile: bool = Field(False, description="trace the ELBO step into one graph per minibatch size and compile it "
+                          "(a one-off compile of a few seconds); removes Pyro's per-site cost from every step")
     checkpoint_every: PositiveInt = 1000
     predictive_samples: PositiveInt = 100
 

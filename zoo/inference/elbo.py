@@ -59,7 +59,7 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
     def __init__(self, num_particles: int = 1, analytic_kl: bool = True) -> None:
         super().__init__(num_particles=num_particles)
         self.analytic_kl = analytic_kl
-        self.kl_weight = 1.0
+        self.kl_weight: float | torch.Tensor = 1.0
         self.kl_methods: dict[str, str] = {}
         self.last_terms: dict[str, torch.Tensor] = {}
 
@@ -99,7 +99,9 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
                 kl = kl + term
             terms[name] = term
         self.last_terms = terms
-        return (kl if self.kl_weight == 1.0 else self.kl_weight * kl) - log_lik
+        if isinstance(self.kl_weight, torch.Tensor) or self.kl_weight != 1.0:  # a tensor while being compiled
+            kl = self.kl_weight * kl
+        return kl - log_lik
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Negative ELBO averaged over particles, differentiable with respect to every parameter used."""

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import pyro
 import torch
 from torch import nn
 from torch.distributions import constraints
@@ -17,10 +18,16 @@ T = TypeVar("T")
 
 
 def per_device(cache: dict, ref: torch.Tensor, build: Callable[[torch.device, torch.dtype], T]) -> T:
-    """``build(device, dtype)`` once per device and dtype of ``ref`` (e.g. a family's priors); then reused."""
+    """``build(device, dtype)`` once per device and dtype of ``ref`` (e.g. a family's priors); then reused.
+
+    Built without argument validation: a cached distribution is evaluated at every step, its parameters come
+    from the validated spec, and a validating instance would re-check every sample against its support (a
+    data-dependent branch that also keeps the SVI step from being traced and compiled).
+    """
     key = (ref.device, ref.dtype)
     if key not in cache:
-        cache[key] = build(*key)
+        with pyro.validation_enabled(False):
+            cache[key] = build(*key)
     return cache[key]
 
 
