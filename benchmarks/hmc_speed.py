@@ -9,8 +9,9 @@ it is 0.1 / y_std (about 0.13). Both sides sample exactly that density on the sa
 Zoo side: the model built as a run builds it (``zoo.spec.load_spec`` -> ``zoo.pipeline.prepare``), sampled by
 ``zoo.inference.mcmc.fit_mcmc`` for each ``--zoo-methods`` candidate: ``hmc:C`` is the zoo's many-chain HMC
 (C chains in lockstep, ChEES-tuned trajectory), ``nuts:C`` Pyro's NUTS chain after chain (very slow, off by
-default). Time: ``result.seconds``, the wall time of warm-up + sampling (the zoo compiles nothing); the whole
-``fit_mcmc`` call, start-up included, is in the JSON as ``seconds_total``.
+default). Time: ``result.seconds``, the wall time of warm-up + sampling; the rest of the ``fit_mcmc`` call
+(start-up: initial points, the check against the traced model, and with ``inference.compile=true`` tracing and
+compiling the potential) is reported as the zoo's compile time, and the whole call as ``seconds_total``.
 NumPyro side: the same model written in NumPyro, ``NUTS`` with default settings, one run per
 ``--numpyro-methods`` candidate (``vectorized:C``, ``sequential:C``, ``parallel:C``; ``parallel`` runs one chain
 per host device, of which this script asks XLA for 2 at import time). Time: the wall time of ``mcmc.run``
@@ -139,7 +140,8 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace) -> dict:
     with torch.no_grad():
         f = family.forward_draws({k: v.flatten(0, 1) for k, v in result.draws.items()}, eval_inputs(data))[..., 0]
     row = {"side": "zoo", "method": method, "chains": int(chains), "warmup": spec.inference.warmup_steps,
-           "samples": int(samples), "seconds": result.seconds, "seconds_total": total, "compile_seconds": 0.0,
+           "samples": int(samples), "seconds": result.seconds, "seconds_total": total,
+           "seconds_compile_inclusive": total, "compile_seconds": total - result.seconds,
            "divergences": int(result.stats["diverging"].sum()),
            "settings": {k: float(v) for k, v in result.settings.items()},
            **diagnostics(f.reshape(chains, samples, -1).double().numpy())}
@@ -148,7 +150,7 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace) -> dict:
     if "tree_depth" in result.stats:
         row["mean_tree_depth"] = float(result.stats["tree_depth"].float().mean())
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
-    row["min_ess_per_s_compile_inclusive"] = row["min_ess_per_s"]  # nothing to compile on the zoo side
+    row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], total)
     return row
 
 
@@ -328,26 +330,29 @@ def main(argv: list[str] | None = None) -> dict:
     results["host_devices"] = jax.local_device_count()
 
     zoo_best = best(results["zoo"], "min_ess_per_s")
+    zoo_best_inclusive = best(results["zoo"], "min_ess_per_s_compile_inclusive")
     np_best = best(results["numpyro"], "min_ess_per_s")
     np_best_inclusive = best(results["numpyro"], "min_ess_per_s_compile_inclusive")
     zoo_ess_s = results["zoo"][zoo_best]["min_ess_per_s"]
     results.update({
         "zoo_best": zoo_best, "numpyro_best": np_best, "numpyro_best_compile_inclusive": np_best_inclusive,
-        "zoo_best_min_ess_per_s": zoo_ess_s,
+        "zoo_best_compile_inclusive": zoo_best_inclusive, "zoo_best_min_ess_per_s": zoo_ess_s,
+        "zoo_best_min_ess_per_s_compile_inclusive":
+            results["zoo"][zoo_best_inclusive]["min_ess_per_s_compile_inclusive"],
         "numpyro_best_min_ess_per_s": results["numpyro"][np_best]["min_ess_per_s"],
         "numpyro_best_min_ess_per_s_compile_inclusive":
             results["numpyro"][np_best_inclusive]["min_ess_per_s_compile_inclusive"],
     })
     results["ratio_zoo_over_numpyro"] = ratio(zoo_ess_s, results["numpyro_best_min_ess_per_s"])
     results["ratio_zoo_over_numpyro_compile_inclusive"] = ratio(
-        zoo_ess_s, results["numpyro_best_min_ess_per_s_compile_inclusive"])
+        results["zoo_best_min_ess_per_s_compile_inclusive"], results["numpyro_best_min_ess_per_s_compile_inclusive"])
     results["ratio_within_target"] = (results["ratio_zoo_over_numpyro"] is not None
                                       and results["ratio_zoo_over_numpyro"] >= TARGET_RATIO)
 
     table = Table(title=f"function-space ESS/s: 1-{hidden}-1 tanh BNN on toy_gap (sigma {NOISE:g} original = "
                         f"{noise:.3f} standardised), {args.warmup} warm-up + {args.samples} draws per chain, "
                         f"bulk ESS and R-hat of f(x) at x = {', '.join(f'{v:g}' for v in X_EVAL)} (min / max of "
-                        f"the five); time = warm-up + sampling, '+compile' adds NumPyro's compile time "
+                        f"the five); time = warm-up + sampling, '+compile' adds compile time (zoo: all start-up) "
                         f"(torch threads {torch.get_num_threads()}, {results['host_devices']} XLA host devices)")
     for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
                 "divergences", "leapfrog/draw"):
@@ -355,8 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
     for side in ("zoo", "numpyro"):
         for name, row in results[side].items():
             label = f"{side} {name}" + (" (best)" if name == (zoo_best if side == "zoo" else np_best) else "")
-            compile_s = f"{row['compile_seconds']:.1f}" if side == "numpyro" else "–"
-            table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", compile_s,
+            table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", f"{row['compile_seconds']:.1f}",
                           _fmt(row["min_ess"], ".0f"), _fmt(row["min_ess_per_s"], ".2f"),
                           _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
                           str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"))
@@ -364,11 +368,12 @@ def main(argv: list[str] | None = None) -> dict:
     for col in ("figure", "zoo best", "NumPyro best", "ratio", f"≥ {TARGET_RATIO}"):
         summary.add_column(col, justify="left" if col == "figure" else "right")
     r = results["ratio_zoo_over_numpyro"]
-    summary.add_row("min ESS/s (NumPyro without compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
+    summary.add_row("min ESS/s (without compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
                     f"{np_best}: {_fmt(results['numpyro_best_min_ess_per_s'], '.2f')}", _fmt(r, ".3f"),
                     "yes" if results["ratio_within_target"] else "no")
     r_incl = results["ratio_zoo_over_numpyro_compile_inclusive"]
-    summary.add_row("min ESS/s (NumPyro with compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
+    summary.add_row("min ESS/s (with compile and start-up)",
+                    f"{zoo_best_inclusive}: {_fmt(results['zoo_best_min_ess_per_s_compile_inclusive'], '.2f')}",
                     f"{np_best_inclusive}: {_fmt(results['numpyro_best_min_ess_per_s_compile_inclusive'], '.2f')}",
                     _fmt(r_incl, ".3f"), "yes" if r_incl is not None and r_incl >= TARGET_RATIO else "no")
     console = Console(width=max(Console().width, 170))  # wide enough for every column when piped to a file
