@@ -290,7 +290,7 @@ class MCMCSpec(_Strict):
     max_leapfrog_steps: PositiveInt = Field(1024, description="hmc: cap on leapfrog steps per draw")
     compile: bool = Field(False, description="trace the potential with its gradient into one graph and compile it "
                           "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
-                          "for 64 lockstep HMC chains and ~1.8x faster NUTS iterations")
+                          "for 64 lockstep HMC chains and ~2x faster NUTS iterations")
     adapt_mass_matrix: bool = True
     init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
                       "chains start at its draws")
