@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,22 @@ def assert_input_error(tree: dict, overrides: list[str], patterns: list[str], tm
         assert re.search(pattern, err), (pattern, err)
     assert not (tmp_path / "run" / CHECKPOINT_FILE).exists()
     return err
+
+
+# Tests of compiled steps need a C++ compiler (torch.compile's CPU backend), and there a fallback to eager is an
+# error, so that they cannot pass by comparing eager with eager.
+COMPILED_STEP_MARKS = [
+    pytest.mark.skipif(not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")),
+                       reason="torch.compile's CPU backend needs a C++ compiler (steps fall back to eager without)"),
+    pytest.mark.filterwarnings("error:compiling"),
+]
+
+
+def compiled_step(test):
+    """Decorator: the marks of a test that runs compiled steps."""
+    for mark in COMPILED_STEP_MARKS:
+        test = mark(test)
+    return test
 
 
 def make_spec(base: str = "toy", *overrides: str) -> RunSpec:

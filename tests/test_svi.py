@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 
 import pyro
@@ -15,6 +14,7 @@ import torch
 
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
+from tests.conftest import compiled_step
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import prune_by_snr
 from zoo.inference.elbo import ANALYTIC, ELBOS, LazyTraceMeanField_ELBO
@@ -397,8 +397,7 @@ def _step_parts(spec):
                                      spec.inference.compile)
 
 
-@pytest.mark.skipif(not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")),
-                    reason="torch.compile's CPU backend needs a C++ compiler (the step falls back to eager without)")
+@compiled_step
 @pytest.mark.parametrize("overrides", [
     ["guide.name=delta"],  # mean-field family, MAP: no draws, so eager and compiled must agree step by step
     ["model.family=rank1", "guide.name=batch_ensemble", "prior.loc=1.0"],
@@ -436,6 +435,7 @@ def test_traced_elbo_draws_the_same_noise_as_the_eager_one(spec_factory):
     torch.testing.assert_close(traced, eager)
 
 
+@compiled_step
 def test_compiled_svi_trains_rank1_with_a_mixture_guide_and_a_short_last_batch(spec_factory, tmp_path):
     spec = spec_factory("toy", "model.family=rank1", "guide.name=mixture", "prior.loc=1.0", "inference.compile=true",
                         "inference.batch_size=30", "inference.kl_annealing_steps=20")
@@ -460,4 +460,4 @@ def test_a_model_the_tracer_cannot_follow_falls_back_to_eager_with_a_warning(spe
     step(data.x_train, data.y_train, batch)
     with pytest.warns(UserWarning, match="compiling the SVI step failed"):
         value = step(data.x_train, data.y_train, batch)
-    assert math.isfinite(value) and step.compiled is None
+    assert math.isfinite(value) and not step.compiled

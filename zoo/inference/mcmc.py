@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,11 +29,11 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 from torch.distributions.transforms import identity_transform
 from torch.func import vmap
-from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.inference.svi import deferred_interrupt
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior, SamplePosterior
@@ -148,17 +146,22 @@ class Potential:
     """U(z) = -log p(w(z), y | x) - log|det J(z)| at C points ``z [C, D]``, with its gradient.
 
     With ``compile=True`` the value and the gradient are one compiled graph per batch shape: the potential is
-    traced together with its reverse pass (``torch.func.grad_and_value`` under ``make_fx``), so a call runs a
-    few fused kernels with no autograd engine, and on CPU tanh is rewritten in terms of exp (see
-    :func:`exp_tanh`). If tracing or compiling fails, it says so and runs eagerly: the same maths.
+    traced together with its reverse pass (``torch.func.grad_and_value``, see :class:`TracedCompile`), so a
+    call runs a few fused kernels with no autograd engine, and on CPU tanh is rewritten in terms of exp (see
+    :func:`exp_tanh`).
     """
 
     def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False) -> None:
         self.coords = Coordinates(family)
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
         self.evaluations = 0
-        self.compiled = compile
-        self._fused: dict[tuple, Callable] = {}  # (shape, dtype, device) of z -> compiled value-and-gradient
+        rewrite = exp_tanh if data.x_train.device.type == "cpu" else None
+        self._fused = TracedCompile(self._traced_value_and_grad, "the potential", rewrite) if compile else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run the compiled graph (asked for, and tracing and compiling have not failed)."""
+        return self._fused is not None and self._fused.active
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         """U at every row of ``z``: ``[C]``."""
@@ -169,13 +172,9 @@ class Potential:
         """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all)."""
         self.evaluations += 1
         z = z.detach()
-        if self.compiled:
-            try:
-                return self._fused_value_and_grad(z)
-            except Exception as exc:  # no C++ toolchain, an op the tracer cannot follow: eager is the same maths
-                warnings.warn(f"compiling the potential failed ({type(exc).__name__}: {exc}); running it eagerly",
-                              stacklevel=2)
-                self.compiled = False
+        fused = self._fused(z) if self.compiled else None
+        if fused is not None:
+            return fused
         with torch.enable_grad():
             z = z.requires_grad_(True)
             energy = self(z)
@@ -191,52 +190,14 @@ class Potential:
         energy, grad = self.value_and_grad(z)
         return energy + ((z - z.detach()) * grad).sum(-1)
 
-    def _fused_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (tuple(z.shape), z.dtype, z.device)
-        if key not in self._fused:
-            self._fused[key] = self._compile(z)
-        return self._fused[key](z)
-
-    def _compile(self, z: torch.Tensor) -> Callable:
+    def _traced_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         def total(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             energy = self(z)
             return energy.sum(), energy
 
         with pyro.validation_enabled(False), torch.enable_grad():
-            graph = make_fx(torch.func.grad_and_value(total, has_aux=True))(z)
-        if z.device.type == "cpu":
-            exp_tanh(graph)
-        fused = torch.compile(graph, dynamic=False)
-
-        def value_and_grad(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            grad, (_, energy) = fused(z)
-            return energy, grad
-
-        return value_and_grad
-
-
-def exp_tanh(graph: torch.fx.GraphModule) -> None:
-    """Rewrite every ``tanh(x)`` in a traced graph as ``1 - 2 / (exp(2x) + 1)``, in place.
-
-    Inductor's CPU tanh is the 1-ULP vector tanh, which costs about three exps here (3.6 ms against 0.95 ms
-    on a [256, 100, 50] tensor, one thread); the rewritten form is exact up to rounding (absolute error
-    ~1e-7 in float32) and saturates correctly at both ends. The reverse pass reads tanh's output, so it
-    follows. Only the compiled potential uses this; the model itself is unchanged.
-    """
-    aten = torch.ops.aten
-    for node in list(graph.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.tanh.default:
-            continue
-        with graph.graph.inserting_before(node):
-            doubled = graph.graph.call_function(aten.mul.Tensor, (node.args[0], 2.0))
-            grown = graph.graph.call_function(aten.add.Tensor, (graph.graph.call_function(aten.exp.default,
-                                                                                             (doubled,)), 1.0))
-            ratio = graph.graph.call_function(aten.mul.Tensor, (graph.graph.call_function(aten.reciprocal.default,
-                                                                                         (grown,)), 2.0))
-            value = graph.graph.call_function(aten.rsub.Scalar, (ratio, 1.0))
-        node.replace_all_uses_with(value)
-        graph.graph.erase_node(node)
-    graph.recompile()
+            grad, (_, energy) = torch.func.grad_and_value(total, has_aux=True)(z)
+        return energy, grad
 
 
 # ------------------------------------------------------------------------------------------ results

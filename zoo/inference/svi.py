@@ -7,19 +7,17 @@ import math
 import signal
 import threading
 import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyro
 import torch
 from pyro.optim.clipped_adam import ClippedAdam
-from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.models.base import ModelFamily
@@ -58,11 +56,19 @@ class SVIStep:
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.reparam = LocalReparameterization() if local_reparam else None
         self.validated = False
-        self.compiled: dict[tuple, Callable] | None = {} if compile else None  # per minibatch size
+        self._compiled = TracedCompile(self._weighted_loss, "the SVI step") if compile else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether steps run the compiled ELBO (asked for, and tracing and compiling have not failed)."""
+        return self._compiled is not None and self._compiled.active
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> float:
         """Step on rows ``batch`` of (x, y) and return the loss; a non-finite loss is returned without a step."""
-        loss = self._compiled_loss(x, y, batch) if self.validated and self.compiled is not None else None
+        loss = None
+        if self.validated and self.compiled:
+            weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
+            loss = self._compiled(x, y, weight) if batch is None else self._compiled(x, y, weight, batch)
         if loss is None:
             loss = self.loss(x, y, batch)
         self.validated = True
@@ -71,7 +77,7 @@ class SVIStep:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-        elif self.compiled is not None:  # the per-site terms of an eager evaluation, for the diagnosis
+        elif self.compiled:  # the per-site terms of an eager evaluation, for the diagnosis
             with torch.no_grad():
                 self.loss(x, y, batch)
         return value
@@ -81,31 +87,15 @@ class SVIStep:
         with pyro.validation_enabled(not self.validated), self.reparam or contextlib.nullcontext():
             return self.elbo.differentiable_loss(self.model, self.guide, x, y, batch)
 
-    def _compiled_loss(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> torch.Tensor | None:
-        weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
-        inputs = (x, y, weight) if batch is None else (x, y, weight, batch)
-        key = (tuple(x.shape), x.dtype, x.device, None if batch is None else batch.shape[0])
-        try:
-            if key not in self.compiled:
-                self.compiled[key] = self._compile(inputs)
-            return self.compiled[key](*inputs)
-        except Exception as exc:  # data-dependent Python control flow in a model, no C++ toolchain: stay eager
-            warnings.warn(f"compiling the SVI step failed ({type(exc).__name__}: {exc}); running it eagerly",
-                          stacklevel=2)
-            self.compiled = None
-            return None
-
-    def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Callable:
-        def negative_elbo(x, y, weight, batch=None):
-            self.elbo.kl_weight = weight
-            return self.loss(x, y, batch)
-
+    def _weighted_loss(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                       batch: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`loss` with the KL weight as a tensor input, so that one traced graph serves every weight."""
         saved = self.elbo.kl_weight
+        self.elbo.kl_weight = weight
         try:
-            graph = make_fx(negative_elbo)(*inputs)
-        finally:
+            return self.loss(x, y, batch)
+        finally:  # the traced terms are not tensors of any later eager step
             self.elbo.kl_weight, self.elbo.last_terms = saved, {}
-        return torch.compile(graph, dynamic=False)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.optim.Optimizer:
