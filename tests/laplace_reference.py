@@ -29,6 +29,7 @@ import copy
 import math
 from typing import NamedTuple
 
+import pytest
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev
@@ -78,7 +79,7 @@ def _prepare(net: nn.Module, indices: Tensor, x_train: Tensor, y_train: Tensor, 
     return model, idx, x_tr, y_tr, x_te, prec
 
 
-def _jacobian(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+def dense_jacobian(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     """Full Jacobian [B, O, P] of model(x) w.r.t. all parameters (parameters_to_vector order), and f [B, O]."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
@@ -106,7 +107,7 @@ def dense_glm(net: nn.Module, indices: Tensor, x_train: Tensor, y_train: Tensor,
     d = idx.numel()
     ggn = torch.zeros(d, d, dtype=torch.float64)
     for start in range(0, x_tr.shape[0], _CHUNK):
-        jac, out = _jacobian(model, x_tr[start:start + _CHUNK])
+        jac, out = dense_jacobian(model, x_tr[start:start + _CHUNK])
         js = jac[:, :, idx]  # [n, O, D]
         if likelihood == "regression":
             ggn += torch.einsum("nop,noq->pq", js, js) / float(sigma_noise) ** 2
@@ -118,7 +119,7 @@ def dense_glm(net: nn.Module, indices: Tensor, x_train: Tensor, y_train: Tensor,
     sigma = torch.cholesky_inverse(torch.linalg.cholesky(precision))
     means, covs = [], []
     for start in range(0, x_te.shape[0], _CHUNK):
-        jac, out = _jacobian(model, x_te[start:start + _CHUNK])
+        jac, out = dense_jacobian(model, x_te[start:start + _CHUNK])
         js = jac[:, :, idx]
         means.append(out)
         covs.append(torch.einsum("nop,pq,nkq->nok", js, sigma, js))
@@ -178,3 +179,17 @@ def laplace_torch_glm(net: nn.Module, indices: Tensor, x_train: Tensor, y_train:
         means.append(f_mu.detach())
         covs.append(f_var.detach())
     return GLMPredictive(torch.cat(means), torch.cat(covs), torch.cat(probs) if probs else None)
+
+
+def relative_difference(a: Tensor, b: Tensor) -> float:
+    """Largest absolute difference relative to the largest reference entry."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def require_laplace() -> None:
+    """Skip the calling test when laplace-torch (the optional 'peer' extra) does not import."""
+    try:
+        import laplace  # noqa: F401
+    except Exception as err:  # ImportError, or e.g. RuntimeError from a CUDA-only torchvision that torchmetrics imports
+        pytest.skip(f"laplace-torch (optional 'peer' extra: pip install -e '.[peer]') does not import: "
+                    f"{type(err).__name__}: {err}")

@@ -200,7 +200,7 @@ def test_dropout_zeroes_whole_input_units_at_rate_p_and_scales_the_rest():
     family = tiny_mean_field(sizes=(4, 300, 200, 1))
     guide = DropoutGuide(family.latent_sites(), dropout_rate=p)
     assert guide.dropped == ["hidden1.weight", "out.weight"]
-    loc = guide.point_estimate()
+    loc = {name: site.init for name, site in family.latent_sites().items()}  # where the guide starts
     pyro.set_rng_seed(0)
     draws = GuidePosterior(family, guide).sample(draws_n)
     # the first layer's weights, the biases and the noise are point values

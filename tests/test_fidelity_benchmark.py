@@ -1,6 +1,7 @@
 """The fidelity benchmark, tiny: a 2-chain NUTS reference on a 1-3-1 toy net and two cheap members."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -62,6 +63,8 @@ def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch
     assert {"reference", "data", "num_samples", "wall_seconds"} <= set(saved)
     nuts = saved["rows"][0]
     assert nuts["coverage_95"] == pytest.approx(0.95, abs=0.005) and nuts["w1"] == 0
+    for member in saved["rows"][1:]:  # trained for 20 steps: a real distance from NUTS, a coverage in [0, 1]
+        assert 0 <= member["coverage_95"] <= 1 and member["w1"] > 0 and math.isfinite(member["test_ll"])
     assert [r["how"] for r in saved["rows"]] == ["reference", "trained", "trained"]
     assert saved["rows"] == json.loads(json.dumps(figures["rows"]))
 

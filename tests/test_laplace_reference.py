@@ -9,27 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from .laplace_reference import dense_glm, laplace_torch_glm
+from .laplace_reference import dense_glm, laplace_torch_glm, relative_difference, require_laplace
 
 TOL = 1e-4
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference relative to the largest reference entry."""
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def _rel_diag(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest elementwise relative difference of the (positive) variances on the output diagonal."""
     da, db = a.diagonal(dim1=-2, dim2=-1), b.diagonal(dim1=-2, dim2=-1)
     return ((da - db).abs() / db).max().item()
-
-
-def _require_laplace() -> None:
-    try:
-        import laplace  # noqa: F401
-    except Exception as err:  # ImportError, or e.g. RuntimeError from a CUDA-only torchvision that torchmetrics imports
-        pytest.skip(f"laplace-torch (optional 'peer' extra) does not import: {type(err).__name__}: {err}")
 
 
 def _subnet(net: nn.Module, size: int, seed: int) -> torch.Tensor:
@@ -97,8 +85,8 @@ def test_dense_is_bayesian_linear_regression_for_a_linear_net():
     cov = torch.linalg.inv(phi.T @ phi / sigma**2 + torch.diag(prec))
     want = torch.einsum("np,pq,nq->n", phi_test, cov, phi_test)
     assert got.mean.shape == (7, 1) and got.var.shape == (7, 1, 1) and got.probs is None
-    assert _rel(got.mean, net(x_test).detach()) < 1e-12
-    assert _rel(got.var[:, 0, 0], want) < 1e-10
+    assert relative_difference(got.mean, net(x_test).detach()) < 1e-12
+    assert relative_difference(got.var[:, 0, 0], want) < 1e-10
 
 
 def test_dense_is_the_softmax_ggn_for_a_linear_classifier():
@@ -124,8 +112,8 @@ def test_dense_is_the_softmax_ggn_for_a_linear_classifier():
     j_test = jac(x_test)
     want = j_test @ cov @ j_test.transpose(1, 2)
     probs = torch.softmax(f_test / torch.sqrt(1 + math.pi / 8 * want.diagonal(dim1=1, dim2=2)), -1)
-    assert _rel(got.var, want) < 1e-10
-    assert _rel(got.probs, probs) < 1e-10
+    assert relative_difference(got.var, want) < 1e-10
+    assert relative_difference(got.probs, probs) < 1e-10
     assert torch.allclose(got.probs.sum(-1), torch.ones(5, dtype=torch.float64))
 
 
@@ -136,7 +124,7 @@ def test_dense_tolerance_separates_wrong_answers(regression):
     ref = dense_glm(net, idx, x, y, x_test, "regression", 1.0, 0.1)
     var = ref.var[:, 0, 0]
     assert var[0] > 10 * var[12] > 0  # x = -4 (off the data) versus x = 0
-    assert _rel(dense_glm(net, idx.flip(0), x, y, x_test, "regression", 1.0, 0.1).var, ref.var) < 1e-10
+    assert relative_difference(dense_glm(net, idx.flip(0), x, y, x_test, "regression", 1.0, 0.1).var, ref.var) < 1e-10
     other = _subnet(net, 30, seed=5)
     assert _rel_diag(dense_glm(net, other, x, y, x_test, "regression", 1.0, 0.1).var, ref.var) > 100 * TOL
     assert _rel_diag(dense_glm(net, idx, x, y, x_test, "regression", 1.0, 0.11).var, ref.var) > 100 * TOL
@@ -147,7 +135,7 @@ def test_dense_tolerance_separates_wrong_answers(regression):
 
 @pytest.mark.parametrize("prior", ["scalar", "per_element"])
 def test_laplace_torch_matches_dense_regression(regression, prior):
-    _require_laplace()
+    require_laplace()
     net, idx, x, y, x_test = regression
     prec = 0.5 if prior == "scalar" else torch.linspace(0.2, 3.0, idx.numel(), dtype=torch.float64)
     before = [p.detach().clone() for p in net.parameters()]
@@ -156,21 +144,21 @@ def test_laplace_torch_matches_dense_regression(regression, prior):
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))  # MAP untouched
     assert lt.mean.shape == ref.mean.shape == (25, 1) and lt.var.shape == ref.var.shape == (25, 1, 1)
     assert lt.probs is None and ref.probs is None
-    assert _rel(lt.mean, ref.mean) < TOL
+    assert relative_difference(lt.mean, ref.mean) < TOL
     assert _rel_diag(lt.var, ref.var) < TOL
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
 def test_laplace_torch_matches_dense_classification(n_classes):
-    _require_laplace()
+    require_laplace()
     net, idx, x, y, x_test = _classification(n_classes)
     lt = laplace_torch_glm(net, idx, x, y, x_test, "classification", 2.0, 1.0)
     ref = dense_glm(net, idx, x, y, x_test, "classification", 2.0, 1.0)
     assert lt.var.shape == ref.var.shape == (15, n_classes, n_classes)
-    assert _rel(lt.mean, ref.mean) < TOL
+    assert relative_difference(lt.mean, ref.mean) < TOL
     assert _rel_diag(lt.var, ref.var) < TOL
-    assert _rel(lt.var, ref.var) < TOL  # the off-diagonal (between-class) covariances too
-    assert _rel(lt.probs, ref.probs) < TOL
+    assert relative_difference(lt.var, ref.var) < TOL  # the off-diagonal (between-class) covariances too
+    assert relative_difference(lt.probs, ref.probs) < TOL
     assert ((lt.probs - ref.probs).abs() / ref.probs).max() < TOL
     assert (ref.probs - torch.softmax(ref.mean, -1)).abs().max() > 100 * TOL  # probit actually moved them
 

@@ -13,7 +13,7 @@ import pytest
 
 from zoo.cli import main
 from zoo.errors import ZooInputError
-from zoo.report import MISSING, build_report, diagnostic_metrics, run_label, write_report
+from zoo.report import MISSING, RunRecord, build_report, diagnostic_metrics, group_value, run_label, write_report
 from zoo.spec import load_spec, spec_to_yaml
 
 MEAN_FIELD_UCI = {"data": {"name": "uci:bostonHousing"}, "net": {"hidden": [50]}, "device": "cpu"}
@@ -141,6 +141,14 @@ def test_group_by_name_and_spec_fields(runs, tmp_path):
     assert read_csv(tmp_path / "c.csv")[0]["data.split"] == "0"
 
 
+@pytest.mark.parametrize(("directory", "name"), [
+    ("bostonHousing-split03", "bostonHousing"), ("digits_seed2", "digits"), ("mf.run-4", "mf"), ("rank1", "rank1"),
+    ("rank1-seed0", "rank1"), ("mnist1d", "mnist1d"), ("seed2", "seed2")])
+def test_group_by_name_drops_only_a_run_index(directory, name):
+    record = RunRecord(Path("runs") / directory, load_spec(MEAN_FIELD_UCI), "label", {})
+    assert group_value(record, "name") == name
+
+
 def test_diagnostic_numbers_skip_what_is_missing():
     assert diagnostic_metrics({"draws": "iid", "function_space": [{"r_hat": None, "ess_bulk": 200.0}],
                                "weights": None, "pareto_k": {"k_hat": 0.62}, "warnings": []}) == \
@@ -219,6 +227,8 @@ def test_uci_benchmark_keeps_runs_for_the_report(tmp_path, capsys, monkeypatch):
     (row,) = report.rows
     assert (row.key, row.n) == ("tiny", 3)
     assert (row.cells["rmse"].mean, row.cells["rmse"].se) == (block["rmse_mean"], block["rmse_se"])
+    # by hand: rmse 1, 2, 5 -> mean 8/3, population std sqrt(26/9), s.e. sqrt(26/9) / sqrt(3)
+    assert row.cells["rmse"].mean == pytest.approx(8 / 3) and row.cells["rmse"].se == pytest.approx(math.sqrt(26 / 27))
     assert uci.main(argv) == 2  # kept runs are never overwritten
     assert "already holds files" in capsys.readouterr().err
 
@@ -236,3 +246,5 @@ def test_digits_benchmark_keeps_runs_for_the_report(tmp_path, monkeypatch):
     (row,) = write_report(kept, tmp_path / "r.md", group_by="label", metrics=["accuracy"]).rows
     assert row.n == 2 and row.cells["accuracy"].mean == pytest.approx(figures["accuracy_mean"])
     assert row.cells["accuracy"].se == pytest.approx(figures["accuracy_se"])
+    assert row.cells["accuracy"].mean == pytest.approx(0.905) and row.cells["accuracy"].se == pytest.approx(
+        0.005 / math.sqrt(2))  # by hand: 0.90 and 0.91

@@ -45,7 +45,7 @@ GROUP_ALIASES = {"data": "data.name", "family": "model.family", "guide": "guide.
 GROUP_HELP = ("label (family, guide/method, prior, data set), name (the run directory's name without a trailing "
               "split/seed number), parent (the parent directory's name), data, family, guide, method, prior, or "
               "any spec field such as data.split, seed, net.hidden")
-_TRAILING_INDEX = re.compile(r"[-_.]?(?:split|seed|run)?[-_.]?\d+$")
+_TRAILING_INDEX = re.compile(r"(?:[-_.](?:split|seed|run)?[-_.]?|split|seed|run)\d+$")  # not rank1's 1
 _PLOT_LABEL_CHARS = 40  # wrap plot labels at this width
 _CONSOLE_KEY_CHARS = 48  # the first console column is at most this wide
 
@@ -87,6 +87,11 @@ class Report:
     metrics: list[str]
     group_by: str | None
     files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def label_column(self) -> bool:
+        """Whether rows show their label beside the key (not when the key is the label itself)."""
+        return self.group_by != "label"
 
 
 # ------------------------------------------------------------------------------------------ reading runs
@@ -283,8 +288,7 @@ def format_cell(cell: Cell | None, group_n: int | None = None) -> str:
 def _header(report: Report) -> list[str]:
     if report.group_by is None:
         return ["run", "label", *report.metrics]
-    label = [] if report.group_by == "label" else ["label"]
-    return [report.group_by, *label, "n", *report.metrics]
+    return [report.group_by, *(["label"] if report.label_column else []), "n", *report.metrics]
 
 
 def table_rows(report: Report) -> list[list[str]]:
@@ -294,7 +298,7 @@ def table_rows(report: Report) -> list[list[str]]:
         if report.group_by is None:
             out.append([row.key, row.label, *(format_cell(row.cells.get(m)) for m in report.metrics)])
         else:
-            label = [] if report.group_by == "label" else [row.label]
+            label = [row.label] if report.label_column else []
             out.append([row.key, *label, str(row.n), *(format_cell(row.cells.get(m), row.n) for m in report.metrics)])
     return out
 
@@ -329,7 +333,7 @@ def to_csv(report: Report) -> str:
             writer.writerow([row.key, row.label, *(repr(row.cells[m].mean) if m in row.cells else ""
                                                    for m in report.metrics)])
     else:
-        label = [] if report.group_by == "label" else ["label"]
+        label = ["label"] if report.label_column else []
         writer.writerow([report.group_by, *label, "n", *(f"{m}_{s}" for m in report.metrics
                                                          for s in ("mean", "se", "n"))])
         for row in report.rows:
@@ -389,7 +393,7 @@ def rich_tables(report: Report, width: int = 120, title: str = "zoo report") -> 
     """The report for the console: the run (or group) with its label underneath in the first column, the metric
     columns split over as many tables as it takes to fit ``width`` characters."""
     grouped = report.group_by is not None
-    keys = [(row.key, None if report.group_by == "label" else row.label) for row in report.rows]
+    keys = [(row.key, row.label if report.label_column else None) for row in report.rows]
     cells = [[format_cell(row.cells.get(m), row.n if grouped else None) for m in report.metrics]
              for row in report.rows]
     key_width = min(_CONSOLE_KEY_CHARS, max(20, width // 3), max(len(text) for key in keys for text in key if text))
