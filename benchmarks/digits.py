@@ -52,12 +52,9 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for seed in tqdm(parse_seeds(args.seeds), desc="seeds"):
         spec = load_spec(args.spec, [*args.set, f"seed={seed}"])
-        if args.runs_dir:
-            keep = Path(args.runs_dir) / f"{Path(args.spec).stem}-seed{seed}"
-            runs.append(train(spec, keep, progress=False, echo=None).metrics)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                runs.append(train(spec, tmp, progress=False, echo=None).metrics)
+        with tempfile.TemporaryDirectory() as tmp:  # where the run goes unless it is kept
+            out = Path(args.runs_dir) / f"{Path(args.spec).stem}-seed{seed}" if args.runs_dir else tmp
+            runs.append(train(spec, out, progress=False, echo=None).metrics)
     columns = [c for c in COLUMNS if all(c in r for r in runs)]
     figures = {"spec": args.spec, "overrides": args.set, "seeds": parse_seeds(args.seeds), "runs": runs,
                **{f"{c}_mean": mean_and_standard_error([r[c] for r in runs])[0] for c in columns},

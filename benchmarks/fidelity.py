@@ -4,7 +4,7 @@
         [--members all|name,...] [--runs-dir DIR] [--json PATH] [--threads N] [--samples S] [--steps N]
 
 The task follows from the reference run's spec: the toy with a gap (regression) or two moons (classification).
-Every member is a table entry below, ``name -> spec overrides`` applied to the REFERENCE run's own spec (its
+Every member is a table entry below, ``name -> spec overrides`` applied to the reference run's own spec (its
 data, net, prior and likelihood, which a member keeps unless it has to replace them), then trained, or reused:
 
 * a run directory next to the reference (e.g. the notebooks' ``runs/notebooks/<topic>/full/mean_field``) whose
@@ -74,14 +74,13 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.cli import exit_code
-from zoo.diagnostics import COMPARE_DRAWS, compare
+from zoo.diagnostics import COMPARE_DRAWS, RunPredictive, compare_predictives, jsonable, run_predictive
 from zoo.errors import ZooInputError
 from zoo.metrics import classification_metrics, regression_metrics
 from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
 from zoo.spec import RunSpec, load_spec
 
-REFERENCE = "nuts"
 RATIO_DRAWS, RATIO_SEED, GRID_POINTS = 400, 0, 300  # the regression notebook's predictive_band
 
 # The notebooks' SVI settings (configs/mean_field_toy.yaml, configs/rank1_toy.yaml): full batch, 3000 Adam steps.
@@ -148,8 +147,8 @@ MEMBERS: dict[str, dict[str, Any]] = {
 TOPICS = {"regression": "toy", "classification": "moons"}
 COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
-HEADERS = {"coverage_95": "coverage of NUTS", "w1": "W1 to NUTS", "rmse": "RMSE", "test_ll": "test LL",
-           "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with NUTS", "tv": "total variation",
+HEADERS = {"coverage_95": "coverage of {ref}", "w1": "W1 to {ref}", "rmse": "RMSE", "test_ll": "test LL",
+           "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with {ref}", "tv": "total variation",
            "accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}
 
 
@@ -231,24 +230,20 @@ def in_between_sd(posterior, data) -> dict[str, float]:
     inputs = torch.cat([grid, raw_x[:, None]])
     x = ((inputs - data.x_mean.cpu()) / data.x_std.cpu()).to(data.x_train)
     pyro.set_rng_seed(RATIO_SEED)
-    with torch.no_grad():
-        pred = posterior.predict(x, draws=posterior.sample(RATIO_DRAWS))
+    pred = posterior.predict(x, draws=posterior.sample(RATIO_DRAWS))
     sd = (pred.loc * data.y_std).std(0).detach().cpu()
     gap, at_data = float(sd[: len(grid)][in_gap].mean()), float(sd[len(grid):].mean())
     return {"sd_ratio": gap / at_data if at_data > 0 else math.nan, "sd_gap": gap, "sd_data": at_data}
 
 
-def run_figures(run_dir: Path, num_samples: int) -> dict[str, float]:
-    """Test metrics from the draws ``zoo compare`` takes (seed + 1, ``num_samples``); the sd ratio on regression."""
-    spec, data, posterior = load_run(run_dir)
-    pyro.set_rng_seed(spec.seed + 1)
-    with torch.no_grad():
-        pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
+def draw_figures(run: RunPredictive) -> dict[str, float]:
+    """Test metrics from the draws ``compare`` used (``run.pred``); the sd ratio on regression."""
+    data, pred = run.data, run.pred
     if data.task == "classification":
         out = classification_metrics(pred.log_probs, data.y_test)
         return {k: out[k] for k in ("accuracy", "nll", "ece")}
     out = regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
-    return {**out, **in_between_sd(posterior, data)}
+    return {**out, **in_between_sd(run.posterior, data)}
 
 
 def _fmt(key: str, value: float | None) -> str:
@@ -267,7 +262,7 @@ def table_of(figures: dict[str, Any]) -> Table:
                         f"{figures['num_samples']} draws per run)", title_justify="left")
     table.add_column("member")
     for key in COLUMNS[task]:
-        table.add_column(HEADERS[key], justify="right")
+        table.add_column(HEADERS[key].format(ref=figures["reference_method"].upper()), justify="right")
     for row in figures["rows"]:
         table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in COLUMNS[task]))
     return table
@@ -319,21 +314,23 @@ def main(argv: list[str] | None = None) -> dict:
         run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
         members.append((name, run_dir, how, time.perf_counter() - t0))
 
-    compared = compare(reference, [m[1] for m in members], num_samples=args.samples)
+    method = ref_spec.inference.method
+    entries = [(method, reference, "reference", 0.0), *members]
+    predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
     rows = []
-    for (name, run_dir, how, seconds), row in zip([(REFERENCE, reference, "reference", 0.0), *members], compared,
-                                                  strict=True):
-        label = f"NUTS (reference, {ref_spec.inference.num_chains} chains)" if name == REFERENCE \
+    for (name, run_dir, how, seconds), row, predictive in zip(entries, compare_predictives(
+            predictives[0], predictives[1:]), predictives, strict=True):
+        label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
             else member_label(name, task)
         fidelity = {k: row[k] for k in COLUMNS[task][:2]}
         stored = json.loads((run_dir / METRICS_FILE).read_text())
         rows.append({"member": name, "label": label, "run": str(run_dir), "how": how,
-                     "obtain_seconds": round(seconds, 1), **fidelity, **run_figures(run_dir, args.samples),
+                     "obtain_seconds": round(seconds, 1), **fidelity, **draw_figures(predictive),
                      "train_seconds": stored.get("train_seconds"),
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
-    figures = _finite({"reference": str(reference), "task": task, "data": ref_data.name,
-                       "num_samples": args.samples, "steps": args.steps, "columns": COLUMNS[task], "rows": rows,
-                       "wall_seconds": round(time.perf_counter() - start, 1)})
+    figures = jsonable({"reference": str(reference), "reference_method": method, "task": task,
+                        "data": ref_data.name, "num_samples": args.samples, "steps": args.steps,
+                        "columns": COLUMNS[task], "rows": rows, "wall_seconds": round(time.perf_counter() - start, 1)})
     console.print(table_of(figures))
     for row in figures["rows"]:
         console.print(f"{row['member']}: {row['run']} ({row['how']})", style="dim", highlight=False)
@@ -341,15 +338,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         write_json(args.json, figures)
     return figures
-
-
-def _finite(value: Any) -> Any:
-    """Plain JSON: NaN and inf become null, recursively."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 if __name__ == "__main__":

@@ -147,11 +147,8 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
     spec = load_spec(spec_path, overrides)
     started = time.perf_counter()
     try:
-        if run_dir is not None:
-            summary = train(spec, run_dir, progress=False, echo=None)
-        else:
-            with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:
-                summary = train(spec, Path(tmp) / "run", progress=False, echo=None)
+        with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:  # where the run goes unless it is kept
+            summary = train(spec, run_dir or Path(tmp) / "run", progress=False, echo=None)
     finally:
         torch.set_num_threads(before)
     return {"rmse": float(summary.metrics["rmse"]), "test_ll": float(summary.metrics["test_ll"]),
@@ -266,7 +263,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     base_spec = load_spec(args.spec, args.set)  # fail early on a bad spec or --set
     per_dataset = parse_set_for(args.set_for, datasets)
     depth = len(base_spec.net.hidden)
-    jobs: list[tuple[str, int, list[str]]] = []
+    jobs: list[tuple[str, int, list[str], str | None]] = []  # data set, split, overrides, where the run is kept
     protocol: dict[str, int | None] = {}
     for dataset in datasets:
         count = n_splits(dataset, str(data_dir))
@@ -277,11 +274,11 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
         for split in splits:
             jobs.append((dataset, split, split_overrides(args.set + per_dataset[dataset], dataset, split, data_dir,
-                                                         protocol[dataset], depth)))
+                                                         protocol[dataset], depth),
+                         split_run_dir(args.runs_dir, dataset, split)))
     for dataset in datasets:  # the per-split and per-data-set overrides validate too
-        load_spec(args.spec, next(o for d, _, o in jobs if d == dataset))
-    kept = [d for d in (split_run_dir(args.runs_dir, ds, s) for ds, s, _ in jobs)
-            if d and Path(d).is_dir() and any(Path(d).iterdir())]
+        load_spec(args.spec, next(o for d, _, o, _ in jobs if d == dataset))
+    kept = [k for *_, k in jobs if k and Path(k).is_dir() and any(Path(k).iterdir())]
     if kept:
         raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir")
 
@@ -292,9 +289,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     with progress:
         task = progress.add_task("UCI splits", total=len(jobs))
         if args.workers == 1:
-            for dataset, split, overrides in jobs:
+            for dataset, split, overrides, keep in jobs:
                 progress.update(task, description=f"{dataset} split {split}")
-                keep = split_run_dir(args.runs_dir, dataset, split)
                 results[dataset][split] = _checked(dataset, split,
                                                    lambda o=overrides, k=keep: run_split(args.spec, o, args.threads, k))
                 progress.advance(task)
@@ -302,8 +298,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
                                                   else "spawn")
             with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-                futures = {pool.submit(run_split, args.spec, o, args.threads,
-                                       split_run_dir(args.runs_dir, d, s)): (d, s) for d, s, o in jobs}
+                futures = {pool.submit(run_split, args.spec, o, args.threads, k): (d, s) for d, s, o, k in jobs}
                 for future in as_completed(futures):
                     dataset, split = futures[future]
                     results[dataset][split] = _checked(dataset, split, future.result)

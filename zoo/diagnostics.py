@@ -46,6 +46,7 @@ from scipy.stats import wasserstein_distance
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.inference.mcmc import SAMPLES_FILE, LogJoint, load_samples
+from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import LatentSite
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
@@ -518,12 +519,12 @@ def plot_pair(idata: az.InferenceData, elements: list[tuple[str, tuple[int, ...]
 
 
 # ------------------------------------------------------------------------------------------ diagnose
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Plain JSON values: numpy scalars to floats/ints, NaN and inf to None."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.generic):
         obj = obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -583,7 +584,7 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
             files["pair"] = str(pair)
     files["diagnostics"] = str(run / DIAGNOSTICS_FILE)
     out["files"] = files
-    write_json(run / DIAGNOSTICS_FILE, _jsonable(out))  # NaN/inf (e.g. R-hat of stuck chains) become null there
+    write_json(run / DIAGNOSTICS_FILE, jsonable(out))  # NaN/inf (e.g. R-hat of stuck chains) become null there
     return out
 
 
@@ -651,6 +652,8 @@ class RunPredictive:
     label: str
     data: Dataset
     metrics: dict[str, float]
+    posterior: Posterior | None = None
+    pred: PredictiveDraws | None = None  # the draws the comparison is made of, for further figures
     y: np.ndarray | None = None
     probs: np.ndarray | None = None
 
@@ -666,7 +669,7 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
     metrics_path = run / METRICS_FILE
     stored = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     metrics = {k: stored[k] for k in METRIC_KEYS if k in stored}
-    out = RunPredictive(run, f"{run.name} ({_method(spec)})", data, metrics)
+    out = RunPredictive(run, f"{run.name} ({_method(spec)})", data, metrics, posterior, pred)
     if data.task == "classification":
         out.probs = _numpy(pred.log_probs.double().exp().mean(0))
         return out
@@ -718,8 +721,13 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
             cache[key] = run_predictive(path, num_samples)
         return cache[key]
 
-    reference = get(reference_dir)
-    runs = [get(p) for p in run_dirs]
+    return compare_predictives(get(reference_dir), [get(p) for p in run_dirs], out_dir)
+
+
+def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
+                        out_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """:func:`compare` on predictives already drawn (by :func:`run_predictive`)."""
+    runs = list(runs)
     for run in runs:
         _same_data(reference, run)
     rows, per_input = [], []
@@ -735,7 +743,7 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
             row.update(coverage_95=float(coverage(run.y, reference.y).mean()), w1=float(w1.mean()))
             per_input.append(w1)
         row.update(run.metrics)
-        rows.append(_jsonable(row))
+        rows.append(jsonable(row))
     if out_dir is not None:
         rows[0]["plot"] = str(plot_compare(reference, runs, rows, per_input, Path(out_dir) / COMPARE_PLOT))
     return rows

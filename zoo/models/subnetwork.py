@@ -111,9 +111,13 @@ class RandomSelection(Selection):
         self.size = size
 
     def select(self, context: SelectionContext) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(context.seed)
-        order = torch.randperm(context.layout.size, generator=generator)
-        return order[: subnet_size(self.size, context.layout.size)].sort().values.to(context.data.x_train.device)
+        total = context.layout.size
+        return random_subset(total, subnet_size(self.size, total), context.seed).to(context.data.x_train.device)
+
+
+def random_subset(total: int, count: int, seed: int) -> torch.Tensor:
+    """``count`` of ``range(total)``, uniformly at random from ``seed``'s own generator, sorted."""
+    return torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:count].sort().values
 
 
 class ByModule(Selection):
