@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import COMPILED_STEP_MARKS, compiled_step
 from zoo import runs
@@ -222,3 +223,81 @@ def test_an_mcmc_run_directory_round_trips(tmp_path):
     assert posterior.draws["out.weight"].shape == (30, 1, 1)
     log = (summary.run_dir / "train.log").read_text()
     assert "chain 0:" in log and "chain 1:" in log
+
+
+def test_zoo_train_ends_an_mcmc_run_with_its_convergence_verdict(tmp_path, capsys):
+    from zoo.cli import STRICT_EXIT, main
+
+    converged = tmp_path / "converged.yaml"
+    converged.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=32, warmup_steps=150, num_samples=100)))
+    assert main(["train", str(converged), "--out", str(tmp_path / "ok"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "converged: function-space R-hat max" in out and "NOT CONVERGED" not in out
+    assert (tmp_path / "ok" / "diagnostics.json").is_file() and (tmp_path / "ok" / "posterior.nc").is_file()
+    # four chains of ten draws cannot reach ESS 400: the run is kept, but the command says so and exits 3
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=10, num_samples=10)))
+    assert main(["train", str(short), "--out", str(tmp_path / "short"), "--no-progress"]) == STRICT_EXIT
+    out = capsys.readouterr().out
+    assert "NOT CONVERGED" in out and "ESS" in out
+    assert (tmp_path / "short" / SAMPLES_FILE).is_file() and (tmp_path / "short" / "metrics.json").is_file()
+
+
+def test_slowest_quarter_period_is_that_of_the_largest_whitened_eigenvalue():
+    # draws [n, chains, D] of N(0, S) with S = diag(s) R diag(s): whitened by diag(S), the covariance is R
+    torch.manual_seed(0)
+    corr = torch.tensor([[1.0, 0.9, 0.0], [0.9, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    scales = torch.tensor([0.1, 3.0, 1.0], dtype=torch.float64)
+    cov = scales[:, None] * corr * scales[None, :]
+    draws = torch.distributions.MultivariateNormal(torch.zeros(3, dtype=torch.float64), cov).sample((400, 16))
+    draws = draws + 5.0 * torch.randn(1, 16, 3, dtype=torch.float64)  # chains centred apart: pooled within-chain
+    got = mcmc.slowest_quarter_period(draws, scales**2)
+    assert got == pytest.approx(math.pi / 2 * math.sqrt(1.9), rel=0.05)
+
+
+@pytest.mark.parametrize("criterion", ["function", "weights"])
+@pytest.mark.parametrize("initial_length", [0.2, 8.0])
+def test_adapted_trajectory_length_does_not_depend_on_where_it_started(criterion, initial_length):
+    # whitened, the conjugate posterior is near N(0, I) (correlation ~0.2): ChEES's optimum is near a quarter turn,
+    # pi/2; a start far off either side (a collapsed or a looping trajectory) must not survive the warm-up
+    spec = load_spec(linear_spec("hmc", num_chains=32, warmup_steps=100, num_samples=10, step_size=1e-3,
+                                 trajectory_length=initial_length, trajectory_criterion=criterion))
+    data, family, guide, _ = prepare(spec)
+    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    assert 1.0 < result.settings["trajectory_length"] < 2.5, result.settings
+
+
+def test_pointwise_rate_is_the_time_derivative_of_the_rows_log_likelihood(spec_factory):
+    spec = spec_factory("toy", "likelihood.noise=learned")
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data)
+    torch.manual_seed(1)
+    z, velocity = torch.randn(3, potential.coords.dim), torch.randn(3, potential.coords.dim)
+    value, rate = potential.pointwise(z, velocity)
+    assert value.shape == rate.shape == (3, data.n_train)
+    torch.testing.assert_close(value, potential.pointwise(z))
+    h = 1e-3
+    finite = (potential.pointwise(z + h * velocity) - potential.pointwise(z - h * velocity)) / (2 * h)
+    torch.testing.assert_close(rate, finite, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+@compiled_step
+def test_many_chain_hmc_at_its_defaults_converges_on_the_toy_bnn():
+    # the regression the ChEES rework fixed: 64 x (200 + 200) on the 1-50-1 tanh BNN gave R-hat 1.65 before
+    # (about 4 min on one thread, compiled; every adaptation setting at its default)
+    spec = load_spec({"data": {"name": "toy_gap"}, "net": {"hidden": [50], "activation": "tanh"},
+                      "likelihood": {"noise": 0.1}, "device": "cpu", "seed": 0,
+                      "inference": {"method": "hmc", "num_chains": 64, "warmup_steps": 200, "num_samples": 200,
+                                    "compile": True}})
+    data, family, guide, _ = prepare(spec)
+    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    import arviz as az
+
+    x = torch.linspace(-2.0, 2.0, 5).unsqueeze(-1)
+    with torch.no_grad():
+        f = family.predict(result.flat_draws(), x).loc.reshape(64, 200, -1)
+    dataset = az.convert_to_dataset({"f": f.double().numpy()})
+    assert float(az.rhat(dataset)["f"].max()) <= 1.01
+    assert float(az.ess(dataset)["f"].min()) >= 400
+    assert int(result.stats["diverging"].sum()) == 0

@@ -1,6 +1,7 @@
 """The ``zoo`` command: train, eval, prune, diagnose, compare, report and list.
 
-Bad input exits 2 with a one-paragraph message and no traceback; ``zoo diagnose --strict`` exits 3 when a check warns.
+Bad input exits 2 with a one-paragraph message and no traceback; ``zoo diagnose --strict`` exits 3 when a check warns,
+and so does ``zoo train`` of an MCMC run whose draws fail a convergence check (the run directory is complete).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.table import Table
 from zoo.errors import TrainingDiverged, ZooInputError
 
 console = Console()
-STRICT_EXIT = 3  # zoo diagnose --strict: a check warned
+STRICT_EXIT = 3  # zoo diagnose --strict, or zoo train of MCMC draws: a convergence check failed
 
 
 def _metrics_table(title: str, rows: list[dict[str, float]], first: str | None = None) -> Table:
@@ -38,10 +39,10 @@ def _metric_list(title: str, metrics: dict[str, float]) -> Table:
     return table
 
 
-def cmd_train(args: argparse.Namespace) -> None:
-    """Train a spec into a run directory and print its metrics."""
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a spec into a run directory and print its metrics; an MCMC run ends with its convergence verdict."""
     from zoo.pipeline import describe, train
-    from zoo.spec import load_spec
+    from zoo.spec import MCMCSpec, load_spec
 
     overrides = list(args.set or [])
     if args.data_dir:
@@ -53,6 +54,21 @@ def cmd_train(args: argparse.Namespace) -> None:
     console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
         console.print(f"plot: {summary.plot}", soft_wrap=True, markup=False)
+    if isinstance(spec.inference, MCMCSpec):
+        return _convergence_verdict(summary.run_dir)
+    return 0
+
+
+def _convergence_verdict(run_dir: Path) -> int:
+    """Diagnose an MCMC run's draws (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
+    from zoo.diagnostics import diagnose, diagnose_report, verdict
+
+    result = diagnose(run_dir)
+    for renderable in diagnose_report(result):
+        console.print(renderable)
+    line = verdict(result)
+    console.print(line, style="bold red" if result["warnings"] else "bold green", soft_wrap=True, markup=False)
+    return STRICT_EXIT if result["warnings"] else 0
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -147,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural networks in Pyro.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="fit a spec and write a run directory")
+    p = sub.add_parser("train", help="fit a spec and write a run directory (MCMC: ends with the convergence "
+                       f"verdict, exit {STRICT_EXIT} if a check failed)")
     p.add_argument("spec", help="YAML spec (see configs/)")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field, e.g. data.split=3")

@@ -249,7 +249,16 @@ class LikelihoodSpec(_Strict):
 
 
 # ------------------------------------------------------------------------------------------ inference
-class SVISpec(_Strict):
+class _Tempered(_Strict):
+    """What every inference method shares: the temperature of the posterior it targets."""
+
+    temperature: PositiveFloat = Field(
+        1.0, description="posterior tempering: the target is p(w | D)^(1/T), i.e. (p(y | x, w) p(w))^(1/T) "
+        "(Wenzel et al. 2020); T < 1 is a cold posterior, 1 the Bayes posterior. SVI maximises "
+        "E_q[log p(y, w)] / T + H[q], MCMC samples exp(-U / T), Laplace scales the covariance by T")
+
+
+class SVISpec(_Tempered):
     """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
 
     method: Literal["svi"] = "svi"
@@ -270,12 +279,12 @@ class SVISpec(_Strict):
     predictive_samples: PositiveInt = 100
 
 
-class MCMCSpec(_Strict):
+class MCMCSpec(_Tempered):
     """Markov chain Monte Carlo on the family's own Pyro model (full batch): the gold-standard posterior.
 
     ``nuts`` is Pyro's NUTS kernel, one chain after another. ``hmc`` is the zoo's HMC that runs all chains as one
-    tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion (use many chains,
-    e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
+    tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion, in function space by
+    default (use many chains, e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
     """
 
     method: Literal["nuts", "hmc"]
@@ -285,8 +294,12 @@ class MCMCSpec(_Strict):
     target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0)
     step_size: PositiveFloat = Field(0.01, description="initial step size (adapted during warm-up)")
     max_tree_depth: PositiveInt = Field(10, le=15, description="nuts: at most 2^depth leapfrog steps per draw")
-    trajectory_length: PositiveFloat = Field(1.0, description="hmc: initial integration time")
+    trajectory_length: PositiveFloat = Field(1.0, description="hmc: integration time until the first mass-matrix "
+                                             "update (then pi/2 sqrt(largest whitened variance), refined by ChEES)")
     adapt_trajectory_length: bool = Field(True, description="hmc: tune the trajectory length by ChEES in warm-up")
+    trajectory_criterion: Literal["function", "weights"] = Field(
+        "function", description="hmc: what ChEES measures the jumps of: the training rows' log-likelihoods (function "
+        "space, what predictions depend on) or the whitened weights (the original ChEES criterion)")
     max_leapfrog_steps: PositiveInt = Field(1024, description="hmc: cap on leapfrog steps per draw")
     compile: bool = Field(False, description="trace the potential with its gradient into one graph and compile it "
                           "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
@@ -299,7 +312,7 @@ class MCMCSpec(_Strict):
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
 
-class LaplaceSpec(_Strict):
+class LaplaceSpec(_Tempered):
     """Linearised Laplace over the subnetwork family's random weights (Daxberger et al. 2021; Antorán et al. 2022).
 
     The posterior is N(MAP, (GGN + prior precision)^-1) with the generalised Gauss-Newton matrix of the subnet

@@ -60,6 +60,7 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
         super().__init__(num_particles=num_particles)
         self.analytic_kl = analytic_kl
         self.kl_weight: float | torch.Tensor = 1.0
+        self.temperature = 1.0  # posterior tempering: T * (negative ELBO of p^(1/T)) adds (1 - T) H[q]
         self.kl_methods: dict[str, str] = {}
         self.last_terms: dict[str, torch.Tensor] = {}
 
@@ -85,8 +86,17 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
             kl = q.log_prob(value) - p.log_prob(value)
         return _sum(scale_and_mask(kl, guide_site["scale"], guide_site["mask"]))
 
+    def _entropy(self, guide_site: dict) -> torch.Tensor:
+        """H[q] of one guide site (analytic where the distribution has it, else -log q at the draw), plate-scaled."""
+        q = guide_site["fn"]
+        try:
+            entropy = q.entropy()
+        except NotImplementedError:
+            entropy = -q.log_prob(guide_site["value"])
+        return _sum(scale_and_mask(entropy, guide_site["scale"], guide_site["mask"]))
+
     def _particle(self, model_sites: dict[str, dict], guide_sites: dict[str, dict]) -> torch.Tensor:
-        log_lik, kl = 0.0, 0.0
+        log_lik, kl, entropy = 0.0, 0.0, 0.0
         terms = {}
         for name, site in model_sites.items():
             if site["is_observed"]:
@@ -97,11 +107,14 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
                     raise ValueError(f"latent site '{name}' of the model has no counterpart in the guide")
                 term = self._kl(name, guide_sites[name], site)
                 kl = kl + term
+                if self.temperature != 1.0:
+                    entropy = entropy + self._entropy(guide_sites[name])
             terms[name] = term
         self.last_terms = terms
         if isinstance(self.kl_weight, torch.Tensor) or self.kl_weight != 1.0:  # a tensor while being compiled
             kl = self.kl_weight * kl
-        return kl - log_lik
+        # E_q[log p(y, w)] / T + H[q], times T: E_q[log p(y | w)] - KL(q || p) - (1 - T) H[q]
+        return kl - log_lik + (1.0 - self.temperature) * entropy if self.temperature != 1.0 else kl - log_lik
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Negative ELBO averaged over particles, differentiable with respect to every parameter used."""

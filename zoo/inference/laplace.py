@@ -360,7 +360,8 @@ def fit_laplace(
                                  log_precision, log_noise, learned_noise)
         precision = log_precision.exp()[group_index]
         curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
-        scale_tril = precision_to_scale_tril(curvature)
+        # a tempered posterior p(w | D)^(1/T) has the same mode and precision (G + Λ) / T
+        scale_tril = precision_to_scale_tril(curvature) * math.sqrt(spec.temperature)
     except torch.linalg.LinAlgError as exc:
         raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
                                "not have converged (raise model.map.num_steps), or the evidence was maximised at "

@@ -9,9 +9,15 @@ whenever the two disagree.
 
 ``nuts`` runs Pyro's NUTS kernel chain after chain (step size and diagonal mass matrix adapted in warm-up).
 ``hmc`` runs all chains in lockstep (Hoffman, Radul & Sountsov 2021, "An adaptive MCMC scheme for setting
-trajectory lengths in HMC"): one step size (dual averaging on the chains' mean acceptance), one diagonal mass
-matrix (the across-chain variance), and one trajectory length, jittered per draw and tuned by the ChEES
-criterion, so each leapfrog step is one batched gradient for all chains.
+trajectory lengths in HMC"), so each leapfrog step is one batched gradient for all chains. Warm-up adapts, shared
+by all chains: the step size (dual averaging on the chains' mean acceptance; sampling uses the iterates' geometric
+mean over the second half of the last window), a diagonal mass matrix (within-chain variance pooled over chains,
+in windows ending at 15, 30 and 60% of warm-up) and a jittered trajectory length T. After every mass-matrix
+update T restarts at a quarter turn of the slowest whitened direction, pi/2 sqrt(lambda_max) (so a collapsed or
+looping start cannot survive), and ChEES refines it by Adam on log T. By default ChEES measures the jumps of the
+training rows' log-likelihoods (``trajectory_criterion: function``): function space is what predictions depend
+on, and it is the same for every permutation of hidden units, where the weights' own criterion rewards the
+slowest weight direction. The sampling phase uses a running average of log T since the last metric change.
 """
 
 from __future__ import annotations
@@ -151,9 +157,10 @@ class Potential:
     :func:`exp_tanh`).
     """
 
-    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False) -> None:
+    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False, temperature: float = 1.0) -> None:
         self.coords = Coordinates(family)
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
+        self.temperature = temperature  # the target is p(w | D)^(1/T); the Jacobian term is not tempered
         self.evaluations = 0
         rewrite = exp_tanh if data.x_train.device.type == "cpu" else None
         self._fused = TracedCompile(self._traced_value_and_grad, "the potential", rewrite) if compile else None
@@ -166,7 +173,10 @@ class Potential:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         """U at every row of ``z``: ``[C]``."""
         values, log_det = self.coords.unpack(z)
-        return -(self.log_joint(values) + log_det)
+        log_joint = self.log_joint(values)
+        if self.temperature != 1.0:
+            log_joint = log_joint / self.temperature
+        return -(log_joint + log_det)
 
     def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all)."""
@@ -180,6 +190,19 @@ class Potential:
             energy = self(z)
             (grad,) = torch.autograd.grad(energy.sum(), z)
         return energy.detach(), grad
+
+    def pointwise(self, z: torch.Tensor, velocity: torch.Tensor | None = None):
+        """Each training row's log-likelihood at every point ``z [C, D]``: ``[C, N]``, a permutation-invariant
+        picture of the function each chain is at; with ``velocity`` ``[C, D]``, also its time derivative along it."""
+        log_joint = self.log_joint
+
+        def rows(z: torch.Tensor) -> torch.Tensor:
+            return log_joint.family.log_likelihood(self.coords.unpack(z)[0], log_joint.x, log_joint.y)
+
+        with torch.no_grad(), pyro.validation_enabled(False):
+            if velocity is None:
+                return rows(z.detach())
+            return torch.func.jvp(rows, (z.detach(),), (velocity.detach(),))
 
     def energy(self, z: torch.Tensor) -> torch.Tensor:
         """U at every row of ``z``, differentiable in ``z`` (for Pyro's NUTS, which takes its own gradient).
@@ -376,6 +399,27 @@ def halton(index: int, base: int = 2) -> float:
     return result
 
 
+def slowest_quarter_period(window: torch.Tensor, inv_mass: torch.Tensor, iterations: int = 30) -> float:
+    """pi/2 sqrt(lambda_max): a quarter turn of HMC along the slowest direction of the draws ``[n, chains, D]``.
+
+    lambda_max is the largest eigenvalue of the within-chain covariance (each chain centred on its own mean,
+    pooled over chains) in the coordinates whitened by the diagonal metric ``inv_mass``, found by power iteration
+    without forming the D x D matrix. A Gaussian direction of variance lambda oscillates with period 2 pi
+    sqrt(lambda) under unit mass, so this is the integration time that decorrelates the slowest one: where ChEES
+    starts after every metric change, whatever the initial ``trajectory_length`` was.
+    """
+    centred = (window - window.mean(0)) / inv_mass.sqrt()  # [n, chains, D]
+    rows = centred.reshape(-1, centred.shape[-1]).double()
+    scale = max(1, window.shape[0] - 1) * window.shape[1]
+    vector = torch.ones(rows.shape[1], dtype=rows.dtype, device=rows.device)
+    value = torch.zeros((), dtype=rows.dtype, device=rows.device)
+    for _ in range(iterations):
+        product = rows.T @ (rows @ vector) / scale
+        value = vector @ product / (vector @ vector)
+        vector = product / product.norm().clamp(min=1e-300)
+    return math.pi / 2 * math.sqrt(max(float(value), 1e-12))
+
+
 class ManyChainHMC:
     """HMC for C chains at once, with shared step size, diagonal mass matrix and ChEES-tuned trajectory length."""
 
@@ -387,8 +431,9 @@ class ManyChainHMC:
         self.step_size, self.trajectory = spec.step_size, spec.trajectory_length
         self.dual = DualAveraging(self.step_size, spec.target_accept_prob)
         self.adam_v, self.adam_t = 0.0, 0  # Adam on log T, with beta1 = 0 as in the ChEES paper
-        self.log_trajectory_sum, self.log_trajectory_weight = 0.0, 0.0
+        self.log_trajectory_average, self.average_count = math.log(self.trajectory), 0  # since the last metric change
         self.window: list[torch.Tensor] = []
+        self.log_steps: list[float] = []  # log step-size iterates since dual averaging last restarted
         self.centre: torch.Tensor | None = None  # each chain's running mean position (ChEES)
         self.iteration = 0
 
@@ -439,53 +484,76 @@ class ManyChainHMC:
                 "n_steps": torch.full_like(accept_prob, steps), "step_size": torch.full_like(accept_prob,
                                                                                              self.step_size)}
         if warmup:
-            self._adapt(z_old, z_new, p_new, accept_prob, jitter)
+            self._adapt(z_old, z_new, p_new, accept_prob, steps * self.step_size)
         return info
 
-    def _adapt(self, z_old, z_new, p_new, accept_prob, jitter: float) -> None:
+    def _adapt(self, z_old, z_new, p_new, accept_prob, integration_time: float) -> None:
         spec, t = self.spec, self.iteration
         # step size: dual averaging on the chains' mean acceptance
         self.step_size = self.dual.update(float(accept_prob.nan_to_num(0.0).mean()))
+        self.log_steps.append(math.log(self.step_size))
         # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted), once
         # the chains have left their starting points (after the first mass-matrix window). Each chain's jump is
         # measured from its own running mean, not the mean over chains: chains in different modes of a BNN
         # posterior would otherwise make the criterion measure distances between modes, and T collapses.
+        function_space = spec.trajectory_criterion == "function"
         if spec.adapt_trajectory_length:
-            self.centre = self.z.clone() if self.centre is None else self.centre + 0.05 * (self.z - self.centre)
+            here = self.potential.pointwise(self.z) if function_space else self.z
+            self.centre = here.clone() if self.centre is None else self.centre + 0.05 * (here - self.centre)
         if spec.adapt_trajectory_length and t > 0.15 * spec.warmup_steps:
             weight = accept_prob.nan_to_num(0.0)
             if weight.sum() > 0:
-                scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
-                centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
+                if function_space:  # the training rows' log-likelihoods and their rate of change at the proposal
+                    new, velocity = self.potential.pointwise(z_new, self.inv_mass * p_new)
+                    centred_new, centred_old = new - self.centre, self.potential.pointwise(z_old) - self.centre
+                else:
+                    scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
+                    centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
+                    velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
                 growth = (centred_new**2).sum(-1) - (centred_old**2).sum(-1)
-                velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
-                per_chain = jitter * self.trajectory * growth * (centred_new * velocity).sum(-1)
+                # d criterion / d log T, with the time this draw actually integrated (jitter x T, capped steps)
+                per_chain = integration_time * growth * (centred_new * velocity).sum(-1)
                 per_chain = torch.where(torch.isfinite(per_chain), per_chain, torch.zeros_like(per_chain))
                 gradient = float((weight * per_chain).sum() / weight.sum())
                 self.adam_t += 1
                 self.adam_v = 0.95 * self.adam_v + 0.05 * gradient**2
                 v_hat = self.adam_v / (1 - 0.95**self.adam_t)
                 log_t = math.log(self.trajectory) + 0.025 * gradient / (math.sqrt(v_hat) + 1e-8)
-                low, high = math.log(self.step_size), math.log(self.step_size * spec.max_leapfrog_steps)
-                self.trajectory = math.exp(min(max(log_t, low), high))
-                self.log_trajectory_sum += t * math.log(self.trajectory)  # later iterations weigh more
-                self.log_trajectory_weight += t
+                # no bounds from the step size here: its iterate swings by 10x for a few draws after every restart of
+                # dual averaging and must not drag T with it (step() takes 1 to max_leapfrog_steps steps anyway)
+                self.trajectory = math.exp(log_t)
+                # the length kept for sampling: a running average of log T that favours recent iterations
+                # (weight k^-1/2 at the k-th update since the metric last changed)
+                self.average_count += 1
+                rate = self.average_count**-0.5
+                self.log_trajectory_average += rate * (log_t - self.log_trajectory_average)
         # diagonal mass matrix: each chain's variance over a window of warm-up, pooled over the chains (within-
         # chain, as Stan's windows: chains in different modes of a BNN posterior must not inflate it)
         if spec.adapt_mass_matrix:
             self.window.append(self.z.detach())
             ends = {int(spec.warmup_steps * f) for f in (0.15, 0.3, 0.6)}
             if t in ends and len(self.window) > 2:
+                window = torch.stack(self.window)  # [window, chains, D]
                 n = len(self.window)
-                variance = torch.stack(self.window).var(0).mean(0)  # [window, chains, D] -> [D]
+                variance = window.var(0).mean(0)  # [D]
                 variance = variance * n / (n + 5.0) + 1e-3 * 5.0 / (n + 5.0)  # Stan's regularisation
                 self.inv_mass = variance.clamp(min=1e-8)
                 self.window = []
                 self.dual.reset(self.step_size)
+                self.log_steps = []
+                if spec.adapt_trajectory_length:  # T restarts in the new metric's units, ChEES refines it from there
+                    self.trajectory = slowest_quarter_period(window, self.inv_mass)
+                    self.adam_v, self.adam_t, self.average_count = 0.0, 0, 0
+                    self.log_trajectory_average = math.log(self.trajectory)
         if t == spec.warmup_steps:  # freeze the adapted settings for sampling
-            self.step_size = self.dual.final
-            if spec.adapt_trajectory_length and self.log_trajectory_weight > 0:
-                self.trajectory = math.exp(self.log_trajectory_sum / self.log_trajectory_weight)
+            # the step size of the sampling phase: the iterates' geometric mean over the second half of the
+            # iterations since the metric last changed (dual averaging's own average still remembers the first
+            # draws after its restart, which explore 10x steps and then overshoot to small ones)
+            settled = self.log_steps[len(self.log_steps) // 2:]
+            self.step_size = math.exp(sum(settled) / len(settled)) if settled else self.dual.final
+            if spec.adapt_trajectory_length and self.adam_t > 0:
+                self.trajectory = min(max(math.exp(self.log_trajectory_average), self.step_size),
+                                      self.step_size * spec.max_leapfrog_steps)
 
 
 def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
@@ -561,7 +629,7 @@ def fit_mcmc(
     ``run_dir/samples.pt``; ``resume=True`` continues from there.
     """
     log = log or RunLog(None, echo=None)
-    potential = Potential(family, data, compile=spec.compile)
+    potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature)
     coords = potential.coords
     check_size(coords, spec)
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None

@@ -182,6 +182,7 @@ def fit_svi(
     named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
     optimizer = make_optimizer(list(named.values()), spec)
     elbo = ELBOS[spec.elbo](spec.num_particles)
+    elbo.temperature = spec.temperature
     n_train, n_steps, per_epoch = data.n_train, total_steps(spec, data.n_train), steps_per_epoch(spec, data.n_train)
     order = torch.Generator().manual_seed(seed)
     ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
