@@ -1,6 +1,6 @@
-"""Posterior fidelity of every zoo member against a 4-chain NUTS reference, on the reference run's own task.
+"""Posterior fidelity of every zoo member against an MCMC reference (NUTS or HMC), on the reference run's own task.
 
-    python benchmarks/fidelity.py --reference runs/notebooks/regression/full/nuts \\
+    python benchmarks/fidelity.py --reference runs/notebooks/regression/full/hmc \\
         [--members all|name,...] [--runs-dir DIR] [--json PATH] [--threads N] [--samples S] [--steps N]
 
 The task follows from the reference run's spec: the toy with a gap (regression) or two moons (classification).
@@ -53,6 +53,11 @@ Where each member's settings come from (nothing was tuned on test inputs; the SV
   the reference's 2-16-2 net, the 25% largest-magnitude of its 82 weights, evidence at the MAP (as
   ``configs/subnet_laplace_uci.yaml`` chose on validation data), probit link; MAP by the notebooks' SVI settings.
 
+Two columns keep every row honest: ``same posterior as the reference`` (``no: net`` etc. when a member's data,
+net, prior or likelihood differ from the reference's, so it approximates another posterior) and ``reference
+passes --strict`` (``zoo diagnose --strict`` on the reference: function-space R-hat <= 1.01, bulk/tail ESS >= 400,
+no divergences, BFMI >= 0.3; ``NO`` means every figure carries the reference's own Monte Carlo error).
+
 ``--steps N`` replaces every member's SVI step count (and the subnetwork's MAP step count) -- for smoke tests; it
 changes the specs, so such runs never reuse full-size ones.
 """
@@ -74,7 +79,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.cli import exit_code
-from zoo.diagnostics import COMPARE_DRAWS, RunPredictive, compare_predictives, jsonable, run_predictive
+from zoo.diagnostics import COMPARE_DRAWS, RunPredictive, compare_predictives, diagnose, jsonable, run_predictive
 from zoo.errors import ZooInputError
 from zoo.metrics import classification_metrics, regression_metrics
 from zoo.pipeline import load_run, train
@@ -246,6 +251,20 @@ def draw_figures(run: RunPredictive) -> dict[str, float]:
     return {**out, **in_between_sd(run.posterior, data)}
 
 
+POSTERIOR_PARTS = ("data", "net", "prior", "likelihood")  # what defines the posterior a member approximates
+
+
+def posterior_differences(reference: RunSpec, spec: RunSpec) -> list[str]:
+    """The parts of the posterior's definition in which a member's spec differs from the reference's."""
+    return [part for part in POSTERIOR_PARTS if getattr(spec, part) != getattr(reference, part)]
+
+
+def reference_verdict(reference: Path) -> dict[str, Any]:
+    """Whether the reference passes ``zoo diagnose --strict`` (function-space R-hat, ESS, divergences, BFMI)."""
+    result = diagnose(reference, plots=False)
+    return {"passes_strict": not result["warnings"], "warnings": result["warnings"]}
+
+
 def _fmt(key: str, value: float | None) -> str:
     if value is None:  # e.g. the sd ratio of a point estimate: 0 / 0
         return "-"
@@ -263,8 +282,13 @@ def table_of(figures: dict[str, Any]) -> Table:
     table.add_column("member")
     for key in COLUMNS[task]:
         table.add_column(HEADERS[key].format(ref=figures["reference_method"].upper()), justify="right")
+    table.add_column("same posterior as the reference")
+    table.add_column("reference passes --strict")
+    strict = "yes" if figures["reference_check"]["passes_strict"] else "NO"
     for row in figures["rows"]:
-        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in COLUMNS[task]))
+        differs = row["differs_from_reference"]
+        same = "yes" if not differs else f"no: {', '.join(differs)}"
+        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in COLUMNS[task]), same, strict)
     return table
 
 
@@ -279,7 +303,7 @@ def parse_members(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
     """Train or reuse every member, compare each with the reference, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", required=True, help="a finished NUTS run directory")
+    parser.add_argument("--reference", required=True, help="a finished MCMC (NUTS or HMC) run directory")
     parser.add_argument("--members", default="all", help=f"all, or some of: {','.join(MEMBERS)}")
     parser.add_argument("--runs-dir", metavar="DIR", help="where new member runs go (default runs/fidelity/<topic>)")
     parser.add_argument("--json", metavar="PATH")
@@ -307,6 +331,9 @@ def main(argv: list[str] | None = None) -> dict:
     def echo(message: str) -> None:
         console.print(message, style="dim", highlight=False)
 
+    reference_check = reference_verdict(reference)
+    if not reference_check["passes_strict"]:
+        echo(f"the reference fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
     members: list[tuple[str, Path, str, float]] = []
     for name in names:
         spec = member_spec(ref_spec, name, task, args.steps)
@@ -316,19 +343,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     method = ref_spec.inference.method
     entries = [(method, reference, "reference", 0.0), *members]
+    member_specs = [ref_spec, *(load_spec(run_dir / SPEC_FILE) for _, run_dir, _, _ in members)]
     predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
     rows = []
-    for (name, run_dir, how, seconds), row, predictive in zip(entries, compare_predictives(
-            predictives[0], predictives[1:]), predictives, strict=True):
+    for (name, run_dir, how, seconds), row, predictive, spec in zip(entries, compare_predictives(
+            predictives[0], predictives[1:]), predictives, member_specs, strict=True):
         label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
             else member_label(name, task)
         fidelity = {k: row[k] for k in COLUMNS[task][:2]}
         stored = json.loads((run_dir / METRICS_FILE).read_text())
         rows.append({"member": name, "label": label, "run": str(run_dir), "how": how,
+                     "differs_from_reference": posterior_differences(ref_spec, spec),
                      "obtain_seconds": round(seconds, 1), **fidelity, **draw_figures(predictive),
                      "train_seconds": stored.get("train_seconds"),
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
-    figures = jsonable({"reference": str(reference), "reference_method": method, "task": task,
+    figures = jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
+                        "task": task,
                         "data": ref_data.name, "num_samples": args.samples, "steps": args.steps,
                         "columns": COLUMNS[task], "rows": rows, "wall_seconds": round(time.perf_counter() - start, 1)})
     console.print(table_of(figures))

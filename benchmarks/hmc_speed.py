@@ -61,11 +61,13 @@ Needs the optional NumPyro/JAX/BlackJAX/Optax extra (``pip install -e .[bench]``
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -75,6 +77,7 @@ from rich.table import Table
 import zoo.inference.mcmc
 import zoo.pipeline
 import zoo.spec
+from zoo.diagnostics import ESS_MIN, RHAT_MAX
 from zoo.runs import write_json
 
 try:  # the NumPyro side is optional: pip install -e .[bench]
@@ -401,7 +404,16 @@ def main(argv: list[str] | None = None) -> dict:
                         help="spec override for the zoo candidates, applied last (e.g. "
                         "inference.max_leapfrog_steps=64); likelihood/prior overrides reach the NumPyro model too")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--from-json", metavar="PATH", help="sample nothing: print the tables (and the ratios, "
+                        "recomputed) of the figures an earlier run wrote with --json")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        summarise(results)
+        print_tables(results)
+        if args.json:
+            write_json(args.json, results)
+        return results
     if args.warmup < 1 or args.samples < 4:
         parser.error("--warmup must be >= 1 and --samples >= 4 (ESS needs a few draws per chain)")
     try:
@@ -458,79 +470,97 @@ def main(argv: list[str] | None = None) -> dict:
         results["blackjax"][f"{method}:{chains}"] = run_blackjax(method, chains, args, data, model)
     results["host_devices"] = jax.local_device_count()
 
-    zoo_best = best(results["zoo"], "min_ess_per_s")
-    zoo_best_inclusive = best(results["zoo"], "min_ess_per_s_compile_inclusive")
-    np_best = best(results["numpyro"], "min_ess_per_s")
-    np_best_inclusive = best(results["numpyro"], "min_ess_per_s_compile_inclusive")
-    zoo_ess_s = results["zoo"][zoo_best]["min_ess_per_s"]
-    results.update({
-        "zoo_best": zoo_best, "numpyro_best": np_best, "numpyro_best_compile_inclusive": np_best_inclusive,
-        "zoo_best_compile_inclusive": zoo_best_inclusive, "zoo_best_min_ess_per_s": zoo_ess_s,
-        "zoo_best_min_ess_per_s_compile_inclusive":
-            results["zoo"][zoo_best_inclusive]["min_ess_per_s_compile_inclusive"],
-        "numpyro_best_min_ess_per_s": results["numpyro"][np_best]["min_ess_per_s"],
-        "numpyro_best_min_ess_per_s_compile_inclusive":
-            results["numpyro"][np_best_inclusive]["min_ess_per_s_compile_inclusive"],
-    })
-    results["ratio_zoo_over_numpyro"] = ratio(zoo_ess_s, results["numpyro_best_min_ess_per_s"])
-    results["ratio_zoo_over_numpyro_compile_inclusive"] = ratio(
-        results["zoo_best_min_ess_per_s_compile_inclusive"], results["numpyro_best_min_ess_per_s_compile_inclusive"])
-    results["ratio_within_target"] = (results["ratio_zoo_over_numpyro"] is not None
-                                      and results["ratio_zoo_over_numpyro"] >= TARGET_RATIO)
-    bj_best = bj_best_inclusive = None  # the BlackJAX side, beside the headline; None when it was skipped
-    if results["blackjax"]:
-        bj_best = best(results["blackjax"], "min_ess_per_s")
-        bj_best_inclusive = best(results["blackjax"], "min_ess_per_s_compile_inclusive")
-    results.update({
-        "blackjax_best": bj_best, "blackjax_best_compile_inclusive": bj_best_inclusive,
-        "blackjax_best_min_ess_per_s": results["blackjax"][bj_best]["min_ess_per_s"] if bj_best else None,
-        "blackjax_best_min_ess_per_s_compile_inclusive":
-            results["blackjax"][bj_best_inclusive]["min_ess_per_s_compile_inclusive"] if bj_best else None,
-    })
-    results["ratio_zoo_over_blackjax"] = ratio(zoo_ess_s, results["blackjax_best_min_ess_per_s"])
-    results["ratio_zoo_over_blackjax_compile_inclusive"] = ratio(
-        results["zoo_best_min_ess_per_s_compile_inclusive"], results["blackjax_best_min_ess_per_s_compile_inclusive"])
-
-    table = Table(title=f"function-space ESS/s: 1-{hidden}-1 tanh BNN on toy_gap (sigma {NOISE:g} original = "
-                        f"{noise:.3f} standardised), {args.warmup} warm-up + {args.samples} draws per chain, "
-                        f"bulk ESS and R-hat of f(x) at x = {', '.join(f'{v:g}' for v in X_EVAL)} (min / max of "
-                        f"the five); time = warm-up + sampling, '+compile' adds compile time (zoo: all start-up) "
-                        f"(torch threads {torch.get_num_threads()}, {results['host_devices']} XLA host devices)")
-    for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
-                "divergences", "leapfrog/draw"):
-        table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
-    side_best = {"zoo": zoo_best, "numpyro": np_best, "blackjax": bj_best}
-    for side in ("zoo", "numpyro", "blackjax"):
-        for name, row in results[side].items():
-            label = f"{side} {name}" + (" (best)" if name == side_best[side] else "")
-            table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", f"{row['compile_seconds']:.1f}",
-                          _fmt(row["min_ess"], ".0f"), _fmt(row["min_ess_per_s"], ".2f"),
-                          _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
-                          str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"))
-    summary = Table(title="zoo best ÷ NumPyro best, the headline" + (", and ÷ BlackJAX best" if bj_best else "")
-                          + " (min ESS/s; higher is better)")
-    for col in ("figure", "zoo best", "peer best", "ratio", f"≥ {TARGET_RATIO}"):
-        summary.add_column(col, justify="left" if col == "figure" else "right")
-    r = results["ratio_zoo_over_numpyro"]
-    summary.add_row("÷ NumPyro: min ESS/s (without compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
-                    f"numpyro {np_best}: {_fmt(results['numpyro_best_min_ess_per_s'], '.2f')}", _fmt(r, ".3f"),
-                    "yes" if results["ratio_within_target"] else "no")
-    r_incl = results["ratio_zoo_over_numpyro_compile_inclusive"]
-    summary.add_row("÷ NumPyro: min ESS/s (with compile and start-up)",
-                    f"{zoo_best_inclusive}: {_fmt(results['zoo_best_min_ess_per_s_compile_inclusive'], '.2f')}",
-                    f"numpyro {np_best_inclusive}: "
-                    f"{_fmt(results['numpyro_best_min_ess_per_s_compile_inclusive'], '.2f')}",
-                    _fmt(r_incl, ".3f"), "yes" if r_incl is not None and r_incl >= TARGET_RATIO else "no")
-    if bj_best is not None:  # beside the headline: the target is on NumPyro
-        summary.add_row("÷ BlackJAX: min ESS/s (without compile)", f"{zoo_best}: {_fmt(zoo_ess_s, '.2f')}",
-                        f"blackjax {bj_best}: {_fmt(results['blackjax_best_min_ess_per_s'], '.2f')}",
-                        _fmt(results["ratio_zoo_over_blackjax"], ".3f"), "–")
-    console = Console(width=max(Console().width, 170))  # wide enough for every column when piped to a file
-    console.print(table)
-    console.print(summary)
+    summarise(results)
+    print_tables(results)
     if args.json:
         write_json(args.json, results)
     return results
+
+
+def converged(row: dict) -> bool:
+    """Whether a candidate's draws pass the zoo's convergence checks on f(x): R-hat <= 1.01, ESS >= 400, no
+    divergences (``zoo diagnose --strict``'s thresholds): ESS of draws that fail them is not an ESS to trust."""
+    return (row["rhat_max"] is not None and row["rhat_max"] <= RHAT_MAX and row["min_ess"] is not None
+            and row["min_ess"] >= ESS_MIN and row["divergences"] == 0)
+
+
+def best_of(rows: dict[str, dict], key: str, only_converged: bool = False) -> str | None:
+    """The best candidate by ``key``, among the converged ones if asked (None when there is none)."""
+    kept = {name: row for name, row in rows.items() if converged(row) or not only_converged}
+    return best(kept, key) if kept else None
+
+
+def summarise(results: dict) -> None:
+    """Add the best candidates of each side and the ratios to ``results`` (also for figures read back from JSON).
+
+    The headline compares the best candidates by min ESS/s; the ``_converged`` figures compare only candidates
+    whose draws pass the convergence checks (:func:`converged`).
+    """
+    for side in ("zoo", "numpyro", "blackjax"):
+        for row in results[side].values():
+            row["converged"] = converged(row)
+    for suffix, only in (("", False), ("_converged", True)):
+        for side in ("zoo", "numpyro", "blackjax"):
+            rows = results[side]
+            name = best_of(rows, "min_ess_per_s", only) if rows else None
+            inclusive = best_of(rows, "min_ess_per_s_compile_inclusive", only) if rows else None
+            results[f"{side}_best{suffix}"] = name
+            results[f"{side}_best{suffix}_compile_inclusive"] = inclusive
+            results[f"{side}_best{suffix}_min_ess_per_s"] = rows[name]["min_ess_per_s"] if name else None
+            results[f"{side}_best{suffix}_min_ess_per_s_compile_inclusive"] = (
+                rows[inclusive]["min_ess_per_s_compile_inclusive"] if inclusive else None)
+        for peer in ("numpyro", "blackjax"):
+            results[f"ratio_zoo_over_{peer}{suffix}"] = ratio(results[f"zoo_best{suffix}_min_ess_per_s"],
+                                                              results[f"{peer}_best{suffix}_min_ess_per_s"])
+            results[f"ratio_zoo_over_{peer}{suffix}_compile_inclusive"] = ratio(
+                results[f"zoo_best{suffix}_min_ess_per_s_compile_inclusive"],
+                results[f"{peer}_best{suffix}_min_ess_per_s_compile_inclusive"])
+    results["ratio_within_target"] = (results["ratio_zoo_over_numpyro"] is not None
+                                      and results["ratio_zoo_over_numpyro"] >= TARGET_RATIO)
+
+
+def print_tables(results: dict) -> None:
+    """The per-candidate table and the ratios, as the run prints them."""
+    table = Table(title=f"function-space ESS/s: {results['model']} on toy_gap (sigma {NOISE:g} original = "
+                        f"{results['noise_standardised']:.3f} standardised), {results['warmup']} warm-up + "
+                        f"{results['samples']} draws per chain, bulk ESS and R-hat of f(x) at x = "
+                        f"{', '.join(f'{v:g}' for v in X_EVAL)} (min / max of the five); time = warm-up + sampling, "
+                        f"'+compile' adds compile time (zoo: all start-up); converged: R-hat <= {RHAT_MAX}, ESS >= "
+                        f"{ESS_MIN:.0f}, no divergences (torch threads {results['torch_threads']}, "
+                        f"{results['host_devices']} XLA host devices)")
+    for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
+                "divergences", "leapfrog/draw", "converged"):
+        table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
+    for side in ("zoo", "numpyro", "blackjax"):
+        for name, row in results[side].items():
+            label = f"{side} {name}" + (" (best)" if name == results[f"{side}_best"] else "")
+            table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", f"{row['compile_seconds']:.1f}",
+                          _fmt(row["min_ess"], ".0f"), _fmt(row["min_ess_per_s"], ".2f"),
+                          _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
+                          str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"),
+                          "yes" if row["converged"] else "NO")
+    summary = Table(title="zoo best ÷ NumPyro best, the headline, and ÷ BlackJAX best (min ESS/s; higher is better)")
+    for col in ("figure", "zoo best", "peer best", "ratio", f"≥ {TARGET_RATIO}"):
+        summary.add_column(col, justify="left" if col == "figure" else "right")
+    for peer in ("numpyro", "blackjax"):
+        for suffix, among in (("", "all candidates"), ("_converged", "converged candidates only")):
+            for inclusive, how in (("", "without compile"), ("_compile_inclusive", "with compile and start-up")):
+                if peer == "blackjax" and inclusive:
+                    continue
+                zoo_name = results[f"zoo_best{suffix}{inclusive}"]
+                peer_name = results[f"{peer}_best{suffix}{inclusive}"]
+                if peer_name is None and not results[peer]:
+                    continue  # the side was skipped
+                r = results[f"ratio_zoo_over_{peer}{suffix}{inclusive}"]
+                target = ("yes" if r is not None and r >= TARGET_RATIO else "no") if peer == "numpyro" else "–"
+                summary.add_row(f"÷ {'NumPyro' if peer == 'numpyro' else 'BlackJAX'}: min ESS/s ({how}), {among}",
+                                f"{zoo_name}: {_fmt(results[f'zoo_best{suffix}_min_ess_per_s{inclusive}'], '.2f')}",
+                                f"{peer} {peer_name}: "
+                                f"{_fmt(results[f'{peer}_best{suffix}_min_ess_per_s{inclusive}'], '.2f')}",
+                                _fmt(r, ".3f"), target)
+    console = Console(width=max(Console().width, 170))  # wide enough for every column when piped to a file
+    console.print(table)
+    console.print(summary)
 
 
 if __name__ == "__main__":

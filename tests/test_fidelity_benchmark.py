@@ -66,6 +66,11 @@ def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch
     for member in saved["rows"][1:]:  # trained for 20 steps: a real distance from NUTS, a coverage in [0, 1]
         assert 0 <= member["coverage_95"] <= 1 and member["w1"] > 0 and math.isfinite(member["test_ll"])
     assert [r["how"] for r in saved["rows"]] == ["reference", "trained", "trained"]
+    # every row says whether it approximates the reference's own posterior and whether the reference is converged
+    assert [r["differs_from_reference"] for r in saved["rows"]] == [[], [], []]
+    assert saved["reference_check"]["passes_strict"] is False  # 2 chains x 30 draws: ESS far below 400
+    ref = load_spec(reference / "spec.yaml")
+    assert fidelity.posterior_differences(ref, fidelity.member_spec(ref, "subnet_laplace", "regression")) == ["net"]
     assert saved["rows"] == json.loads(json.dumps(figures["rows"]))
 
     # the printed table shows the JSON's figures, row by row
@@ -74,6 +79,7 @@ def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch
     for cells, row in zip(lines, saved["rows"], strict=True):
         assert cells[0] == row["label"]
         assert cells[1:6] == [fidelity._fmt(k, row[k]) for k in saved["columns"]]
+        assert cells[6:] == ["yes", "NO"]
     assert lines[0][1:3] == ["0.950", "0"]
 
     # resume-safe: finished runs are reused, and a run next to the reference with the same spec is found there

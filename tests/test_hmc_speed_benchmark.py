@@ -78,19 +78,33 @@ def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
     assert "zoo hmc:4" in printed and "numpyro vectorized:2" in printed and "blackjax chees:2" in printed
     assert "ratio" in printed and "÷ BlackJAX" in printed
     assert "…" not in printed  # no column cut short when the output is not a terminal
+    # ten draws per chain cannot reach ESS 400: no candidate is converged, so no "converged" best or ratio
+    assert not any(row["converged"] for side in ("zoo", "numpyro", "blackjax") for row in figures[side].values())
+    assert figures["zoo_best_converged"] is None and figures["ratio_zoo_over_numpyro_converged"] is None
+    assert hmc_speed.converged({"rhat_max": 1.005, "min_ess": 400.0, "divergences": 0})
+    assert not hmc_speed.converged({"rhat_max": 1.011, "min_ess": 9000.0, "divergences": 0})
+    # the stored figures print again, with the same ratios, without sampling anything
+    again = hmc_speed.main(["--from-json", str(out)])
+    assert again["ratio_zoo_over_numpyro"] == figures["ratio_zoo_over_numpyro"]
+    assert "zoo hmc:4" in capsys.readouterr().out
 
 
-def test_numpyro_model_has_the_zoo_potential():
-    from numpyro.infer.util import potential_energy
-
+def zoo_energy_at_three_weights():
+    """The benchmark's model built as a zoo run, U at three seeded weight draws, and the NumPyro model of it."""
     spec = hmc_speed.build_spec("hmc", 3, 10, 10, [])
     data, family, _, _ = prepare(spec)
     potential = Potential(family, data)
     torch.manual_seed(0)
     z = torch.randn(3, potential.coords.dim)
-    zoo_energy = potential(z)
     values, _ = potential.coords.unpack(z)
     model = hmc_speed.numpyro_model(50, 1.0, family.likelihood.fixed_noise)
+    return data, family, potential, potential(z), values, model
+
+
+def test_numpyro_model_has_the_zoo_potential():
+    from numpyro.infer.util import potential_energy
+
+    data, family, potential, zoo_energy, values, model = zoo_energy_at_three_weights()
     x, y = data.x_train.numpy(), data.y_train.numpy()
     for i in range(3):
         params = {name: value[i].numpy() for name, value in values.items()}
@@ -111,14 +125,7 @@ def test_blackjax_log_density_is_minus_the_zoo_potential():
     import numpy as np
     from jax.flatten_util import ravel_pytree
 
-    spec = hmc_speed.build_spec("hmc", 3, 10, 10, [])
-    data, family, _, _ = prepare(spec)
-    potential = Potential(family, data)
-    torch.manual_seed(0)
-    z = torch.randn(3, potential.coords.dim)
-    zoo_energy = potential(z)
-    values, _ = potential.coords.unpack(z)
-    model = hmc_speed.numpyro_model(50, 1.0, family.likelihood.fixed_noise)
+    data, family, potential, zoo_energy, values, model = zoo_energy_at_three_weights()
     logdensity, positions, site_values = hmc_speed.blackjax_problem(model, data, 3, jax.random.PRNGKey(0))
     # one flat start per chain, from independent prior draws, that unravels into the zoo's sites and shapes
     assert positions.shape == (3, potential.coords.dim)
