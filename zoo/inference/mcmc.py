@@ -191,7 +191,8 @@ class Potential:
             (grad,) = torch.autograd.grad(energy.sum(), z)
         return energy.detach(), grad
 
-    def pointwise(self, z: torch.Tensor, velocity: torch.Tensor | None = None):
+    def pointwise(self, z: torch.Tensor,
+                  velocity: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Each training row's log-likelihood at every point ``z [C, D]``: ``[C, N]``, a permutation-invariant
         picture of the function each chain is at; with ``velocity`` ``[C, D]``, also its time derivative along it."""
         log_joint = self.log_joint
