@@ -335,19 +335,20 @@ def main(argv: list[str] | None = None) -> dict:
     if not reference_check["passes_strict"]:
         echo(f"the reference fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
     members: list[tuple[str, Path, str, float]] = []
+    specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
         spec = member_spec(ref_spec, name, task, args.steps)
         t0 = time.perf_counter()
         run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
         members.append((name, run_dir, how, time.perf_counter() - t0))
+        specs.append(spec)
 
     method = ref_spec.inference.method
     entries = [(method, reference, "reference", 0.0), *members]
-    member_specs = [ref_spec, *(load_spec(run_dir / SPEC_FILE) for _, run_dir, _, _ in members)]
     predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
     rows = []
     for (name, run_dir, how, seconds), row, predictive, spec in zip(entries, compare_predictives(
-            predictives[0], predictives[1:]), predictives, member_specs, strict=True):
+            predictives[0], predictives[1:]), predictives, specs, strict=True):
         label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
             else member_label(name, task)
         fidelity = {k: row[k] for k in COLUMNS[task][:2]}

@@ -254,14 +254,22 @@ def run_numpyro(method: str, chains: int, args: argparse.Namespace, data, model:
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
     extra = jax.block_until_ready(mcmc.get_extra_fields(group_by_chain=True))
     wall = time.perf_counter() - started
-    compile_seconds = min(clock.seconds - compile_before, wall)
-    draws = {k: np.asarray(v) for k, v in draws.items()}
-    f = numpy_forward(draws, eval_inputs(data).double().numpy())
-    row = {"side": "numpyro", "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
+    return jax_row("numpyro", method, args, data, draws, wall, min(clock.seconds - compile_before, wall),
+                   extra["diverging"], extra["num_steps"])
+
+
+def jax_row(side: str, method: str, args: argparse.Namespace, data, draws: dict, wall: float,
+            compile_seconds: float, divergent, n_steps, **extra) -> dict:
+    """One JAX-side candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and
+    R-hat of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
+    import jax
+
+    f = numpy_forward({k: np.asarray(v) for k, v in draws.items()}, eval_inputs(data).double().numpy())
+    row = {"side": side, "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
            "samples": int(f.shape[1]), "seconds": wall - compile_seconds, "seconds_compile_inclusive": wall,
-           "compile_seconds": compile_seconds, "divergences": int(np.asarray(extra["diverging"]).sum()),
-           "leapfrog_steps_per_draw": float(np.asarray(extra["num_steps"]).mean()),
-           "host_devices": jax.local_device_count(), **diagnostics(f)}
+           "compile_seconds": compile_seconds, "divergences": int(np.asarray(divergent).sum()),
+           "leapfrog_steps_per_draw": float(np.asarray(n_steps).mean()),
+           "host_devices": jax.local_device_count(), **extra, **diagnostics(f)}
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
     return row
@@ -331,8 +339,6 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, data, model
     timed like NumPyro's run (prior draws, warm-up and sampling, blocked on) with JAX's compile time measured inside."""
     import jax
 
-    if method not in BLACKJAX_METHODS:
-        raise ValueError(f"unknown BlackJAX method {method!r}")
     clock = compile_clock()
     init_key, run_key = jax.random.split(jax.random.PRNGKey(args.seed))
     compile_before = clock.seconds
@@ -341,19 +347,10 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, data, model
     run = chees_sampler(logdensity, chains, args.warmup, args.samples, diagonal=method == "chees_diag")
     draws, divergent, n_steps, step_size, length = jax.block_until_ready(run(run_key, positions))
     wall = time.perf_counter() - started
-    compile_seconds = min(clock.seconds - compile_before, wall)
+    compile_seconds = min(clock.seconds - compile_before, wall)  # before the conversion below compiles its own
     values = jax.vmap(jax.vmap(site_values))(jax.numpy.swapaxes(draws, 0, 1))  # {site: [chains, samples, ...]}
-    draws = {name: np.asarray(value) for name, value in values.items()}
-    f = numpy_forward(draws, eval_inputs(data).double().numpy())
-    row = {"side": "blackjax", "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
-           "samples": int(f.shape[1]), "seconds": wall - compile_seconds, "seconds_compile_inclusive": wall,
-           "compile_seconds": compile_seconds, "divergences": int(np.asarray(divergent).sum()),
-           "leapfrog_steps_per_draw": float(np.asarray(n_steps).mean()),
-           "host_devices": jax.local_device_count(),
-           "settings": {"step_size": float(step_size), "trajectory_length": float(length)}, **diagnostics(f)}
-    row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
-    row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
-    return row
+    return jax_row("blackjax", method, args, data, values, wall, compile_seconds, divergent, n_steps,
+                   settings={"step_size": float(step_size), "trajectory_length": float(length)})
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -502,8 +499,8 @@ def summarise(results: dict) -> None:
     for suffix, only in (("", False), ("_converged", True)):
         for side in ("zoo", "numpyro", "blackjax"):
             rows = results[side]
-            name = best_of(rows, "min_ess_per_s", only) if rows else None
-            inclusive = best_of(rows, "min_ess_per_s_compile_inclusive", only) if rows else None
+            name = best_of(rows, "min_ess_per_s", only)
+            inclusive = best_of(rows, "min_ess_per_s_compile_inclusive", only)
             results[f"{side}_best{suffix}"] = name
             results[f"{side}_best{suffix}_compile_inclusive"] = inclusive
             results[f"{side}_best{suffix}_min_ess_per_s"] = rows[name]["min_ess_per_s"] if name else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import arviz as az
 import pytest
 import torch
 import yaml
@@ -285,15 +286,13 @@ def test_pointwise_rate_is_the_time_derivative_of_the_rows_log_likelihood(spec_f
 @compiled_step
 def test_many_chain_hmc_at_its_defaults_converges_on_the_toy_bnn():
     # the regression the ChEES rework fixed: 64 x (200 + 200) on the 1-50-1 tanh BNN gave R-hat 1.65 before
-    # (about 4 min on one thread, compiled; every adaptation setting at its default)
+    # (2.5-3 min on one thread, compiled; every adaptation setting at its default)
     spec = load_spec({"data": {"name": "toy_gap"}, "net": {"hidden": [50], "activation": "tanh"},
                       "likelihood": {"noise": 0.1}, "device": "cpu", "seed": 0,
                       "inference": {"method": "hmc", "num_chains": 64, "warmup_steps": 200, "num_samples": 200,
                                     "compile": True}})
     data, family, guide, _ = prepare(spec)
     result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
-    import arviz as az
-
     x = torch.linspace(-2.0, 2.0, 5).unsqueeze(-1)
     with torch.no_grad():
         f = family.predict(result.flat_draws(), x).loc.reshape(64, 200, -1)

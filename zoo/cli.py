@@ -59,13 +59,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _convergence_verdict(run_dir: Path) -> int:
-    """Diagnose an MCMC run's draws (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
-    from zoo.diagnostics import diagnose, diagnose_report, verdict
+def _diagnose_and_print(run_dir: str | Path, num_samples: int | None = None) -> dict:
+    """Run ``zoo diagnose``'s checks on a run directory, write its files and print its tables."""
+    from zoo.diagnostics import diagnose, diagnose_report
 
-    result = diagnose(run_dir)
+    result = diagnose(run_dir, num_samples=num_samples)
     for renderable in diagnose_report(result):
         console.print(renderable)
+    console.print(f"written: {', '.join(result['files'].values())}", soft_wrap=True, markup=False)
+    return result
+
+
+def _convergence_verdict(run_dir: Path) -> int:
+    """Diagnose an MCMC run's draws (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
+    from zoo.diagnostics import verdict
+
+    result = _diagnose_and_print(run_dir)
     line = verdict(result)
     console.print(line, style="bold red" if result["warnings"] else "bold green", soft_wrap=True, markup=False)
     return STRICT_EXIT if result["warnings"] else 0
@@ -109,12 +118,7 @@ def cmd_prune(args: argparse.Namespace) -> None:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """Check a run's posterior (R-hat, ESS, divergences, BFMI or Pareto k-hat), print the tables, write the files."""
-    from zoo.diagnostics import diagnose, diagnose_report
-
-    result = diagnose(args.run_dir, num_samples=args.samples)
-    for renderable in diagnose_report(result):
-        console.print(renderable)
-    console.print(f"written: {', '.join(result['files'].values())}", soft_wrap=True, markup=False)
+    result = _diagnose_and_print(args.run_dir, args.samples)
     return STRICT_EXIT if args.strict and result["warnings"] else 0
 
 

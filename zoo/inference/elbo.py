@@ -113,8 +113,10 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
         self.last_terms = terms
         if isinstance(self.kl_weight, torch.Tensor) or self.kl_weight != 1.0:  # a tensor while being compiled
             kl = self.kl_weight * kl
-        # E_q[log p(y, w)] / T + H[q], times T: E_q[log p(y | w)] - KL(q || p) - (1 - T) H[q]
-        return kl - log_lik + (1.0 - self.temperature) * entropy if self.temperature != 1.0 else kl - log_lik
+        loss = kl - log_lik
+        if self.temperature != 1.0:  # T x the negative ELBO of p^(1/T): -E_q log p(y | w) + KL(q || p) + (1 - T) H[q]
+            loss = loss + (1.0 - self.temperature) * entropy
+        return loss
 
     def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
         """Negative ELBO averaged over particles, differentiable with respect to every parameter used."""

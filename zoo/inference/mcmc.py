@@ -436,6 +436,7 @@ class ManyChainHMC:
         self.window: list[torch.Tensor] = []
         self.log_steps: list[float] = []  # log step-size iterates since dual averaging last restarted
         self.centre: torch.Tensor | None = None  # each chain's running mean position (ChEES)
+        self.rows: torch.Tensor | None = None  # function-space ChEES: the rows' log-likelihoods at the chains' z
         self.iteration = 0
 
     def state_dict(self) -> dict:
@@ -485,10 +486,10 @@ class ManyChainHMC:
                 "n_steps": torch.full_like(accept_prob, steps), "step_size": torch.full_like(accept_prob,
                                                                                              self.step_size)}
         if warmup:
-            self._adapt(z_old, z_new, p_new, accept_prob, steps * self.step_size)
+            self._adapt(z_old, z_new, p_new, accept_prob, accepted, steps * self.step_size)
         return info
 
-    def _adapt(self, z_old, z_new, p_new, accept_prob, integration_time: float) -> None:
+    def _adapt(self, z_old, z_new, p_new, accept_prob, accepted, integration_time: float) -> None:
         spec, t = self.spec, self.iteration
         # step size: dual averaging on the chains' mean acceptance
         self.step_size = self.dual.update(float(accept_prob.nan_to_num(0.0).mean()))
@@ -498,15 +499,21 @@ class ManyChainHMC:
         # measured from its own running mean, not the mean over chains: chains in different modes of a BNN
         # posterior would otherwise make the criterion measure distances between modes, and T collapses.
         function_space = spec.trajectory_criterion == "function"
+        chees = spec.adapt_trajectory_length and t > 0.15 * spec.warmup_steps
         if spec.adapt_trajectory_length:
-            here = self.potential.pointwise(self.z) if function_space else self.z
+            here = self.z
+            if function_space:  # the training rows' log-likelihoods: before, at the proposal (with their rate
+                # of change along it once ChEES runs) and after the accept step, which the next draw starts from
+                old = self.rows if self.rows is not None else self.potential.pointwise(z_old)
+                new, velocity = (self.potential.pointwise(z_new, self.inv_mass * p_new) if chees
+                                 else (self.potential.pointwise(z_new), None))
+                here = self.rows = torch.where(accepted.unsqueeze(-1), new, old)
             self.centre = here.clone() if self.centre is None else self.centre + 0.05 * (here - self.centre)
-        if spec.adapt_trajectory_length and t > 0.15 * spec.warmup_steps:
+        if chees:
             weight = accept_prob.nan_to_num(0.0)
             if weight.sum() > 0:
-                if function_space:  # the training rows' log-likelihoods and their rate of change at the proposal
-                    new, velocity = self.potential.pointwise(z_new, self.inv_mass * p_new)
-                    centred_new, centred_old = new - self.centre, self.potential.pointwise(z_old) - self.centre
+                if function_space:
+                    centred_new, centred_old = new - self.centre, old - self.centre
                 else:
                     scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
                     centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
