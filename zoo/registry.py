@@ -65,7 +65,8 @@ assert set(TABLES["elbos"]) == set(ELBOS) and set(TABLES["inference"]) == set(IN
 def check_choice(field: str, value: str, table: dict) -> None:
     """Refuse a name that is not in ``table``, listing the names that are."""
     if value not in table:
-        raise ValueError(f"unknown {field} {value!r}; use one of: {', '.join(sorted(table))}")
+        allowed = f"use one of: {', '.join(sorted(table))}"
+        raise ZooInputError(field, value, allowed, message=f"unknown {field} {value!r}; {allowed}")
 
 
 def check_guide_fits(family: str, guide: str) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -209,11 +212,29 @@ def _owners(field: str) -> list[str]:
     return sorted(tag for tag, cls in _UNION_MEMBERS.items() if field in cls.model_fields)
 
 
+# guide.init_rho bounds. Low: the Normal's density and its KL against a Normal prior use sigma^2 (and
+# (sigma / prior scale)^2), which must stay a normal float32 number (>= 1.2e-38, i.e. sigma >= 1.1e-19,
+# rho >= -43.6): below it the KL's gradient is -inf (checked: rho -45), below rho -55 sigma^2 is 0 and the KL
+# inf, below rho -104 sigma itself is 0 and Pyro refuses the scale. -30 (sigma 9.4e-14) keeps that
+# true for prior scales up to ~1e5 and is already a point mass: use guide.name: delta for one. float64 could go
+# lower, but gains nothing. High: weights live in standardised units under priors of scale ~1, so an initial
+# sigma above ~5 prior scales drowns the means in noise: each layer's pre-activations grow ~sigma sqrt(fan_in),
+# and rho 1e6 trained to an RMSE of 1e6. 5 gives sigma 5.007.
+INIT_RHO_MIN, INIT_RHO_MAX = -30.0, 5.0
+
+
+def softplus(rho: float) -> float:
+    """log(1 + e^rho) without overflow (the guides' sigma for a given rho)."""
+    return rho + math.log1p(math.exp(-rho)) if rho > 0 else math.log1p(math.exp(rho))
+
+
 class GuideSpec(_Strict):
     """The variational family and its initialisation."""
 
     name: str = "mean_field"
-    init_rho: float = Field(-5.0, description="initial rho of sigma = softplus(rho)")
+    init_rho: float = Field(-5.0, description=f"initial rho of sigma = softplus(rho), in [{INIT_RHO_MIN:g}, "
+                            f"{INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. {softplus(INIT_RHO_MAX):.3g}):"
+                            " below, sigma^2 leaves float32's normal range; above, the initial noise swamps the means")
     init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
     component: Literal["normal", "cauchy"] = Field("normal", description="mixture: family of each component")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description="mixture/batch_ensemble: P(+1) of the factor "
@@ -222,6 +243,28 @@ class GuideSpec(_Strict):
     init_scale: PositiveFloat = Field(0.03, description="mixture: initial standard deviation of the factors")
     dropout_rate: float = Field(0.05, gt=0.0, lt=1.0, description="dropout: probability p of dropping an input "
                                 "unit of every weight matrix but the first layer's (MC dropout)")
+
+    @field_validator("init_rho")
+    @classmethod
+    def _sane_rho(cls, v: float) -> float:
+        if INIT_RHO_MIN <= v <= INIT_RHO_MAX:
+            return v
+        if math.isnan(v):
+            why = "rho must be a number"
+        elif v < INIT_RHO_MIN:
+            sigma = softplus(v)
+            why = (f"sigma = softplus(rho) = {sigma:.3g}: " + (
+                "its square is below float32's smallest normal number (1.2e-38), where the KL's gradient is already "
+                "infinite" + (" and sigma itself rounds to 0, a scale Pyro refuses" if sigma < 1.4e-45 else "")
+                if sigma < 1.1e-19
+                else "so small that (sigma / prior scale)^2 nears float32's underflow; it is a point mass already "
+                "(guide.name: delta is one)"))
+        else:
+            why = (f"sigma = softplus(rho) = {softplus(v):.3g}: an initial spread far wider than a prior of scale ~1 "
+                   "on standardised weights, which swamps the means")
+        raise ValueError(f"{why}; use a rho in [{INIT_RHO_MIN:g}, "
+                         f"{INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. {softplus(INIT_RHO_MAX):.3g}), "
+                         f"typically -5 (the default, sigma {softplus(-5.0):.4f})")
 
 
 class NoisePrior(_Strict):
@@ -384,25 +427,60 @@ class RunSpec(_Strict):
     @model_validator(mode="after")
     def _known_names(self) -> RunSpec:
         from zoo import registry  # registry imports the modules that use this spec
+        from zoo.data import check_data_spec  # already imported by registry; reads no file
 
-        registry.check_choice("net.name", self.net.name, registry.NETS)
-        registry.check_choice("net.activation", self.net.activation, registry.ACTIVATIONS)
-        registry.check_choice("model.family", self.model.family, registry.FAMILIES)
-        registry.check_choice("guide.name", self.guide.name, registry.GUIDES)
-        registry.check_choice("inference.method", self.inference.method, registry.INFERENCE)
+        problems: list[ZooInputError] = []
+
+        def check(fn: Any, *args: Any) -> bool:
+            try:
+                fn(*args)
+            except ZooInputError as err:
+                problems.append(err)
+                return False
+            return True
+
+        check(check_data_spec, self.data)
+        check(registry.check_choice, "net.name", self.net.name, registry.NETS)
+        check(registry.check_choice, "net.activation", self.net.activation, registry.ACTIVATIONS)
+        family = check(registry.check_choice, "model.family", self.model.family, registry.FAMILIES)
+        guide = check(registry.check_choice, "guide.name", self.guide.name, registry.GUIDES)
+        check(registry.check_choice, "inference.method", self.inference.method, registry.INFERENCE)
+        if family and guide:
+            check(registry.check_guide_fits, self.model.family, self.guide.name)
         if (self.inference.method == "laplace") != (self.guide.name == "laplace"):
-            raise ValueError("the laplace guide is what inference.method: laplace fits, and only that: use both "
-                             "(leave guide.name out with laplace) or neither")
+            allowed = ("the laplace guide is what inference.method: laplace fits, and only that: use both (leave "
+                       "guide.name out with laplace) or neither")
+            problems.append(ZooInputError("guide.name", self.guide.name, allowed, message=f"guide.name: {allowed}"))
         if self.inference.method == "laplace" and self.model.family != "subnetwork":
-            raise ValueError("inference.method: laplace linearises a MAP net around a selected subnetwork: use "
-                             "model.family: subnetwork (selection size 1.0 gives the whole net)")
+            allowed = ("inference.method: laplace linearises a MAP net around a selected subnetwork: use "
+                       "model.family: subnetwork (selection size 1.0 gives the whole net)")
+            problems.append(ZooInputError("model.family", self.model.family, allowed,
+                                          message=f"model.family: {allowed}"))
+        if problems:
+            raise _SpecProblems(problems)
         return self
 
 
+class _SpecProblems(ValueError):
+    """Every cross-field problem of a spec at once (pydantic reports one error per validator)."""
+
+    def __init__(self, problems: list[ZooInputError]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
 # --------------------------------------------------------------------------------------- load / dump
-def _format_pydantic_error(err: ValidationError) -> str:
-    lines = []
+def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
+    """(dotted field, given value, message line) for every problem in ``err``, in pydantic's order."""
+    out = []
     for e in err.errors():
+        cause = (e.get("ctx") or {}).get("error")
+        causes = cause.problems if isinstance(cause, _SpecProblems) else [cause]
+        if all(isinstance(c, ZooInputError) for c in causes):
+            for c in causes:  # our own checks name their field themselves
+                text = str(c)
+                out.append((c.field, c.value, text if c.field in text else f"{c.field}: {text}"))
+            continue
         loc = ".".join(str(p) for p in e["loc"]
                        if not str(p).startswith(("function-", "tagged-union")) and p not in _UNION_TAGS)
         given = e.get("input")
@@ -411,8 +489,13 @@ def _format_pydantic_error(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             owners = _owners(str(e["loc"][-1]))
             msg = "unknown setting here" + (f"; it belongs to: {', '.join(owners)}" if owners else " (a typo?)")
-        lines.append(f"  {loc or 'spec'}: {given_txt}{msg}")
-    return "\n".join(lines)
+        out.append((loc or "spec", given, f"{loc or 'spec'}: {given_txt}{msg}"))
+    return out
+
+
+def _format_pydantic_error(err: ValidationError) -> str:
+    """One indented line per problem."""
+    return "\n".join(f"  {line}" for _, _, line in _spec_problems(err))
 
 
 def set_path(tree: dict, dotted: str, value: Any) -> None:
@@ -437,11 +520,30 @@ def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
-def load_spec(source: str | Path | dict, overrides: list[str] | None = None) -> RunSpec:
-    """Read a spec from a YAML file or a dict, apply ``--set`` overrides, and validate it."""
-    if isinstance(source, dict):
-        tree = copy.deepcopy(source)
-    else:
+def _override_list(overrides: Any) -> list[str]:
+    """``overrides`` as a list of ``key.path=value`` strings: None, one string, or a list/tuple of strings."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    if not isinstance(overrides, list | tuple):
+        raise ZooInputError("overrides", overrides, "give one 'key.path=value' string or a list of them, "
+                            "e.g. ['seed=3', 'net.hidden=[20, 20]']")
+    for item in overrides:
+        if not isinstance(item, str):
+            raise ZooInputError("overrides", item, "every override is one 'key.path=value' string, e.g. 'seed=3'")
+    return list(overrides)
+
+
+def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> RunSpec:
+    """Read a spec from a YAML file, a dict or a RunSpec, apply ``--set`` overrides (one ``key.path=value``
+    string or a list of them), and validate it."""
+    overrides = _override_list(overrides)
+    if isinstance(source, RunSpec):
+        tree = source.model_dump()  # validated again below, with the overrides
+    elif isinstance(source, Mapping):
+        tree = copy.deepcopy(dict(source))
+    elif isinstance(source, str | os.PathLike):
         path = Path(source)
         if not path.is_file():
             raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
@@ -451,13 +553,18 @@ def load_spec(source: str | Path | dict, overrides: list[str] | None = None) -> 
             raise ZooInputError("spec", str(path), f"is not valid YAML: {exc}") from None
         if not isinstance(tree, dict):
             raise ZooInputError("spec", str(path), "the top level must be a mapping of sections (data, net, ...)")
-    for key, value in parse_overrides(overrides or []):
+    else:
+        raise ZooInputError("spec", source, "pass the path of a YAML spec file (a str or pathlib.Path), a dict of "
+                            "sections (data, net, ...) or a RunSpec")
+    for key, value in parse_overrides(overrides):
         set_path(tree, key, value)
     try:
         return RunSpec.model_validate(tree)
     except ValidationError as exc:
-        text = _format_pydantic_error(exc)
-        raise ZooInputError("spec", tree, text, message=f"invalid spec; fix these fields:\n{text}") from None
+        problems = _spec_problems(exc)
+        text = "\n".join(f"  {line}" for _, _, line in problems)
+        field, value, _ = problems[0]
+        raise ZooInputError(field, value, text, message=f"invalid spec; fix these fields:\n{text}") from None
 
 
 def spec_to_yaml(spec: RunSpec) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from zoo.data.base import Dataset, carve_validation, make_dataset
 from zoo.errors import ZooInputError
 from zoo.spec import DataSpec
 
-__all__ = ["DATASETS", "Dataset", "carve_validation", "load_dataset", "make_dataset"]
+__all__ = ["DATASETS", "Dataset", "carve_validation", "check_data_spec", "load_dataset", "make_dataset"]
 
 DATASETS: dict[str, str] = {
     "toy_gap": "1-D regression, two input clusters with a gap between them (in-between uncertainty)",
@@ -34,8 +35,27 @@ _FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _refuse_unused(spec: DataSpec, kind: str) -> None:
-    """Refuse set-but-ignored fields (a silently ignored ``ood_classes`` would mislead a whole study)."""
+def data_kind(name: str) -> str:
+    """The catalogue entry ``name`` falls under (the name itself, ``uci:`` or ``file:``); refuses unknown names."""
+    if not isinstance(name, str):
+        raise ZooInputError("data.name", name, f"use one of {', '.join(DATASETS)}")
+    kind = next((p for p in ("uci:", "file:") if name.startswith(p)), name)
+    if kind not in _FIELDS:
+        raise ZooInputError("data.name", name, f"use one of {', '.join(DATASETS)}")
+    rest = name[len(kind):]
+    if kind == "uci:" and not rest.strip():
+        raise ZooInputError("data.name", name, "name the UCI folder after the prefix, e.g. uci:housing")
+    if kind == "file:" and Path(rest).expanduser().suffix.lower() not in (".csv", ".npz"):
+        raise ZooInputError("data.name", name, "give the path of a .csv or .npz file after the prefix, "
+                            "e.g. file:data/table.csv")
+    return kind
+
+
+def check_data_spec(spec: DataSpec) -> str:
+    """Refuse, before any file is read, what no loader can use: an unknown name, a set-but-ignored field (a
+    silently ignored ``ood_classes`` would mislead a whole study) and a file: set without target or task.
+    Pure (reads no file), so the run spec calls it up front. Returns the data set's kind."""
+    kind = data_kind(spec.name)
     used = _FIELDS[kind]
     unset = {"ood_classes": [], "split": 0}
     for field in ("ood_classes", "n_train", "noise", "target", "task", "split_column", "split"):
@@ -43,6 +63,12 @@ def _refuse_unused(spec: DataSpec, kind: str) -> None:
         if field not in used and value != unset.get(field):
             users = sorted(k for k, v in _FIELDS.items() if field in v)
             raise ZooInputError(f"data.{field}", value, f"{spec.name!r} does not use it; it applies to {users}")
+    if kind == "file:":
+        for field in ("target", "task"):
+            if getattr(spec, field) is None:
+                raise ZooInputError(f"data.{field}", None, f"a file: data set needs data.{field} "
+                                    f"({'the target column' if field == 'target' else 'regression or classification'})")
+    return kind
 
 
 def _given(spec: DataSpec, *fields: str) -> dict[str, Any]:
@@ -63,10 +89,7 @@ def load_dataset(spec: DataSpec, seed: int) -> Dataset:
 def _load(spec: DataSpec, seed: int) -> Dataset:
     """The data set as its loader returns it (train and real test split)."""
     name = spec.name
-    kind = next((p for p in ("uci:", "file:") if name.startswith(p)), name)
-    if kind not in _FIELDS:
-        raise ZooInputError("data.name", name, f"use one of {', '.join(DATASETS)}")
-    _refuse_unused(spec, kind)
+    kind = check_data_spec(spec)
     if kind == "toy_gap":
         from zoo.data.toy import load_toy_gap
 
@@ -93,9 +116,5 @@ def _load(spec: DataSpec, seed: int) -> Dataset:
         return load_uci(name[len("uci:"):], spec.split, spec.dir)
     from zoo.data.table import load_table
 
-    for field in ("target", "task"):
-        if getattr(spec, field) is None:
-            raise ZooInputError(f"data.{field}", None, f"a file: data set needs data.{field} "
-                                f"({'the target column' if field == 'target' else 'regression or classification'})")
     return load_table(name[len("file:"):], spec.target, spec.task, seed,
                       **_given(spec, "test_fraction", "split_column"))

@@ -77,6 +77,72 @@ def check_finite(array: np.ndarray, what: str) -> None:
                             "clean or drop those rows before training")
 
 
+# Data are standardised in float64, but the Dataset keeps inputs, targets and their statistics in float32, and
+# predictions go back to original units as z * std + mean in float32 (largest 3.4e38). A column whose training
+# mean or standard deviation exceeds FLOAT32_MAX / 1e6 (~3.4e32) is refused: that keeps 6 orders of magnitude of
+# headroom for predictions (and test rows) far outside the training range.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+STAT_LIMIT = FLOAT32_MAX / 1e6
+
+
+def _rescale_hint(magnitude: float) -> str:
+    if not np.isfinite(magnitude):
+        return "rescale or drop it"
+    return f"rescale it (e.g. divide it by 1e{int(np.floor(np.log10(magnitude)))}) or drop it"
+
+
+def training_stats(values: np.ndarray, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and standard deviation of training ``values`` ([N, D] or [N]) in float64, refusing a
+    column (named by ``labels``) whose statistics overflow or do not fit float32 with headroom (``STAT_LIMIT``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = values.mean(0), values.std(0)
+    ok = np.isfinite(mean) & np.isfinite(std) & (np.abs(mean) <= STAT_LIMIT) & (std <= STAT_LIMIT)
+    if not np.all(ok):
+        j = int(np.argmin(np.atleast_1d(ok)))
+        column = values[:, j] if values.ndim == 2 else values
+        magnitude = float(np.abs(column).max())
+        m, s = float(np.atleast_1d(mean)[j]), float(np.atleast_1d(std)[j])
+        state = "overflow float64" if not (np.isfinite(m) and np.isfinite(s)) else f"exceed {STAT_LIMIT:.2g}"
+        raise ZooInputError(labels[j], f"values up to {magnitude:.3g} in magnitude",
+                            f"their training mean/standard deviation ({m:.3g}/{s:.3g}) {state}, and the zoo keeps "
+                            f"data, statistics and predictions in float32 (largest {FLOAT32_MAX:.2g}, kept "
+                            f"1e6 below it): {_rescale_hint(magnitude)}")
+    return mean, std
+
+
+def _standardised(values: np.ndarray, mean: np.ndarray | float, std: np.ndarray | float, labels: list[str],
+                  split: str) -> torch.Tensor:
+    """(values - mean) / std as float32, refusing a value whose standardised form is not finite in float32
+    (``labels`` name the columns, ``split`` the rows, e.g. 'test')."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        z64 = (values - mean) / std
+        z = z64.astype(np.float32)
+    bad = ~np.isfinite(z)
+    if bad.any():
+        v2, z2 = values.reshape(len(values), -1), z64.reshape(len(values), -1)
+        row, j = (int(i) for i in np.argwhere(bad.reshape(len(values), -1))[0])
+        m, s = (float(np.broadcast_to(a, v2.shape[1:])[j]) for a in (mean, std))
+        raw, big = float(v2[row, j]), float(z2[row, j])
+        raise ZooInputError(labels[j], f"{raw:.3g} in {split} row {row + 1}",
+                            f"standardised with the training mean {m:.3g} and standard deviation {s:.3g} it is "
+                            f"{big:.3g}, beyond float32's range ({FLOAT32_MAX:.2g}): {_rescale_hint(abs(raw))}")
+    return torch.as_tensor(z, dtype=torch.float32)
+
+
+def _integer_labels(y: np.ndarray, what: str) -> np.ndarray:
+    """Class labels as int64, refusing non-integer numbers (which a cast would silently truncate)."""
+    y = np.asarray(y)
+    if y.dtype.kind == "f":
+        frac = ~np.isfinite(y) | (y != np.round(y))
+        if frac.any():
+            row = int(np.argmax(frac))
+            raise ZooInputError(what, f"{y[row]!r} in row {row + 1}", "class labels must be whole numbers "
+                                "0..C-1; a continuous target is a regression task")
+    elif y.dtype.kind not in "biu":
+        raise ZooInputError(what, f"dtype {y.dtype}", "class labels must be whole numbers 0..C-1")
+    return y.astype(np.int64).reshape(-1)
+
+
 def make_dataset(
     name: str,
     task: Task,
@@ -87,8 +153,14 @@ def make_dataset(
     x_ood: dict[str, np.ndarray] | None = None,
     n_classes: int | None = None,
     class_names: list[str] | None = None,
+    feature_names: list[str] | None = None,
+    target_name: str | None = None,
 ) -> Dataset:
-    """Validate raw arrays and standardise them with training statistics into a :class:`Dataset`."""
+    """Validate raw arrays and standardise them with training statistics into a :class:`Dataset`.
+
+    ``feature_names``/``target_name`` (e.g. a table's columns) name the offender in errors; a column whose
+    statistics or standardised values do not fit float32 is refused (see ``STAT_LIMIT``).
+    """
     x_train = np.asarray(x_train, dtype=np.float64)
     x_test = np.asarray(x_test, dtype=np.float64)
     for arr, what in ((x_train, f"{name} training inputs"), (x_test, f"{name} test inputs")):
@@ -104,35 +176,46 @@ def make_dataset(
     if len(x_train) < 2 or len(x_test) < 1:
         raise ZooInputError(f"{name} split", f"{len(x_train)} train / {len(x_test)} test rows",
                             "need at least 2 training rows and 1 test row")
-    mean, std = x_train.mean(0), x_train.std(0)
+    if feature_names is not None and len(feature_names) != x_train.shape[1]:
+        raise ValueError(f"{len(feature_names)} feature names for {x_train.shape[1]} features")
+    columns = [f"column {c!r}" for c in feature_names] if feature_names is not None else [
+        f"{name} input feature {j}" for j in range(x_train.shape[1])]
+    mean, std = training_stats(x_train, columns)
     std = np.where(std < 1e-8, 1.0, std)  # constant features (e.g. digits' blank border pixels) stay put
 
-    def standardise(x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor((x - mean) / std, dtype=torch.float32)
+    def standardise(x: np.ndarray, split: str) -> torch.Tensor:
+        return _standardised(x, mean, std, columns, split)
 
     x_stats = (torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
-    ood = {k: standardise(np.asarray(v, dtype=np.float64)) for k, v in (x_ood or {}).items()}
+    ood = {}
+    for k, v in (x_ood or {}).items():
+        v = np.asarray(v, dtype=np.float64)
+        check_finite(v, f"{name} OOD inputs {k!r}")
+        ood[k] = standardise(v, f"OOD set {k!r}")
+    x_train_t, x_test_t = standardise(x_train, "training"), standardise(x_test, "test")
     if task == "regression":
         y_train = np.asarray(y_train, dtype=np.float64).reshape(-1)
         y_test = np.asarray(y_test, dtype=np.float64).reshape(-1)
         check_finite(y_train, f"{name} training targets")
         check_finite(y_test, f"{name} test targets")
-        y_mean, y_std = float(y_train.mean()), float(y_train.std())
+        target = f"column {target_name!r}" if target_name is not None else f"{name} targets"
+        y_mean_a, y_std_a = training_stats(y_train, [target])
+        y_mean, y_std = float(y_mean_a), float(y_std_a)
         y_std = y_std if y_std > 1e-12 else 1.0
         return Dataset(
-            name, task, standardise(x_train), torch.as_tensor((y_train - y_mean) / y_std, dtype=torch.float32),
-            standardise(x_test), torch.as_tensor((y_test - y_mean) / y_std, dtype=torch.float32),
+            name, task, x_train_t, _standardised(y_train, y_mean, y_std, [target], "training"),
+            x_test_t, _standardised(y_test, y_mean, y_std, [target], "test"),
             None, y_mean, y_std, ood, None, x_stats[0], x_stats[1],
         )
     if task != "classification":
         raise ZooInputError("data.task", task, "use 'regression' or 'classification'")
-    y_train_t = torch.as_tensor(np.asarray(y_train), dtype=torch.int64).reshape(-1)
-    y_test_t = torch.as_tensor(np.asarray(y_test), dtype=torch.int64).reshape(-1)
+    y_train_t = torch.as_tensor(_integer_labels(y_train, f"{name} training labels"))
+    y_test_t = torch.as_tensor(_integer_labels(y_test, f"{name} test labels"))
     n_classes = n_classes or int(max(y_train_t.max(), y_test_t.max())) + 1
     if y_train_t.min() < 0 or max(y_train_t.max(), y_test_t.max()) >= n_classes:
         raise ZooInputError(f"{name} labels", f"range {int(y_train_t.min())}..{int(y_train_t.max())}",
                             f"labels must be integers in 0..{n_classes - 1}")
-    return Dataset(name, task, standardise(x_train), y_train_t, standardise(x_test), y_test_t,
+    return Dataset(name, task, x_train_t, y_train_t, x_test_t, y_test_t,
                    n_classes, 0.0, 1.0, ood, class_names, x_stats[0], x_stats[1])
 
 

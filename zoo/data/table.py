@@ -6,13 +6,14 @@ Owns reading the columns, validating them cell by cell, encoding class labels an
 from __future__ import annotations
 
 import csv
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from zoo.data.base import Dataset, make_dataset
 from zoo.data.digits import check_test_fraction
-from zoo.errors import ZooInputError
+from zoo.errors import ZooInputError, ZooWarning
 
 TEST_MARKERS = {"test", "1", "true", "1.0"}
 TASKS = ("regression", "classification")
@@ -104,7 +105,11 @@ def _numeric(values: list[str] | np.ndarray, column: str, path: Path) -> np.ndar
 
 
 def _encode_labels(values: list[str] | np.ndarray, column: str) -> tuple[np.ndarray, list[str]]:
-    """Map sorted unique labels (numeric order if all numeric, else string order) to ``0..C-1``."""
+    """Map sorted unique labels (numeric order if all numeric, else string order) to ``0..C-1``.
+
+    Numeric labels must be whole numbers (a fractional one means a continuous target, i.e. regression); more
+    distinct classes than half the rows (and more than 2) is warned about as implausible.
+    """
     cells = [str(v).strip() for v in values]
     for i, cell in enumerate(cells):
         if not cell or cell.lower() == "nan":
@@ -114,9 +119,16 @@ def _encode_labels(values: list[str] | np.ndarray, column: str) -> tuple[np.ndar
     except ValueError:
         numbers = None
     if numbers is not None:
+        fractional = [i for i, u in enumerate(numbers) if not u.is_integer()]
+        if fractional:
+            i = fractional[0]
+            raise ZooInputError(f"column {column!r}", f"{cells[i]!r} in data row {i + 1}",
+                                f"data.task is classification, but {len(fractional)} of {len(cells)} labels are not "
+                                "whole numbers: class labels are whole numbers or names; for a continuous target "
+                                "use data.task: regression")
         keys = numbers
         unique = sorted(set(numbers))
-        names = [str(int(u)) if float(u).is_integer() else str(u) for u in unique]
+        names = [str(int(u)) for u in unique]
     else:
         keys = cells
         unique = sorted(set(cells))
@@ -125,6 +137,10 @@ def _encode_labels(values: list[str] | np.ndarray, column: str) -> tuple[np.ndar
     labels = np.array([index[k] for k in keys], dtype=np.int64)
     if len(unique) < 2:
         raise ZooInputError(f"column {column!r}", f"{len(unique)} class ({names})", "classification needs >= 2 classes")
+    if len(unique) > 2 and len(unique) > len(cells) / 2:
+        warnings.warn(f"column {column!r}: {len(unique)} classes from {len(cells)} rows; with most classes seen "
+                      "once or twice a classifier cannot learn them: is the target continuous (use data.task: "
+                      "regression) or an identifier?", ZooWarning, stacklevel=2)
     return labels, names
 
 
@@ -183,4 +199,5 @@ def load_table(
         is_test[np.random.default_rng(seed).permutation(n_rows)[:n_test]] = True
     n_classes = len(class_names) if class_names is not None else None
     return make_dataset(f"file:{file.name}", task, x[~is_test], y[~is_test], x[is_test], y[is_test],
-                        n_classes=n_classes, class_names=class_names)
+                        n_classes=n_classes, class_names=class_names, feature_names=feature_names,
+                        target_name=target)
