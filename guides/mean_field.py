@@ -37,6 +37,7 @@ class MeanFieldNormalGuide(SiteGuide):
 
     def __init__(self, sites: dict[str, LatentSite], init_rho: float = -5.0) -> None:
         super().__init__(sites)
+        self.init_rho = init_rho  # what the NaN diagnosis reads before suggesting a narrower start
         self.rho = nn.ParameterDict(
             {_key(n): nn.Parameter(torch.full_like(self.loc[_key(n)], init_rho)) for n in sites}
         )

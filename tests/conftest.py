@@ -102,3 +102,17 @@ def map_run(tmp_path_factory):
     """A MAP fit (Delta guide) of the toy net, for initialising mean-field guides."""
     spec = make_spec("toy", "guide.name=delta", "inference.num_steps=100", "inference.predictive_samples=2")
     return train(spec, tmp_path_factory.mktemp("map") / "run", progress=False, echo=None)
+
+
+def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
+    """Raise ``exc`` at the start of SVI step ``step`` (before it draws anything)."""
+    import zoo.inference.svi as svi
+
+    real = svi.kl_weight
+
+    def kl_weight(s, spec):
+        if s == step:
+            raise exc("simulated")
+        return real(s, spec)
+
+    monkeypatch.setattr(svi, "kl_weight", kl_weight)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-import zoo.inference.svi as svi
+from tests.conftest import interrupt_at
 from zoo import registry
 from zoo.cli import main
 from zoo.runs import CHECKPOINT_FILE, SPEC_FILE
@@ -164,14 +164,7 @@ def test_diverged_training_exits_1(tmp_path, capsys):
 
 
 def test_ctrl_c_exits_130_and_keeps_a_checkpoint(tmp_path, capsys, monkeypatch):
-    real = svi.kl_weight
-
-    def kl_weight(step, spec):
-        if step == 3:
-            raise KeyboardInterrupt
-        return real(step, spec)
-
-    monkeypatch.setattr(svi, "kl_weight", kl_weight)
+    interrupt_at(monkeypatch, 3)
     spec = write_spec(tmp_path / "spec.yaml")
     code = main(["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"])
     captured = capsys.readouterr()

@@ -200,13 +200,13 @@ def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch):
     spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6, checkpoint_every=4))
     data, family, guide, _ = prepare(spec)
     saved = []
-    real_save = runs.save_torch
+    real_save = runs.save_checkpoint
 
     def keep(path, obj):
         saved.append(torch.load(real_save(path, obj), weights_only=False))
         return path
 
-    monkeypatch.setattr(mcmc, "save_torch", keep)
+    monkeypatch.setattr(mcmc, "save_checkpoint", keep)
     full = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at_eight = next(s for s in saved if not s["done"] and s["sampler"]["iteration"] == 8)
     runs.save_torch(tmp_path / SAMPLES_FILE, at_eight)  # as if the run had stopped after iteration 8

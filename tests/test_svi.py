@@ -14,10 +14,11 @@ import torch
 
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
-from tests.conftest import compiled_step
-from zoo.errors import TrainingDiverged, ZooInputError
+from tests.conftest import compiled_step, interrupt_at
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.evaluate import prune_by_snr
 from zoo.inference.elbo import ANALYTIC, ELBOS, LazyTraceMeanField_ELBO
+from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
@@ -72,18 +73,6 @@ def guide_hook(monkeypatch):
         return calls
 
     return install
-
-
-def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
-    """Raise ``exc`` at the start of SVI step ``step`` (before it draws anything)."""
-    real = svi.kl_weight
-
-    def kl_weight(s, spec):
-        if s == step:
-            raise exc("simulated")
-        return real(s, spec)
-
-    monkeypatch.setattr(svi, "kl_weight", kl_weight)
 
 
 # ------------------------------------------------------------------------------------------- run files
@@ -179,20 +168,24 @@ def test_ctrl_c_in_the_middle_of_a_step_then_resume_is_exact(toy_run, tmp_path, 
     assert_same_guide(out, toy_run.run_dir)
 
 
-def test_real_sigint_mid_step_finishes_the_step_then_resume_is_exact(toy_run, tmp_path, spec_factory, guide_hook,
-                                                                     monkeypatch):
-    """A real Ctrl-C (SIGINT) during a step is deferred: the step completes, is checkpointed, and resume is exact."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_real_signal_mid_step_finishes_the_step_then_resume_is_exact(toy_run, tmp_path, spec_factory, guide_hook,
+                                                                       monkeypatch, signum):
+    """A real Ctrl-C (SIGINT) or SIGTERM during a step is deferred: the step completes, is checkpointed, the error
+    says which signal it was, and resume is exact."""
 
-    def press_ctrl_c(guide, call):
+    def send_signal(guide, call):
         if call == 77:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
-    out = tmp_path / "sigint"
-    guide_hook(press_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
+    out = tmp_path / "signalled"
+    guide_hook(send_signal)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(Interrupted) as info:
         run(spec_factory("toy"), out)
+    assert info.value.signum == signum and info.value.exit_code == 128 + signum
     assert checkpoint(out)["step"] == 78  # step 77 was not cut in half
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # the handlers are restored
     monkeypatch.undo()
     run(spec_factory("toy"), out, resume=True)
     assert_same_guide(out, toy_run.run_dir)
@@ -249,7 +242,8 @@ def test_nan_elbo_stops_with_the_step_and_the_sites(tmp_path, spec_factory, guid
     assert f"last good checkpoint: {out / CHECKPOINT_FILE}" in msg
     state = checkpoint(out)
     assert state["step"] == 10
-    _, _, posterior = load_run(out)
+    with pytest.warns(ZooWarning, match="unfinished run: its checkpoint is at step 10 of 200"):
+        _, _, posterior = load_run(out)
     assert all(torch.isfinite(p).all() for p in posterior.guide.parameters())
 
 

@@ -1,20 +1,24 @@
 """The ``zoo`` command: train, eval, prune, diagnose, compare, report and list.
 
-Bad input exits 2 with a one-paragraph message and no traceback; ``zoo diagnose --strict`` exits 3 when a check warns,
-and so does ``zoo train`` of an MCMC run whose draws fail a convergence check (the run directory is complete).
+Bad input (and an OS error: a path that cannot be read or written) exits 2 with a one-paragraph message and no
+traceback; ``zoo diagnose --strict`` exits 3 when a check warns, and so does ``zoo train`` of an MCMC run whose draws
+fail a convergence check (the run directory is complete). Ctrl-C exits 130 and SIGTERM 143, after the step in
+progress is checkpointed.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
+from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
 
 console = Console()
 STRICT_EXIT = 3  # zoo diagnose --strict, or zoo train of MCMC draws: a convergence check failed
@@ -48,8 +52,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data_dir:
         overrides.append(f"data.dir={args.data_dir}")
     spec = load_spec(args.spec, overrides)
-    summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
-                    echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+    try:
+        summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
+                        echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+    except KeyboardInterrupt as err:
+        raise Interrupted(signal_of(err), _what_was_kept(args)) from None
     console.print(_metric_list(f"{describe(spec)} on {spec.data.name}", summary.metrics))
     console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
@@ -57,6 +64,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if isinstance(spec.inference, MCMCSpec):
         return _convergence_verdict(summary.run_dir)
     return 0
+
+
+def _what_was_kept(args: argparse.Namespace) -> str:
+    """After an interrupted ``zoo train``: whether a checkpoint exists, and the command that resumes it."""
+    from zoo.pipeline import holds_a_fit
+
+    out = Path(args.out)
+    if out.is_dir() and holds_a_fit(out):
+        again = " ".join(["zoo train", args.spec, "--out", args.out, *(f"--set {s}" for s in args.set or []),
+                          *(["--data-dir", args.data_dir] if args.data_dir else []), "--resume"])
+        return f"the run is checkpointed in {out}; continue it with: {again}"
+    return "no checkpoint had been written yet, so there is nothing to resume: run the same command again"
 
 
 def _diagnose_and_print(run_dir: str | Path, num_samples: int | None = None) -> dict:
@@ -86,7 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from zoo.pipeline import load_run
 
     spec, data, posterior = load_run(args.run_dir)
-    samples = args.samples or spec.inference.predictive_samples
+    samples = spec.inference.predictive_samples if args.samples is None else args.samples
     console.print(_metric_list(f"{args.run_dir} ({samples} draws)", evaluate(posterior, data, samples, spec.seed)))
 
 
@@ -216,26 +235,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def exit_code(run: Callable[[], object]) -> int:
-    """Call ``run`` (an int it returns is the exit code, else 0); bad input exits 2 and a diverged fit 1 with a
-    one-paragraph message, Ctrl-C exits 130."""
+    """Call ``run`` (an int it returns is the exit code, else 0) and turn what stops it into a one-paragraph message.
+
+    Bad input and OS errors exit 2, a diverged fit 1, Ctrl-C 130 and SIGTERM 143 (128 + the signal).
+    """
     try:
         code = run()
     except ZooInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a path the command could not read or write
+        where = f" {err.filename}" if err.filename else ""
+        print(f"error: cannot use{where}: {err.strerror or err}", file=sys.stderr)
+        return 2
     except TrainingDiverged as err:
         print(f"training stopped: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; the last checkpoint is kept (use --resume)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        stopped = err if isinstance(err, Interrupted) else Interrupted(signal_of(err))
+        print(str(stopped), file=sys.stderr)
+        return stopped.exit_code
     return code if isinstance(code, int) else 0
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """ZooWarnings as one ``warning:`` line on stderr (no source location); others as Python prints them."""
+    if issubclass(category, ZooWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``zoo`` command."""
     args = build_parser().parse_args(argv)
-    return exit_code(lambda: args.func(args))
+    with warnings.catch_warnings(), sigterm_interrupts():
+        warnings.showwarning = _print_warning
+        warnings.simplefilter("always", ZooWarning)
+        return exit_code(lambda: args.func(args))
 
 
 if __name__ == "__main__":

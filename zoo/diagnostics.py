@@ -54,7 +54,7 @@ from zoo.models.base import LatentSite
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import METRICS_FILE, write_atomically, write_json, write_text
+from zoo.runs import METRICS_FILE, checkpoint_exists, write_atomically, write_json, write_text
 
 INFERENCE_DATA_FILE = "posterior.nc"
 DIAGNOSTICS_FILE = "diagnostics.json"
@@ -576,7 +576,7 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
     spec, data, posterior = load_run(run)
     attrs = {"method": _method(spec), "family": spec.model.family, "run_dir": str(run)}
     full_stats = None
-    if (run / SAMPLES_FILE).exists():
+    if checkpoint_exists(run / SAMPLES_FILE):
         result = load_samples(run, posterior.family, data.x_train.device)
         idata = to_inference_data(posterior, data, chains=result.draws, stats=result.stats, num_samples=num_samples,
                                   seed=spec.seed, attrs=attrs)

@@ -15,3 +15,7 @@ class ZooInputError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The objective became NaN/inf: the message names the step, the offending terms and the last good checkpoint."""
+
+
+class ZooWarning(UserWarning):
+    """Something the user should know that does not stop the run (the CLI prints it as one ``warning:`` line)."""

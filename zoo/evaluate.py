@@ -22,6 +22,8 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set.
     Regression: rmse and test_ll in original units (from the closed form where the posterior has one).
     """
+    if num_samples < 1:
+        raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     pyro.set_rng_seed(seed + 1)
     if data.task == "regression":  # the posterior's own predictive: a closed form where it has one (Laplace GLM)
         pred = posterior.predict(data.x_test, num_samples)

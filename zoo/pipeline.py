@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from guides.base import SiteGuide
 from zoo import registry
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
-from zoo.errors import ZooInputError
+from zoo.errors import ZooInputError, ZooWarning
 from zoo.evaluate import evaluate, plot_predictive
 from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.likelihoods import Categorical, Gaussian, Likelihood
@@ -30,6 +31,9 @@ from zoo.runs import (
     POINT_ESTIMATE_FILE,
     SPEC_FILE,
     RunLog,
+    checkpoint_exists,
+    claimed_run_directory,
+    load_checkpoint,
     load_torch,
     save_torch,
     write_json,
@@ -97,7 +101,6 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)
-    registry.check_guide_fits(spec.model.family, spec.guide.name)
     family.to(data.x_train.device, data.x_train.dtype)
     if hasattr(family, "prepare"):
         family.prepare(data, run_dir, spec.seed, log or RunLog(None, echo=None), progress)
@@ -130,38 +133,59 @@ class RunSummary:
 
 
 def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bool = True, echo=print) -> RunSummary:
-    """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``."""
-    out = Path(out_dir)
-    if resume:
-        saved = out / SPEC_FILE
-        if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
-            raise ZooInputError("--resume", str(out),
-                                "the spec differs from the run's spec.yaml; resume with that spec")
-    elif any((out / name).exists() for name in (CHECKPOINT_FILE, SAMPLES_FILE, SUBNET_FILE, MAP_DIR)):
-        raise ZooInputError("--out", str(out), "already holds a run; pass --resume to continue it, or pick a new --out")
-    write_text(out / SPEC_FILE, spec_to_yaml(spec))
-    log = RunLog(out, echo)
-    data, family, guide, device = prepare(spec, out, log, progress)
-    log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
-        f"outputs; {describe(spec)}, device {device}")
-    fit = registry.INFERENCE[spec.inference.method]
-    result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log, progress=progress)
-    posterior = result.posterior
-    metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
-    metrics["train_seconds"] = round(result.seconds, 3)
-    if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
-        save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
-    write_json(out / METRICS_FILE, metrics)
-    plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
+    """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``.
+
+    The run directory is claimed for the whole fit (see :func:`zoo.runs.claimed_run_directory`): a second writer, a
+    directory of someone else's files, or an unwritable path is refused before anything is written.
+    """
+    with claimed_run_directory(Path(out_dir), resume) as out:
+        if resume:
+            saved = out / SPEC_FILE
+            if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
+                raise ZooInputError("--resume", str(out),
+                                    "the spec differs from the run's spec.yaml; resume with that spec")
+        elif holds_a_fit(out):
+            raise ZooInputError("--out", str(out),
+                                "already holds a run; pass --resume to continue it, or pick a new --out")
+        write_text(out / SPEC_FILE, spec_to_yaml(spec))
+        log = RunLog(out, echo)
+        data, family, guide, device = prepare(spec, out, log, progress)
+        log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
+            f"outputs; {describe(spec)}, device {device}")
+        fit = registry.INFERENCE[spec.inference.method]
+        result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log,
+                     progress=progress)
+        posterior = result.posterior
+        metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
+        metrics["train_seconds"] = round(result.seconds, 3)
+        if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
+            save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
+        write_json(out / METRICS_FILE, metrics)
+        plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
     return RunSummary(out, metrics, plot)
 
 
-def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
-    """Rebuild a trained run's data and posterior from its spec.yaml and checkpoint (or MCMC samples)."""
+def holds_a_fit(run_dir: Path) -> bool:
+    """Whether a run directory holds anything a fit wrote (a checkpoint, draws, or a subnetwork's MAP stage)."""
     run = Path(run_dir)
-    stored = SAMPLES_FILE if (run / SAMPLES_FILE).exists() else CHECKPOINT_FILE
-    if not (run / SPEC_FILE).exists() or not (run / stored).exists():
-        raise ZooInputError("RUN_DIR", str(run), "not a run directory (needs spec.yaml, checkpoint.pt or samples.pt)")
+    return (any(checkpoint_exists(run / name) for name in (CHECKPOINT_FILE, SAMPLES_FILE))
+            or (run / SUBNET_FILE).exists() or (run / MAP_DIR).exists())
+
+
+def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
+    """Rebuild a trained run's data and posterior from its spec.yaml and checkpoint (or MCMC samples).
+
+    An unfinished SVI run loads at the step it reached, with a :class:`~zoo.errors.ZooWarning` saying so; an
+    unfinished MCMC run is refused (its draws are not there yet).
+    """
+    run = Path(run_dir)
+    stored = SAMPLES_FILE if checkpoint_exists(run / SAMPLES_FILE) else CHECKPOINT_FILE
+    if not (run / SPEC_FILE).exists():
+        raise ZooInputError("RUN_DIR", str(run), "not a run directory (it has no spec.yaml)")
+    if not checkpoint_exists(run / stored):
+        stage = "its MAP net is being fitted" if (run / MAP_DIR).exists() else "nothing was fitted yet"
+        raise ZooInputError("RUN_DIR", str(run), f"holds no checkpoint.pt or samples.pt ({stage}); finish it with "
+                            "zoo train --resume")
     spec = load_spec(run / SPEC_FILE)
     data, family, guide, device = prepare(spec, run)
     if stored == SAMPLES_FILE:
@@ -171,7 +195,11 @@ def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
                 for mine, theirs in zip(family.point_parameters(), start.family.point_parameters(), strict=True):
                     mine.copy_(theirs)
         return spec, data, load_samples(run, family, device).posterior
-    state = load_torch(run / CHECKPOINT_FILE, device)
+    state = load_checkpoint(run / CHECKPOINT_FILE, device)
+    if not state.get("done", True):
+        reached = f"step {state['step']}" + (f" of {state['total_steps']}" if "total_steps" in state else "")
+        warnings.warn(f"{run} is an unfinished run: its checkpoint is at {reached}, so this is the posterior of that "
+                      "step, not the final one (finish it with zoo train --resume)", ZooWarning, stacklevel=2)
     guide.load_state_dict(state["guide"])
     with torch.no_grad():
         for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):

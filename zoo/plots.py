@@ -2,13 +2,12 @@
 
 Figures are drawn on the non-interactive Agg canvas (``matplotlib.figure.Figure`` + ``FigureCanvasAgg``), never through
 pyplot's global figure registry, so importing this module does not change the caller's backend and no figure is left
-open. Files are written atomically: to a temporary file in the target directory, then ``os.replace``-d into place.
+open. Files are written atomically, as every run file (:func:`zoo.runs.write_atomically`).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from zoo.metrics import ece, predictive_log_probs, reliability_bins
+from zoo.runs import write_atomically
 
 __all__ = ["pruning_curve", "reliability_diagram", "uncertainty_band"]
 
@@ -40,22 +40,12 @@ def new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_k
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Save ``fig`` to ``path`` via a temp file in the same directory and ``os.replace``; return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Save ``fig`` to ``path`` atomically (:func:`zoo.runs.write_atomically`); return the path."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format=fmt, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight"))
     finally:
         fig.clear()
-    return path
 
 
 def reliability_diagram(

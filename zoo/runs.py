@@ -1,21 +1,50 @@
-"""Run directories: every file is written atomically (temp file + rename), so a crash never leaves half a file."""
+"""Run directories: claimed by one writer at a time, every file written atomically, checkpoints kept twice.
+
+* A run directory is claimed with an OS lock (``.zoo-run.lock``, released by the OS when its process dies), so two
+  ``zoo train`` never write one directory; a directory holding files that are not a zoo run is refused.
+* Every file is written to a temp file beside it and renamed over it, so a crash never leaves half a file; files get
+  the mode the user's umask asks for (``tempfile`` alone would make them 0600).
+* A checkpoint's previous version is kept beside it (``checkpoint.prev.pt``), so a truncated or garbage checkpoint
+  never loses the run: loading falls back to the previous one with a warning.
+* Unreadable files and OS errors (permissions, a full disk) become :class:`ZooInputError` naming the path.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import tempfile
-from collections.abc import Callable
+import warnings
+import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
+from zoo.errors import ZooInputError, ZooWarning
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 POINT_ESTIMATE_FILE = "point_estimate.pt"  # a fit's point values by site name (guide.init_from reads it)
 LOG_FILE = "train.log"
+MARKER_FILE = ".zoo-run"  # written when a run directory is claimed: what tells a zoo run from the user's files
+LOCK_FILE = ".zoo-run.lock"  # holds an OS lock while a process writes the run, and that process's pid
+
+
+def _file_mode() -> int:
+    """The mode ``open()`` would give a new file under the current umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _os_error(path: Path, err: OSError, doing: str) -> ZooInputError:
+    reason = err.strerror or type(err).__name__
+    return ZooInputError(str(path), reason, "", message=f"cannot {doing} {path}: {reason}")
 
 
 def write_atomically(path: Path, write_to: Callable[[Path], object]) -> Path:
@@ -24,16 +53,23 @@ def write_atomically(path: Path, write_to: Callable[[Path], object]) -> Path:
     A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise _os_error(path, err, "write") from None
     os.close(fd)
     try:
         write_to(Path(tmp))
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):  # e.g. a full disk: the previous file is untouched
+            raise ZooInputError(str(path), err.strerror, "", message=f"cannot write {path}: "
+                                f"{err.strerror or err}; its previous version (if any) is intact") from None
         raise
     return path
 
@@ -61,9 +97,147 @@ def save_torch(path: Path, obj: Any) -> Path:
     return _atomic(path, lambda h: torch.save(obj, h))
 
 
+def previous_version(path: Path) -> Path:
+    """Where :func:`save_checkpoint` keeps the version before the current one: ``checkpoint.prev.pt``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def save_checkpoint(path: Path, obj: Any) -> Path:
+    """:func:`save_torch`, keeping the file it replaces as :func:`previous_version` (one corrupt file loses nothing).
+
+    The new file is complete on disk before either rename; a crash between the two renames leaves only the previous
+    version, which :func:`load_checkpoint` then reads.
+    """
+    path = Path(path)
+
+    def rotate_then_write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+        if path.exists():
+            os.replace(path, previous_version(path))
+
+    return write_atomically(path, rotate_then_write)
+
+
 def load_torch(path: Path, device: torch.device | str = "cpu") -> Any:
-    """Load a checkpoint written by :func:`save_torch` onto ``device``."""
-    return torch.load(path, map_location=device, weights_only=False)
+    """Load a file written by :func:`save_torch` onto ``device``; a missing or unreadable one names the file."""
+    path = Path(path)
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except FileNotFoundError:
+        raise ZooInputError(str(path), "missing", "", message=f"{path} does not exist") from None
+    except (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, ValueError,
+            AttributeError, ModuleNotFoundError) as err:
+        reason = "empty file" if path.stat().st_size == 0 else f"{type(err).__name__}: {str(err)[:120]}"
+        raise ZooInputError(str(path), reason, "", message=f"{path} is unreadable ({reason}): it is truncated, "
+                            "corrupt or not a file the zoo wrote") from None
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu", set_aside: bool = False) -> dict:
+    """Load a checkpoint dict, falling back to its previous version (with a warning) when it is missing or corrupt.
+
+    ``set_aside=True`` (a resume, about to write new checkpoints) renames an unreadable file to ``*.corrupt``, so
+    that the next save does not rotate it over the good previous version.
+    """
+    path = Path(path)
+    try:
+        state = load_torch(path, device)
+        if not isinstance(state, dict):
+            raise ZooInputError(str(path), type(state).__name__, "", message=f"{path} holds a "
+                                f"{type(state).__name__}, not a zoo checkpoint")
+        return state
+    except ZooInputError as err:
+        previous = previous_version(path)
+        if not previous.exists():
+            raise
+        state = load_torch(previous, device)
+        if set_aside and path.exists():
+            os.replace(path, path.with_name(path.name + ".corrupt"))
+        warnings.warn(f"{err}; using the previous checkpoint {previous.name} instead"
+                      + (f" (the unreadable file is kept as {path.name}.corrupt)" if set_aside else ""),
+                      ZooWarning, stacklevel=2)
+        return state
+
+
+def checkpoint_exists(path: Path) -> bool:
+    """Whether a checkpoint (or its previous version) is stored at ``path``."""
+    return Path(path).exists() or previous_version(path).exists()
+
+
+# ------------------------------------------------------------------------------------------ claiming a run directory
+def _check_writable_directory(out: Path) -> None:
+    """Refuse an --out that is a file, lies under a file, or cannot be created or written, before anything runs."""
+    if out.exists() and not out.is_dir():
+        raise ZooInputError("--out", str(out), "is a file; give a directory for the run")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ZooInputError("--out", str(out), f"{parent} is a file, so no directory can be made under it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise ZooInputError("--out", str(out), f"cannot write there ({err.strerror}); fix its permissions or pick "
+                            "another --out") from None
+
+
+def _foreign_files(out: Path) -> list[str]:
+    """Files in ``out`` that show it is not a zoo run (empty if it is one, or is empty)."""
+    names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not p.name.endswith(".tmp"))
+    is_run = MARKER_FILE in names or {SPEC_FILE, LOG_FILE} <= set(names)  # the latter: runs from before the marker
+    return [] if is_run else names
+
+
+def _try_lock(handle: BinaryIO) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
+    """Hold ``out`` as this process's run directory for the block: one writer at a time, never the user's files.
+
+    Refuses (exit 2) an --out that is a file or unwritable, a non-empty directory that is not a zoo run, and a run
+    another live process is writing (naming its pid). The lock is an OS lock, so a process that dies releases it.
+    """
+    out = Path(out)
+    _check_writable_directory(out)
+    foreign = _foreign_files(out)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise ZooInputError("--resume" if resume else "--out", str(out), f"holds files that are not a zoo run "
+                            f"({shown}); pick a new or empty directory")
+    lock_path = out / LOCK_FILE
+    handle = open(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666), "rb+")
+    try:
+        if not _try_lock(handle):
+            holder = handle.read().decode(errors="replace").strip() or "unknown"
+            raise ZooInputError("--out", str(out), f"another zoo process (pid {holder}) is writing this run "
+                                "directory; wait for it to end or pick another --out")
+        handle.truncate(0)
+        handle.write(str(os.getpid()).encode())
+        handle.flush()
+        if not (out / MARKER_FILE).exists():
+            write_json(out / MARKER_FILE, {"zoo_run": 1})
+        yield out
+    finally:
+        handle.close()  # closing the descriptor releases the lock
 
 
 class RunLog:

@@ -30,7 +30,7 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
-from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
+from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import LaplaceSpec
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
@@ -312,8 +312,8 @@ def fit_laplace(
     log = log or RunLog(None, echo=None)
     site = gaussian_site(guide)
     path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
-    if resume and path is not None and path.exists():
-        state = load_torch(path, data.x_train.device)
+    if resume and path is not None and checkpoint_exists(path):
+        state = load_checkpoint(path, data.x_train.device, set_aside=True)
         guide.load_state_dict(state["guide"])
         family.set_hyperparameters(state["hyperparameters"])
         log("the Laplace fit had finished; loaded it")
@@ -380,7 +380,7 @@ def fit_laplace(
     log(f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
         + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
     if path is not None:
-        save_torch(path, {"guide": guide.state_dict(), "point_parameters": [],
+        save_checkpoint(path, {"guide": guide.state_dict(), "point_parameters": [],
                           "hyperparameters": family.hyperparameters(), "seconds": result.seconds,
                           "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
                           "noise": result.noise, "done": True})

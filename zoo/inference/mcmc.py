@@ -40,10 +40,10 @@ from tqdm.auto import tqdm
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.compiled import TracedCompile, exp_tanh
-from zoo.inference.svi import deferred_interrupt
+from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior, SamplePosterior
-from zoo.runs import RunLog, load_torch, save_torch
+from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import MCMCSpec
 
 SAMPLES_FILE = "samples.pt"
@@ -243,12 +243,20 @@ class MCMCResult:
 
 def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str = "cpu") -> MCMCResult:
     """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``."""
-    state = load_torch(Path(run_dir) / SAMPLES_FILE, device)
+    state = load_checkpoint(Path(run_dir) / SAMPLES_FILE, device)
     if not state.get("done", False):
-        raise ZooInputError("RUN_DIR", str(run_dir), "holds an unfinished MCMC run; finish it with zoo train --resume")
+        raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
+                            "finish it with zoo train --resume")
     result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
     result.posterior = SamplePosterior(family, result.flat_draws())
     return result
+
+
+def sampling_progress(state: dict) -> str:
+    """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chains finished`` (NUTS)."""
+    if "sampler" in state:
+        return f"iteration {state['sampler']['iteration']}"
+    return f"{len(state.get('chains', []))} chain(s) finished"
 
 
 # ------------------------------------------------------------------------------------------ starting points
@@ -337,7 +345,7 @@ def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, progress: 
     def potential_fn(params: dict[str, torch.Tensor]) -> torch.Tensor:
         return potential.energy(params["z"].unsqueeze(0))[0]
 
-    with deferred_interrupt() as ctrl_c_pressed:
+    with deferred_interrupt() as signalled:
         for chain in range(len(done), spec.num_chains):
             kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
                                    target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
@@ -355,9 +363,9 @@ def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, progress: 
             log(f"chain {chain}: {int(diverging.sum())} divergences, mean acceptance {float(accept.mean()):.3f}, "
                 f"step size {kernel.step_size:.3g}, mean tree depth {float(depth.float().mean()):.2f}")
             save()
-            if ctrl_c_pressed() and chain + 1 < spec.num_chains:
+            if signalled() and chain + 1 < spec.num_chains:
                 log(f"interrupted after chain {chain}; finished chains are saved, continue with --resume")
-                raise KeyboardInterrupt
+                raise Interrupted(signalled())
 
 
 # ------------------------------------------------------------------------------------------ many-chain HMC
@@ -584,7 +592,7 @@ def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, 
 
     started = time.perf_counter()
     divergences = 0
-    with deferred_interrupt() as ctrl_c_pressed:
+    with deferred_interrupt() as signalled:
         try:
             while sampler.iteration < total:
                 warmup = sampler.iteration < spec.warmup_steps
@@ -602,13 +610,13 @@ def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, 
                 bar.set_postfix(stage="warm-up" if warmup else "sample", accept=f"{accept:.2f}",
                                 step=f"{sampler.step_size:.3g}", L=int(info["n_steps"][0]),
                                 divergences=divergences, refresh=False)
-                if sampler.iteration % spec.checkpoint_every == 0 or ctrl_c_pressed():
+                if sampler.iteration % spec.checkpoint_every == 0 or signalled():
                     seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     save(snapshot())
-                    if ctrl_c_pressed():
+                    if signalled():
                         log(f"interrupted at iteration {sampler.iteration}; state saved, continue with --resume")
-                        raise KeyboardInterrupt
+                        raise Interrupted(signalled())
         finally:
             bar.close()
     seconds += time.perf_counter() - started
@@ -641,7 +649,8 @@ def fit_mcmc(
     coords = potential.coords
     check_size(coords, spec)
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
-    state = load_torch(path, data.x_train.device) if resume and path is not None and path.exists() else None
+    resumable = resume and path is not None and checkpoint_exists(path)
+    state = load_checkpoint(path, data.x_train.device, set_aside=True) if resumable else None
     if resume and state is None:
         raise ZooInputError("--resume", str(run_dir), f"no {SAMPLES_FILE} there to resume; drop --resume")
     if state is not None and state.get("done"):
@@ -656,13 +665,13 @@ def fit_mcmc(
 
     def write(progress_state: dict) -> None:
         if path is not None:
-            save_torch(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
+            save_checkpoint(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
 
     with pyro.validation_enabled(False):  # diverging trajectories reach non-finite values: rejected, not errors
         draws, stats, seconds, settings = _sample(potential, z0, spec, seed, state, progress, log, write)
     result = MCMCResult(draws, stats, seconds, spec.method, settings)
     if path is not None:
-        save_torch(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
+        save_checkpoint(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
                           "seconds": seconds, "settings": settings})
     diverging = int(stats["diverging"].sum())
     if diverging:

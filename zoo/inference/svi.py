@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +18,10 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
+from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import CHECKPOINT_FILE, RunLog, load_torch, save_torch
+from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import SVISpec
 
 
@@ -130,34 +129,33 @@ def describe_kl(kl_methods: dict[str, str]) -> str:
     return f"KL analytic: {', '.join(analytic) or '-'} | KL Monte Carlo: {', '.join(mc) or '-'}"
 
 
-@contextlib.contextmanager
-def deferred_interrupt():
-    """Turn Ctrl-C into a flag checked between steps, so a step is never cut in half (main thread only).
-
-    Yields a function that says whether Ctrl-C was pressed; the previous handler is restored on exit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    pressed: list[bool] = []
-    previous = signal.signal(signal.SIGINT, lambda *_: pressed.append(True))
-    try:
-        yield lambda: bool(pressed)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _non_finite(params: dict[str, torch.Tensor]) -> list[str]:
     return [n for n, p in params.items() if not torch.isfinite(p).all()]
 
 
-def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], step: int, ckpt: Path | None) -> str:
+def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) -> list[str]:
+    """What may stop a non-finite ELBO, leaving out what the run already does."""
+    hints = [f"lower inference.lr (now {spec.lr:g}), e.g. to {spec.lr / 10:g}"]
+    if spec.optimizer != "clipped_adam":
+        hints.append("use inference.optimizer: clipped_adam (it clips each gradient's norm)")
+    else:
+        hints.append(f"lower inference.clip_norm (now {spec.clip_norm:g})")
+    if init_rho is not None and init_rho > -6:
+        hints.append(f"start from a narrower guide: guide.init_rho below {init_rho:g}")
+    if spec.kl_annealing_steps == 0:
+        hints.append("warm the KL up: inference.kl_annealing_steps, e.g. 1000")
+    if dtype != torch.float64:
+        hints.append("compute in dtype: float64")
+    return hints
+
+
+def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], step: int, ckpt: Path | None,
+              remedies: list[str]) -> str:
     bad_terms = [n for n, t in elbo.last_terms.items() if not torch.isfinite(t).all()]
     bad_params = _non_finite(params)
     where = f"last good checkpoint: {ckpt}" if ckpt is not None and ckpt.exists() else "no checkpoint was written yet"
-    hints = "lower inference.lr, use optimizer: clipped_adam, or start from a smaller guide.init_rho"
     return (f"ELBO is not finite at step {step}. Non-finite terms: {', '.join(bad_terms) or 'none'}; "
-            f"non-finite parameters: {', '.join(bad_params) or 'none'}. {where}. Try: {hints}.")
+            f"non-finite parameters: {', '.join(bad_params) or 'none'}. {where}. Try: {'; or '.join(remedies)}.")
 
 
 def fit_svi(
@@ -187,6 +185,7 @@ def fit_svi(
     order = torch.Generator().manual_seed(seed)
     ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
     result, step, perm = SVIResult(), 0, None
+    remedies = untried_remedies(spec, data.x_train.dtype, getattr(guide, "init_rho", None))
 
     def checkpoint() -> None:
         if ckpt_path is None:
@@ -194,18 +193,19 @@ def fit_svi(
         bad = _non_finite(named)
         if bad:  # never overwrite the last good checkpoint with a broken state
             raise TrainingDiverged(f"parameters became non-finite by step {step}: {', '.join(bad)}; "
-                                   f"{ckpt_path} holds the last good state. Lower inference.lr or use clipped_adam.")
-        save_torch(ckpt_path, {
-            "step": step, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
+                                   f"{ckpt_path} holds the last good state. Try: {'; or '.join(remedies)}.")
+        save_checkpoint(ckpt_path, {
+            "step": step, "total_steps": n_steps, "guide": guide.state_dict(),
+            "point_parameters": list(family.point_parameters()),
             "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "order_rng": order.get_state(),
             "perm": perm, "losses": result.losses, "seconds": result.seconds, "kl_methods": result.kl_methods,
             "done": step >= n_steps,
         })
 
     if resume:
-        if ckpt_path is None or not ckpt_path.exists():
+        if ckpt_path is None or not checkpoint_exists(ckpt_path):
             raise ZooInputError("--resume", str(run_dir), "no checkpoint.pt there to resume; drop --resume")
-        state = load_torch(ckpt_path, device=next(iter(named.values())).device)
+        state = load_checkpoint(ckpt_path, next(iter(named.values())).device, set_aside=True)
         guide.load_state_dict(state["guide"])
         with torch.no_grad():
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
@@ -225,11 +225,11 @@ def fit_svi(
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     started = time.perf_counter()
     at_step = None
-    with deferred_interrupt() as ctrl_c_pressed:
+    with deferred_interrupt() as signalled:
         try:
             while step < n_steps:
-                if ctrl_c_pressed():
-                    raise KeyboardInterrupt
+                if signalled():
+                    raise Interrupted(signalled())
                 # the state this step starts from: an exception mid-step rolls back to it, so that resume is exact
                 at_step = torch.get_rng_state(), order.get_state(), perm
                 batch = None
@@ -241,7 +241,7 @@ def fit_svi(
                 elbo.kl_weight = kl_weight(step, spec)
                 value = svi_step(x, y, batch)
                 if not math.isfinite(value):
-                    raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path))
+                    raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path, remedies))
                 if step == 0 or not result.kl_methods:
                     result.kl_methods = dict(elbo.kl_methods)
                     log(describe_kl(result.kl_methods))
@@ -256,6 +256,8 @@ def fit_svi(
                     result.seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     checkpoint()
+            if signalled():  # received during the last step: save it and stop before evaluating
+                raise Interrupted(signalled())
         except KeyboardInterrupt:
             result.seconds += time.perf_counter() - started
             if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
