@@ -116,3 +116,26 @@ def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
         return real(s, spec)
 
     monkeypatch.setattr(svi, "kl_weight", kl_weight)
+
+
+def tiny_hmc(**inference) -> dict:
+    """The smallest many-chain HMC run spec: a 3-unit toy net on 20 rows (``inference`` overrides)."""
+    return {"data": {"name": "toy_gap", "n_train": 20}, "net": {"hidden": [3]}, "likelihood": {"noise": 0.3},
+            "inference": {"method": "hmc", "num_chains": 2, "warmup_steps": 4, "num_samples": 4,
+                          "checkpoint_every": 2, "predictive_samples": 4, **inference},
+            "device": "cpu"}
+
+
+def sigterm_ends_cleanly(job) -> str:
+    """Send SIGTERM to a running ``zoo train`` subprocess; it must exit 143 with a message and no traceback.
+    Returns its stderr (the job is killed if it does not end)."""
+    import signal
+
+    try:
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert job.returncode == 143, stderr
+    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
+    return stderr

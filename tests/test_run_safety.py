@@ -21,7 +21,7 @@ import yaml
 
 import zoo.pipeline as pipeline
 import zoo.runs as runs
-from tests.conftest import interrupt_at
+from tests.conftest import interrupt_at, sigterm_ends_cleanly, tiny_hmc
 from zoo.cli import main
 from zoo.errors import ZooInputError, ZooWarning
 from zoo.inference.mcmc import SAMPLES_FILE
@@ -42,14 +42,7 @@ TINY = {
     "inference": {"num_steps": 6, "batch_size": 32, "predictive_samples": 3, "checkpoint_every": 2},
     "device": "cpu",
 }
-HMC = {
-    "data": {"name": "toy_gap", "n_train": 20},
-    "net": {"hidden": [2]},
-    "likelihood": {"noise": 0.3},
-    "inference": {"method": "hmc", "num_chains": 2, "warmup_steps": 4, "num_samples": 4, "checkpoint_every": 2,
-                  "predictive_samples": 4},
-    "device": "cpu",
-}
+HMC = tiny_hmc()
 
 
 def write_spec(path: Path, tree: dict | None = None, **inference) -> Path:
@@ -103,13 +96,10 @@ def test_a_second_zoo_train_on_the_same_out_is_refused_and_sigterm_checkpoints_t
         code, err = exit_and_error(capsys, train_argv(write_spec(tmp_path / "other.yaml", lr=0.5), out))
         assert code == 2 and f"another zoo process (pid {first.pid}) is writing this run directory" in err
         assert (out / SPEC_FILE).read_text() == spec_before and not (out / CHECKPOINT_FILE).exists()
-
-        first.send_signal(signal.SIGTERM)
-        _, stderr = first.communicate(timeout=120)
-    finally:
+    except BaseException:
         first.kill()
-    assert first.returncode == 143, stderr
-    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
+        raise
+    stderr = sigterm_ends_cleanly(first)
     assert f"zoo train {spec} --out {out} --resume" in stderr
     state = load_checkpoint(out / CHECKPOINT_FILE)
     assert 0 < state["step"] < 200_000 and not state["done"]

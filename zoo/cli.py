@@ -9,6 +9,7 @@ progress is checkpointed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -52,11 +53,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data_dir:
         overrides.append(f"data.dir={args.data_dir}")
     spec = load_spec(args.spec, overrides)
+    if args.nproc > 1:
+        return _launch(args, spec)
     try:
         summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
                         echo=lambda line: console.print(line, soft_wrap=True, markup=False))
     except KeyboardInterrupt as err:
         raise Interrupted(signal_of(err), _what_was_kept(args)) from None
+    if _rank():  # under torchrun: rank 0 evaluates, reports and diagnoses
+        return 0
     console.print(_metric_list(f"{describe(spec)} on {spec.data.name}", summary.metrics))
     console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
@@ -64,6 +69,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     if isinstance(spec.inference, MCMCSpec):
         return _convergence_verdict(summary.run_dir)
     return 0
+
+
+def _launch(args: argparse.Namespace, spec) -> int:
+    """``zoo train --nproc N``: the same command in N processes under ``torchrun`` (input checked here first)."""
+    from zoo.distributed import check_nproc, launch
+
+    check_nproc(args.nproc, spec.device)
+    batch = getattr(spec.inference, "batch_size", None)
+    if batch is not None and batch % args.nproc:
+        raise ZooInputError("inference.batch_size", batch, f"the global minibatch is split across {args.nproc} "
+                            f"processes: use a multiple of {args.nproc}")
+    return launch(args.nproc, without_nproc(args.argv))
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--nproc N`` / ``--nproc=N`` (what each launched process runs)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
 
 
 def _what_was_kept(args: argparse.Namespace) -> str:
@@ -194,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="data directory (UCI folders); default $ZOO_DATA_DIR")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes on this node (torchrun): SVI "
+                   "shares each global minibatch, MCMC its chains; one per GPU on CUDA")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="re-evaluate a run directory")
@@ -237,42 +269,62 @@ def build_parser() -> argparse.ArgumentParser:
 def exit_code(run: Callable[[], object]) -> int:
     """Call ``run`` (an int it returns is the exit code, else 0) and turn what stops it into a one-paragraph message.
 
-    Bad input and OS errors exit 2, a diverged fit 1, Ctrl-C 130 and SIGTERM 143 (128 + the signal).
+    Bad input and OS errors exit 2, a diverged fit 1, Ctrl-C 130 and SIGTERM 143 (128 + the signal). Under
+    ``torchrun`` the messages of ranks other than 0 start with ``[rank r]``.
     """
     try:
         code = run()
     except ZooInputError as err:
-        print(f"error: {err}", file=sys.stderr)
+        _say(f"error: {err}")
         return 2
     except OSError as err:  # a path the command could not read or write
         where = f" {err.filename}" if err.filename else ""
-        print(f"error: cannot use{where}: {err.strerror or err}", file=sys.stderr)
+        _say(f"error: cannot use{where}: {err.strerror or err}")
         return 2
     except TrainingDiverged as err:
-        print(f"training stopped: {err}", file=sys.stderr)
+        _say(f"training stopped: {err}")
         return 1
     except KeyboardInterrupt as err:
         stopped = err if isinstance(err, Interrupted) else Interrupted(signal_of(err))
-        print(str(stopped), file=sys.stderr)
+        _say(str(stopped))
         return stopped.exit_code
     return code if isinstance(code, int) else 0
+
+
+def _rank() -> int:
+    """This process's rank under ``torchrun`` (0 otherwise)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _say(message: str) -> None:
+    """One message on stderr, marked with the rank when it is not rank 0's."""
+    print(f"[rank {_rank()}] {message}" if _rank() else message, file=sys.stderr)
 
 
 def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """ZooWarnings as one ``warning:`` line on stderr (no source location); others as Python prints them."""
     if issubclass(category, ZooWarning):
-        print(f"warning: {message}", file=sys.stderr)
+        if not _rank():
+            _say(f"warning: {message}")
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``zoo`` command."""
+    """Entry point of the ``zoo`` command (under ``torchrun``, ranks other than 0 print only their errors)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
+    console.quiet = bool(_rank())  # under torchrun rank 0 prints the results; the others only their errors
+    if _rank():
+        args.no_progress = True
     with warnings.catch_warnings(), sigterm_interrupts():
         warnings.showwarning = _print_warning
         warnings.simplefilter("always", ZooWarning)
-        return exit_code(lambda: args.func(args))
+        code = exit_code(lambda: args.func(args))
+    from zoo.distributed import report_exit
+
+    return report_exit(code)
 
 
 if __name__ == "__main__":

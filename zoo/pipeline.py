@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ import pyro
 import torch
 
 from guides.base import SiteGuide
-from zoo import registry
+from zoo import distributed, registry
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError, ZooWarning
@@ -56,11 +58,16 @@ def describe(spec: RunSpec) -> str:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` is CUDA when present, else CPU; asking for CUDA without it is an input error."""
+    """``auto`` is CUDA when present, else CPU; asking for CUDA without it is an input error. Under ``torchrun``
+    each process takes the GPU of its local rank."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ZooInputError("device", name, "no CUDA device is visible here; use device: auto or cpu")
+    if name == "cuda" and distributed.launched_by_torchrun():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
     return torch.device(name)
 
 
@@ -136,32 +143,41 @@ def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bo
     """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``.
 
     The run directory is claimed for the whole fit (see :func:`zoo.runs.claimed_run_directory`): a second writer, a
-    directory of someone else's files, or an unwritable path is refused before anything is written.
+    directory of someone else's files, or an unwritable path is refused before anything is written. Under
+    ``torchrun`` every process fits (see :mod:`zoo.distributed`) and rank 0 alone claims, evaluates and writes.
     """
-    with claimed_run_directory(Path(out_dir), resume) as out:
-        if resume:
-            saved = out / SPEC_FILE
-            if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
-                raise ZooInputError("--resume", str(out),
-                                    "the spec differs from the run's spec.yaml; resume with that spec")
-        elif holds_a_fit(out):
-            raise ZooInputError("--out", str(out),
-                                "already holds a run; pass --resume to continue it, or pick a new --out")
-        write_text(out / SPEC_FILE, spec_to_yaml(spec))
-        log = RunLog(out, echo)
-        data, family, guide, device = prepare(spec, out, log, progress)
-        log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> {data.out_dim} "
-            f"outputs; {describe(spec)}, device {device}")
-        fit = registry.INFERENCE[spec.inference.method]
-        result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log,
-                     progress=progress)
-        posterior = result.posterior
-        metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
-        metrics["train_seconds"] = round(result.seconds, 3)
-        if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
-            save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
-        write_json(out / METRICS_FILE, metrics)
-        plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
+    team = distributed.join(resolve_device(spec.device))
+    claim = claimed_run_directory(Path(out_dir), resume) if team.is_writer else contextlib.nullcontext(Path(out_dir))
+    try:
+        with claim as out:
+            if resume:
+                saved = out / SPEC_FILE
+                if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
+                    raise ZooInputError("--resume", str(out),
+                                        "the spec differs from the run's spec.yaml; resume with that spec")
+            elif team.is_writer and holds_a_fit(out):
+                raise ZooInputError("--out", str(out),
+                                    "already holds a run; pass --resume to continue it, or pick a new --out")
+            write_text(out / SPEC_FILE, spec_to_yaml(spec))
+            log = RunLog(out, echo if team.is_writer else None)
+            data, family, guide, device = prepare(spec, out, log, progress and team.is_writer)
+            log(f"{data.name}: {data.n_train} train / {len(data.y_test)} test, {data.in_dim} inputs -> "
+                f"{data.out_dim} outputs; {describe(spec)}, device {device}"
+                + (f", {team.size} processes" if team.size > 1 else ""))
+            fit = registry.INFERENCE[spec.inference.method]
+            result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log,
+                         progress=progress and team.is_writer)
+            if not team.is_writer:  # rank 0 evaluates and writes
+                return RunSummary(out, {}, None)
+            posterior = result.posterior
+            metrics = evaluate(posterior, data, spec.inference.predictive_samples, seed=spec.seed)
+            metrics["train_seconds"] = round(result.seconds, 3)
+            if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
+                save_torch(out / POINT_ESTIMATE_FILE, guide.point_estimate())
+            write_json(out / METRICS_FILE, metrics)
+            plot = plot_predictive(posterior, data, out, spec.inference.predictive_samples, seed=spec.seed)
+    finally:
+        distributed.leave()
     return RunSummary(out, metrics, plot)
 
 

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from zoo import distributed
 from zoo.errors import ZooInputError, ZooWarning
 
 SPEC_FILE = "spec.yaml"
@@ -50,9 +51,12 @@ def _os_error(path: Path, err: OSError, doing: str) -> ZooInputError:
 def write_atomically(path: Path, write_to: Callable[[Path], object]) -> Path:
     """Have ``write_to(tmp)`` write a temp file beside ``path``, flush it to disk, then rename it to ``path``.
 
-    A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one.
+    A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one. In a
+    distributed job only rank 0 writes; the other ranks hold the same state and skip the write.
     """
     path = Path(path)
+    if not distributed.world().is_writer:
+        return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -152,7 +156,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", set_aside: b
         if not previous.exists():
             raise
         state = load_torch(previous, device)
-        if set_aside and path.exists():
+        if set_aside and path.exists() and distributed.world().is_writer:
             os.replace(path, path.with_name(path.name + ".corrupt"))
         warnings.warn(f"{err}; using the previous checkpoint {previous.name} instead"
                       + (f" (the unreadable file is kept as {path.name}.corrupt)" if set_aside else ""),
@@ -251,7 +255,7 @@ class RunLog:
         """Record one line."""
         if self.echo is not None:
             self.echo(message)
-        if self.path is not None:
+        if self.path is not None and distributed.world().is_writer:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as handle:
                 handle.write(message + "\n")

@@ -33,13 +33,15 @@ class TracedCompile:
         self.active = True
         self._graphs: dict[tuple, Callable[..., Any]] = {}
 
-    def __call__(self, *inputs: torch.Tensor) -> Any | None:
+    def __call__(self, *inputs: torch.Tensor, static: dict[str, Any] | None = None) -> Any | None:
+        """``fn(*inputs, **static)``; ``static`` values (hashable, not tensors) are part of the graph, as shapes are."""
         if not self.active:
             return None
-        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        static = static or {}
+        key = (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), tuple(sorted(static.items())))
         try:
             if key not in self._graphs:
-                graph = make_fx(lambda *args: self.fn(*args))(*inputs)  # a bound method's self is no input
+                graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
                 if self.rewrite is not None:
                     self.rewrite(graph)
                 self._graphs[key] = torch.compile(graph, dynamic=False)

@@ -23,7 +23,14 @@ def _normal_base(fn: dist.TorchDistribution) -> dist.Normal | None:
 
 
 class LocalReparameterization(Messenger):
-    """Sample linear-layer pre-activations instead of weights for every weight drawn from a Normal guide."""
+    """Sample linear-layer pre-activations instead of weights for every weight drawn from a Normal guide.
+
+    ``rows = (start, stop, total)`` says that the batch is rows start:stop of a ``total``-row minibatch split
+    across processes: the noise is then drawn for all ``total`` rows and these rows' share kept, so that every
+    row gets the noise it would get in one process (the ranks share one random stream).
+    """
+
+    rows: tuple[int, int, int] | None = None
 
     def __enter__(self):
         self._normals: dict[int, tuple[torch.Tensor, torch.distributions.Normal]] = {}
@@ -62,4 +69,11 @@ class LocalReparameterization(Messenger):
             mean, var = mean + q_bias.loc, var + q_bias.scale**2
         elif bias is not None:
             mean = mean + bias
-        return mean + var.clamp_min(1e-16).sqrt() * torch.randn_like(mean)
+        return mean + var.clamp_min(1e-16).sqrt() * self._noise(mean)
+
+    def _noise(self, mean: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            return torch.randn_like(mean)
+        start, stop, total = self.rows
+        shape = (*mean.shape[:-2], total, mean.shape[-1])
+        return torch.randn(shape, dtype=mean.dtype, device=mean.device)[..., start:stop, :]

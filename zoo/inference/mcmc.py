@@ -37,7 +37,9 @@ from torch.distributions.transforms import identity_transform
 from torch.func import vmap
 from tqdm.auto import tqdm
 
+from zoo import distributed
 from zoo.data.base import Dataset
+from zoo.distributed import World
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.interrupts import Interrupted, deferred_interrupt
@@ -338,34 +340,57 @@ class RecordingNUTS(NUTS):
         return info
 
 
-def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, progress: bool, log, done: list[dict],
-              save) -> None:
-    """Chain after chain with Pyro's NUTS; ``done`` gathers finished chains and ``save`` stores them."""
+def chain_seed(seed: int, chain: int) -> int:
+    """The seed of NUTS chain ``chain`` of a run seeded ``seed``: its own stream, apart from the one that drew the
+    starting points, and the same whichever process runs the chain."""
+    return (seed + 1) * 1_000_003 + chain
+
+
+def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
+              done: list[dict], save, team: World) -> None:
+    """Chain after chain with Pyro's NUTS, each chain seeded by :func:`chain_seed`; ``done`` gathers finished chains (in
+    chain order) and ``save`` stores them. Several processes run the remaining chains in rounds, one chain each,
+    and every process gathers each round's chains, so a chain is the same whichever process ran it."""
 
     def potential_fn(params: dict[str, torch.Tensor]) -> torch.Tensor:
         return potential.energy(params["z"].unsqueeze(0))[0]
 
+    def run_chain(chain: int) -> dict:
+        pyro.set_rng_seed(chain_seed(seed, chain))
+        kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
+                               target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
+                               adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False)
+        mcmc = MCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
+                    initial_params={"z": z0[chain]}, num_chains=1, disable_progbar=not progress)
+        started = time.perf_counter()
+        mcmc.run()
+        energy, depth, accept, diverging, step = map(torch.tensor, zip(*kernel.records[-spec.num_samples:],
+                                                                      strict=True))
+        return {"chain": chain, "z": mcmc.get_samples()["z"].detach(), "seconds": time.perf_counter() - started,
+                "stats": {"energy": energy, "tree_depth": depth, "acceptance_rate": accept,
+                          "diverging": diverging, "step_size": step},
+                "settings": {"step_size": float(kernel.step_size)}}
+
+    finished = {c.get("chain", i) for i, c in enumerate(done)}
+    todo = [c for c in range(spec.num_chains) if c not in finished]
     with deferred_interrupt() as signalled:
-        for chain in range(len(done), spec.num_chains):
-            kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
-                                   target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
-                                   adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False)
-            mcmc = MCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
-                        initial_params={"z": z0[chain]}, num_chains=1, disable_progbar=not progress)
-            started = time.perf_counter()
-            mcmc.run()
-            energy, depth, accept, diverging, step = map(torch.tensor, zip(*kernel.records[-spec.num_samples:],
-                                                                          strict=True))
-            done.append({"z": mcmc.get_samples()["z"].detach(), "seconds": time.perf_counter() - started,
-                         "stats": {"energy": energy, "tree_depth": depth, "acceptance_rate": accept,
-                                   "diverging": diverging, "step_size": step},
-                         "settings": {"step_size": float(kernel.step_size)}})
-            log(f"chain {chain}: {int(diverging.sum())} divergences, mean acceptance {float(accept.mean()):.3f}, "
-                f"step size {kernel.step_size:.3g}, mean tree depth {float(depth.float().mean()):.2f}")
+        for first in range(0, len(todo), team.size):
+            this_round = todo[first:first + team.size]
+            mine = run_chain(this_round[team.rank]) if team.rank < len(this_round) else None
+            for result in team.every_object(mine):
+                if result is None:
+                    continue
+                done.append(result)
+                accept, depth = result["stats"]["acceptance_rate"], result["stats"]["tree_depth"]
+                log(f"chain {result['chain']}: {int(result['stats']['diverging'].sum())} divergences, mean "
+                    f"acceptance {float(accept.mean()):.3f}, step size {result['settings']['step_size']:.3g}, mean "
+                    f"tree depth {float(depth.float().mean()):.2f}")
+            done.sort(key=lambda c: c.get("chain", 0))
             save()
-            if signalled() and chain + 1 < spec.num_chains:
-                log(f"interrupted after chain {chain}; finished chains are saved, continue with --resume")
-                raise Interrupted(signalled())
+            stop = team.agreed_signal(signalled())
+            if stop and first + team.size < len(todo):
+                log(f"interrupted after {len(done)} chains; finished chains are saved, continue with --resume")
+                raise Interrupted(stop)
 
 
 # ------------------------------------------------------------------------------------------ many-chain HMC
@@ -430,11 +455,22 @@ def slowest_quarter_period(window: torch.Tensor, inv_mass: torch.Tensor, iterati
 
 
 class ManyChainHMC:
-    """HMC for C chains at once, with shared step size, diagonal mass matrix and ChEES-tuned trajectory length."""
+    """HMC for C chains at once, with shared step size, diagonal mass matrix and ChEES-tuned trajectory length.
 
-    def __init__(self, potential: Potential, z: torch.Tensor, spec: MCMCSpec, generator: torch.Generator) -> None:
+    With several processes (``team``), each steps its share of the chains. What the adaptation pools over chains
+    (acceptance, the ChEES gradient terms, the warm-up windows at a metric update) is gathered from every process
+    and pooled in one order, and each process draws the random numbers of all C chains and keeps its own, so the
+    chains are exactly those of one process.
+    """
+
+    CHAIN_STATE = ("z", "energy", "grad", "centre", "rows")  # per-chain tensors [chains, ...] in state_dict
+
+    def __init__(self, potential: Potential, z: torch.Tensor, spec: MCMCSpec, generator: torch.Generator,
+                 team: World | None = None) -> None:
         self.potential, self.spec, self.gen = potential, spec, generator
-        self.z = z.detach().clone()
+        self.team = team or World()
+        self.mine = self.team.chains(len(z))
+        self.z = z[self.mine].detach().clone()
         self.energy, self.grad = potential.value_and_grad(self.z)
         self.inv_mass = torch.ones(z.shape[1], dtype=z.dtype, device=z.device)
         self.step_size, self.trajectory = spec.step_size, spec.trajectory_length
@@ -448,19 +484,32 @@ class ManyChainHMC:
         self.iteration = 0
 
     def state_dict(self) -> dict:
-        """Everything needed to continue sampling exactly."""
-        return {k: v for k, v in vars(self).items() if k not in ("potential", "spec", "gen", "dual")} | {
-            "gen": self.gen.get_state(), "dual": vars(self.dual).copy()}
+        """Everything needed to continue sampling exactly, with every chain's tensors (whichever process runs it)."""
+        state = {k: v for k, v in vars(self).items() if k not in ("potential", "spec", "gen", "dual", "team", "mine")}
+        for key in self.CHAIN_STATE:
+            if state[key] is not None:
+                state[key] = self.team.all_chains(state[key])
+        state["window"] = [self.team.all_chains(w) for w in self.window]
+        return state | {"gen": self.gen.get_state(), "dual": vars(self.dual).copy()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`."""
+        """Continue from :meth:`state_dict` (written by any number of processes)."""
+        state = dict(state)
         self.gen.set_state(state.pop("gen"))
         vars(self.dual).update(state.pop("dual"))
+        for key in self.CHAIN_STATE:
+            if state[key] is not None:
+                state[key] = state[key][self.mine]
+        state["window"] = [w[self.mine] for w in state["window"]]
         vars(self).update(state)
 
+    def _all_chains_draw(self, draw, *shape: int) -> torch.Tensor:
+        """``draw`` for all C chains (the same numbers as one process), this process's chains kept."""
+        total = len(self.z) * self.team.size
+        return draw((total, *shape), generator=self.gen, dtype=self.z.dtype)[self.mine].to(self.z.device)
+
     def _randn(self, shape: torch.Size) -> torch.Tensor:
-        noise = torch.randn(shape, generator=self.gen, dtype=self.z.dtype)
-        return noise.to(self.z.device)
+        return self._all_chains_draw(torch.randn, *shape[1:])
 
     def _leapfrog(self, z, momentum, grad, steps: int) -> tuple[torch.Tensor, ...]:
         eps = self.step_size
@@ -484,8 +533,7 @@ class ManyChainHMC:
         error = torch.where(torch.isfinite(end), end - start, torch.full_like(end, math.inf))
         accept_prob = torch.exp(-error.clamp(min=0.0))
         diverging = error > MAX_ENERGY_ERROR
-        accepted = torch.rand(accept_prob.shape, generator=self.gen, dtype=accept_prob.dtype).to(
-            accept_prob.device) < accept_prob
+        accepted = self._all_chains_draw(torch.rand).to(accept_prob.dtype) < accept_prob
         z_old, keep = self.z, accepted.unsqueeze(-1)
         self.z = torch.where(keep, z_new, self.z)
         self.grad = torch.where(keep, g_new, self.grad)
@@ -500,7 +548,8 @@ class ManyChainHMC:
     def _adapt(self, z_old, z_new, p_new, accept_prob, accepted, integration_time: float) -> None:
         spec, t = self.spec, self.iteration
         # step size: dual averaging on the chains' mean acceptance
-        self.step_size = self.dual.update(float(accept_prob.nan_to_num(0.0).mean()))
+        every_accept = self.team.all_chains(accept_prob)  # pooled over all C chains, summed in one order
+        self.step_size = self.dual.update(float(every_accept.nan_to_num(0.0).mean()))
         self.log_steps.append(math.log(self.step_size))
         # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted), once
         # the chains have left their starting points (after the first mass-matrix window). Each chain's jump is
@@ -518,18 +567,18 @@ class ManyChainHMC:
                 here = self.rows = torch.where(accepted.unsqueeze(-1), new, old)
             self.centre = here.clone() if self.centre is None else self.centre + 0.05 * (here - self.centre)
         if chees:
-            weight = accept_prob.nan_to_num(0.0)
+            if function_space:
+                centred_new, centred_old = new - self.centre, old - self.centre
+            else:
+                scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
+                centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
+                velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
+            growth = (centred_new**2).sum(-1) - (centred_old**2).sum(-1)
+            # d criterion / d log T, with the time this draw actually integrated (jitter x T, capped steps)
+            per_chain = integration_time * growth * (centred_new * velocity).sum(-1)
+            per_chain = torch.where(torch.isfinite(per_chain), per_chain, torch.zeros_like(per_chain))
+            per_chain, weight = self.team.all_chains(per_chain), every_accept.nan_to_num(0.0)
             if weight.sum() > 0:
-                if function_space:
-                    centred_new, centred_old = new - self.centre, old - self.centre
-                else:
-                    scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
-                    centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
-                    velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
-                growth = (centred_new**2).sum(-1) - (centred_old**2).sum(-1)
-                # d criterion / d log T, with the time this draw actually integrated (jitter x T, capped steps)
-                per_chain = integration_time * growth * (centred_new * velocity).sum(-1)
-                per_chain = torch.where(torch.isfinite(per_chain), per_chain, torch.zeros_like(per_chain))
                 gradient = float((weight * per_chain).sum() / weight.sum())
                 self.adam_t += 1
                 self.adam_v = 0.95 * self.adam_v + 0.05 * gradient**2
@@ -549,7 +598,7 @@ class ManyChainHMC:
             self.window.append(self.z.detach())
             ends = {int(spec.warmup_steps * f) for f in (0.15, 0.3, 0.6)}
             if t in ends and len(self.window) > 2:
-                window = torch.stack(self.window)  # [window, chains, D]
+                window = self.team.all_chains(torch.stack(self.window), dim=1)  # [window, all C chains, D]
                 n = len(self.window)
                 variance = window.var(0).mean(0)  # [D]
                 variance = variance * n / (n + 5.0) + 1e-3 * 5.0 / (n + 5.0)  # Stan's regularisation
@@ -573,22 +622,31 @@ class ManyChainHMC:
 
 
 def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
-             ckpt: dict | None, save) -> dict:
-    """All chains in lockstep; returns positions and statistics of the kept draws."""
-    sampler = ManyChainHMC(potential, z0, spec, torch.Generator().manual_seed(seed))
+             ckpt: dict | None, save, team: World) -> dict:
+    """All chains in lockstep (this process's share of them); returns every chain's kept draws and statistics."""
+    sampler = ManyChainHMC(potential, z0, spec, torch.Generator().manual_seed(seed), team)
     kept: list[torch.Tensor] = []
     stats: dict[str, list[torch.Tensor]] = {}
     seconds = 0.0
     if ckpt is not None:
         sampler.load_state_dict(ckpt["sampler"])
-        kept, stats, seconds = ckpt["kept"], ckpt["stats"], ckpt["seconds"]
+        mine = sampler.mine
+        kept = [z[mine] for z in ckpt["kept"]]
+        stats = {k: [v[mine] for v in values] for k, values in ckpt["stats"].items()}
+        seconds = ckpt["seconds"]
         log(f"resumed at iteration {sampler.iteration}")
     total = spec.warmup_steps + spec.num_samples
     bar = tqdm(total=total, initial=sampler.iteration, disable=not progress, desc="HMC", mininterval=0.5,
                leave=False)
 
+    def every_chain(draws: list[torch.Tensor]) -> list[torch.Tensor]:  # [C_mine, ...] per draw -> [C, ...]
+        if not draws or team.size == 1:
+            return draws
+        return list(team.all_chains(torch.stack(draws), dim=1).unbind(0))
+
     def snapshot() -> dict:
-        return {"sampler": sampler.state_dict(), "kept": kept, "stats": stats, "seconds": seconds}
+        return {"sampler": sampler.state_dict(), "kept": every_chain(kept),
+                "stats": {k: every_chain(v) for k, v in stats.items()}, "seconds": seconds}
 
     started = time.perf_counter()
     divergences = 0
@@ -610,20 +668,22 @@ def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, 
                 bar.set_postfix(stage="warm-up" if warmup else "sample", accept=f"{accept:.2f}",
                                 step=f"{sampler.step_size:.3g}", L=int(info["n_steps"][0]),
                                 divergences=divergences, refresh=False)
-                if sampler.iteration % spec.checkpoint_every == 0 or signalled():
+                stop = team.agreed_signal(signalled())  # every process stops at the same iteration
+                if sampler.iteration % spec.checkpoint_every == 0 or stop:
                     seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     save(snapshot())
-                    if signalled():
+                    if stop:
                         log(f"interrupted at iteration {sampler.iteration}; state saved, continue with --resume")
-                        raise Interrupted(signalled())
+                        raise Interrupted(stop)
         finally:
             bar.close()
     seconds += time.perf_counter() - started
     log(f"hmc: step size {sampler.step_size:.3g}, trajectory length {sampler.trajectory:.3g} "
         f"(~{math.ceil(sampler.trajectory / sampler.step_size)} leapfrog steps at most), "
-        f"{potential.evaluations} batched gradients")
-    return {"z": torch.stack(kept, dim=1), "stats": {k: torch.stack(v, dim=1) for k, v in stats.items()},
+        f"{potential.evaluations} batched gradients" + (f" per process ({team.size})" if team.size > 1 else ""))
+    return {"z": torch.stack(every_chain(kept), dim=1),
+            "stats": {k: torch.stack(every_chain(v), dim=1) for k, v in stats.items()},
             "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory}}
 
 
@@ -642,9 +702,13 @@ def fit_mcmc(
     """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
 
     Finished NUTS chains, and the HMC state every ``checkpoint_every`` iterations, are saved atomically to
-    ``run_dir/samples.pt``; ``resume=True`` continues from there.
+    ``run_dir/samples.pt``; ``resume=True`` continues from there. Under ``torchrun`` the processes share the
+    chains (see :mod:`zoo.distributed`) and every process returns all of them.
     """
     log = log or RunLog(None, echo=None)
+    team = distributed.world()
+    if spec.method == "hmc":
+        distributed.check_chains(spec.num_chains, team.size)
     potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature)
     coords = potential.coords
     check_size(coords, spec)
@@ -668,7 +732,7 @@ def fit_mcmc(
             save_checkpoint(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
 
     with pyro.validation_enabled(False):  # diverging trajectories reach non-finite values: rejected, not errors
-        draws, stats, seconds, settings = _sample(potential, z0, spec, seed, state, progress, log, write)
+        draws, stats, seconds, settings = _sample(potential, z0, spec, seed, state, progress, log, write, team)
     result = MCMCResult(draws, stats, seconds, spec.method, settings)
     if path is not None:
         save_checkpoint(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
@@ -682,17 +746,18 @@ def fit_mcmc(
 
 
 def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, state: dict | None, progress: bool,
-            log, write) -> tuple[dict, dict, float, dict]:
-    """Run the spec's sampler from ``z0`` (or a saved state); draws by site ``[chains, samples, ...]``."""
+            log, write, team: World) -> tuple[dict, dict, float, dict]:
+    """Run the spec's sampler from ``z0`` (or a saved state); every chain's draws by site ``[chains, samples, ...]``
+    (the chains shared by ``team``'s processes)."""
     if spec.method == "nuts":
         chains: list[dict] = state["chains"] if state is not None else []
-        _run_nuts(potential, z0, spec, progress, log, chains, lambda: write({"chains": chains}))
+        _run_nuts(potential, z0, spec, seed, progress, log, chains, lambda: write({"chains": chains}), team)
         z = torch.stack([c["z"] for c in chains])
         stats = {k: torch.stack([c["stats"][k] for c in chains]) for k in chains[0]["stats"]}
         seconds = sum(c["seconds"] for c in chains)
         settings = {"step_size": sum(c["settings"]["step_size"] for c in chains) / len(chains)}
     else:
-        out = _run_hmc(potential, z0, spec, seed, progress, log, state, write)
+        out = _run_hmc(potential, z0, spec, seed, progress, log, state, write, team)
         z, stats, seconds, settings = out["z"], out["stats"], out["seconds"], out["settings"]
     with torch.no_grad():
         values, _ = potential.coords.unpack(z.flatten(0, 1))

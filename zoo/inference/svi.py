@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import torch
 from pyro.optim.clipped_adam import ClippedAdam
 from tqdm.auto import tqdm
 
+from zoo import distributed
 from zoo.data.base import Dataset
+from zoo.distributed import ObservationScale, World
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
@@ -51,11 +55,15 @@ class SVIStep:
     """
 
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
-                 local_reparam: bool = False, compile: bool = False) -> None:
+                 local_reparam: bool = False, compile: bool = False, world: World | None = None,
+                 signalled: Callable[[], int] = lambda: 0) -> None:
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.reparam = LocalReparameterization() if local_reparam else None
         self.validated = False
         self._compiled = TracedCompile(self._weighted_loss, "the SVI step") if compile else None
+        self.world, self.signalled = world or World(), signalled
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last step, else 0
 
     @property
     def compiled(self) -> bool:
@@ -63,36 +71,71 @@ class SVIStep:
         return self._compiled is not None and self._compiled.active
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> float:
-        """Step on rows ``batch`` of (x, y) and return the loss; a non-finite loss is returned without a step."""
+        """Step on rows ``batch`` of (x, y) and return the loss; a non-finite loss is returned without a step.
+
+        With several ranks, this rank computes the ELBO on its share of ``batch`` (all rows when ``None``) and one
+        all-reduce averages the gradients and the losses and tells every rank whether any received a signal.
+        """
+        rows, factor, noise_rows = batch, 1.0, None
+        if self.world.size > 1:
+            every = batch if batch is not None else torch.arange(len(x), device=x.device)
+            rows, where, factor = self.world.shard(every)
+            noise_rows = (where.start, where.stop, len(every))
         loss = None
         if self.validated and self.compiled:
             weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
-            loss = self._compiled(x, y, weight) if batch is None else self._compiled(x, y, weight, batch)
+            inputs = (x, y, weight) if rows is None else (x, y, weight, rows)
+            if self.world.size > 1:
+                inputs += (torch.tensor(factor, dtype=x.dtype, device=x.device),)
+            loss = self._compiled(*inputs, static={"noise_rows": noise_rows})
         if loss is None:
-            loss = self.loss(x, y, batch)
+            loss = self.loss(x, y, rows, factor, noise_rows)
         self.validated = True
         value = float(loss.detach())
+        self.optimizer.zero_grad(set_to_none=self.world.size == 1)
         if math.isfinite(value):
-            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+        if self.world.size > 1:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            for p, g in zip(self.params, grads, strict=True):
+                p.grad = g
+            signal_now = self.signalled()
+            total, sigint, sigterm = self.world.average(
+                grads, [value, signal_now == signal.SIGINT, signal_now == signal.SIGTERM])
+            value = total / self.world.size
+            self.signal = signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
+        else:
+            self.signal = self.signalled()
+        if math.isfinite(value):
             self.optimizer.step()
         elif self.compiled:  # the per-site terms of an eager evaluation, for the diagnosis
             with torch.no_grad():
-                self.loss(x, y, batch)
+                self.loss(x, y, rows, factor, noise_rows)
         return value
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> torch.Tensor:
-        """The negative ELBO on rows ``batch``, evaluated eagerly (validation on until the first step is done)."""
-        with pyro.validation_enabled(not self.validated), self.reparam or contextlib.nullcontext():
+    def loss(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None,
+             obs_factor: float | torch.Tensor = 1.0, noise_rows: tuple[int, int, int] | None = None) -> torch.Tensor:
+        """The negative ELBO on rows ``batch``, evaluated eagerly (validation on until the first step is done).
+
+        ``obs_factor`` scales the likelihood only and ``noise_rows`` places a rank's rows in the global minibatch
+        (see :meth:`World.shard`); one process leaves both at their defaults.
+        """
+        scaled = isinstance(obs_factor, torch.Tensor) or obs_factor != 1.0
+        scale = ObservationScale(obs_factor) if scaled else contextlib.nullcontext()
+        if self.reparam is not None:
+            self.reparam.rows = noise_rows
+        with pyro.validation_enabled(not self.validated), self.reparam or contextlib.nullcontext(), scale:
             return self.elbo.differentiable_loss(self.model, self.guide, x, y, batch)
 
     def _weighted_loss(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
-                       batch: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`loss` with the KL weight as a tensor input, so that one traced graph serves every weight."""
+                       batch: torch.Tensor | None = None, obs_factor: torch.Tensor | None = None,
+                       noise_rows: tuple[int, int, int] | None = None) -> torch.Tensor:
+        """:meth:`loss` with the KL weight (and a rank's likelihood factor) as tensor inputs, so that one traced
+        graph serves every weight."""
         saved = self.elbo.kl_weight
         self.elbo.kl_weight = weight
         try:
-            return self.loss(x, y, batch)
+            return self.loss(x, y, batch, 1.0 if obs_factor is None else obs_factor, noise_rows)
         finally:  # the traced terms are not tensors of any later eager step
             self.elbo.kl_weight, self.elbo.last_terms = saved, {}
 
@@ -115,6 +158,23 @@ def total_steps(spec: SVISpec, n_train: int) -> int:
 def steps_per_epoch(spec: SVISpec, n_train: int) -> int:
     """Minibatches per pass over the training set."""
     return 1 if spec.batch_size is None else max(1, math.ceil(n_train / spec.batch_size))
+
+
+def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
+    """Refuse minibatches that ``world_size`` processes cannot share: a global batch not divisible by it, or an
+    epoch's last (partial) batch, or the full batch, with fewer rows than processes."""
+    if world_size == 1:
+        return
+    if spec.batch_size is not None and spec.batch_size < n_train:
+        if spec.batch_size % world_size:
+            raise ZooInputError("inference.batch_size", spec.batch_size, f"the global minibatch is split across "
+                                f"{world_size} processes: use a multiple of {world_size}")
+        last = n_train % spec.batch_size
+        if 0 < last < world_size:
+            raise ZooInputError("inference.batch_size", spec.batch_size, f"each epoch ends with a batch of {last} "
+                                f"of the {n_train} rows, fewer than the {world_size} processes: pick another size")
+    elif n_train < world_size:
+        raise ZooInputError("--nproc", world_size, f"more processes than the {n_train} training rows")
 
 
 def kl_weight(step: int, spec: SVISpec) -> float:
@@ -186,6 +246,8 @@ def fit_svi(
     ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
     result, step, perm = SVIResult(), 0, None
     remedies = untried_remedies(spec, data.x_train.dtype, getattr(guide, "init_rho", None))
+    team = distributed.world()
+    check_shards(spec, n_train, team.size)
 
     def checkpoint() -> None:
         if ckpt_path is None:
@@ -194,6 +256,8 @@ def fit_svi(
         if bad:  # never overwrite the last good checkpoint with a broken state
             raise TrainingDiverged(f"parameters became non-finite by step {step}: {', '.join(bad)}; "
                                    f"{ckpt_path} holds the last good state. Try: {'; or '.join(remedies)}.")
+        if not team.is_writer:  # every rank holds the same state; rank 0 writes it
+            return
         save_checkpoint(ckpt_path, {
             "step": step, "total_steps": n_steps, "guide": guide.state_dict(),
             "point_parameters": list(family.point_parameters()),
@@ -220,16 +284,18 @@ def fit_svi(
     bad = _non_finite(named)
     if bad:
         raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
+    team.broadcast(list(named.values()))  # the same seed built the same values; make sure of it
     x, y = data.x_train, data.y_train
-    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile)
+    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     started = time.perf_counter()
     at_step = None
     with deferred_interrupt() as signalled:
+        svi_step.signalled = signalled
         try:
             while step < n_steps:
-                if signalled():
-                    raise Interrupted(signalled())
+                if svi_step.signal:  # received during the last step (by any rank): stop before the next
+                    raise Interrupted(svi_step.signal)
                 # the state this step starts from: an exception mid-step rolls back to it, so that resume is exact
                 at_step = torch.get_rng_state(), order.get_state(), perm
                 batch = None
@@ -256,8 +322,8 @@ def fit_svi(
                     result.seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     checkpoint()
-            if signalled():  # received during the last step: save it and stop before evaluating
-                raise Interrupted(signalled())
+            if svi_step.signal:  # received during the last step: save it and stop before evaluating
+                raise Interrupted(svi_step.signal)
         except KeyboardInterrupt:
             result.seconds += time.perf_counter() - started
             if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
