@@ -74,6 +74,20 @@ def assert_same_state(a: Path, b: Path) -> None:
         torch.testing.assert_close(sa[key], sb[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+def two_processes_past_a_checkpoint(spec: Path, out: Path) -> subprocess.Popen:
+    """``zoo train --nproc 2`` in the background, returned once its first checkpoint exists (killed on failure)."""
+    job = subprocess.Popen([sys.executable, "-m", "zoo.cli", "train", str(spec), "--out", str(out), "--nproc", "2",
+                            "--no-progress"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (out / CHECKPOINT_FILE).exists():
+        if time.monotonic() > deadline or job.poll() is not None:
+            job.kill()
+            raise AssertionError(f"no checkpoint appeared: {job.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    return job
+
+
 # ------------------------------------------------------------------------------------------ the maths, one process
 def test_shares_cover_the_batch_and_their_factors_restore_the_whole_batch_gradient():
     rows = torch.arange(5)
@@ -137,18 +151,7 @@ def test_two_processes_take_the_same_steps_as_one(tmp_path, tree):
 def test_sigterm_stops_every_process_at_one_step_and_one_process_resumes_it(tmp_path):
     tree = {**MEAN_FIELD, "inference": {**MEAN_FIELD["inference"], "num_steps": 1500, "checkpoint_every": 100}}
     spec, out = write(tmp_path / "s.yaml", tree), tmp_path / "two"
-    job = subprocess.Popen([sys.executable, "-m", "zoo.cli", "train", str(spec), "--out", str(out), "--nproc", "2",
-                            "--no-progress"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not (out / CHECKPOINT_FILE).exists():
-            assert time.monotonic() < deadline and job.poll() is None, "no checkpoint appeared"
-            time.sleep(0.05)
-    except BaseException:
-        job.kill()
-        raise
-    sigterm_ends_cleanly(job)
+    sigterm_ends_cleanly(two_processes_past_a_checkpoint(spec, out))
     reached = load_checkpoint(out / CHECKPOINT_FILE)["step"]
     assert 100 <= reached < 1500
     assert main(["train", str(spec), "--out", str(out), "--no-progress", "--resume"]) == 0
@@ -215,3 +218,22 @@ def test_a_rank_that_cannot_reach_the_rendezvous_fails_within_the_timeout_naming
 def test_chains_the_processes_cannot_share_evenly_are_refused():
     with pytest.raises(ZooInputError, match="inference.num_chains: got 5; the chains are shared by 2 processes"):
         check_chains(5, 2)
+
+
+@needs_two_cores
+def test_a_rank_that_dies_ends_the_job_at_once_and_the_last_checkpoint_stays_usable(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    tree = {**MEAN_FIELD, "inference": {**MEAN_FIELD["inference"], "num_steps": 100_000, "checkpoint_every": 100}}
+    spec, out = write(tmp_path / "s.yaml", tree), tmp_path / "two"
+    job = two_processes_past_a_checkpoint(spec, out)
+    try:
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if p.environ().get("RANK") == "1"]
+        assert len(ranks) == 1
+        ranks[0].kill()
+        started = time.monotonic()
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    assert time.monotonic() - started < 60  # torchrun stops rank 0 instead of leaving it in the all-reduce
+    assert job.returncode != 0 and "rank      : 1" in stderr and "SIGKILL" in stderr
+    assert load_checkpoint(out / CHECKPOINT_FILE)["step"] % 100 == 0
