@@ -293,6 +293,7 @@ BASELINE_CONFIGS = {
     "map_uci": ("mean_field", "delta"),
     "map_digits": ("mean_field", "delta"),
     "deep_ensemble_uci": ("deep_ensemble", "delta"),
+    "deep_ensemble_hetero_uci": ("deep_ensemble", "delta"),
     "deep_ensemble_digits": ("deep_ensemble", "delta"),
     "mc_dropout_uci": ("mean_field", "dropout"),
     "mc_dropout_digits": ("mean_field", "dropout"),

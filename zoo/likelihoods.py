@@ -75,6 +75,10 @@ class Categorical:
 
     task = "classification"
 
+    def net_outputs(self, targets: int) -> int:
+        """The net's output width for ``targets`` classes: one logit per class."""
+        return targets
+
     def latent_sites(self) -> dict[str, LatentSite]:
         """No latent variables of its own."""
         return {}
@@ -105,6 +109,10 @@ class Gaussian:
     def __init__(self, noise: float | None, prior_loc: float = -1.0, prior_scale: float = 1.0) -> None:
         self.fixed_noise = noise
         self.prior_loc, self.prior_scale = prior_loc, prior_scale
+
+    def net_outputs(self, targets: int) -> int:
+        """The net's output width: the mean of the one target."""
+        return 1
 
     def _noise_prior(self, like: torch.Tensor) -> dist.LogNormal:
         return dist.LogNormal(like.new_tensor(self.prior_loc), like.new_tensor(self.prior_scale))
@@ -140,6 +148,45 @@ class Gaussian:
         else:
             scale = draws[self.noise_site].reshape(-1, 1).expand_as(loc)
         return PredictiveDraws(loc=loc, scale=scale)
+
+
+class HeteroscedasticGaussian:
+    """Gaussian likelihood whose mean and noise both come from the net: ``sigma(x) = softplus(raw(x)) + min_noise``.
+
+    The net has two outputs per input, the mean and a raw scale (Nix & Weigend 1994; the members of deep ensembles,
+    Lakshminarayanan et al. 2017). ``min_noise`` (standardised target units) keeps the density bounded where the net
+    would drive sigma to 0 on a training point. No latent variable of its own.
+    """
+
+    task = "regression"
+    fixed_noise = None
+
+    def __init__(self, min_noise: float = 1e-3) -> None:
+        self.min_noise = min_noise
+
+    def net_outputs(self, targets: int) -> int:
+        """The net's output width: the mean and the raw scale of the one target."""
+        return 2
+
+    def latent_sites(self) -> dict[str, LatentSite]:
+        """No latent variables of its own: the noise is an output of the net."""
+        return {}
+
+    def sample_latents(self, like: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Nothing to sample."""
+        return {}
+
+    def scale(self, out: torch.Tensor) -> torch.Tensor:
+        """sigma(x) from outputs ``[..., 2]``."""
+        return F.softplus(out[..., 1]) + self.min_noise
+
+    def component(self, out: torch.Tensor, latents: dict[str, torch.Tensor]) -> dist.TorchDistribution:
+        """p(y | f(x)) = N(out[..., 0], sigma(x)): batch shape ``out.shape[:-1]``."""
+        return dist.Normal(out[..., 0], self.scale(out))
+
+    def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
+        """Per-draw Gaussian predictive from outputs ``[S, B, 2]``."""
+        return PredictiveDraws(loc=out[..., 0], scale=self.scale(out))
 
 
 class MemberAverage(dist.TorchDistribution):
@@ -203,5 +250,5 @@ def draw_latents(likelihood: Likelihood, draws: dict[str, torch.Tensor], trailin
     return {n: draws[n].reshape(-1, *([1] * trailing)) for n in likelihood.latent_sites()}
 
 
-Likelihood = Categorical | Gaussian
+Likelihood = Categorical | Gaussian | HeteroscedasticGaussian
 LIKELIHOODS = {"categorical": Categorical, "gaussian": Gaussian}

@@ -21,7 +21,7 @@ from zoo.data.base import Dataset
 from zoo.errors import ZooInputError, ZooWarning
 from zoo.evaluate import evaluate, plot_predictive
 from zoo.inference.mcmc import SAMPLES_FILE, load_samples
-from zoo.likelihoods import Categorical, Gaussian, Likelihood
+from zoo.likelihoods import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood
 from zoo.models.base import ModelFamily
 from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import build_net
@@ -79,6 +79,8 @@ def build_likelihood(spec: LikelihoodSpec, data: Dataset) -> Likelihood:
         raise ZooInputError("likelihood.name", name, f"{data.name} is a {data.task} task; use {expected} or auto")
     if name == "categorical":
         return Categorical()
+    if spec.noise == "heteroscedastic":
+        return HeteroscedasticGaussian(spec.min_noise)
     noise = None if spec.noise == "learned" else float(spec.noise) / data.y_std
     return Gaussian(noise, spec.noise_prior.loc, spec.noise_prior.scale)
 
@@ -104,10 +106,11 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     subnet) does that in its ``prepare`` here, keeping what it fitted in ``run_dir`` for resumes and reloads.
     """
     pyro.set_rng_seed(spec.seed)
-    net = build_net(spec.net, data.in_dim, data.out_dim)
+    likelihood = build_likelihood(spec.likelihood, data)
+    net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim))
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
-    family = family_cls.from_spec(net, priors, build_likelihood(spec.likelihood, data), spec.model)
+    family = family_cls.from_spec(net, priors, likelihood, spec.model)
     family.to(data.x_train.device, data.x_train.dtype)
     if hasattr(family, "prepare"):
         family.prepare(data, run_dir, spec.seed, log or RunLog(None, echo=None), progress)

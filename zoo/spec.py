@@ -278,10 +278,13 @@ class LikelihoodSpec(_Strict):
     """Observation model: categorical for classes, Gaussian (fixed or learned noise) for regression."""
 
     name: Literal["auto", "categorical", "gaussian"] = "auto"
-    noise: float | Literal["learned"] = Field(
-        "learned", description="fixed sigma in ORIGINAL target units, or 'learned' (a latent under noise_prior)"
+    noise: float | Literal["learned", "heteroscedastic"] = Field(
+        "learned", description="fixed sigma in ORIGINAL target units, 'learned' (a latent under noise_prior), or "
+        "'heteroscedastic' (the net outputs a mean and sigma(x) = softplus(raw) + min_noise for every input)"
     )
     noise_prior: NoisePrior = Field(default_factory=NoisePrior)
+    min_noise: PositiveFloat = Field(1e-3, description="heteroscedastic: the floor of sigma(x), in standardised "
+                                     "target units (keeps the density bounded)")
 
     @field_validator("noise")
     @classmethod
@@ -451,6 +454,11 @@ class RunSpec(_Strict):
             allowed = ("the laplace guide is what inference.method: laplace fits, and only that: use both (leave "
                        "guide.name out with laplace) or neither")
             problems.append(ZooInputError("guide.name", self.guide.name, allowed, message=f"guide.name: {allowed}"))
+        if self.likelihood.noise == "heteroscedastic" and self.model.family == "subnetwork":
+            allowed = ("the subnetwork family's linearised Laplace takes a Gaussian of one noise (fixed or learned); "
+                       "a heteroscedastic net has two outputs per input: use likelihood.noise: learned or a number")
+            problems.append(ZooInputError("likelihood.noise", self.likelihood.noise, allowed,
+                                          message=f"likelihood.noise: {allowed}"))
         if self.inference.method == "laplace" and self.model.family != "subnetwork":
             allowed = ("inference.method: laplace linearises a MAP net around a selected subnetwork: use "
                        "model.family: subnetwork (selection size 1.0 gives the whole net)")
