@@ -73,13 +73,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace, spec) -> int:
     """``zoo train --nproc N``: the same command in N processes under ``torchrun`` (input checked here first)."""
-    from zoo.distributed import check_nproc, launch
+    from zoo.distributed import check_global_batch, check_nproc, launch
 
     check_nproc(args.nproc, spec.device)
-    batch = getattr(spec.inference, "batch_size", None)
-    if batch is not None and batch % args.nproc:
-        raise ZooInputError("inference.batch_size", batch, f"the global minibatch is split across {args.nproc} "
-                            f"processes: use a multiple of {args.nproc}")
+    check_global_batch(getattr(spec.inference, "batch_size", None), args.nproc)
     return launch(args.nproc, without_nproc(args.argv))
 
 

@@ -33,7 +33,6 @@ class World:
 
     rank: int = 0
     size: int = 1
-    local_rank: int = 0
 
     @property
     def is_writer(self) -> bool:
@@ -88,9 +87,7 @@ class World:
         if self.size == 1:
             return received
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        flags = self.sum(torch.tensor([received == signal.SIGINT, received == signal.SIGTERM], dtype=torch.float32,
-                                      device=device))
-        return int(signal.SIGTERM) if flags[1] else int(signal.SIGINT) if flags[0] else 0
+        return signal_from_flags(self.sum(torch.tensor(signal_flags(received), device=device)).tolist())
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Copy rank 0's ``tensors`` to every rank (so that every rank starts from the same values)."""
@@ -107,10 +104,27 @@ class World:
         return out
 
 
+def signal_flags(received: int) -> list[float]:
+    """A signal (or 0) as two counts to sum over ranks: [SIGINT received, SIGTERM received]."""
+    return [float(received == signal.SIGINT), float(received == signal.SIGTERM)]
+
+
+def signal_from_flags(flags: list[float]) -> int:
+    """The signal every rank acts on, from :func:`signal_flags` summed over ranks: SIGTERM wins, then SIGINT."""
+    return int(signal.SIGTERM) if flags[1] else int(signal.SIGINT) if flags[0] else 0
+
+
+def check_global_batch(batch_size: int | None, world_size: int) -> None:
+    """Refuse a global minibatch the processes cannot share evenly (the full batch, ``None``, is split by rows)."""
+    if batch_size is not None and batch_size % world_size:
+        raise ZooInputError("inference.batch_size", batch_size, f"the global minibatch is split across {world_size} "
+                            f"processes: use a multiple of {world_size}")
+
+
 def world() -> World:
     """The current job's :class:`World` (one process unless ``torch.distributed`` is initialised)."""
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+        return World(dist.get_rank(), dist.get_world_size())
     return World()
 
 

@@ -43,47 +43,46 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _os_error(path: Path, err: OSError, doing: str) -> ZooInputError:
-    reason = err.strerror or type(err).__name__
-    return ZooInputError(str(path), reason, "", message=f"cannot {doing} {path}: {reason}")
-
-
-def write_atomically(path: Path, write_to: Callable[[Path], object]) -> Path:
+def write_atomically(path: Path, write_to: Callable[[Path], object], keep_previous: Path | None = None) -> Path:
     """Have ``write_to(tmp)`` write a temp file beside ``path``, flush it to disk, then rename it to ``path``.
 
-    A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one. In a
-    distributed job only rank 0 writes; the other ranks hold the same state and skip the write.
+    A crash or Ctrl-C at any point leaves the previous ``path`` intact (or no file), never a partial one; with
+    ``keep_previous``, the file being replaced is first renamed there (the new one is already on disk). An OS error
+    (a full disk, permissions) is a :class:`ZooInputError` naming ``path``. In a distributed job only rank 0 writes;
+    the other ranks hold the same state and skip the write.
     """
     path = Path(path)
     if not distributed.world().is_writer:
         return path
+    tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise _os_error(path, err, "write") from None
-    os.close(fd)
-    try:
-        write_to(Path(tmp))
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        write_to(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, _file_mode())
+        if keep_previous is not None and path.exists():
+            os.replace(path, keep_previous)
         os.replace(tmp, path)
     except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):  # e.g. a full disk: the previous file is untouched
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
             raise ZooInputError(str(path), err.strerror, "", message=f"cannot write {path}: "
                                 f"{err.strerror or err}; its previous version (if any) is intact") from None
         raise
     return path
 
 
-def _atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+def _atomic(path: Path, write: Callable[[BinaryIO], object], keep_previous: Path | None = None) -> Path:
     def to_file(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
             write(handle)
 
-    return write_atomically(path, to_file)
+    return write_atomically(path, to_file, keep_previous)
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -113,15 +112,7 @@ def save_checkpoint(path: Path, obj: Any) -> Path:
     The new file is complete on disk before either rename; a crash between the two renames leaves only the previous
     version, which :func:`load_checkpoint` then reads.
     """
-    path = Path(path)
-
-    def rotate_then_write(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
-        if path.exists():
-            os.replace(path, previous_version(path))
-
-    return write_atomically(path, rotate_then_write)
+    return _atomic(Path(path), lambda h: torch.save(obj, h), keep_previous=previous_version(path))
 
 
 def load_torch(path: Path, device: torch.device | str = "cpu") -> Any:

@@ -450,20 +450,19 @@ class RunSpec(_Strict):
         check(registry.check_choice, "inference.method", self.inference.method, registry.INFERENCE)
         if family and guide:
             check(registry.check_guide_fits, self.model.family, self.guide.name)
+        def refuse(field: str, value: Any, allowed: str) -> None:
+            problems.append(ZooInputError(field, value, allowed, message=f"{field}: {allowed}"))
+
         if (self.inference.method == "laplace") != (self.guide.name == "laplace"):
-            allowed = ("the laplace guide is what inference.method: laplace fits, and only that: use both (leave "
-                       "guide.name out with laplace) or neither")
-            problems.append(ZooInputError("guide.name", self.guide.name, allowed, message=f"guide.name: {allowed}"))
+            refuse("guide.name", self.guide.name, "the laplace guide is what inference.method: laplace fits, and only "
+                   "that: use both (leave guide.name out with laplace) or neither")
         if self.likelihood.noise == "heteroscedastic" and self.model.family == "subnetwork":
-            allowed = ("the subnetwork family's linearised Laplace takes a Gaussian of one noise (fixed or learned); "
-                       "a heteroscedastic net has two outputs per input: use likelihood.noise: learned or a number")
-            problems.append(ZooInputError("likelihood.noise", self.likelihood.noise, allowed,
-                                          message=f"likelihood.noise: {allowed}"))
+            refuse("likelihood.noise", self.likelihood.noise, "the subnetwork family's linearised Laplace takes a "
+                   "Gaussian of one noise (fixed or learned); a heteroscedastic net has two outputs per input: use "
+                   "likelihood.noise: learned or a number")
         if self.inference.method == "laplace" and self.model.family != "subnetwork":
-            allowed = ("inference.method: laplace linearises a MAP net around a selected subnetwork: use "
-                       "model.family: subnetwork (selection size 1.0 gives the whole net)")
-            problems.append(ZooInputError("model.family", self.model.family, allowed,
-                                          message=f"model.family: {allowed}"))
+            refuse("model.family", self.model.family, "inference.method: laplace linearises a MAP net around a "
+                   "selected subnetwork: use model.family: subnetwork (selection size 1.0 gives the whole net)")
         if problems:
             raise _SpecProblems(problems)
         return self

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from tqdm.auto import tqdm
 
 from zoo import distributed
 from zoo.data.base import Dataset
-from zoo.distributed import ObservationScale, World
+from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
@@ -55,13 +54,13 @@ class SVIStep:
     """
 
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
-                 local_reparam: bool = False, compile: bool = False, world: World | None = None,
-                 signalled: Callable[[], int] = lambda: 0) -> None:
+                 local_reparam: bool = False, compile: bool = False, world: World | None = None) -> None:
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.reparam = LocalReparameterization() if local_reparam else None
         self.validated = False
         self._compiled = TracedCompile(self._weighted_loss, "the SVI step") if compile else None
-        self.world, self.signalled = world or World(), signalled
+        self.world = world or World()
+        self.signalled: Callable[[], int] = lambda: 0  # the fit loop's deferred_interrupt sets it
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last step, else 0
 
@@ -99,11 +98,9 @@ class SVIStep:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
-            signal_now = self.signalled()
-            total, sigint, sigterm = self.world.average(
-                grads, [value, signal_now == signal.SIGINT, signal_now == signal.SIGTERM])
+            total, *flags = self.world.average(grads, [value, *signal_flags(self.signalled())])
             value = total / self.world.size
-            self.signal = signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0
+            self.signal = signal_from_flags(flags)
         else:
             self.signal = self.signalled()
         if math.isfinite(value):
@@ -166,9 +163,7 @@ def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
     if world_size == 1:
         return
     if spec.batch_size is not None and spec.batch_size < n_train:
-        if spec.batch_size % world_size:
-            raise ZooInputError("inference.batch_size", spec.batch_size, f"the global minibatch is split across "
-                                f"{world_size} processes: use a multiple of {world_size}")
+        check_global_batch(spec.batch_size, world_size)
         last = n_train % spec.batch_size
         if 0 < last < world_size:
             raise ZooInputError("inference.batch_size", spec.batch_size, f"each epoch ends with a batch of {last} "
