@@ -1,4 +1,4 @@
-"""The ``zoo`` command: train, eval, prune, diagnose, compare, report and list.
+"""The ``zoo`` command: train, eval, prune, diagnose, compare, sweep, report and list.
 
 Bad input (and an OS error: a path that cannot be read or written) exits 2 with a one-paragraph message and no
 traceback; ``zoo diagnose --strict`` exits 3 when a check warns, and so does ``zoo train`` of an MCMC run whose draws
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
@@ -182,9 +183,56 @@ def cmd_compare(args: argparse.Namespace) -> None:
     console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
 
 
+def cmd_sweep(args: argparse.Namespace) -> None:
+    """Search a space of spec settings on validation rows (Optuna); print the best trials, write best.yaml."""
+    from zoo.sweep import sweep
+
+    overrides = list(args.set or [])
+    if args.data_dir:
+        overrides.append(f"data.dir={args.data_dir}")
+    result = sweep(args.spec, args.space, args.trials, args.out, overrides, workers=args.workers,
+                   threads=args.threads, storage=args.storage, study_name=args.study, metric=args.metric,
+                   progress=not args.no_progress, echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+    _print_trials(result, limit=10)
+    written = [str(path) for path in result.files.values()]
+    console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
+    if result.best is None:
+        raise ZooInputError("--trials", args.trials, "no trial completed (see the notes above); widen the space or "
+                            "run more trials")
+
+
+def _print_trials(result, limit: int | None = None) -> None:
+    """A sweep's trials, best first, as a console table (the first ``limit``)."""
+    from zoo.sweep import trials_table
+
+    header, rows = trials_table(result)
+    shown = rows if limit is None else rows[:limit]
+    title = (f"sweep {result.out}: {len(rows)} trial(s), validation {result.metric} "
+             f"({'higher' if result.direction == 'maximize' else 'lower'} is better)"
+             + (f"; the best {len(shown)}" if len(shown) < len(rows) else ""))
+    table = Table(title=title, title_justify="left")
+    for name in header:
+        table.add_column(escape(name), justify="left" if name in ("state", "note") else "right")
+    for row in shown:
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
+
+
 def cmd_report(args: argparse.Namespace) -> None:
-    """Gather many runs' metrics (and diagnostics) into one table; write it as Markdown, CSV and a plot."""
+    """Gather many runs' metrics (and diagnostics) into one table; write it as Markdown, CSV and a plot. A sweep's
+    directory gives its trials instead."""
     from zoo.report import rich_tables, write_report
+    from zoo.sweep import is_sweep_directory, write_trials_report
+
+    sweeps = [d for d in args.run_dirs if is_sweep_directory(d)]
+    if sweeps:
+        if len(args.run_dirs) > 1:
+            raise ZooInputError("RUN_DIR", sweeps[0], "a sweep directory is reported on its own (its trials); "
+                                "give it alone, or the run directories of its trials/ folder")
+        result, files = write_trials_report(sweeps[0], args.out)
+        _print_trials(result)
+        console.print(f"written: {', '.join(str(f) for f in files.values())}", soft_wrap=True, markup=False)
+        return
 
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
     report = write_report(args.run_dirs, args.out, group_by=args.group_by, metrics=metrics)
@@ -249,6 +297,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="directory for compare.png (default: the current directory)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("sweep", help="hyperparameter search (Optuna TPE, pruning) over spec keys, scored on "
+                       "validation rows; writes best.yaml")
+    p.add_argument("spec", help="YAML spec; data.validation_fraction > 0 carves the validation rows")
+    p.add_argument("--space", required=True, help="YAML file of spec keys -> {low, high, log, step} or {choices}")
+    p.add_argument("--trials", type=int, required=True, metavar="N", help="finished trials to reach (a stopped "
+                   "sweep continues to N)")
+    p.add_argument("--out", required=True, help="sweep directory (study, trials/, best.yaml, trials.png)")
+    p.add_argument("--workers", type=int, default=1, metavar="W", help="trials run side by side (default 1)")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores / workers)")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage: an RDB URL (e.g. postgresql://..., shared by "
+                   "several machines) or a journal file path (default: OUT/study.log)")
+    p.add_argument("--study", metavar="NAME", help="study name in the storage (default zoo-sweep)")
+    p.add_argument("--metric", help="validation metric to optimise (default: test_ll for regression, nll for "
+                   "classification)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field")
+    p.add_argument("--data-dir", help="data directory (UCI folders); default $ZOO_DATA_DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="one table (Markdown, CSV, plot) of many runs' metrics and diagnostics")
     p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")

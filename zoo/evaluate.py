@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyro
 import torch
 
@@ -39,6 +42,50 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
         out["ood_auroc_entropy"] = out[f"ood_auroc_entropy_{primary}"]
         out["ood_auroc_mi"] = out[f"ood_auroc_mi_{primary}"]
     return out
+
+
+class ValidationMonitor:
+    """Scores a fit's current posterior on its evaluation rows ``reports`` times during the fit, evenly spaced.
+
+    ``on_score(k, value)`` receives the k-th score (k = 1..reports) of ``metric``; it may raise to stop the fit (a
+    sweep's pruner does). Scoring draws from its own seeded stream and leaves every random state as it found it, so
+    a monitored fit takes exactly the steps an unmonitored one takes. Inference methods without intermediate
+    posteriors (MCMC, Laplace) score once, at the end, as report ``reports``.
+    """
+
+    def __init__(self, metric: str, on_score: Callable[[int, float], None], num_samples: int, seed: int = 0,
+                 reports: int = 10) -> None:
+        if reports < 1:
+            raise ZooInputError("reports", reports, "score a fit at least once")
+        self.metric, self.on_score, self.num_samples, self.seed, self.reports = (metric, on_score, num_samples,
+                                                                                 seed, reports)
+        self.reported = 0
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether ``step`` of ``total_steps`` completes the next report's share of the fit."""
+        return step * self.reports // max(total_steps, 1) > self.reported
+
+    def __call__(self, step: int, total_steps: int, posterior: Posterior, data: Dataset) -> None:
+        """Score ``posterior`` as the report that ``step`` of ``total_steps`` completes."""
+        k = min(self.reports, step * self.reports // max(total_steps, 1))
+        cpu_rng, py_rng, np_rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        try:
+            with torch.no_grad():
+                value = evaluate(posterior, data, self.num_samples, self.seed)[self.metric]
+        finally:
+            torch.set_rng_state(cpu_rng)
+            random.setstate(py_rng)
+            np.random.set_state(np_rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+        self.reported = k
+        self.on_score(k, float(value))
+
+    def final(self, posterior: Posterior, data: Dataset) -> None:
+        """Score a finished fit (once, as the last report) unless its last report is already in."""
+        if self.reported < self.reports:
+            self(self.reports, self.reports, posterior, data)
 
 
 def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samples: int, seed: int = 0) -> Path | None:

@@ -19,7 +19,7 @@ from zoo import distributed, registry
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError, ZooWarning
-from zoo.evaluate import evaluate, plot_predictive
+from zoo.evaluate import ValidationMonitor, evaluate, plot_predictive
 from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.likelihoods import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood
 from zoo.models.base import ModelFamily
@@ -142,12 +142,14 @@ class RunSummary:
     plot: Path | None
 
 
-def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bool = True, echo=print) -> RunSummary:
+def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bool = True, echo=print,
+          monitor: ValidationMonitor | None = None) -> RunSummary:
     """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``.
 
     The run directory is claimed for the whole fit (see :func:`zoo.runs.claimed_run_directory`): a second writer, a
     directory of someone else's files, or an unwritable path is refused before anything is written. Under
     ``torchrun`` every process fits (see :mod:`zoo.distributed`) and rank 0 alone claims, evaluates and writes.
+    ``monitor`` scores the fit on its evaluation rows as it goes (see :class:`zoo.evaluate.ValidationMonitor`).
     """
     team = distributed.join(resolve_device(spec.device))
     claim = claimed_run_directory(Path(out_dir), resume) if team.is_writer else contextlib.nullcontext(Path(out_dir))
@@ -169,7 +171,7 @@ def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bo
                 + (f", {team.size} processes" if team.size > 1 else ""))
             fit = registry.INFERENCE[spec.inference.method]
             result = fit(family, guide, data, spec.inference, spec.seed, run_dir=out, resume=resume, log=log,
-                         progress=progress and team.is_writer)
+                         progress=progress and team.is_writer, monitor=monitor)
             if not team.is_writer:  # rank 0 evaluates and writes
                 return RunSummary(out, {}, None)
             posterior = result.posterior

@@ -542,12 +542,12 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
-def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> RunSpec:
-    """Read a spec from a YAML file, a dict or a RunSpec, apply ``--set`` overrides (one ``key.path=value``
-    string or a list of them), and validate it."""
+def spec_tree(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> dict:
+    """The spec as written (a YAML file, a dict or a RunSpec's fields) with ``--set`` overrides applied, before
+    validation: where further ``key.path=value`` settings go exactly as ``--set`` would put them."""
     overrides = _override_list(overrides)
     if isinstance(source, RunSpec):
-        tree = source.model_dump()  # validated again below, with the overrides
+        tree = source.model_dump(mode="json")
     elif isinstance(source, Mapping):
         tree = copy.deepcopy(dict(source))
     elif isinstance(source, str | os.PathLike):
@@ -565,6 +565,13 @@ def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
                             "sections (data, net, ...) or a RunSpec")
     for key, value in parse_overrides(overrides):
         set_path(tree, key, value)
+    return tree
+
+
+def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> RunSpec:
+    """Read a spec from a YAML file, a dict or a RunSpec, apply ``--set`` overrides (one ``key.path=value``
+    string or a list of them), and validate it."""
+    tree = spec_tree(source, overrides)
     try:
         return RunSpec.model_validate(tree)
     except ValidationError as exc:

@@ -27,6 +27,7 @@ from guides.laplace import LaplaceGuide
 from zoo.curvature import ggn, output_hessian_root
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import ValidationMonitor
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
@@ -302,6 +303,7 @@ def fit_laplace(
     resume: bool = False,
     log: RunLog | None = None,
     progress: bool = True,
+    monitor: ValidationMonitor | None = None,
 ) -> LaplaceResult:
     """Fit the Laplace guide at the family's MAP: GGN over its weight site, prior (and noise) tuned by evidence.
 
@@ -385,4 +387,6 @@ def fit_laplace(
                           "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
                           "noise": result.noise, "done": True})
     result.posterior = LaplacePosterior.from_spec(family, guide, spec)
+    if monitor is not None:  # no intermediate posterior: scored once, at the end
+        monitor.final(result.posterior, data)
     return result

@@ -41,6 +41,7 @@ from zoo import distributed
 from zoo.data.base import Dataset
 from zoo.distributed import World
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import ValidationMonitor
 from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
@@ -698,6 +699,7 @@ def fit_mcmc(
     resume: bool = False,
     log: RunLog | None = None,
     progress: bool = True,
+    monitor: ValidationMonitor | None = None,
 ) -> MCMCResult:
     """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
 
@@ -742,6 +744,8 @@ def fit_mcmc(
         log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
             "inference.target_accept_prob or reparameterise the prior")
     result.posterior = SamplePosterior(family, result.flat_draws())
+    if monitor is not None:  # no intermediate posterior: scored once, at the end
+        monitor.final(result.posterior, data)
     return result
 
 

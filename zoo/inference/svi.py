@@ -18,6 +18,7 @@ from zoo import distributed
 from zoo.data.base import Dataset
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import ValidationMonitor
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
@@ -223,12 +224,14 @@ def fit_svi(
     resume: bool = False,
     log: RunLog | None = None,
     progress: bool = True,
+    monitor: ValidationMonitor | None = None,
 ) -> SVIResult:
     """Maximise the ELBO of ``family.model`` under ``guide`` with minibatches scaled to the full data set.
 
     Every ``checkpoint_every`` steps (and at the end, and on Ctrl-C) the guide, the optimiser, the data order
     and the random state are saved atomically to ``run_dir/checkpoint.pt``; ``resume=True`` continues from
-    there and reproduces the uninterrupted run exactly on CPU.
+    there and reproduces the uninterrupted run exactly on CPU. ``monitor`` scores the guide's posterior on the
+    evaluation rows at evenly spaced steps (a sweep prunes on it); it does not change the steps taken.
     """
     log = log or RunLog(None, echo=None)
     named = {f"guide.{n}": p for n, p in guide.named_parameters()}
@@ -313,6 +316,8 @@ def fit_svi(
                 if step % 50 == 0 or step == n_steps:
                     recent = result.losses[-50:]
                     bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+                if monitor is not None and monitor.due(step, n_steps):
+                    monitor(step, n_steps, GuidePosterior(family, guide), data)
                 if step % spec.checkpoint_every == 0 and step < n_steps:
                     result.seconds += time.perf_counter() - started
                     started = time.perf_counter()

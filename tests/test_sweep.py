@@ -1,0 +1,271 @@
+"""``zoo sweep``: the space file, scoring on validation rows only, pruning, resumption, workers and the report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from tests.conftest import SPECS, interrupt_at, tiny_hmc
+from zoo.cli import main
+from zoo.errors import ZooInputError
+from zoo.evaluate import ValidationMonitor
+from zoo.pipeline import load_run, train
+from zoo.runs import METRICS_FILE, SPEC_FILE
+from zoo.spec import load_spec
+from zoo.sweep import (
+    BEST_SPEC_FILE,
+    SWEEP_FILE,
+    TRIALS_DIR,
+    load_space,
+    open_storage,
+    read_sweep,
+    requeue_interrupted,
+    sweep,
+    tally,
+    trial_spec,
+)
+
+# A toy sweep: 60 full-batch steps of a tiny net scored on a fifth of the toy's training rows.
+TOY = {**copy.deepcopy(SPECS["toy"]), "data": {"name": "toy_gap", "validation_fraction": 0.2}}
+TOY["inference"] = {**TOY["inference"], "num_steps": 60, "batch_size": None}
+SPACE = {"inference.lr": {"low": 0.001, "high": 0.05, "log": True}, "prior.scale": [0.3, 1.0, 3.0]}
+
+
+def run_sweep(out: Path, trials: int = 4, **kwargs):
+    return sweep(TOY, kwargs.pop("space", SPACE), trials, out, progress=False, echo=None, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ the space
+@pytest.mark.parametrize("space, field, pattern", [
+    ({"inference.lrr": {"low": 0.001, "high": 0.1}}, "space: inference.lrr", "unknown setting"),
+    ({"inference.lr": {"low": 0.1, "high": 0.1}}, "space: inference.lr", "empty or inverted"),
+    ({"inference.lr": {"low": 0.1, "high": 0.01}}, "space: inference.lr", "empty or inverted"),
+    ({"inference.lr": {"low": 0.0, "high": 0.1, "log": True}}, "space: inference.lr", "log-scale range needs low > 0"),
+    ({"inference.lr": {"low": -1.0, "high": 0.1}}, "space: inference.lr", "spec refuses this value"),
+    ({"inference.lr": {"low": 0.001}}, "space: inference.lr", "needs both low and high"),
+    ({"inference.lr": {"low": 0.001, "high": 0.1, "choices": [0.1]}}, "space: inference.lr", "not both"),
+    ({"inference.lr": {"choices": []}}, "space: inference.lr", "choices is empty"),
+    ({"inference.lr": {"low": 0.001, "high": 0.1, "scale": "log"}}, "space: inference.lr", "unknown setting"),
+    ({"inference.lr": 0.01}, "space: inference.lr", "low: .., high"),
+    ({"data.validation_fraction": [0.1, 0.2]}, "space: data.validation_fraction", "holds the data and the seed"),
+    ({"seed": {"low": 0, "high": 5}}, "space: seed", "holds the data and the seed"),
+    ({"guide.name": ["mean_field", "mixture"]}, "space: guide.name", "spec refuses this value"),
+])
+def test_bad_space_is_refused_naming_the_key(space, field, pattern, tmp_path):
+    with pytest.raises(ZooInputError, match=pattern) as info:
+        run_sweep(tmp_path / "sweep", space=space)
+    assert info.value.field == field
+    assert not (tmp_path / "sweep").exists()  # refused before anything is written
+
+
+def test_space_file_errors(tmp_path):
+    with pytest.raises(ZooInputError, match="no such file"):
+        load_space(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("inference.lr: [0.1\n")
+    with pytest.raises(ZooInputError, match="not valid YAML"):
+        load_space(tmp_path / "bad.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ZooInputError, match="mapping of spec keys"):
+        load_space(tmp_path / "empty.yaml")
+
+
+def test_integer_float_and_section_choices_reach_the_trial_spec():
+    space = load_space({"inference.num_steps": {"low": 10, "high": 50, "step": 10},
+                        "inference.lr": {"low": 0.001, "high": 0.1, "log": True},
+                        "prior": {"choices": [{"name": "normal", "scale": 0.5}, {"name": "cauchy", "scale": 0.1}]}})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(6):
+        trial = study.ask()
+        params = space.suggest(trial)
+        assert isinstance(params["inference.num_steps"], int) and params["inference.num_steps"] % 10 == 0
+        assert 0.001 <= params["inference.lr"] <= 0.1
+        spec = trial_spec(TOY, params)  # applied as --set applies it, to the spec as written
+        assert spec.inference.num_steps == params["inference.num_steps"]
+        assert spec.prior.default.name == params["prior"]["name"]
+
+
+def test_a_sweep_needs_validation_rows(tmp_path):
+    no_validation = {**TOY, "data": {"name": "toy_gap"}}
+    with pytest.raises(ZooInputError, match="never on the test rows") as info:
+        sweep(no_validation, SPACE, 3, tmp_path / "sweep", progress=False, echo=None)
+    assert info.value.field == "data.validation_fraction"
+
+
+@pytest.mark.parametrize("url", ["sqlite:////no/such/directory/study.db", "postgresql://zoo@127.0.0.1:9/none",
+                                 "nosuchdialect://x/y"])
+def test_a_storage_that_cannot_be_opened_is_refused(url, tmp_path):
+    with pytest.raises(ZooInputError, match="cannot be opened") as info:
+        open_storage(url, tmp_path)
+    assert info.value.field == "--storage"
+
+
+def test_an_rdb_storage_holds_the_study(tmp_path):
+    """An RDB URL (here SQLite; PostgreSQL or MySQL for several machines) instead of the journal file."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    result = run_sweep(tmp_path / "sweep", trials=2, storage=url, study_name="toy")
+    assert not (tmp_path / "sweep" / "study.log").exists()
+    assert len(optuna.load_study(study_name="toy", storage=url).trials) == len(result.trials) == 2
+    assert [t.number for t in read_sweep(tmp_path / "sweep").trials] == [0, 1]
+
+
+def test_bad_command_line_exits_2(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(TOY))
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.1, high: 0.01}\n")
+    code = main(["sweep", str(spec), "--space", str(space), "--trials", "3", "--out", str(tmp_path / "s")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "space: inference.lr" in err and "inverted" in err and "Traceback" not in err
+    code = main(["sweep", str(spec), "--space", str(space), "--trials", "0", "--out", str(tmp_path / "s")])
+    assert code == 2 and "--trials" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ the monitor
+def test_a_monitored_fit_takes_the_same_steps(tmp_path, spec_factory):
+    """Scoring the validation rows mid-fit draws from its own stream: the fitted guide is bit-identical."""
+    spec = load_spec(TOY)
+    scores = []
+    monitor = ValidationMonitor("test_ll", lambda k, v: scores.append((k, v)), 10, seed=0, reports=10)
+    plain = train(spec, tmp_path / "plain", progress=False, echo=None)
+    watched = train(spec, tmp_path / "watched", progress=False, echo=None, monitor=monitor)
+    assert [k for k, _ in scores] == list(range(1, 11))
+    _, _, a = load_run(plain.run_dir)
+    _, _, b = load_run(watched.run_dir)
+    for (name, p), (_, q) in zip(a.guide.named_parameters(), b.guide.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert plain.metrics == {**watched.metrics, "train_seconds": plain.metrics["train_seconds"]}
+
+
+def test_a_monitor_can_stop_a_fit(tmp_path):
+    class Stop(Exception):
+        pass
+
+    def stop(k, value):
+        if k == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(load_spec(TOY), tmp_path / "run", progress=False, echo=None,
+              monitor=ValidationMonitor("test_ll", stop, 5))
+
+
+def test_mcmc_and_laplace_fits_score_once_at_the_end(tmp_path):
+    scores = []
+    spec = load_spec({**tiny_hmc(), "data": {"name": "toy_gap", "n_train": 20, "validation_fraction": 0.2}})
+    train(spec, tmp_path / "hmc", progress=False, echo=None,
+          monitor=ValidationMonitor("test_ll", lambda k, v: scores.append(k), 5, reports=10))
+    assert scores == [10]
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+def test_sweep_scores_validation_rows_and_writes_the_best_spec(tmp_path):
+    result = run_sweep(tmp_path / "sweep", trials=4)
+    assert len(result.trials) == 4 and result.best is not None
+    out = tmp_path / "sweep"
+    best_run = out / TRIALS_DIR / f"{result.best.number:04d}"
+    metrics = json.loads((best_run / METRICS_FILE).read_text())
+    assert metrics["test_ll"] == pytest.approx(result.best.value)
+    trial = load_spec(best_run / SPEC_FILE)
+    assert trial.data.validation_fraction == 0.2  # every trial is scored on validation rows
+    assert trial.inference.lr == pytest.approx(result.best.params["inference.lr"])
+    best = load_spec(out / BEST_SPEC_FILE)
+    assert best.data.validation_fraction == 0.0  # ready for the test split
+    assert best.inference.lr == trial.inference.lr and best.prior == trial.prior
+    record = json.loads((out / SWEEP_FILE).read_text())
+    assert record["metric"] == "test_ll" and record["direction"] == "maximize"
+    assert [t["number"] for t in record["trials"]] == [0, 1, 2, 3]
+    assert (out / "trials.png").stat().st_size > 0
+
+
+def test_the_validation_rows_are_never_the_test_rows(tmp_path):
+    """A trial's metrics are those of the validation carve, not of the test split."""
+    from zoo.data import load_dataset
+
+    spec = load_spec(TOY)
+    validation = load_dataset(spec.data, spec.seed)
+    test = load_dataset(load_spec(TOY, "data.validation_fraction=0").data, spec.seed)
+    assert len(validation.y_test) != len(test.y_test) or not torch.equal(validation.x_test, test.x_test)
+    assert len(validation.y_train) + len(validation.y_test) == len(test.y_train)
+
+
+def test_an_interrupted_sweep_continues_where_it_stopped(tmp_path, monkeypatch):
+    out = tmp_path / "sweep"
+    run_sweep(out, trials=2)
+    interrupt_at(monkeypatch, 30)  # the third trial is interrupted mid-fit
+    with pytest.raises(KeyboardInterrupt, match="run the same command again"):
+        run_sweep(out, trials=5)
+    monkeypatch.undo()
+    stopped = read_sweep(out).trials
+    assert [t.state for t in stopped] == ["complete", "complete", "fail"]
+    result = run_sweep(out, trials=5)
+    states = [t.state for t in result.trials]
+    assert states.count("complete") + states.count("pruned") == 5
+    rerun = next(t for t in result.trials if "reruns trial 2" in t.note)
+    assert rerun.params == stopped[2].params  # the interrupted settings ran again
+    again = run_sweep(out, trials=5)  # finished: nothing more runs
+    assert len(again.trials) == len(result.trials)
+
+
+def test_a_killed_sweeps_running_trial_runs_again(tmp_path):
+    """A trial left RUNNING by a killed process (its pid is gone) is failed and its settings queued again."""
+    out = tmp_path / "sweep"
+    run_sweep(out, trials=1)
+    study = optuna.load_study(study_name="zoo-sweep", storage=open_storage(None, out))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trial = study.ask({"inference.lr": optuna.distributions.FloatDistribution(0.001, 0.05, log=True),
+                       "prior.scale": optuna.distributions.CategoricalDistribution([0.3, 1.0, 3.0])})
+    for key, value in {"out": str(out.resolve()), "host": os.uname().nodename, "pid": dead.pid}.items():
+        trial.set_user_attr(key, value)
+    assert tally(study).running == 1
+    assert requeue_interrupted(study, out) == [trial.number]
+    assert tally(study).running == 0
+    result = run_sweep(out, trials=2)
+    assert any(f"reruns trial {trial.number}" in t.note for t in result.trials)
+
+
+def test_a_different_spec_cannot_join_a_sweep(tmp_path):
+    out = tmp_path / "sweep"
+    run_sweep(out, trials=1)
+    with pytest.raises(ZooInputError, match="another space"):
+        run_sweep(out, trials=2, space={"inference.lr": {"low": 0.001, "high": 0.01}})
+    with pytest.raises(ZooInputError, match="another spec"):
+        sweep(TOY, SPACE, 2, out, overrides=["inference.num_steps=70"], progress=False, echo=None)
+
+
+def test_diverging_trials_fail_without_stopping_the_sweep(tmp_path):
+    result = run_sweep(tmp_path / "sweep", trials=3, space={"inference.lr": {"low": 1e6, "high": 1e7, "log": True}})
+    assert all(t.state == "fail" and "TrainingDiverged" in t.note for t in result.trials)
+    assert result.best is None
+
+
+def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(TOY))
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    out = tmp_path / "sweep"
+    code = main(["sweep", str(spec), "--space", str(space), "--trials", "4", "--out", str(out), "--workers", "2",
+                 "--no-progress"])
+    assert code == 0
+    result = read_sweep(out)
+    assert len([t for t in result.trials if t.state in ("complete", "pruned")]) >= 4
+    assert {t.params["prior.scale"] for t in result.trials} <= {0.3, 1.0, 3.0}
+    assert len({os.path.basename(str(t.number)) for t in result.trials}) == len(result.trials)
+    capsys.readouterr()
+    assert main(["report", str(out), "--out", str(tmp_path / "trials.md")]) == 0
+    table = (tmp_path / "trials.md").read_text().splitlines()
+    assert table[0].startswith("| trial | state | test_ll | inference.lr | prior.scale |")
+    assert "(best)" in table[2]
+    assert (tmp_path / "trials.csv").exists() and (tmp_path / "trials.png").exists()
+    assert main(["report", str(out), str(out / TRIALS_DIR / "0000"), "--out", str(tmp_path / "x.md")]) == 2

@@ -1,0 +1,722 @@
+"""Owns ``zoo sweep``: a hyperparameter search over a spec's own keys, scored on validation rows only, on Optuna.
+
+A trial is a whole ``zoo train`` of the spec with the trial's settings, evaluated on ``data.validation_fraction``
+of the training rows (never the test rows). Optuna's TPE sampler proposes the settings; a median pruner stops a
+trial whose intermediate validation score (10 evenly spaced scores per fit, see
+:class:`zoo.evaluate.ValidationMonitor`) falls below the median of earlier trials at the same point.
+
+The sweep directory (``--out``) holds:
+
+* ``sweep.json``: what the sweep is (spec, space, metric, storage) and every trial's state, score and settings;
+* ``study.log``: the Optuna study as a journal file, unless ``--storage`` names another storage (an RDB URL such as
+  ``postgresql://...`` lets several machines join one sweep, each with its own ``--out``);
+* ``trials/NNNN/``: each trial's run directory (``spec.yaml``, ``metrics.json`` on the validation rows, ...);
+* ``best.yaml``: the spec with the best trial's settings, ``data.validation_fraction`` set back to 0, ready to train
+  on all training rows and evaluate on the test split;
+* ``trials.png``: every trial's score and the best so far.
+
+A sweep that is stopped (Ctrl-C, SIGTERM, a killed process) continues where it stopped when the same command runs
+again: the interrupted trials run again with their settings, and the study goes on to ``--trials`` finished ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import multiprocessing
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
+from zoo.runs import claimed_run_directory, write_json, write_text
+from zoo.spec import RunSpec, load_spec, set_path, spec_to_yaml, spec_tree
+
+SWEEP_FILE = "sweep.json"
+STUDY_FILE = "study.log"
+BEST_SPEC_FILE = "best.yaml"
+TRIALS_DIR = "trials"
+HISTORY_PLOT = "trials.png"
+REPORTS_PER_TRIAL = 10  # intermediate validation scores per fit, what the pruner compares
+PRUNER_STARTUP_TRIALS = 5  # finished trials before any is pruned
+PRUNER_WARMUP_REPORTS = 3  # no trial is pruned on its first 3 scores (early validation scores are noisy)
+# The metrics a sweep can optimise, by task, and which way is better. The first of each task is the default.
+METRICS = {"regression": {"test_ll": "maximize", "rmse": "minimize"},
+           "classification": {"nll": "minimize", "accuracy": "maximize", "ece": "minimize", "brier": "minimize"}}
+# Spec keys a sweep holds fixed: the data (its validation rows are what every trial is scored on) and the seed.
+FIXED_KEYS = ("data", "seed")
+
+
+# ------------------------------------------------------------------------------------------------ the space
+class Dimension(BaseModel):
+    """One swept spec key: a range (``low``, ``high``, optional ``log`` scale or ``step``) or a list of ``choices``.
+
+    A range whose ends (and step) are integers is searched over integers. Choices may be whole spec sections (e.g.
+    priors), not only numbers and names.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    low: int | float | None = None
+    high: int | float | None = None
+    log: bool = False
+    step: int | float | None = None
+    choices: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Dimension:
+        ranged = self.low is not None or self.high is not None
+        if self.choices is not None:
+            if ranged or self.log or self.step is not None:
+                raise ValueError("give either choices or a range (low, high, log, step), not both")
+            if not self.choices:
+                raise ValueError("choices is empty; list at least one value")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("a range needs both low and high (or give choices: [...])")
+        if not self.low < self.high:
+            raise ValueError(f"the range is empty or inverted (low {self.low} >= high {self.high}); use low < high")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log-scale range needs low > 0 (got {self.low})")
+        if self.log and self.step is not None:
+            raise ValueError("a log-scale range takes no step")
+        if self.step is not None and not 0 < self.step <= self.high - self.low:
+            raise ValueError(f"step must lie in (0, high - low] = (0, {self.high - self.low}]")
+        return self
+
+    @property
+    def integer(self) -> bool:
+        """Whether the range is searched over integers (its ends and step are all integers)."""
+        ends = [v for v in (self.low, self.high, self.step) if v is not None]
+        return self.choices is None and all(isinstance(v, int) and not isinstance(v, bool) for v in ends)
+
+    def probes(self) -> list[Any]:
+        """The values every trial's spec must accept: both ends of a range, every choice."""
+        return list(self.choices) if self.choices is not None else [self.low, self.high]
+
+    def suggest(self, trial, key: str) -> Any:
+        """The trial's value for ``key`` (choices that are sections travel through Optuna as one-line YAML)."""
+        if self.choices is not None:
+            if all(_primitive(c) for c in self.choices):
+                return trial.suggest_categorical(key, self.choices)
+            return yaml.safe_load(trial.suggest_categorical(key, [_one_line(c) for c in self.choices]))
+        if self.integer:
+            return trial.suggest_int(key, self.low, self.high, step=self.step or 1, log=self.log)
+        return trial.suggest_float(key, float(self.low), float(self.high), step=self.step, log=self.log)
+
+
+def _primitive(value: Any) -> bool:
+    return value is None or isinstance(value, bool | int | float | str)
+
+
+def _one_line(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip()
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The swept spec keys (dotted, as ``--set`` writes them) and their dimensions, in file order."""
+
+    dimensions: dict[str, Dimension]
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """One value per key for an Optuna trial."""
+        return {key: dim.suggest(trial, key) for key, dim in self.dimensions.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The space as its YAML file gives it (what ``sweep.json`` records)."""
+        return {k: d.model_dump(exclude_defaults=True) for k, d in self.dimensions.items()}
+
+
+def load_space(source: str | Path | dict) -> SearchSpace:
+    """Read and check a space file: a mapping of dotted spec keys to a range or choices (a bare list is choices)."""
+    if isinstance(source, dict):
+        tree, where = source, "space"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ZooInputError("--space", str(path), "no such file; pass a YAML file of spec keys and their ranges")
+        try:
+            tree = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ZooInputError("--space", str(path), f"is not valid YAML: {exc}") from None
+        where = str(path)
+    if not isinstance(tree, dict) or not tree:
+        raise ZooInputError("--space", where, "give a mapping of spec keys to ranges, e.g. "
+                            "'inference.lr: {low: 1.0e-4, high: 1.0e-1, log: true}'")
+    dimensions = {}
+    for key, entry in tree.items():
+        key = str(key)
+        if key.split(".")[0] in FIXED_KEYS:
+            raise ZooInputError(f"space: {key}", entry, "a sweep holds the data and the seed fixed (every trial is "
+                                "scored on the same validation rows); sweep another key")
+        if isinstance(entry, list):
+            entry = {"choices": entry}
+        if not isinstance(entry, dict):
+            raise ZooInputError(f"space: {key}", entry, "give {low: .., high: ..} (with log: true or step: ..) or "
+                                "{choices: [..]}")
+        try:
+            dimensions[key] = Dimension.model_validate(entry)
+        except ValidationError as exc:
+            reasons = "; ".join(_reason(e) for e in exc.errors())
+            raise ZooInputError(f"space: {key}", entry, reasons) from None
+    return SearchSpace(dimensions)
+
+
+def _reason(error: dict) -> str:
+    where = ".".join(str(p) for p in error.get("loc", ()))
+    message = str(error.get("msg", "")).removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":
+        message = "unknown setting (use low, high, log, step or choices)"
+    return f"{where}: {message}" if where else message
+
+
+def check_space(space: SearchSpace, tree: dict) -> None:
+    """Refuse a key that is not a spec field, or a range end / choice the spec (``tree``, as written) does not
+    accept, naming it."""
+    for key, dim in space.dimensions.items():
+        for value in dim.probes():
+            trial_tree = copy.deepcopy(tree)
+            try:
+                set_path(trial_tree, key, value)
+                load_spec(trial_tree)
+            except ZooInputError as err:
+                raise ZooInputError(f"space: {key}", value, f"the spec refuses this value: {err}") from None
+
+
+def trial_spec(tree: dict, params: dict[str, Any]) -> RunSpec:
+    """The spec ``tree`` (as written) with a trial's settings applied as ``--set`` would apply them, validated."""
+    tree = copy.deepcopy(tree)
+    for key, value in params.items():
+        set_path(tree, key, value)
+    return load_spec(tree)
+
+
+# ------------------------------------------------------------------------------------------------ the study
+def choose_metric(metric: str | None, task: str) -> tuple[str, str]:
+    """The metric a sweep optimises (default: test_ll for regression, nll for classification) and its direction."""
+    allowed = METRICS[task]
+    name = metric or next(iter(allowed))
+    if name not in allowed:
+        raise ZooInputError("--metric", name, f"a {task} sweep optimises one of: {', '.join(allowed)}")
+    return name, allowed[name]
+
+
+def open_storage(url: str | None, out: Path):
+    """The study's storage: a journal file in ``out`` by default; a path (a journal file elsewhere) or an Optuna
+    RDB URL (``sqlite:///...``, ``postgresql://...``, ``mysql://...``) that several machines can share."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    target = str(out / STUDY_FILE) if url is None else url
+    try:
+        if "://" in target:  # a trial whose process stops beating for 3 minutes is failed and queued again
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+                return optuna.storages.RDBStorage(target, heartbeat_interval=60, grace_period=180,
+                                                  heartbeat_stale_trial_callback=retry)
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(target))
+    except Exception as exc:  # a driver that is not installed, a server that does not answer, a bad path
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ZooInputError("--storage", target, f"cannot be opened: {detail}") from None
+
+
+@dataclass
+class Tally:
+    """How many of a study's trials are finished (complete, pruned, or failed for a reason of their own) and
+    running."""
+
+    finished: int = 0
+    running: int = 0
+
+
+def tally(study) -> Tally:
+    """Count a study's trials; a trial that failed because it was interrupted is not finished (it runs again)."""
+    from optuna.trial import TrialState
+
+    out = Tally()
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL
+                                                                     and "failure" in t.user_attrs):
+            out.finished += 1
+        elif t.state == TrialState.RUNNING:
+            out.running += 1
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def requeue_interrupted(study, out: Path) -> list[int]:
+    """Fail this sweep directory's trials whose process is gone (killed) and queue every interrupted trial's settings
+    once more; returns the numbers requeued. Holding ``out``'s lock, no live sweep of this host writes it."""
+    from optuna.trial import TrialState
+
+    here, mine = socket.gethostname(), str(out.resolve())
+    retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+    requeued = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("out") != mine or t.user_attrs.get("host") != here:
+            continue
+        if t.state == TrialState.RUNNING and not _pid_alive(int(t.user_attrs.get("pid", -1))):
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        elif not (t.state == TrialState.FAIL and "failure" not in t.user_attrs):
+            continue
+        if t.number not in retried:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            requeued.append(t.number)
+    return requeued
+
+
+# ------------------------------------------------------------------------------------------------ one trial
+@dataclass
+class SweepSetup:
+    """What every worker of a sweep needs: picklable, so that spawned processes receive it whole."""
+
+    spec_yaml: str  # the spec as written, with the user's overrides: where the trials' settings go
+    space: dict[str, Any]
+    metric: str
+    direction: str
+    out: str
+    storage: str | None
+    study_name: str
+    n_trials: int
+    seed: int
+    threads: int | None = None
+    startup_trials: int = 10
+
+    @property
+    def tree(self) -> dict:
+        """The spec as written (see :func:`zoo.spec.spec_tree`)."""
+        return yaml.safe_load(self.spec_yaml)
+
+
+def _objective(setup: SweepSetup, tree: dict, space: SearchSpace) -> Callable:
+    """The function Optuna calls per trial: train the trial's spec, return its validation score."""
+    import optuna
+
+    from zoo.evaluate import ValidationMonitor
+    from zoo.pipeline import train
+
+    def objective(trial: optuna.Trial) -> float:
+        params = space.suggest(trial)
+        run_dir = Path(setup.out) / TRIALS_DIR / f"{trial.number:04d}"
+        for key, value in {"out": str(Path(setup.out).resolve()), "host": socket.gethostname(), "pid": os.getpid(),
+                           "run_dir": str(run_dir)}.items():
+            trial.set_user_attr(key, value)
+        started = time.perf_counter()
+
+        def on_score(k: int, value: float) -> None:
+            trial.report(value, k)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"{setup.metric} {value:.4g} after {k}/{REPORTS_PER_TRIAL} of its fit")
+
+        try:
+            settings = trial_spec(tree, params)
+            monitor = ValidationMonitor(setup.metric, on_score, settings.inference.predictive_samples, settings.seed,
+                                        REPORTS_PER_TRIAL)
+            summary = train(settings, run_dir, progress=False, echo=None, monitor=monitor)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)
+            raise
+        except (TrainingDiverged, ZooInputError) as err:  # these settings cannot be fitted: a finished failure
+            trial.set_user_attr("failure", f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            trial.set_user_attr("seconds", round(time.perf_counter() - started, 3))
+        trial.set_user_attr("metrics", summary.metrics)
+        value = float(summary.metrics[setup.metric])
+        if not math.isfinite(value):
+            trial.set_user_attr("failure", f"{setup.metric} is {value}")
+            raise TrainingDiverged(f"validation {setup.metric} is {value}")
+        return value
+
+    return objective
+
+
+def run_worker(setup: SweepSetup, index: int = 0, parent: int | None = None,
+               after_trial: Callable[[], None] | None = None) -> None:
+    """Run trials of the study until ``n_trials`` are finished or running (one trial at a time); ``after_trial``
+    is called after each."""
+    import optuna
+    import torch
+
+    if setup.threads is not None:
+        torch.set_num_threads(setup.threads)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the sweep's table reports failed and pruned trials
+    storage = open_storage(setup.storage, Path(setup.out))
+    # seeded by the worker and by the trials already there, so that a continued sweep does not replay its draws
+    started_with = len(optuna.load_study(study_name=setup.study_name, storage=storage).trials)
+    study = optuna.load_study(study_name=setup.study_name, storage=storage,
+                              sampler=optuna.samplers.TPESampler(seed=setup.seed + 1000 * index + started_with,
+                                                                 n_startup_trials=setup.startup_trials),
+                              pruner=optuna.pruners.MedianPruner(n_startup_trials=PRUNER_STARTUP_TRIALS,
+                                                                 n_warmup_steps=PRUNER_WARMUP_REPORTS))
+    objective = _objective(setup, setup.tree, load_space(setup.space))
+    while parent is None or os.getppid() == parent:  # a worker whose sweep process died stops after its trial
+        count = tally(study)
+        if count.finished + count.running >= setup.n_trials:
+            return
+        study.optimize(objective, n_trials=1, catch=(TrainingDiverged,), gc_after_trial=False,
+                       callbacks=[lambda *_: after_trial()] if after_trial is not None else None)
+
+
+def _worker_main(setup: SweepSetup, index: int, parent: int) -> None:
+    """A spawned worker: its own session (the sweep process forwards Ctrl-C and SIGTERM to it once), its exit code
+    as ``zoo`` would give it."""
+    from zoo.cli import exit_code
+
+    os.setsid()
+    with sigterm_interrupts():
+        code = exit_code(lambda: run_worker(setup, index, parent))
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+@dataclass
+class TrialRow:
+    """One trial as the report shows it."""
+
+    number: int
+    state: str
+    value: float | None
+    params: dict[str, Any]
+    seconds: float | None
+    note: str = ""
+
+
+@dataclass
+class SweepResult:
+    """A sweep's trials, its best one and where it wrote."""
+
+    out: Path
+    metric: str
+    direction: str
+    trials: list[TrialRow]
+    best: TrialRow | None
+    wall_seconds: float
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def _trial_rows(study) -> list[TrialRow]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        note = t.user_attrs.get("failure", "")
+        if not note and t.user_attrs.get("interrupted"):
+            note = "interrupted (runs again)"
+        if "retry_of" in t.user_attrs:
+            note = (note + "; " if note else "") + f"reruns trial {t.user_attrs['retry_of']}"
+        value = t.value if t.value is not None else (t.intermediate_values[max(t.intermediate_values)]
+                                                     if t.intermediate_values else None)
+        if t.state.name == "PRUNED" and t.intermediate_values:
+            note = (note + "; " if note else "") + f"pruned after {max(t.intermediate_values)}/{REPORTS_PER_TRIAL}"
+        rows.append(TrialRow(t.number, t.state.name.lower(), value, dict(t.params), t.user_attrs.get("seconds"),
+                             note))
+    return rows
+
+
+def _best(rows: list[TrialRow], direction: str) -> TrialRow | None:
+    complete = [r for r in rows if r.state == "complete" and r.value is not None]
+    if not complete:
+        return None
+    return (max if direction == "maximize" else min)(complete, key=lambda r: r.value)
+
+
+def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | dict, n_trials: int, out: str | Path,
+          overrides: list[str] | None = None, workers: int = 1, threads: int | None = None,
+          storage: str | None = None, study_name: str | None = None, metric: str | None = None,
+          progress: bool = True, echo: Callable[[str], None] | None = print) -> SweepResult:
+    """Search ``space`` for the settings of ``spec`` that score best on its validation rows, in ``n_trials`` finished
+    trials; write the sweep directory (see the module docstring) and return its trials and best one.
+
+    ``workers`` processes run trials side by side, each with ``threads`` torch threads (default: the cores divided
+    among the workers). Running again with the same arguments continues a stopped sweep.
+    """
+    from zoo.data import load_dataset
+
+    if n_trials < 1:
+        raise ZooInputError("--trials", n_trials, "run at least one trial")
+    if workers < 1:
+        raise ZooInputError("--workers", workers, "use 1 or more")
+    cores = os.cpu_count() or 1
+    threads = threads if threads is not None else max(1, cores // workers)
+    if threads < 1:
+        raise ZooInputError("--threads", threads, "use 1 or more")
+    tree = spec_tree(spec_source, overrides)
+    spec = load_spec(tree)
+    if spec.data.validation_fraction <= 0:
+        raise ZooInputError("data.validation_fraction", spec.data.validation_fraction,
+                            "a sweep scores its trials on validation rows carved from the training rows, never on "
+                            "the test rows: set it, e.g. --set data.validation_fraction=0.2")
+    space = load_space(space_source)
+    check_space(space, tree)
+    task = load_dataset(spec.data, spec.seed).task  # also checks the data and that the carve leaves rows to train on
+    metric, direction = choose_metric(metric, task)
+    with claimed_run_directory(Path(out), resume=True) as out:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        name = study_name or "zoo-sweep"
+        setup = SweepSetup(yaml.safe_dump(tree, sort_keys=False), space.as_dict(), metric, direction, str(out),
+                           storage, name, n_trials, spec.seed, threads, startup_trials=max(1, min(10, n_trials // 2)))
+        study = optuna.create_study(storage=open_storage(storage, out), study_name=name, direction=direction,
+                                    load_if_exists=True)
+        _check_same_sweep(study, setup, out)
+        requeued = requeue_interrupted(study, out)
+        write_json(out / SWEEP_FILE, _sweep_record(setup, study, None))
+        before = tally(study).finished
+        say = echo or (lambda _: None)
+        say(f"sweep of {len(space.dimensions)} key(s) on {spec.data.name}'s validation rows "
+            f"({spec.data.validation_fraction:g} of the training rows): {metric} ({direction}), "
+            f"{n_trials} trials ({before} finished), {workers} worker(s) x {threads} thread(s)"
+            + (f"; rerunning interrupted trial(s) {', '.join(map(str, requeued))}" if requeued else ""))
+        started = time.perf_counter()
+        try:
+            with _progress_bar(study, n_trials, progress) as tick:
+                if workers == 1:
+                    _run_here(setup, tick)
+                else:
+                    _run_workers(setup, workers, tick)
+        except KeyboardInterrupt as err:
+            raise Interrupted(signal_of(err), f"the study is kept in {storage or out / STUDY_FILE}; run the same "
+                              "command again to continue it") from None
+        finally:
+            write_json(out / SWEEP_FILE, _sweep_record(setup, study, time.perf_counter() - started))
+        return _finish(setup, study, out, time.perf_counter() - started)
+
+
+def _check_same_sweep(study, setup: SweepSetup, out: Path) -> None:
+    """The first sweep process records what the study is; a later one (a resume, another machine) must agree."""
+    identity = {"spec": setup.spec_yaml, "space": setup.space, "metric": setup.metric}
+    recorded = study.user_attrs.get("zoo_sweep")
+    if recorded is None:
+        study.set_user_attr("zoo_sweep", identity)
+        return
+    for what in ("spec", "space", "metric"):
+        if recorded.get(what) != identity[what]:
+            raise ZooInputError("--out" if setup.storage is None else "--storage", setup.storage or str(out),
+                                f"study '{setup.study_name}' there was started with another {what}; continue it with "
+                                f"that {what}, or pick a new --out (or --study)")
+
+
+def _run_here(setup: SweepSetup, tick: Callable[[], None]) -> None:
+    """One worker, in this process (its torch threads restored afterwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        run_worker(setup, after_trial=tick)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_workers(setup: SweepSetup, workers: int, tick: Callable[[], None]) -> None:
+    """``workers`` spawned processes, each with its share of the cores; Ctrl-C and SIGTERM are passed on to them."""
+    context = multiprocessing.get_context("spawn")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(setup.threads)  # before the workers import torch
+    try:
+        procs = [context.Process(target=_worker_main, args=(setup, i, os.getpid()), name=f"zoo-sweep-{i}")
+                 for i in range(workers)]
+        for p in procs:
+            p.start()
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    try:
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                p.join(timeout=1.0 / len(procs))
+            tick()
+    except KeyboardInterrupt as err:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal_of(err))
+        for p in procs:
+            p.join()
+        raise
+    tick()
+    failed = [(p.name, p.exitcode) for p in procs if p.exitcode]
+    if failed:
+        code = failed[0][1]
+        if code in (130, 143):
+            raise Interrupted(code - 128)
+        if code == 2:
+            raise ZooInputError("--space", setup.space, f"worker {failed[0][0]} stopped on bad input (its message "
+                                "is above): a trial's settings were refused")
+        raise RuntimeError(f"sweep worker {failed[0][0]} exited with code {code} (its message is above)")
+
+
+@contextlib.contextmanager
+def _progress_bar(study, n_trials: int, enabled: bool) -> Iterator[Callable[[], None]]:
+    """A bar of finished trials; ``tick()`` reads the study again (trials of other workers and machines too)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n_trials, initial=min(n_trials, tally(study).finished), desc="trials", disable=not enabled,
+               leave=False)
+
+    def tick() -> None:
+        done = min(n_trials, tally(study).finished)
+        if done != bar.n:
+            bar.update(done - bar.n)
+        best = _best(_trial_rows(study), study.direction.name.lower())
+        if best is not None:
+            bar.set_postfix(best=f"{best.value:.4g}", refresh=False)
+
+    try:
+        yield tick
+    finally:
+        bar.close()
+
+
+def _sweep_record(setup: SweepSetup, study, wall: float | None) -> dict[str, Any]:
+    rows = _trial_rows(study)
+    best = _best(rows, setup.direction)
+    return {"spec": yaml.safe_load(setup.spec_yaml), "space": setup.space, "metric": setup.metric,
+            "direction": setup.direction, "storage": setup.storage or str(Path(setup.out) / STUDY_FILE),
+            "study": setup.study_name, "n_trials": setup.n_trials, "wall_seconds": wall,
+            "best": None if best is None else best.__dict__, "trials": [r.__dict__ for r in rows]}
+
+
+def _finish(setup: SweepSetup, study, out: Path, wall: float) -> SweepResult:
+    """Write best.yaml and the plot; the result."""
+    rows = _trial_rows(study)
+    best = _best(rows, setup.direction)
+    result = SweepResult(out, setup.metric, setup.direction, rows, best, wall)
+    result.files["sweep"] = out / SWEEP_FILE
+    if best is not None:
+        chosen = trial_spec(setup.tree, best_params(study, best.number, load_space(setup.space)))
+        chosen = load_spec(chosen, "data.validation_fraction=0")
+        header = (f"# The best of {len([r for r in rows if r.state == 'complete'])} complete trials of the sweep in "
+                  f"{out}: trial {best.number}, validation {setup.metric} {best.value:.6g}.\n"
+                  "# data.validation_fraction is set back to 0: train on every training row, evaluate on the test "
+                  "split.\n")
+        result.files["best"] = write_text(out / BEST_SPEC_FILE, header + spec_to_yaml(chosen))
+    result.files["plot"] = plot_history(rows, setup.metric, setup.direction, out / HISTORY_PLOT)
+    return result
+
+
+def best_params(study, number: int, space: SearchSpace) -> dict[str, Any]:
+    """A trial's settings by spec key, with section choices read back from their one-line YAML."""
+    params = study.trials[number].params
+    return {k: (yaml.safe_load(v) if space.dimensions[k].choices is not None
+                and not all(_primitive(c) for c in space.dimensions[k].choices) else v) for k, v in params.items()}
+
+
+def plot_history(rows: list[TrialRow], metric: str, direction: str, path: Path) -> Path:
+    """Every trial's score by trial number (pruned ones at their last intermediate score) and the best so far."""
+    from zoo.plots import new_figure, save_figure
+
+    fig, axes = new_figure(1, 1, (6.0, 3.6))
+    ax = axes[0, 0]
+    for state, marker, colour in (("complete", "o", "C0"), ("pruned", "x", "C1")):
+        shown = [r for r in rows if r.state == state and r.value is not None]
+        ax.scatter([r.number for r in shown], [r.value for r in shown], marker=marker, color=colour,
+                   label=f"{state} ({len(shown)})", s=18)
+    best, xs, ys = None, [], []
+    for r in sorted((r for r in rows if r.state == "complete" and r.value is not None), key=lambda r: r.number):
+        if best is None or (r.value > best if direction == "maximize" else r.value < best):
+            best = r.value
+        xs.append(r.number)
+        ys.append(best)
+    if xs:
+        last = max(r.number for r in rows)
+        ax.step([*xs, last], [*ys, ys[-1]], where="post", color="k", lw=1.2, label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"validation {metric}")
+    ax.set_title(f"sweep: validation {metric} per trial ({'higher' if direction == 'maximize' else 'lower'} is better)")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ reading a sweep
+def is_sweep_directory(path: str | Path) -> bool:
+    """Whether ``path`` is a sweep's directory (it holds sweep.json)."""
+    return (Path(path) / SWEEP_FILE).is_file()
+
+
+def read_sweep(sweep_dir: str | Path) -> SweepResult:
+    """A sweep directory's trials as its study holds them now (the storage named in sweep.json)."""
+    import optuna
+
+    sweep_dir = Path(sweep_dir)
+    try:
+        record = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ZooInputError("SWEEP_DIR", str(sweep_dir), f"its {SWEEP_FILE} cannot be read: {exc}") from None
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = record["storage"]
+    opened = open_storage(None if storage == str(sweep_dir / STUDY_FILE) else storage, sweep_dir)
+    try:
+        study = optuna.load_study(study_name=record["study"], storage=opened)
+    except KeyError:
+        raise ZooInputError("SWEEP_DIR", str(sweep_dir), f"no study '{record['study']}' in {storage}") from None
+    rows = _trial_rows(study)
+    return SweepResult(sweep_dir, record["metric"], record["direction"], rows, _best(rows, record["direction"]),
+                       record.get("wall_seconds") or 0.0)
+
+
+def trials_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the trials, best first (complete trials by score, then pruned, failed and running)."""
+    keys = list(dict.fromkeys(k for r in result.trials for k in r.params))
+    order = {"complete": 0, "pruned": 1, "fail": 2, "running": 3, "waiting": 4}
+    sign = -1 if result.direction == "maximize" else 1
+
+    def rank(r: TrialRow):
+        return (order.get(r.state, 5), sign * r.value if r.value is not None else math.inf, r.number)
+
+    header = ["trial", "state", result.metric, *keys, "seconds", "note"]
+    rows = []
+    for r in sorted(result.trials, key=rank):
+        rows.append([str(r.number), r.state + (" (best)" if result.best is r else ""),
+                     "—" if r.value is None else f"{r.value:.4g}",
+                     *(_format_param(r.params.get(k)) for k in keys),
+                     "—" if r.seconds is None else f"{r.seconds:.1f}", r.note.replace("|", "/")])
+    return header, rows
+
+
+def _format_param(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_trials_report(sweep_dir: str | Path, out: str | Path) -> tuple[SweepResult, dict[str, Path]]:
+    """``zoo report SWEEP_DIR``: the trials as Markdown and CSV, and the score-per-trial plot beside them."""
+    import csv
+    import io
+
+    result = read_sweep(sweep_dir)
+    header, rows = trials_table(result)
+    out = Path(out)
+    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                          *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, *rows])
+    files = {"markdown": write_text(out, markdown), "csv": write_text(out.with_suffix(".csv"), buffer.getvalue()),
+             "plot": plot_history(result.trials, result.metric, result.direction, out.with_suffix(".png"))}
+    return result, files
