@@ -11,8 +11,11 @@ figures next to the published PBP, MC-dropout and deep-ensembles results.
         [--data-dir DIR] [--json PATH] [--set key=value ...] [--workers N] [--threads N] [--runs-dir DIR]
 
 Data directory: ``--data-dir``, else ``$ZOO_DATA_DIR``, else ``../shared/data/uci`` next to the repository.
-Tuning: ``--set data.validation_fraction=0.2`` evaluates on a share of each split's TRAINING rows instead of
-its test rows (the table then says "validation"); pick hyperparameters that way, then run the test splits once.
+Tuning: ``--tune SPACE.yaml --trials N`` first runs, per data set, a ``zoo sweep`` of SPACE on validation rows carved
+from split ``--tune-split``'s TRAINING rows (``--tune-validation`` of them, 0.2 by default), then the splits with the
+chosen settings (as the published protocols chose theirs per data set). By hand, ``--set
+data.validation_fraction=0.2`` evaluates on those validation rows instead of the test rows (the table then says
+"validation").
 Standard errors are std / sqrt(n) with the population std (ddof=0), as in the PBP / MC-dropout benchmark code.
 """
 
@@ -218,7 +221,10 @@ def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -
     for i, (dataset, block) in enumerate(summary.items()):
         if i:
             table.add_section()
-        table.add_row(dataset, f"this spec (n={block['n_splits']})", _pm(block["rmse_mean"], block["rmse_se"]),
+        what = f"this spec (n={block['n_splits']})"
+        if "tuned" in block:
+            what += f", tuned ({block['tuned']['trials']} trials, {block['tuned']['sweep_seconds']:.0f} s)"
+        table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
                       _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}")
         for method, figs in PUBLISHED.get(dataset, {}).items():
             table.add_row("", METHOD_NAMES[method], _pm(*figs["rmse"]), _pm(*figs["test_ll"]), "")
@@ -244,8 +250,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="parallel training processes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training process (default 1)")
     p.add_argument("--runs-dir", metavar="DIR", help="keep each run as DIR/<dataset>-split<NN> (for zoo report) "
-                   "instead of a temporary directory")
+                   "instead of a temporary directory (and each data set's sweep as DIR/sweeps/<dataset>)")
+    p.add_argument("--tune", metavar="SPACE", help="per data set, first sweep this space (zoo sweep) on validation "
+                   "rows of the training rows, then run the splits with the best settings")
+    p.add_argument("--trials", type=int, default=30, help="finished trials per data set's sweep (default 30)")
+    p.add_argument("--tune-split", type=int, default=0, help="the split whose training rows the sweep carves its "
+                   "validation rows from (default 0)")
+    p.add_argument("--tune-validation", type=float, default=0.2, help="share of those training rows scored by the "
+                   "sweep (default 0.2)")
     return p
+
+
+def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: Console) -> dict:
+    """One data set's sweep (``zoo sweep``) on validation rows of split ``--tune-split``'s training rows: the chosen
+    settings as ``--set`` strings, and what the sweep cost."""
+    import yaml
+
+    from zoo.sweep import sweep
+
+    where = Path(args.runs_dir) / "sweeps" / dataset if args.runs_dir else None
+    with tempfile.TemporaryDirectory(prefix="zoo-uci-sweep-") as tmp:
+        result = sweep(args.spec, args.tune, args.trials, where or Path(tmp) / "sweep",
+                       [*overrides, f"data.validation_fraction={args.tune_validation}"], workers=args.workers,
+                       threads=args.threads, progress=True, echo=None)
+    if result.best is None:
+        raise TrainingDiverged(f"{dataset}: no trial of the sweep completed; widen the space in {args.tune}")
+    states = [t.state for t in result.trials]
+    chosen = {k: v for k, v in result.best.params.items()}
+    console.print(f"{dataset}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
+                  f"{result.wall_seconds:.0f} s; validation {result.metric} {result.best.value:.3f} with "
+                  + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)
+    return {"params": chosen, "validation": result.best.value, "metric": result.metric,
+            "sweep_seconds": result.wall_seconds, "trials": len(states), "pruned": states.count("pruned"),
+            "failed": states.count("fail"), "split": args.tune_split, "validation_fraction": args.tune_validation,
+            "sweep_dir": str(where) if where else None,
+            "overrides": [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                          for k, v in chosen.items()]}
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def run(args: argparse.Namespace, console: Console) -> dict:
@@ -265,25 +309,45 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     depth = len(base_spec.net.hidden)
     jobs: list[tuple[str, int, list[str], str | None]] = []  # data set, split, overrides, where the run is kept
     protocol: dict[str, int | None] = {}
+    tuned: dict[str, dict] = {}
+    if args.tune:
+        from zoo.spec import spec_tree
+        from zoo.sweep import check_space, load_space
+
+        if base_spec.data.validation_fraction > 0:
+            raise ZooInputError("data.validation_fraction", base_spec.data.validation_fraction, "--tune scores "
+                                "its sweeps on validation rows and then runs the test splits: leave it at 0")
+        if args.trials < 1:
+            raise ZooInputError("--trials", args.trials, "run at least one trial per sweep")
+        check_space(load_space(args.tune), spec_tree(args.spec, args.set))  # fail early on a bad space
     for dataset in datasets:
         count = n_splits(dataset, str(data_dir))
         bad = [s for s in splits if s >= count]
         if bad:
             raise ZooInputError("--splits", args.splits, f"{dataset} has {count} splits (0..{count - 1}); "
                                 f"no split {bad[0]}")
+        if args.tune and args.tune_split >= count:
+            raise ZooInputError("--tune-split", args.tune_split, f"{dataset} has {count} splits (0..{count - 1})")
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
+    if args.runs_dir:
+        kept = [p for p in Path(args.runs_dir).glob("*") if p.is_dir() and any(p.iterdir())]
+        if kept:
+            raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir")
+    started = time.perf_counter()  # the wall time counts the sweeps
+    for dataset in datasets:
+        if args.tune:
+            tuned[dataset] = tune(args, dataset, split_overrides(args.set + per_dataset[dataset], dataset,
+                                                                 args.tune_split, data_dir, protocol[dataset], depth),
+                                  console)
+            per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]
         for split in splits:
             jobs.append((dataset, split, split_overrides(args.set + per_dataset[dataset], dataset, split, data_dir,
                                                          protocol[dataset], depth),
                          split_run_dir(args.runs_dir, dataset, split)))
     for dataset in datasets:  # the per-split and per-data-set overrides validate too
         load_spec(args.spec, next(o for d, _, o, _ in jobs if d == dataset))
-    kept = [k for *_, k in jobs if k and Path(k).is_dir() and any(Path(k).iterdir())]
-    if kept:
-        raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir")
 
     results: dict[str, dict[int, dict[str, float]]] = {d: {} for d in datasets}
-    started = time.perf_counter()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     with progress:
@@ -307,9 +371,13 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     wall = time.perf_counter() - started
 
     summary = {d: summarise(d, splits, results[d], protocol[d]) for d in datasets}
+    for dataset, chosen in tuned.items():
+        summary[dataset]["tuned"] = chosen
     evaluated_on = "validation" if base_spec.data.validation_fraction > 0 else "test"
     console.print(results_table(summary, evaluated_on, Path(args.spec).name))
-    console.print(f"{len(jobs)} runs in {wall:.1f} s wall ({args.workers} worker(s) x {args.threads} thread(s)); "
+    tuning = sum(t["sweep_seconds"] for t in tuned.values())
+    console.print(f"{len(jobs)} runs" + (f" and {len(tuned)} sweeps ({tuning:.0f} s)" if tuned else "")
+                  + f" in {wall:.1f} s wall ({args.workers} worker(s) x {args.threads} thread(s)); "
                   f"evaluated on {evaluated_on} rows")
     if args.runs_dir:
         console.print(f"runs kept in {args.runs_dir}; table: zoo report {args.runs_dir}/* --group-by label "
@@ -319,7 +387,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "data_dir": str(data_dir), "evaluated_on": evaluated_on,
         "validation_fraction": base_spec.data.validation_fraction, "workers": args.workers,
         "threads": args.threads,
-        "wall_seconds": wall, "datasets": summary,
+        "wall_seconds": wall, "datasets": summary, "tune_space": args.tune,
+        "tune_trials": args.trials if args.tune else None, "tune_seconds": tuning if tuned else None,
         "se_definition": "population std over splits / sqrt(n)",
     }
     if args.json:

@@ -12,6 +12,7 @@ import pytest
 
 from zoo.errors import ZooInputError
 from zoo.metrics import mean_and_standard_error
+from zoo.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
@@ -164,3 +165,46 @@ def test_set_for_applies_overrides_to_one_data_set_only():
     for bad in ("kin8nm=3", "energy:seed=1", "kin8nm:seed"):
         with pytest.raises(ZooInputError, match="--set-for"):
             uci.parse_set_for([bad], ["bostonHousing", "kin8nm"])
+
+
+def test_tune_sweeps_each_data_set_then_runs_the_splits_with_its_choice(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40)
+    write_folder(root, "other", n_rows=40)
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\nprior.scale: [0.5, 2.0]\n")
+    out_json, runs = tmp_path / "out.json", tmp_path / "runs"
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "tiny,other", "--splits", "0-1", "--data-dir", str(root),
+                     "--json", str(out_json), "--tune", str(space), "--trials", "3", "--runs-dir", str(runs),
+                     *TINY_SETS])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "tiny: sweep of 3 trials" in printed and "other: sweep of 3 trials" in printed
+    result = json.loads(out_json.read_text())
+    for name in ("tiny", "other"):
+        tuned = result["datasets"][name]["tuned"]
+        assert tuned["trials"] == 3 and tuned["split"] == 0 and tuned["validation_fraction"] == 0.2
+        assert set(tuned["params"]) == {"inference.lr", "prior.scale"}
+        sweep_trials = json.loads((runs / "sweeps" / name / "sweep.json").read_text())["trials"]
+        assert {t["number"] for t in sweep_trials} == {0, 1, 2}
+        for split in (0, 1):  # the test splits ran with the sweep's choice, on the test rows
+            spec = load_spec(runs / f"{name}-split{split:02d}" / "spec.yaml")
+            assert spec.inference.lr == pytest.approx(tuned["params"]["inference.lr"])
+            assert spec.prior.default.scale == tuned["params"]["prior.scale"]
+            assert spec.data.validation_fraction == 0.0
+    assert result["evaluated_on"] == "test" and result["tune_trials"] == 3
+
+
+def test_tune_refuses_bad_input(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny")
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.1, high: 0.001}\n")
+    args = ["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root), "--tune", str(space)]
+    assert uci.main(args) == 2
+    assert "space: inference.lr" in capsys.readouterr().err
+    space.write_text("inference.lr: {low: 0.001, high: 0.1}\n")
+    assert uci.main([*args, "--set", "data.validation_fraction=0.2"]) == 2
+    assert "leave it at 0" in capsys.readouterr().err
+    assert uci.main([*args, "--tune-split", "7"]) == 2
+    assert "--tune-split" in capsys.readouterr().err
