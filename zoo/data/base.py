@@ -1,15 +1,21 @@
-"""The Dataset every loader returns: standardised tensors plus what is needed to report in original units."""
+"""What every loader shares: the Dataset it returns (standardised tensors plus what is needed to report in original
+units), the :class:`Loader` it registers as, and the helpers several loaders use (test share, held-out classes,
+the validation carve)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
 from zoo.errors import ZooInputError
+
+if TYPE_CHECKING:
+    from zoo.spec import DataSpec
 
 Task = Literal["regression", "classification"]
 
@@ -257,3 +263,77 @@ def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
     ood = {k: raw_x(v) for k, v in data.x_ood.items()}
     return make_dataset(f"{data.name} (validation)", data.task, x[keep], y[keep], x[val], y[val], x_ood=ood,
                         n_classes=data.n_classes, class_names=data.class_names)
+
+
+# ------------------------------------------------------------------------------------------------ registration
+@dataclass(frozen=True)
+class Loader:
+    """One registered data set: its catalogue line, the ``data.*`` spec fields it reads, and how it loads.
+
+    ``name`` is the data set's name, or a prefix ending in ``:`` for a family of names (``uci:<folder>``,
+    ``file:<path>``); ``check_name`` refuses a prefixed name's rest before any file is read. A spec field that is
+    set but not in ``fields`` is refused up front (a silently ignored field would mislead a whole study), and every
+    field in ``required`` (field -> what it gives) must be set.
+    """
+
+    name: str
+    description: str
+    fields: tuple[str, ...]
+    load: Callable[[DataSpec, int], Dataset]
+    shown_as: str | None = None  # the catalogue's spelling of a prefixed name, e.g. uci:<folder>
+    check_name: Callable[[str], None] | None = None
+    required: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def prefixed(self) -> bool:
+        """Whether the loader serves every name that starts with ``name``."""
+        return self.name.endswith(":")
+
+
+def given(spec: DataSpec, *fields: str) -> dict[str, Any]:
+    """The spec fields that are set (not None), so that a loader's own defaults apply to the rest."""
+    return {f: getattr(spec, f) for f in fields if getattr(spec, f) is not None}
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+def check_test_fraction(test_fraction: float) -> float:
+    """Refuse a test share outside (0, 1)."""
+    if not (isinstance(test_fraction, int | float) and 0.0 < float(test_fraction) < 1.0):
+        raise ZooInputError("data.test_fraction", test_fraction, "use a number strictly between 0 and 1")
+    return float(test_fraction)
+
+
+def check_ood_classes(ood_classes: Sequence[int], n_classes: int) -> list[int]:
+    """Validate classes to hold out: each in 0..n_classes-1, and at least 2 classes left for training."""
+    held = []
+    for c in ood_classes:
+        if isinstance(c, bool) or not isinstance(c, int | np.integer) or not 0 <= int(c) < n_classes:
+            raise ZooInputError("data.ood_classes", list(ood_classes),
+                                f"each class must be an integer in 0..{n_classes - 1}")
+        if int(c) not in held:
+            held.append(int(c))
+    if n_classes - len(held) < 2:
+        raise ZooInputError("data.ood_classes", list(ood_classes),
+                            f"hold out at most {n_classes - 2} of the {n_classes} classes (at least 2 must remain)")
+    return sorted(held)
+
+
+def split_holding_out(
+    x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, ood_classes: Sequence[int], n_classes: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, list[int]]:
+    """Seeded stratified split; held-out classes leave train and test, their test rows become the OOD set.
+
+    Returns ``x_train, y_train, x_test, y_test, x_heldout (or None), kept`` with labels relabelled to
+    ``0..len(kept)-1`` in the order of ``kept`` (the original class ids that remain).
+    """
+    from sklearn.model_selection import train_test_split
+
+    held = check_ood_classes(ood_classes, n_classes)
+    test_fraction = check_test_fraction(test_fraction)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    kept = [c for c in range(n_classes) if c not in held]
+    relabel = np.full(n_classes, -1, dtype=np.int64)
+    relabel[kept] = np.arange(len(kept))
+    in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
+    x_heldout = x_te[~in_te] if held else None
+    return x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te], relabel[y_te[in_te]], x_heldout, kept

@@ -1,61 +1,15 @@
-"""scikit-learn's bundled 8x8 digits, with held-out classes and natural-image patches as OOD sets.
-
-Also owns the class hold-out helpers that the other image-like loaders (mnist1d, vision) share.
-"""
+"""scikit-learn's bundled 8x8 digits, with held-out classes and natural-image patches as OOD sets."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
-from zoo.data.base import Dataset, make_dataset
-from zoo.errors import ZooInputError
+from zoo.data.base import Dataset, Loader, given, make_dataset, split_holding_out
 
 PATCH_SIZE = 32  # crop side in image pixels, average-pooled 4x4 down to 8x8
 BLANK_BELOW = 0.05  # a pixel lit in fewer than this share of all digits counts as frame
-
-
-def check_test_fraction(test_fraction: float) -> float:
-    """Refuse a test share outside (0, 1)."""
-    if not (isinstance(test_fraction, int | float) and 0.0 < float(test_fraction) < 1.0):
-        raise ZooInputError("data.test_fraction", test_fraction, "use a number strictly between 0 and 1")
-    return float(test_fraction)
-
-
-def check_ood_classes(ood_classes: Sequence[int], n_classes: int) -> list[int]:
-    """Validate classes to hold out: each in 0..n_classes-1, and at least 2 classes left for training."""
-    held = []
-    for c in ood_classes:
-        if isinstance(c, bool) or not isinstance(c, int | np.integer) or not 0 <= int(c) < n_classes:
-            raise ZooInputError("data.ood_classes", list(ood_classes),
-                                f"each class must be an integer in 0..{n_classes - 1}")
-        if int(c) not in held:
-            held.append(int(c))
-    if n_classes - len(held) < 2:
-        raise ZooInputError("data.ood_classes", list(ood_classes),
-                            f"hold out at most {n_classes - 2} of the {n_classes} classes (at least 2 must remain)")
-    return sorted(held)
-
-
-def split_holding_out(
-    x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, ood_classes: Sequence[int], n_classes: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, list[int]]:
-    """Seeded stratified split; held-out classes leave train and test, their test rows become the OOD set.
-
-    Returns ``x_train, y_train, x_test, y_test, x_heldout (or None), kept`` with labels relabelled to
-    ``0..len(kept)-1`` in the order of ``kept`` (the original class ids that remain).
-    """
-    held = check_ood_classes(ood_classes, n_classes)
-    test_fraction = check_test_fraction(test_fraction)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
-    kept = [c for c in range(n_classes) if c not in held]
-    relabel = np.full(n_classes, -1, dtype=np.int64)
-    relabel[kept] = np.arange(len(kept))
-    in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
-    x_heldout = x_te[~in_te] if held else None
-    return x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te], relabel[y_te[in_te]], x_heldout, kept
 
 
 def image_patches(n: int, seed: int, blank: np.ndarray | None = None) -> np.ndarray:
@@ -96,3 +50,8 @@ def load_digits(seed: int, test_fraction: float = 0.2, ood_classes: Sequence[int
         ood["heldout_classes"] = x_held
     return make_dataset("digits", "classification", x_tr, y_tr, x_te, y_te, x_ood=ood,
                         n_classes=len(kept), class_names=[str(c) for c in kept])
+
+
+LOADER = Loader("digits", "scikit-learn's 8x8 digits (64 features, 10 classes); OOD: held-out classes, photo patches",
+                ("test_fraction", "ood_classes"),
+                lambda spec, seed: load_digits(seed, **given(spec, "test_fraction", "ood_classes")))

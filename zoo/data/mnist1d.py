@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zoo.data.base import Dataset, make_dataset
-from zoo.data.digits import split_holding_out
+from zoo.data.base import Dataset, Loader, given, make_dataset, split_holding_out
 from zoo.errors import ZooInputError
 
 
@@ -41,3 +40,8 @@ def load_mnist1d(
     ood = {"heldout_classes": x_held} if x_held is not None else {}
     return make_dataset("mnist1d", "classification", x_tr, y_tr, x_te, y_te, x_ood=ood,
                         n_classes=len(kept), class_names=[str(c) for c in kept])
+
+
+LOADER = Loader("mnist1d", "MNIST-1D signals (40 features, 10 classes), generated offline; needs `pip install mnist1d`",
+                ("test_fraction", "ood_classes"),
+                lambda spec, seed: load_mnist1d(seed, **given(spec, "test_fraction", "ood_classes")))

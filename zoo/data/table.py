@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.data.base import Dataset, make_dataset
-from zoo.data.digits import check_test_fraction
+from zoo.data.base import Dataset, Loader, check_test_fraction, given, make_dataset
 from zoo.errors import ZooInputError, ZooWarning
 
 TEST_MARKERS = {"test", "1", "true", "1.0"}
@@ -201,3 +200,18 @@ def load_table(
     return make_dataset(f"file:{file.name}", task, x[~is_test], y[~is_test], x[is_test], y[is_test],
                         n_classes=n_classes, class_names=class_names, feature_names=feature_names,
                         target_name=target)
+
+
+def check_table_name(rest: str) -> None:
+    """Refuse a ``file:`` name that is not a .csv or .npz path (before the file is read)."""
+    if Path(rest).expanduser().suffix.lower() not in (".csv", ".npz"):
+        raise ZooInputError("data.name", f"file:{rest}", "give the path of a .csv or .npz file after the prefix, "
+                            "e.g. file:data/table.csv")
+
+
+LOADER = Loader("file:", "your own .csv (header row) or .npz table; needs data.target and data.task",
+                ("target", "task", "split_column", "test_fraction"),
+                lambda spec, seed: load_table(spec.name[len("file:"):], spec.target, spec.task, seed,
+                                              **given(spec, "test_fraction", "split_column")),
+                shown_as="file:<path>", check_name=check_table_name, required={"target": "the target column",
+                                                                              "task": "regression or classification"})

