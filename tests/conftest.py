@@ -110,10 +110,10 @@ def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
 
     real = svi.kl_weight
 
-    def kl_weight(s, spec):
+    def kl_weight(s, spec, n_steps=None):
         if s == step:
             raise exc("simulated")
-        return real(s, spec)
+        return real(s, spec, n_steps)
 
     monkeypatch.setattr(svi, "kl_weight", kl_weight)
 

@@ -277,6 +277,42 @@ def test_kl_annealing_is_applied_during_training(monkeypatch, spec_factory):
     assert seen == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0]
 
 
+def test_schedules_as_shares_of_the_run_follow_its_length(monkeypatch, spec_factory):
+    """kl_annealing_fraction and lr_decay_to hold whatever the run's length (what a sweep over epochs needs)."""
+    spec = load_spec({"data": {"name": "toy_gap"}, "inference": {"kl_annealing_fraction": 0.5,
+                                                                  "optimizer": "clipped_adam", "lr_decay_to": 0.1}})
+    assert [svi.kl_weight(s, spec.inference, 8) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [svi.kl_weight(s, spec.inference, 4) for s in range(3)] == [0.5, 1.0, 1.0]
+    for n in (10, 1000):
+        assert svi.lr_decay_per_step(spec.inference, n) ** n == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="share of the run"):
+        svi.kl_weight(0, spec.inference)
+    recorded = []
+    real = svi.ClippedAdam
+
+    def recording(params, **kwargs):
+        recorded.append(kwargs["lrd"])
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(svi, "ClippedAdam", recording)
+    run = spec_factory("toy", "inference.num_steps=20", "inference.optimizer=clipped_adam",
+                       "inference.lr_decay_to=0.25")
+    data, family, guide, _ = prepare(run)
+    svi.fit_svi(family, guide, data, run.inference, run.seed, progress=False)
+    assert recorded[0] ** 20 == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("inference, pattern", [
+    ({"lr_decay": 0.99, "lr_decay_to": 0.1, "optimizer": "clipped_adam"}, "not both"),
+    ({"lr_decay_to": 0.1}, "set optimizer: clipped_adam"),
+    ({"kl_annealing_steps": 10, "kl_annealing_fraction": 0.5}, "not both"),
+    ({"kl_annealing_fraction": 1.5}, "kl_annealing_fraction"),
+])
+def test_schedule_conflicts_are_refused(inference, pattern):
+    with pytest.raises(ZooInputError, match=pattern):
+        load_spec({"data": {"name": "toy_gap"}, "inference": inference})
+
+
 # ---------------------------------------------------------------------------------- MAP initialisation
 def test_map_run_writes_its_point_estimate(map_run):
     point = load_torch(map_run.run_dir / POINT_ESTIMATE_FILE)

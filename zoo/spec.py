@@ -319,13 +319,29 @@ class SVISpec(_Tempered):
     lr: PositiveFloat = 1e-3
     clip_norm: PositiveFloat = 10.0
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="clipped_adam: per-step lr decay factor")
+    lr_decay_to: float | None = Field(
+        None, gt=0.0, le=1.0, description="clipped_adam: the share of the lr left at the last step (the per-step "
+        "decay follows from the run's length, so it holds when epochs or num_steps change; instead of lr_decay)")
     num_particles: PositiveInt = 1
     kl_annealing_steps: NonNegativeInt = Field(0, description="linear warm-up of the KL weight from 0 to 1")
+    kl_annealing_fraction: float | None = Field(
+        None, gt=0.0, le=1.0, description="warm the KL weight up over this share of the run's steps (instead of "
+        "kl_annealing_steps)")
     local_reparam: bool = False
     compile: bool = Field(False, description="trace the ELBO step into one graph per minibatch size and compile it "
                           "(a one-off compile of a few seconds); removes Pyro's per-site cost from every step")
     checkpoint_every: PositiveInt = 1000
     predictive_samples: PositiveInt = 100
+
+    @model_validator(mode="after")
+    def _one_way_per_schedule(self) -> SVISpec:
+        if self.lr_decay_to is not None and self.lr_decay != 1.0:
+            raise ValueError("set lr_decay (per step) or lr_decay_to (by the last step), not both")
+        if self.lr_decay_to is not None and self.optimizer != "clipped_adam":
+            raise ValueError("lr_decay_to decays clipped_adam's lr: set optimizer: clipped_adam")
+        if self.kl_annealing_fraction is not None and self.kl_annealing_steps:
+            raise ValueError("set kl_annealing_steps or kl_annealing_fraction, not both")
+        return self
 
 
 class MCMCSpec(_Tempered):

@@ -138,10 +138,12 @@ class SVIStep:
             self.elbo.kl_weight, self.elbo.last_terms = saved, {}
 
 
-def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.optim.Optimizer:
-    """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping)."""
+def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int | None = None
+                   ) -> torch.optim.Optimizer:
+    """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping); ``n_steps``, the run's
+    length, sets the per-step decay of ``lr_decay_to``."""
     if spec.optimizer == "clipped_adam":
-        return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=spec.lr_decay)
+        return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=lr_decay_per_step(spec, n_steps))
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
     return torch.optim.Adam(params, lr=spec.lr, fused=fused)
 
@@ -173,9 +175,31 @@ def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
         raise ZooInputError("--nproc", world_size, f"more processes than the {n_train} training rows")
 
 
-def kl_weight(step: int, spec: SVISpec) -> float:
-    """Linear KL annealing: weight (step + 1) / kl_annealing_steps, capped at 1."""
-    return 1.0 if spec.kl_annealing_steps == 0 else min(1.0, (step + 1) / spec.kl_annealing_steps)
+def _run_length(spec: SVISpec, n_steps: int | None, what: str) -> int:
+    if n_steps is None:
+        raise ValueError(f"{what} is a share of the run: pass the run's number of steps")
+    return max(1, n_steps)
+
+
+def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
+    """ClippedAdam's per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr after
+    ``n_steps`` steps."""
+    if spec.lr_decay_to is None:
+        return spec.lr_decay
+    return spec.lr_decay_to ** (1.0 / _run_length(spec, n_steps, "lr_decay_to"))
+
+
+def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
+    """Steps of the KL warm-up: ``kl_annealing_steps``, or ``kl_annealing_fraction`` of ``n_steps``."""
+    if spec.kl_annealing_fraction is None:
+        return spec.kl_annealing_steps
+    return max(1, round(spec.kl_annealing_fraction * _run_length(spec, n_steps, "kl_annealing_fraction")))
+
+
+def kl_weight(step: int, spec: SVISpec, n_steps: int | None = None) -> float:
+    """Linear KL annealing: weight (step + 1) / the warm-up's steps, capped at 1 (1 throughout without one)."""
+    warmup = annealing_steps(spec, n_steps)
+    return 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
 
 
 def describe_kl(kl_methods: dict[str, str]) -> str:
@@ -198,7 +222,7 @@ def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) 
         hints.append(f"lower inference.clip_norm (now {spec.clip_norm:g})")
     if init_rho is not None and init_rho > -6:
         hints.append(f"start from a narrower guide: guide.init_rho below {init_rho:g}")
-    if spec.kl_annealing_steps == 0:
+    if spec.kl_annealing_steps == 0 and spec.kl_annealing_fraction is None:
         hints.append("warm the KL up: inference.kl_annealing_steps, e.g. 1000")
     if dtype != torch.float64:
         hints.append("compute in dtype: float64")
@@ -236,10 +260,10 @@ def fit_svi(
     log = log or RunLog(None, echo=None)
     named = {f"guide.{n}": p for n, p in guide.named_parameters()}
     named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
-    optimizer = make_optimizer(list(named.values()), spec)
+    n_train, n_steps, per_epoch = data.n_train, total_steps(spec, data.n_train), steps_per_epoch(spec, data.n_train)
+    optimizer = make_optimizer(list(named.values()), spec, n_steps)
     elbo = ELBOS[spec.elbo](spec.num_particles)
     elbo.temperature = spec.temperature
-    n_train, n_steps, per_epoch = data.n_train, total_steps(spec, data.n_train), steps_per_epoch(spec, data.n_train)
     order = torch.Generator().manual_seed(seed)
     ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
     result, step, perm = SVIResult(), 0, None
@@ -302,7 +326,7 @@ def fit_svi(
                     if within == 0 or perm is None:
                         perm = torch.randperm(n_train, generator=order)
                     batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
-                elbo.kl_weight = kl_weight(step, spec)
+                elbo.kl_weight = kl_weight(step, spec, n_steps)
                 value = svi_step(x, y, batch)
                 if not math.isfinite(value):
                     raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path, remedies))
