@@ -12,8 +12,9 @@ figures next to the published PBP, MC-dropout and deep-ensembles results.
 
 Data directory: ``--data-dir``, else ``$ZOO_DATA_DIR``, else ``../shared/data/uci`` next to the repository.
 Tuning: ``--tune SPACE.yaml --trials N`` first runs, per data set, a ``zoo sweep`` of SPACE on validation rows carved
-from split ``--tune-split``'s TRAINING rows (``--tune-validation`` of them, 0.2 by default), then the splits with the
-chosen settings (as the published protocols chose theirs per data set). By hand, ``--set
+from the TRAINING rows of ``--tune-splits`` (``--tune-validation`` of them, 0.2 by default; with several splits each
+trial is scored by its mean over them), then the splits with the chosen settings (as the published protocols chose
+theirs per data set). By hand, ``--set
 data.validation_fraction=0.2`` evaluates on those validation rows instead of the test rows (the table then says
 "validation").
 Standard errors are std / sqrt(n) with the population std (ddof=0), as in the PBP / MC-dropout benchmark code.
@@ -254,25 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", metavar="SPACE", help="per data set, first sweep this space (zoo sweep) on validation "
                    "rows of the training rows, then run the splits with the best settings")
     p.add_argument("--trials", type=int, default=30, help="finished trials per data set's sweep (default 30)")
-    p.add_argument("--tune-split", type=int, default=0, help="the split whose training rows the sweep carves its "
-                   "validation rows from (default 0)")
+    p.add_argument("--tune-splits", default="0", help="the splits whose training rows the sweep carves its "
+                   "validation rows from; several (0-2) score each trial by the mean over them (default 0)")
     p.add_argument("--tune-validation", type=float, default=0.2, help="share of those training rows scored by the "
                    "sweep (default 0.2)")
     return p
 
 
 def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: Console) -> dict:
-    """One data set's sweep (``zoo sweep``) on validation rows of split ``--tune-split``'s training rows: the chosen
+    """One data set's sweep (``zoo sweep``) on validation rows of the ``--tune-splits``' training rows: the chosen
     settings as ``--set`` strings, and what the sweep cost."""
     import yaml
 
     from zoo.sweep import sweep
 
     where = Path(args.runs_dir) / "sweeps" / dataset if args.runs_dir else None
+    splits = parse_splits(args.tune_splits)
     with tempfile.TemporaryDirectory(prefix="zoo-uci-sweep-") as tmp:
         result = sweep(args.spec, args.tune, args.trials, where or Path(tmp) / "sweep",
-                       [*overrides, f"data.validation_fraction={args.tune_validation}"], workers=args.workers,
-                       threads=args.threads, progress=True, echo=None)
+                       [*overrides, f"data.split={splits[0]}", f"data.validation_fraction={args.tune_validation}"],
+                       workers=args.workers, threads=args.threads, progress=True, echo=None,
+                       repeat=("data.split", splits) if len(splits) > 1 else None)
     if result.best is None:
         raise TrainingDiverged(f"{dataset}: no trial of the sweep completed; widen the space in {args.tune}")
     states = [t.state for t in result.trials]
@@ -282,7 +285,7 @@ def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: 
                   + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)
     return {"params": chosen, "validation": result.best.value, "metric": result.metric,
             "sweep_seconds": result.wall_seconds, "trials": len(states), "pruned": states.count("pruned"),
-            "failed": states.count("fail"), "split": args.tune_split, "validation_fraction": args.tune_validation,
+            "failed": states.count("fail"), "splits": splits, "validation_fraction": args.tune_validation,
             "sweep_dir": str(where) if where else None,
             "overrides": [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                           for k, v in chosen.items()]}
@@ -326,8 +329,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if bad:
             raise ZooInputError("--splits", args.splits, f"{dataset} has {count} splits (0..{count - 1}); "
                                 f"no split {bad[0]}")
-        if args.tune and args.tune_split >= count:
-            raise ZooInputError("--tune-split", args.tune_split, f"{dataset} has {count} splits (0..{count - 1})")
+        if args.tune and max(parse_splits(args.tune_splits)) >= count:
+            raise ZooInputError("--tune-splits", args.tune_splits, f"{dataset} has {count} splits (0..{count - 1})")
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
     if args.runs_dir:
         kept = [p for p in Path(args.runs_dir).glob("*") if p.is_dir() and any(p.iterdir())]
@@ -336,9 +339,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     started = time.perf_counter()  # the wall time counts the sweeps
     for dataset in datasets:
         if args.tune:
-            tuned[dataset] = tune(args, dataset, split_overrides(args.set + per_dataset[dataset], dataset,
-                                                                 args.tune_split, data_dir, protocol[dataset], depth),
-                                  console)
+            tuned[dataset] = tune(args, dataset, split_overrides(args.set + per_dataset[dataset], dataset, 0,
+                                                                 data_dir, protocol[dataset], depth), console)
             per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]
         for split in splits:
             jobs.append((dataset, split, split_overrides(args.set + per_dataset[dataset], dataset, split, data_dir,

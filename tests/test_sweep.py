@@ -27,6 +27,7 @@ from zoo.sweep import (
     TRIALS_DIR,
     load_space,
     open_storage,
+    parse_repeat,
     read_sweep,
     requeue_interrupted,
     sweep,
@@ -241,6 +242,39 @@ def test_a_different_spec_cannot_join_a_sweep(tmp_path):
         run_sweep(out, trials=2, space={"inference.lr": {"low": 0.001, "high": 0.01}})
     with pytest.raises(ZooInputError, match="another spec"):
         sweep(TOY, SPACE, 2, out, overrides=["inference.num_steps=70"], progress=False, echo=None)
+
+
+def test_a_repeated_key_scores_each_trial_by_the_mean_of_its_fits(tmp_path):
+    out = tmp_path / "sweep"
+    result = run_sweep(out, trials=2, repeat=("seed", [0, 1]))
+    for trial in result.trials:
+        fits = [json.loads((out / TRIALS_DIR / f"{trial.number:04d}" / f"repeat{r}" / METRICS_FILE).read_text())
+                for r in (0, 1)]
+        assert trial.value == pytest.approx((fits[0]["test_ll"] + fits[1]["test_ll"]) / 2)
+        assert [load_spec(out / TRIALS_DIR / f"{trial.number:04d}" / f"repeat{r}" / SPEC_FILE).seed
+                for r in (0, 1)] == [0, 1]
+    assert json.loads((out / SWEEP_FILE).read_text())["repeat"] == {"seed": [0, 1]}
+    assert load_spec(out / BEST_SPEC_FILE).seed == 0  # the base spec's own value
+    with pytest.raises(ZooInputError, match="another repeat"):
+        run_sweep(out, trials=3, repeat=("seed", [0, 2]))
+
+
+@pytest.mark.parametrize("repeat, pattern", [
+    (("inference.lr", [0.01, 0.02]), "also a key of the space"),
+    (("seed", [3, 3]), "two or more distinct values"),
+    (("data.split", [0, 1]), "spec refuses this value"),
+])
+def test_bad_repeats_are_refused(repeat, pattern, tmp_path):
+    with pytest.raises(ZooInputError, match=pattern) as info:
+        run_sweep(tmp_path / "sweep", repeat=repeat)
+    assert info.value.field == "--repeat"
+
+
+@pytest.mark.parametrize("text", ["seed", "seed=1", "=1,2"])
+def test_parse_repeat_refuses(text):
+    with pytest.raises(ZooInputError, match="KEY=V1,V2"):
+        parse_repeat(text)
+    assert parse_repeat("data.split=0,1,2") == ("data.split", [0, 1, 2])
 
 
 def test_diverging_trials_fail_without_stopping_the_sweep(tmp_path):

@@ -183,7 +183,7 @@ def test_tune_sweeps_each_data_set_then_runs_the_splits_with_its_choice(tmp_path
     result = json.loads(out_json.read_text())
     for name in ("tiny", "other"):
         tuned = result["datasets"][name]["tuned"]
-        assert tuned["trials"] == 3 and tuned["split"] == 0 and tuned["validation_fraction"] == 0.2
+        assert tuned["trials"] == 3 and tuned["splits"] == [0] and tuned["validation_fraction"] == 0.2
         assert set(tuned["params"]) == {"inference.lr", "prior.scale"}
         sweep_trials = json.loads((runs / "sweeps" / name / "sweep.json").read_text())["trials"]
         assert {t["number"] for t in sweep_trials} == {0, 1, 2}
@@ -193,6 +193,22 @@ def test_tune_sweeps_each_data_set_then_runs_the_splits_with_its_choice(tmp_path
             assert spec.prior.default.scale == tuned["params"]["prior.scale"]
             assert spec.data.validation_fraction == 0.0
     assert result["evaluated_on"] == "test" and result["tune_trials"] == 3
+
+
+def test_tune_on_several_splits_scores_the_mean(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40, n_splits=3)
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\n")
+    out_json, runs = tmp_path / "out.json", tmp_path / "runs"
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "2", "--data-dir", str(root),
+                     "--json", str(out_json), "--tune", str(space), "--trials", "2", "--tune-splits", "0-1",
+                     "--runs-dir", str(runs), *TINY_SETS]) == 0
+    assert json.loads(out_json.read_text())["datasets"]["tiny"]["tuned"]["splits"] == [0, 1]
+    record = json.loads((runs / "sweeps" / "tiny" / "sweep.json").read_text())
+    assert record["repeat"] == {"data.split": [0, 1]}
+    assert [load_spec(runs / "sweeps" / "tiny" / "trials" / "0000" / f"repeat{r}" / "spec.yaml").data.split
+            for r in (0, 1)] == [0, 1]
 
 
 def test_tune_refuses_bad_input(tmp_path, capsys):
@@ -206,5 +222,5 @@ def test_tune_refuses_bad_input(tmp_path, capsys):
     space.write_text("inference.lr: {low: 0.001, high: 0.1}\n")
     assert uci.main([*args, "--set", "data.validation_fraction=0.2"]) == 2
     assert "leave it at 0" in capsys.readouterr().err
-    assert uci.main([*args, "--tune-split", "7"]) == 2
-    assert "--tune-split" in capsys.readouterr().err
+    assert uci.main([*args, "--tune-splits", "0-7"]) == 2
+    assert "--tune-splits" in capsys.readouterr().err

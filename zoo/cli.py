@@ -185,14 +185,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> None:
     """Search a space of spec settings on validation rows (Optuna); print the best trials, write best.yaml."""
-    from zoo.sweep import sweep
+    from zoo.sweep import parse_repeat, sweep
 
     overrides = list(args.set or [])
     if args.data_dir:
         overrides.append(f"data.dir={args.data_dir}")
     result = sweep(args.spec, args.space, args.trials, args.out, overrides, workers=args.workers,
                    threads=args.threads, storage=args.storage, study_name=args.study, metric=args.metric,
-                   progress=not args.no_progress, echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+                   repeat=parse_repeat(args.repeat) if args.repeat else None, progress=not args.no_progress,
+                   echo=lambda line: console.print(line, soft_wrap=True, markup=False))
     _print_trials(result, limit=10)
     written = [str(path) for path in result.files.values()]
     console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
@@ -312,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", metavar="NAME", help="study name in the storage (default zoo-sweep)")
     p.add_argument("--metric", help="validation metric to optimise (default: test_ll for regression, nll for "
                    "classification)")
+    p.add_argument("--repeat", metavar="KEY=V1,V2,...", help="fit every trial once per value and score the mean, "
+                   "e.g. data.split=0,1,2 (three splits' validation rows) or seed=0,1,2")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field")
     p.add_argument("--data-dir", help="data directory (UCI folders); default $ZOO_DATA_DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

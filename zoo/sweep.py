@@ -304,6 +304,11 @@ class SweepSetup:
     seed: int
     threads: int | None = None
     startup_trials: int = 10
+    repeat: tuple[str, list[Any]] | None = None  # a spec key and its values: each trial fits once per value
+
+    def repeat_values(self) -> list[dict[str, Any]]:
+        """The extra settings of each of a trial's fits (one empty set without a repeat)."""
+        return [{}] if self.repeat is None else [{self.repeat[0]: v} for v in self.repeat[1]]
 
     @property
     def tree(self) -> dict:
@@ -318,38 +323,45 @@ def _objective(setup: SweepSetup, tree: dict, space: SearchSpace) -> Callable:
     from zoo.evaluate import ValidationMonitor
     from zoo.pipeline import train
 
+    repeats = setup.repeat_values()
+
     def objective(trial: optuna.Trial) -> float:
         params = space.suggest(trial)
         run_dir = Path(setup.out) / TRIALS_DIR / f"{trial.number:04d}"
         for key, value in {"out": str(Path(setup.out).resolve()), "host": socket.gethostname(), "pid": os.getpid(),
                            "run_dir": str(run_dir)}.items():
             trial.set_user_attr(key, value)
-        started = time.perf_counter()
+        started, scores = time.perf_counter(), []
+        for r, extra in enumerate(repeats):  # one fit, or one per repeated value; the score is their mean
 
-        def on_score(k: int, value: float) -> None:
-            trial.report(value, k)
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"{setup.metric} {value:.4g} after {k}/{REPORTS_PER_TRIAL} of its fit")
+            def on_score(k: int, value: float, r: int = r) -> None:
+                at = r * REPORTS_PER_TRIAL + k  # later repeats report after the earlier ones' scores
+                trial.report((sum(scores) + value) / (len(scores) + 1), at)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"{setup.metric} {value:.4g} after {at}/"
+                                             f"{REPORTS_PER_TRIAL * len(repeats)} of its fits")
 
-        try:
-            settings = trial_spec(tree, params)
-            monitor = ValidationMonitor(setup.metric, on_score, settings.inference.predictive_samples, settings.seed,
-                                        REPORTS_PER_TRIAL)
-            summary = train(settings, run_dir, progress=False, echo=None, monitor=monitor)
-        except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", True)
-            raise
-        except (TrainingDiverged, ZooInputError) as err:  # these settings cannot be fitted: a finished failure
-            trial.set_user_attr("failure", f"{type(err).__name__}: {err}")
-            raise
-        finally:
-            trial.set_user_attr("seconds", round(time.perf_counter() - started, 3))
-        trial.set_user_attr("metrics", summary.metrics)
-        value = float(summary.metrics[setup.metric])
-        if not math.isfinite(value):
-            trial.set_user_attr("failure", f"{setup.metric} is {value}")
-            raise TrainingDiverged(f"validation {setup.metric} is {value}")
-        return value
+            try:
+                settings = trial_spec(tree, {**params, **extra})
+                monitor = ValidationMonitor(setup.metric, on_score, settings.inference.predictive_samples,
+                                            settings.seed, REPORTS_PER_TRIAL)
+                where = run_dir if len(repeats) == 1 else run_dir / f"repeat{r}"
+                summary = train(settings, where, progress=False, echo=None, monitor=monitor)
+            except KeyboardInterrupt:
+                trial.set_user_attr("interrupted", True)
+                raise
+            except (TrainingDiverged, ZooInputError) as err:  # these settings cannot be fitted: a finished failure
+                trial.set_user_attr("failure", f"{type(err).__name__}: {err}")
+                raise
+            finally:
+                trial.set_user_attr("seconds", round(time.perf_counter() - started, 3))
+            value = float(summary.metrics[setup.metric])
+            if not math.isfinite(value):
+                trial.set_user_attr("failure", f"{setup.metric} is {value}")
+                raise TrainingDiverged(f"validation {setup.metric} is {value}")
+            scores.append(value)
+        trial.set_user_attr("metrics", summary.metrics if len(repeats) == 1 else {setup.metric: scores})
+        return sum(scores) / len(scores)
 
     return objective
 
@@ -445,9 +457,13 @@ def _best(rows: list[TrialRow], direction: str) -> TrialRow | None:
 def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | dict, n_trials: int, out: str | Path,
           overrides: list[str] | None = None, workers: int = 1, threads: int | None = None,
           storage: str | None = None, study_name: str | None = None, metric: str | None = None,
-          progress: bool = True, echo: Callable[[str], None] | None = print) -> SweepResult:
+          repeat: tuple[str, list[Any]] | None = None, progress: bool = True,
+          echo: Callable[[str], None] | None = print) -> SweepResult:
     """Search ``space`` for the settings of ``spec`` that score best on its validation rows, in ``n_trials`` finished
     trials; write the sweep directory (see the module docstring) and return its trials and best one.
+
+    ``repeat = (key, values)`` fits every trial once per value of a spec key and scores the mean, e.g.
+    ``("data.split", [0, 1, 2])``: three splits' validation rows instead of one (a steadier score on small data).
 
     ``workers`` processes run trials side by side, each with ``threads`` torch threads (default: the cores divided
     among the workers). Running again with the same arguments continues a stopped sweep.
@@ -470,7 +486,11 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
                             "the test rows: set it, e.g. --set data.validation_fraction=0.2")
     space = load_space(space_source)
     check_space(space, tree)
-    task = load_dataset(spec.data, spec.seed).task  # also checks the data and that the carve leaves rows to train on
+    if repeat is not None and repeat[0] in space.dimensions:
+        raise ZooInputError("--repeat", repeat[0], "is also a key of the space; repeat a key the sweep does not search")
+    for extra in ([{}] if repeat is None else _checked_repeat(repeat, tree)):
+        variant = trial_spec(tree, extra)  # also checks the data and that the carve leaves rows to train on
+        task = load_dataset(variant.data, variant.seed).task
     metric, direction = choose_metric(metric, task)
     with claimed_run_directory(Path(out), resume=True) as out:
         import optuna
@@ -478,7 +498,8 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         name = study_name or "zoo-sweep"
         setup = SweepSetup(yaml.safe_dump(tree, sort_keys=False), space.as_dict(), metric, direction, str(out),
-                           storage, name, n_trials, spec.seed, threads, startup_trials=max(1, min(10, n_trials // 2)))
+                           storage, name, n_trials, spec.seed, threads, startup_trials=max(1, min(10, n_trials // 2)),
+                           repeat=None if repeat is None else (repeat[0], list(repeat[1])))
         study = optuna.create_study(storage=open_storage(storage, out), study_name=name, direction=direction,
                                     load_if_exists=True)
         _check_same_sweep(study, setup, out)
@@ -489,6 +510,8 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         say(f"sweep of {len(space.dimensions)} key(s) on {spec.data.name}'s validation rows "
             f"({spec.data.validation_fraction:g} of the training rows): {metric} ({direction}), "
             f"{n_trials} trials ({before} finished), {workers} worker(s) x {threads} thread(s)"
+            + (f", each trial the mean of {len(setup.repeat[1])} fits ({setup.repeat[0]} = "
+               f"{', '.join(map(str, setup.repeat[1]))})" if setup.repeat else "")
             + (f"; rerunning interrupted trial(s) {', '.join(map(str, requeued))}" if requeued else ""))
         started = time.perf_counter()
         try:
@@ -505,14 +528,28 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         return _finish(setup, study, out, time.perf_counter() - started)
 
 
+def _checked_repeat(repeat: tuple[str, list[Any]], tree: dict) -> list[dict[str, Any]]:
+    """Each repeated value as a trial's extra setting, refused (naming it) unless the spec accepts it."""
+    key, values = repeat
+    if not values or len(set(map(_one_line, values))) != len(values):
+        raise ZooInputError("--repeat", f"{key}={values}", "give two or more distinct values, e.g. data.split=0,1,2")
+    for value in values:
+        try:
+            trial_spec(tree, {key: value})
+        except ZooInputError as err:
+            raise ZooInputError("--repeat", f"{key}={value}", f"the spec refuses this value: {err}") from None
+    return [{key: v} for v in values]
+
+
 def _check_same_sweep(study, setup: SweepSetup, out: Path) -> None:
     """The first sweep process records what the study is; a later one (a resume, another machine) must agree."""
-    identity = {"spec": setup.spec_yaml, "space": setup.space, "metric": setup.metric}
+    identity = {"spec": setup.spec_yaml, "space": setup.space, "metric": setup.metric,
+                "repeat": None if setup.repeat is None else [setup.repeat[0], setup.repeat[1]]}
     recorded = study.user_attrs.get("zoo_sweep")
     if recorded is None:
         study.set_user_attr("zoo_sweep", identity)
         return
-    for what in ("spec", "space", "metric"):
+    for what in ("spec", "space", "metric", "repeat"):
         if recorded.get(what) != identity[what]:
             raise ZooInputError("--out" if setup.storage is None else "--storage", setup.storage or str(out),
                                 f"study '{setup.study_name}' there was started with another {what}; continue it with "
@@ -597,6 +634,7 @@ def _sweep_record(setup: SweepSetup, study, wall: float | None) -> dict[str, Any
     return {"spec": yaml.safe_load(setup.spec_yaml), "space": setup.space, "metric": setup.metric,
             "direction": setup.direction, "storage": setup.storage or str(Path(setup.out) / STUDY_FILE),
             "study": setup.study_name, "n_trials": setup.n_trials, "wall_seconds": wall,
+            "repeat": None if setup.repeat is None else {setup.repeat[0]: setup.repeat[1]},
             "best": None if best is None else best.__dict__, "trials": [r.__dict__ for r in rows]}
 
 
@@ -720,3 +758,12 @@ def write_trials_report(sweep_dir: str | Path, out: str | Path) -> tuple[SweepRe
     files = {"markdown": write_text(out, markdown), "csv": write_text(out.with_suffix(".csv"), buffer.getvalue()),
              "plot": plot_history(result.trials, result.metric, result.direction, out.with_suffix(".png"))}
     return result, files
+
+
+def parse_repeat(text: str) -> tuple[str, list[Any]]:
+    """``--repeat KEY=V1,V2,...`` as (key, values), each value read as YAML (``data.split=0,1,2``)."""
+    key, sep, raw = str(text).partition("=")
+    values = [yaml.safe_load(v) for v in raw.split(",") if v.strip()] if sep else []
+    if not key.strip() or len(values) < 2:
+        raise ZooInputError("--repeat", text, "write KEY=V1,V2,..., e.g. data.split=0,1,2 (two or more values)")
+    return key.strip(), values
