@@ -303,3 +303,36 @@ def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     assert "(best)" in table[2]
     assert (tmp_path / "trials.csv").exists() and (tmp_path / "trials.png").exists()
     assert main(["report", str(out), str(out / TRIALS_DIR / "0000"), "--out", str(tmp_path / "x.md")]) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_workers_stop_when_the_sweep_process_is_killed(tmp_path):
+    """kill -9 of `zoo sweep` leaves no worker running its trial to the end: each gets SIGTERM from the kernel."""
+    import signal
+    import time
+
+    spec, space = tmp_path / "spec.yaml", tmp_path / "space.yaml"
+    slow = {**TOY, "inference": {**TOY["inference"], "num_steps": 200000}}
+    spec.write_text(yaml.safe_dump(slow))
+    space.write_text(yaml.safe_dump(SPACE))
+    job = subprocess.Popen([sys.executable, "-m", "zoo.cli", "sweep", str(spec), "--space", str(space), "--trials",
+                            "4", "--out", str(tmp_path / "sweep"), "--workers", "2", "--no-progress"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    workers: list[int] = []
+    while time.time() < deadline and len(workers) < 2:
+        time.sleep(0.5)
+        found = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+        workers = [int(w) for w in found if "spawn_main" in Path(f"/proc/{w}/cmdline").read_text(errors="ignore")]
+    assert len(workers) == 2
+    trials = tmp_path / "sweep" / TRIALS_DIR
+    while time.time() < deadline and len(list(trials.glob("*/train.log"))) < 2:  # both workers are in a trial
+        time.sleep(0.5)
+    assert len(list(trials.glob("*/train.log"))) == 2
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+        time.sleep(0.5)
+    assert not any(Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text()
+                   .lower() for w in workers)

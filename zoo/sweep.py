@@ -27,6 +27,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import time
@@ -393,12 +394,27 @@ def run_worker(setup: SweepSetup, index: int = 0, parent: int | None = None,
                        callbacks=[lambda *_: after_trial()] if after_trial is not None else None)
 
 
+def _end_with_parent() -> None:
+    """On Linux, ask the kernel for SIGTERM when the sweep process dies (even by SIGKILL), so that a worker stops at
+    its next step instead of finishing its trial; elsewhere a worker stops after its trial (see run_worker)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _worker_main(setup: SweepSetup, index: int, parent: int) -> None:
     """A spawned worker: its own session (the sweep process forwards Ctrl-C and SIGTERM to it once), its exit code
     as ``zoo`` would give it."""
     from zoo.cli import exit_code
 
     os.setsid()
+    _end_with_parent()
     with sigterm_interrupts():
         code = exit_code(lambda: run_worker(setup, index, parent))
     sys.exit(code)
