@@ -20,7 +20,7 @@ differ slightly from its metrics.json).
 
 * Regression: ``coverage_95`` (share of the NUTS predictive of y inside the member's central 95% interval, mean
   over test inputs; 0.95 ideal) and ``w1`` (Wasserstein-1 between predictive marginals of y, original units):
-  exactly ``zoo.diagnostics.compare``; ``rmse`` and ``test_ll`` (``zoo.metrics.regression_metrics`` on those
+  exactly ``zoo.diagnostics.compare``'s; ``rmse`` and ``test_ll`` (``zoo.metrics.regression_metrics`` on those
   draws); ``sd_ratio``: the mean predictive sd of f inside the gap (the widest space between training inputs, on a
   300-point grid from min - 1 to max + 1 of the training inputs) divided by its mean at the training inputs, from
   400 draws seeded 0, grid and training inputs in one call -- as the regression notebook defines it (null, shown

@@ -1,0 +1,56 @@
+"""Owns the checks of a fitted posterior, in three modules by job:
+
+* :mod:`zoo.diagnostics.inference_data`: every run as one ArviZ ``InferenceData`` (``posterior.nc``);
+* :mod:`zoo.diagnostics.checks`: R-hat, ESS, divergences, BFMI, Pareto k-hat, their verdict, files and plots
+  (``zoo diagnose``; the verdict that ends ``zoo train`` of MCMC draws);
+* :mod:`zoo.diagnostics.comparison`: runs' predictives against a reference run's (``zoo compare``).
+
+The names below are the package's public interface.
+"""
+
+from zoo.diagnostics.checks import (
+    BFMI_MIN,
+    DIAGNOSTICS_FILE,
+    ESS_MIN,
+    KHAT_MAX,
+    RHAT_MAX,
+    SUMMARY_FILE,
+    check,
+    diagnose,
+    diagnose_report,
+    guide_log_density,
+    jsonable,
+    khat_interpretation,
+    pareto_k,
+    sampler_checks,
+    verdict,
+)
+from zoo.diagnostics.comparison import (
+    COMPARE_DRAWS,
+    RunPredictive,
+    compare,
+    compare_predictives,
+    compare_table,
+    coverage,
+    run_predictive,
+    wasserstein,
+)
+from zoo.diagnostics.inference_data import (
+    INFERENCE_DATA_FILE,
+    VI_DRAWS,
+    log_joint,
+    per_draw_mixture,
+    pointwise_log_likelihood,
+    replicate_y,
+    save_inference_data,
+    site_dims,
+    to_inference_data,
+)
+
+__all__ = [
+    "BFMI_MIN", "COMPARE_DRAWS", "DIAGNOSTICS_FILE", "ESS_MIN", "INFERENCE_DATA_FILE", "KHAT_MAX", "RHAT_MAX",
+    "SUMMARY_FILE", "VI_DRAWS", "RunPredictive", "check", "compare", "compare_predictives", "compare_table",
+    "coverage", "diagnose", "diagnose_report", "guide_log_density", "jsonable", "khat_interpretation", "log_joint",
+    "pareto_k", "per_draw_mixture", "pointwise_log_likelihood", "replicate_y", "run_predictive", "sampler_checks",
+    "save_inference_data", "site_dims", "to_inference_data", "verdict", "wasserstein",
+]
