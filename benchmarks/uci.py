@@ -279,7 +279,7 @@ def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: 
     if result.best is None:
         raise TrainingDiverged(f"{dataset}: no trial of the sweep completed; widen the space in {args.tune}")
     states = [t.state for t in result.trials]
-    chosen = {k: v for k, v in result.best.params.items()}
+    chosen = dict(result.best.params)
     console.print(f"{dataset}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
                   f"{result.wall_seconds:.0f} s; validation {result.metric} {result.best.value:.3f} with "
                   + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)

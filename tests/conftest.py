@@ -80,6 +80,17 @@ def compiled_step(test):
     return test
 
 
+def load_benchmark(name: str, as_name: str | None = None):
+    """The script ``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(as_name or f"{name}_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_spec(base: str = "toy", *overrides: str) -> RunSpec:
     """A validated tiny spec, with ``--set``-style overrides."""
     return load_spec(copy.deepcopy(SPECS[base]), list(overrides))

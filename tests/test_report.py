@@ -4,7 +4,6 @@ what a run did not record, CSV, plot), the errors for non-run directories, and t
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -234,10 +233,10 @@ def test_uci_benchmark_keeps_runs_for_the_report(tmp_path, capsys, monkeypatch):
 
 
 def test_digits_benchmark_keeps_runs_for_the_report(tmp_path, monkeypatch):
+    from tests.conftest import load_benchmark
+
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "digits.py"
-    loader = importlib.util.spec_from_file_location("digits_benchmark_for_report", script)
-    digits = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(digits)
+    digits = load_benchmark("digits", "digits_benchmark_for_report")
     monkeypatch.setattr(digits, "train", fake_train)
     config = str(script.parents[1] / "configs" / "mean_field_digits.yaml")
     figures = digits.main(["--spec", config, "--seeds", "0-1", "--runs-dir", str(tmp_path / "kept")])

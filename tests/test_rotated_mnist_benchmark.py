@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_benchmark
 from zoo.errors import ZooInputError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("rotated_mnist_benchmark", REPO / "benchmarks" / "rotated_mnist.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_benchmark("rotated_mnist")
 
 
 @pytest.mark.parametrize("text, expected", [("0-180:45", [0, 45, 90, 135, 180]), ("90,0,90", [0, 90]),

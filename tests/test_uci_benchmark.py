@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import load_benchmark
 from zoo.errors import ZooInputError
 from zoo.metrics import mean_and_standard_error
 from zoo.spec import load_spec
@@ -19,14 +19,7 @@ SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
 CONFIG = REPO / "configs" / "mean_field_uci.yaml"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("uci_benchmark", REPO / "benchmarks" / "uci.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-uci = _load_script()
+uci = load_benchmark("uci")
 
 TINY_SETS = ["--set", "inference.num_steps=3", "--set", "inference.predictive_samples=4"]
 

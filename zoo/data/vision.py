@@ -10,7 +10,7 @@ from types import ModuleType
 
 import numpy as np
 
-from zoo.data.base import Dataset, Loader, check_ood_classes, given, make_dataset
+from zoo.data.base import Dataset, Loader, check_ood_classes, given, hold_out_classes, make_dataset
 from zoo.data.uci import resolve_data_dir
 from zoo.errors import ZooInputError
 
@@ -59,17 +59,11 @@ def load_vision(
         raise ZooInputError("data.n_train", n_train, "use a whole number of at least 2")
     tv_datasets = _import_torchvision_datasets()
     root = str(resolve_data_dir(data_dir))
-    held = check_ood_classes(ood_classes, 10)
+    check_ood_classes(ood_classes, 10)
     x_tr, y_tr, names = _read(tv_datasets, name, root, True, download)
     x_te, y_te, _ = _read(tv_datasets, name, root, False, download)
-    kept = [c for c in range(10) if c not in held]
-    relabel = np.full(10, -1, dtype=np.int64)
-    relabel[kept] = np.arange(len(kept))
-    ood: dict[str, np.ndarray] = {}
-    if held:
-        ood["heldout_classes"] = x_te[np.isin(y_te, held)]
-    in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
-    x_tr, y_tr, x_te, y_te = x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te], relabel[y_te[in_te]]
+    x_tr, y_tr, x_te, y_te, x_held, kept = hold_out_classes(x_tr, y_tr, x_te, y_te, ood_classes, 10)
+    ood: dict[str, np.ndarray] = {"heldout_classes": x_held} if x_held is not None else {}
     if n_train is not None and n_train < len(x_tr):
         pick = np.sort(np.random.default_rng(seed).choice(len(x_tr), size=n_train, replace=False))
         x_tr, y_tr = x_tr[pick], y_tr[pick]
