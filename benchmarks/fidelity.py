@@ -2,8 +2,14 @@
 
     python benchmarks/fidelity.py --reference runs/notebooks/regression/full/hmc \\
         [--members all|name,...] [--runs-dir DIR] [--json PATH] [--threads N] [--samples S] [--steps N]
+    python benchmarks/fidelity.py --reference runs/hmc_uci/bostonHousing-split0{0,1,2} ...   # UCI, several splits
 
-The task follows from the reference run's spec: the toy with a gap (regression) or two moons (classification).
+The task follows from the reference run's spec: the toy with a gap (regression), two moons (classification) or a
+UCI data set. On a UCI reference each member is its own UCI config (``UCI_CONFIGS``: the settings of the UCI
+table) run on the reference's data set, split and net width, and the members' runs go to
+``runs/fidelity/uci/<data set>-split<NN>/<member>``. Given several references, the script also prints, per data
+set, each member's figures as mean ± standard error over the references (splits), and how many of them pass
+``zoo diagnose --strict``; the JSON then holds ``per_reference`` and ``summary``.
 Every member is a table entry below, ``name -> spec overrides`` applied to the reference run's own spec (its
 data, net, prior and likelihood, which a member keeps unless it has to replace them), then trained, or reused:
 
@@ -149,9 +155,25 @@ MEMBERS: dict[str, dict[str, Any]] = {
         },
     },
 }
+# On a UCI reference each member is its own UCI config (configs/<config>), run on the reference's data set, split
+# and net width: the settings the UCI table reports, not the notebooks' toy settings.
+UCI_CONFIGS = {"mean_field": "mean_field_uci.yaml", "map": "map_uci.yaml", "mc_dropout": "mc_dropout_uci.yaml",
+               "deep_ensemble": "deep_ensemble_uci.yaml", "rank1": "rank1_cauchy_uci.yaml",
+               "batch_ensemble": "batchensemble_uci.yaml", "subnet_laplace": "subnet_laplace_uci.yaml"}
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 TOPICS = {"regression": "toy", "classification": "moons"}
 COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
+UCI_COLUMNS = ["coverage_95", "w1", "rmse", "test_ll"]  # no gap to measure the sd in: inputs are many-dimensional
+
+
+def topic_of(spec: RunSpec, task: str) -> str:
+    """``uci`` for a UCI reference, else the toy task's topic (``toy`` or ``moons``)."""
+    return "uci" if spec.data.name.startswith("uci:") else TOPICS[task]
+
+
+def columns_of(topic: str, task: str) -> list[str]:
+    return UCI_COLUMNS if topic == "uci" else COLUMNS[task]
 HEADERS = {"coverage_95": "coverage of {ref}", "w1": "W1 to {ref}", "rmse": "RMSE", "test_ll": "test LL",
            "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with {ref}", "tv": "total variation",
            "accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}
@@ -164,21 +186,29 @@ def _by_task(value: Any, task: str) -> Any:
     return value
 
 
-def member_label(name: str, task: str) -> str:
+def member_label(name: str, task: str, topic: str = "") -> str:
+    if topic == "uci":
+        return f"{_by_task(MEMBERS[name]['label'], task).split(' (')[0]} ({UCI_CONFIGS[name]})"
     return _by_task(MEMBERS[name]["label"], task)
 
 
 def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = None) -> RunSpec:
-    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count)."""
-    tree = reference.model_dump(mode="json")
-    for key, value in MEMBERS[name]["overrides"].items():
-        value = copy.deepcopy(_by_task(value, task))
-        if value is None:
-            continue
-        if key == "net.hidden":
-            tree["net"]["hidden"] = value
-        else:
-            tree[key] = value
+    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count); on a UCI
+    reference, the member's UCI config on the reference's data (set, split, directory), net width and seed."""
+    if topic_of(reference, task) == "uci":
+        tree = load_spec(CONFIG_DIR / UCI_CONFIGS[name]).model_dump(mode="json")
+        tree["data"], tree["seed"] = reference.data.model_dump(mode="json"), reference.seed
+        tree["net"]["hidden"] = list(reference.net.hidden)
+    else:
+        tree = reference.model_dump(mode="json")
+        for key, value in MEMBERS[name]["overrides"].items():
+            value = copy.deepcopy(_by_task(value, task))
+            if value is None:
+                continue
+            if key == "net.hidden":
+                tree["net"]["hidden"] = value
+            else:
+                tree[key] = value
     if steps is not None:
         if tree["inference"].get("method") == "svi":
             tree["inference"]["num_steps"] = steps
@@ -242,13 +272,13 @@ def in_between_sd(posterior, data) -> dict[str, float]:
 
 
 def draw_figures(run: RunPredictive) -> dict[str, float]:
-    """Test metrics from the draws ``compare`` used (``run.pred``); the sd ratio on regression."""
+    """Test metrics from the draws ``compare`` used (``run.pred``); the sd ratio on one-input regression."""
     data, pred = run.data, run.pred
     if data.task == "classification":
         out = classification_metrics(pred.log_probs, data.y_test)
         return {k: out[k] for k in ("accuracy", "nll", "ece")}
     out = regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
-    return {**out, **in_between_sd(run.posterior, data)}
+    return {**out, **in_between_sd(run.posterior, data)} if data.in_dim == 1 else out
 
 
 POSTERIOR_PARTS = ("data", "net", "prior", "likelihood")  # what defines the posterior a member approximates
@@ -275,20 +305,25 @@ def _fmt(key: str, value: float | None) -> str:
     return f"{value:.1f}" if key == "sd_ratio" else f"{value:.3f}"
 
 
-def table_of(figures: dict[str, Any]) -> Table:
-    task = figures["task"]
-    table = Table(title=f"posterior fidelity against {figures['reference']} ({figures['data']}, "
-                        f"{figures['num_samples']} draws per run)", title_justify="left")
+def fidelity_table(title: str, figures: dict[str, Any], strict_header: str) -> Table:
+    """An empty table: member, the figures' columns, whether it is the reference's posterior, ``strict_header``."""
+    table = Table(title=title, title_justify="left")
     table.add_column("member")
-    for key in COLUMNS[task]:
+    for key in figures["columns"]:
         table.add_column(HEADERS[key].format(ref=figures["reference_method"].upper()), justify="right")
     table.add_column("same posterior as the reference")
-    table.add_column("reference passes --strict")
+    table.add_column(strict_header)
+    return table
+
+
+def table_of(figures: dict[str, Any]) -> Table:
+    table = fidelity_table(f"posterior fidelity against {figures['reference']} ({figures['data']}, "
+                           f"{figures['num_samples']} draws per run)", figures, "reference passes --strict")
     strict = "yes" if figures["reference_check"]["passes_strict"] else "NO"
     for row in figures["rows"]:
         differs = row["differs_from_reference"]
         same = "yes" if not differs else f"no: {', '.join(differs)}"
-        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in COLUMNS[task]), same, strict)
+        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in figures["columns"]), same, strict)
     return table
 
 
@@ -300,12 +335,98 @@ def parse_members(text: str) -> list[str]:
     return names
 
 
+def compare_reference(reference: Path, names: list[str], args: argparse.Namespace, several: bool, echo) -> dict:
+    """Train or reuse every member for one reference and compare it with the reference: that reference's figures."""
+    start = time.perf_counter()
+    if not _finished(reference):
+        raise ZooInputError("--reference", str(reference), "not a finished run directory (spec.yaml, metrics.json)")
+    ref_spec, ref_data, _ = load_run(reference)
+    if ref_spec.inference.method not in ("nuts", "hmc"):
+        raise ZooInputError("--reference", str(reference), "the reference must be an MCMC run (nuts or hmc)")
+    task = ref_data.task
+    topic = topic_of(ref_spec, task)
+    runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / topic
+    if topic == "uci" or several:  # one folder of members per data set and split
+        runs_dir = runs_dir / f"{ref_spec.data.name.removeprefix('uci:')}-split{ref_spec.data.split:02d}"
+    reference_check = reference_verdict(reference)
+    if not reference_check["passes_strict"]:
+        echo(f"{reference} fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
+    members: list[tuple[str, Path, str, float]] = []
+    specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
+    for name in names:
+        spec = member_spec(ref_spec, name, task, args.steps)
+        t0 = time.perf_counter()
+        run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
+        members.append((name, run_dir, how, time.perf_counter() - t0))
+        specs.append(spec)
+
+    method = ref_spec.inference.method
+    columns = columns_of(topic, task)
+    entries = [(method, reference, "reference", 0.0), *members]
+    predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
+    rows = []
+    for (name, run_dir, how, seconds), row, predictive, spec in zip(entries, compare_predictives(
+            predictives[0], predictives[1:]), predictives, specs, strict=True):
+        label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
+            else member_label(name, task, topic)
+        fidelity = {k: row[k] for k in columns[:2]}
+        stored = json.loads((run_dir / METRICS_FILE).read_text())
+        rows.append({"member": name, "label": label, "run": str(run_dir), "how": how,
+                     "differs_from_reference": posterior_differences(ref_spec, spec),
+                     "obtain_seconds": round(seconds, 1), **fidelity, **draw_figures(predictive),
+                     "train_seconds": stored.get("train_seconds"),
+                     "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
+    return jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
+                     "task": task, "topic": topic, "data": ref_data.name, "split": ref_spec.data.split,
+                     "num_samples": args.samples, "steps": args.steps, "columns": columns, "rows": rows,
+                     "wall_seconds": round(time.perf_counter() - start, 1)})
+
+
+def summarise_splits(per_reference: list[dict]) -> list[dict]:
+    """Per data set, every member's figures as mean and standard error over the references (splits)."""
+    summaries = []
+    for data in dict.fromkeys(f["data"] for f in per_reference):
+        group = [f for f in per_reference if f["data"] == data]
+        columns, rows = group[0]["columns"], []
+        for position, first in enumerate(group[0]["rows"]):
+            row = {"member": first["member"], "label": first["label"],
+                   "differs_from_reference": first["differs_from_reference"]}
+            for key in columns:
+                values = [f["rows"][position].get(key) for f in group]
+                values = [v for v in values if v is not None and math.isfinite(v)]
+                mean = sum(values) / len(values) if values else None
+                spread = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+                          if len(values) > 1 else None)
+                row[key], row[f"{key}_se"] = mean, spread
+            rows.append(row)
+        summaries.append({"data": data, "splits": [f["split"] for f in group], "columns": columns, "rows": rows,
+                          "references_passing_strict": sum(f["reference_check"]["passes_strict"] for f in group),
+                          "reference_method": group[0]["reference_method"], "num_samples": group[0]["num_samples"]})
+    return summaries
+
+
+def summary_table(summary: dict) -> Table:
+    """One data set's members, mean ± s.e. over its splits."""
+    table = fidelity_table(f"posterior fidelity on {summary['data']}, splits {summary['splits']} (mean ± s.e.; "
+                           f"{summary['num_samples']} draws per run)", summary, "references passing --strict")
+    passing = f"{summary['references_passing_strict']}/{len(summary['splits'])}"
+    for row in summary["rows"]:
+        cells = [_fmt(k, row[k]) + (f" ± {row[k + '_se']:.3f}" if row[f"{k}_se"] is not None else "")
+                 for k in summary["columns"]]
+        differs = row["differs_from_reference"]
+        table.add_row(row["label"], *cells, "yes" if not differs else f"no: {', '.join(differs)}", passing)
+    return table
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """Train or reuse every member, compare each with the reference, print the table, optionally write JSON."""
+    """Train or reuse every member, compare each with the reference(s), print the tables, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", required=True, help="a finished MCMC (NUTS or HMC) run directory")
+    parser.add_argument("--reference", required=True, nargs="+", metavar="RUN_DIR",
+                        help="finished MCMC (NUTS or HMC) run directories; several (e.g. UCI splits) are also "
+                        "summarised per data set, mean ± s.e. over splits")
     parser.add_argument("--members", default="all", help=f"all, or some of: {','.join(MEMBERS)}")
-    parser.add_argument("--runs-dir", metavar="DIR", help="where new member runs go (default runs/fidelity/<topic>)")
+    parser.add_argument("--runs-dir", metavar="DIR", help="where new member runs go (default runs/fidelity/<topic>; "
+                        "per data set and split for UCI references or several references)")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--samples", type=int, default=COMPARE_DRAWS, help="posterior draws per run")
@@ -318,57 +439,30 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     console = Console()
-    reference = Path(args.reference)
-    if not _finished(reference):
-        raise ZooInputError("--reference", str(reference), "not a finished run directory (spec.yaml, metrics.json)")
-    ref_spec, ref_data, _ = load_run(reference)
-    if ref_spec.inference.method not in ("nuts", "hmc"):
-        raise ZooInputError("--reference", str(reference), "the reference must be an MCMC run (nuts or hmc)")
-    task = ref_data.task
-    runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / TOPICS[task]
     names = parse_members(args.members)
 
     def echo(message: str) -> None:
         console.print(message, style="dim", highlight=False)
 
-    reference_check = reference_verdict(reference)
-    if not reference_check["passes_strict"]:
-        echo(f"the reference fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
-    members: list[tuple[str, Path, str, float]] = []
-    specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
-    for name in names:
-        spec = member_spec(ref_spec, name, task, args.steps)
-        t0 = time.perf_counter()
-        run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
-        members.append((name, run_dir, how, time.perf_counter() - t0))
-        specs.append(spec)
-
-    method = ref_spec.inference.method
-    entries = [(method, reference, "reference", 0.0), *members]
-    predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
-    rows = []
-    for (name, run_dir, how, seconds), row, predictive, spec in zip(entries, compare_predictives(
-            predictives[0], predictives[1:]), predictives, specs, strict=True):
-        label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
-            else member_label(name, task)
-        fidelity = {k: row[k] for k in COLUMNS[task][:2]}
-        stored = json.loads((run_dir / METRICS_FILE).read_text())
-        rows.append({"member": name, "label": label, "run": str(run_dir), "how": how,
-                     "differs_from_reference": posterior_differences(ref_spec, spec),
-                     "obtain_seconds": round(seconds, 1), **fidelity, **draw_figures(predictive),
-                     "train_seconds": stored.get("train_seconds"),
-                     "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
-    figures = jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
-                        "task": task,
-                        "data": ref_data.name, "num_samples": args.samples, "steps": args.steps,
-                        "columns": COLUMNS[task], "rows": rows, "wall_seconds": round(time.perf_counter() - start, 1)})
-    console.print(table_of(figures))
-    for row in figures["rows"]:
-        console.print(f"{row['member']}: {row['run']} ({row['how']})", style="dim", highlight=False)
-    console.print(f"wall time {figures['wall_seconds']:.0f} s", style="dim")
+    several = len(args.reference) > 1
+    per_reference = []
+    for reference in args.reference:
+        figures = compare_reference(Path(reference), names, args, several, echo)
+        console.print(table_of(figures))
+        for row in figures["rows"]:
+            console.print(f"{row['member']}: {row['run']} ({row['how']})", style="dim", highlight=False)
+        per_reference.append(figures)
+    wall = round(time.perf_counter() - start, 1)
+    if several:
+        result = {"per_reference": per_reference, "summary": summarise_splits(per_reference), "wall_seconds": wall}
+        for summary in result["summary"]:
+            console.print(summary_table(summary))
+    else:
+        result = per_reference[0] | {"wall_seconds": wall}
+    console.print(f"wall time {wall:.0f} s", style="dim")
     if args.json:
-        write_json(args.json, figures)
-    return figures
+        write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":

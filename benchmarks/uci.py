@@ -150,13 +150,19 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
         torch.set_num_threads(threads)
     spec = load_spec(spec_path, overrides)
     started = time.perf_counter()
+    converged = None
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:  # where the run goes unless it is kept
             summary = train(spec, run_dir or Path(tmp) / "run", progress=False, echo=None)
+            if spec.inference.method in ("nuts", "hmc"):  # its verdict, as zoo train ends an MCMC run
+                from zoo.diagnostics import diagnose
+
+                converged = not diagnose(summary.run_dir, plots=False)["warnings"]
     finally:
         torch.set_num_threads(before)
     return {"rmse": float(summary.metrics["rmse"]), "test_ll": float(summary.metrics["test_ll"]),
-            "seconds": time.perf_counter() - started, "train_seconds": float(summary.metrics["train_seconds"])}
+            "seconds": time.perf_counter() - started, "train_seconds": float(summary.metrics["train_seconds"]),
+            "converged": converged}
 
 
 def parse_set_for(pairs: list[str], datasets: list[str]) -> dict[str, list[str]]:
@@ -203,6 +209,9 @@ def summarise(dataset: str, splits: list[int], results: dict[int, dict[str, floa
         "train_seconds": [results[s]["train_seconds"] for s in splits],
         "seconds_mean": sum(seconds) / len(seconds), "seconds_total": sum(seconds),
         "published": published,
+        # MCMC: how many splits' draws pass zoo diagnose --strict (None for the other methods)
+        "converged_splits": (None if any(results[s].get("converged") is None for s in splits)
+                             else sum(bool(results[s]["converged"]) for s in splits)),
     }
 
 
@@ -219,18 +228,23 @@ def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -
     table.add_column("RMSE", justify="right")
     table.add_column("test LL", justify="right")
     table.add_column("s/split", justify="right")
+    mcmc = any(block.get("converged_splits") is not None for block in summary.values())
+    if mcmc:
+        table.add_column("passes --strict", justify="right")
     for i, (dataset, block) in enumerate(summary.items()):
         if i:
             table.add_section()
         what = f"this spec (n={block['n_splits']})"
         if "tuned" in block:
             what += f", tuned ({block['tuned']['trials']} trials, {block['tuned']['sweep_seconds']:.0f} s)"
+        strict = [f"{block['converged_splits']}/{block['n_splits']}"] if mcmc else []
         table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
-                      _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}")
+                      _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}", *strict)
+        blank = [""] if mcmc else []
         for method, figs in PUBLISHED.get(dataset, {}).items():
-            table.add_row("", METHOD_NAMES[method], _pm(*figs["rmse"]), _pm(*figs["test_ll"]), "")
+            table.add_row("", METHOD_NAMES[method], _pm(*figs["rmse"]), _pm(*figs["test_ll"]), "", *blank)
         if dataset not in PUBLISHED:
-            table.add_row("", "published", "-", "-", "")
+            table.add_row("", "published", "-", "-", "", *blank)
     table.caption = "published ± are standard errors, except deep ensembles' (as printed, about a std over splits)"
     return table
 

@@ -90,3 +90,77 @@ def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch
     third = fidelity.main(argv[:-2])
     assert third["rows"][2]["how"] == "reused, next to the reference"
     assert third["rows"][2]["run"] == str(reference.parent / "map_elsewhere")
+
+
+@pytest.fixture(scope="module")
+def uci_references(tmp_path_factory) -> list[Path]:
+    """Tiny HMC references on two splits of a small UCI folder in the standard format."""
+    import numpy as np
+
+    from tests.test_data import write_uci
+
+    root = tmp_path_factory.mktemp("uci")
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(40, 4))
+    data[:, 3] = 5 + 2 * data[:, 0] - data[:, 1] + 0.3 * rng.normal(size=40)
+    splits = [(list(range(8, 40)), list(range(8))), (list(range(32)), list(range(32, 40)))]
+    write_uci(root, "tiny", data, [0, 1, 2], 3, splits, {"n_hidden.txt": "3\n"})
+    references = []
+    for split in (0, 1):
+        out = root / "hmc" / f"tiny-split{split:02d}"
+        spec = load_spec(CONFIGS / "hmc_uci.yaml", [
+            "data.name=uci:tiny", f"data.dir={root}", f"data.split={split}", "net.hidden=[3]",
+            "inference.num_chains=2", "inference.warmup_steps=15", "inference.num_samples=15",
+            "inference.compile=false", "inference.predictive_samples=20", "device=cpu"])
+        train(spec, out, progress=False, echo=None)
+        references.append(out)
+    return references
+
+
+def test_uci_members_are_their_uci_configs_on_the_references_data(uci_references):
+    ref = load_spec(uci_references[1] / "spec.yaml")
+    for name, config in fidelity.UCI_CONFIGS.items():
+        spec = fidelity.member_spec(ref, name, "regression")
+        own = load_spec(CONFIGS / config)
+        assert spec.data == ref.data and spec.seed == ref.seed and spec.net.hidden == [3]
+        assert spec.inference == own.inference and spec.guide == own.guide and spec.model == own.model
+        assert config in fidelity.member_label(name, "regression", "uci")
+    mean_field = fidelity.member_spec(ref, "mean_field", "regression")
+    assert fidelity.posterior_differences(ref, mean_field) == []  # the same model as the HMC reference
+
+
+def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    out = tmp_path / "fidelity.json"
+    result = fidelity.main(["--reference", *map(str, uci_references), "--members", "map,mean_field",
+                            "--runs-dir", str(tmp_path / "runs"), "--steps", "20", "--samples", "20",
+                            "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(result))
+    first, second = saved["per_reference"]
+    assert first["topic"] == "uci" and first["columns"] == fidelity.UCI_COLUMNS and (first["split"], second["split"]) \
+        == (0, 1)
+    assert "sd_ratio" not in first["rows"][1]  # many-dimensional inputs: no gap
+    assert Path(first["rows"][1]["run"]).parent.name == "tiny-split00"
+    (summary,) = saved["summary"]
+    assert summary["data"] == "uci:tiny" and summary["splits"] == [0, 1]
+    assert summary["references_passing_strict"] == 0  # 2 chains x 15 draws
+    for position, row in enumerate(summary["rows"]):
+        values = [first["rows"][position]["test_ll"], second["rows"][position]["test_ll"]]
+        assert row["test_ll"] == pytest.approx(sum(values) / 2)
+        assert row["test_ll_se"] == pytest.approx(abs(values[0] - values[1]) / 2)
+    printed = capsys.readouterr().out
+    assert "posterior fidelity on uci:tiny, splits [0, 1]" in printed and "0/2" in printed
+
+
+def test_summary_of_hand_figures():
+    rows = [{"member": "hmc", "label": "HMC", "differs_from_reference": [], "w1": 0.0, "test_ll": -1.0},
+            {"member": "map", "label": "MAP", "differs_from_reference": [], "w1": 0.5, "test_ll": None}]
+    figures = [{"data": "uci:a", "split": s, "columns": ["w1", "test_ll"], "reference_method": "hmc",
+                "num_samples": 10, "reference_check": {"passes_strict": s == 0},
+                "rows": [dict(rows[0], test_ll=-1.0 - s), dict(rows[1], w1=0.5 + s)]} for s in range(3)]
+    (summary,) = fidelity.summarise_splits(figures)
+    hmc, map_row = summary["rows"]
+    assert hmc["test_ll"] == pytest.approx(-2.0) and hmc["test_ll_se"] == pytest.approx(1 / math.sqrt(3))
+    assert map_row["w1"] == pytest.approx(1.5) and map_row["test_ll"] is None and map_row["test_ll_se"] is None
+    assert summary["references_passing_strict"] == 1

@@ -101,6 +101,25 @@ def test_tiny_folder_table_and_json(tmp_path, capsys, monkeypatch):
     assert result["datasets"]["tiny"]["published"] == {}
 
 
+def test_mcmc_rows_say_how_many_splits_pass_strict(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_hidden=2)
+    out_json = tmp_path / "out.json"
+    monkeypatch.setenv("COLUMNS", "300")
+    code = uci.main(["--spec", str(REPO / "configs" / "hmc_uci.yaml"), "--datasets", "tiny", "--splits", "0-1",
+                     "--data-dir", str(root), "--json", str(out_json), "--set", "inference.num_chains=2",
+                     "--set", "inference.warmup_steps=10", "--set", "inference.num_samples=10",
+                     "--set", "inference.compile=false", "--set", "inference.predictive_samples=10"])
+    assert code == 0
+    block = json.loads(out_json.read_text())["datasets"]["tiny"]
+    assert block["converged_splits"] == 0  # 2 chains x 10 draws: far from ESS 400
+    printed = capsys.readouterr().out
+    assert "passes --strict" in printed and "0/2" in printed
+    # the other methods have no such column
+    uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root), *TINY_SETS])
+    assert "passes --strict" not in capsys.readouterr().out
+
+
 def test_protocol_width_unless_set(tmp_path):
     base = ["inference.num_steps=3"]
     auto = uci.split_overrides(base, "x", 4, tmp_path, 50, depth=2)
