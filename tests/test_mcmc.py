@@ -127,6 +127,26 @@ def test_potential_includes_the_jacobian_of_constrained_sites(spec_factory):
     assert torch.allclose(potential.coords.pack(values), z, atol=1e-5)
 
 
+def test_chunked_potential_equals_one_call_and_reaches_fit_mcmc(spec_factory):
+    spec = spec_factory("toy", "likelihood.noise=learned")
+    data, family, _, _ = prepare(spec)
+    whole, chunked = Potential(family, data), Potential(family, data, chain_chunk=3)
+    z = torch.randn(7, whole.coords.dim)  # chunks of 3, 3 and 1
+    energy, grad = whole.value_and_grad(z)
+    chunk_energy, chunk_grad = chunked.value_and_grad(z)
+    torch.testing.assert_close(chunk_energy, energy)
+    torch.testing.assert_close(chunk_grad, grad)
+    assert chunked.evaluations == 1  # one evaluation of all chains, whatever the chunks
+    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=5, num_samples=5, chain_chunk=2))
+    data, family, guide, _ = prepare(spec)
+    calls = []
+    original = Potential._value_and_grad
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Potential, "_value_and_grad", lambda self, z: calls.append(len(z)) or original(self, z))
+        fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    assert calls and set(calls) == {2}
+
+
 def test_compiled_potential_matches_the_eager_one(spec_factory):
     spec = spec_factory("toy", "net.hidden=[4]", "likelihood.noise=learned")
     data, family, _, _ = prepare(spec)

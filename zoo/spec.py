@@ -370,6 +370,10 @@ class MCMCSpec(_Tempered):
                           "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
                           "for 64 lockstep HMC chains and ~2x faster NUTS iterations")
     adapt_mass_matrix: bool = True
+    chain_chunk: PositiveInt | None = Field(
+        None, description="hmc: evaluate the potential for at most this many chains per call (None: all at once); "
+        "on nets whose activations for all chains outgrow the CPU caches, chunks are faster (benchmarks/"
+        "hmc_chain_chunk.py)")
     init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
                       "chains start at its draws")
     max_weights: PositiveInt = Field(20_000, description="refuse models with more latent dimensions than this")

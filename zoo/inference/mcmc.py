@@ -160,7 +160,9 @@ class Potential:
     :func:`exp_tanh`).
     """
 
-    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False, temperature: float = 1.0) -> None:
+    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False, temperature: float = 1.0,
+                 chain_chunk: int | None = None) -> None:
+        self.chain_chunk = chain_chunk  # evaluate at most this many points per call (None: all at once)
         self.coords = Coordinates(family)
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
         self.temperature = temperature  # the target is p(w | D)^(1/T); the Jacobian term is not tempered
@@ -182,9 +184,20 @@ class Potential:
         return -(log_joint + log_det)
 
     def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all)."""
+        """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all).
+
+        With ``chain_chunk``, the rows go through in chunks of that many: on a net whose activations for all chains
+        outgrow the CPU's caches, smaller calls are faster per chain (digits 64-100-10, 64 chains: 1.49 ms per chain
+        at once, 0.95 in chunks of 8, compiled, one thread).
+        """
         self.evaluations += 1
         z = z.detach()
+        if self.chain_chunk is not None and len(z) > self.chain_chunk:
+            parts = [self._value_and_grad(piece) for piece in z.split(self.chain_chunk)]
+            return torch.cat([e for e, _ in parts]), torch.cat([g for _, g in parts])
+        return self._value_and_grad(z)
+
+    def _value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fused = self._fused(z) if self.compiled else None
         if fused is not None:
             return fused
@@ -711,7 +724,8 @@ def fit_mcmc(
     team = distributed.world()
     if spec.method == "hmc":
         distributed.check_chains(spec.num_chains, team.size)
-    potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature)
+    potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature,
+                          chain_chunk=spec.chain_chunk)
     coords = potential.coords
     check_size(coords, spec)
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
