@@ -237,3 +237,23 @@ def test_a_rank_that_dies_ends_the_job_at_once_and_the_last_checkpoint_stays_usa
     assert time.monotonic() - started < 60  # torchrun stops rank 0 instead of leaving it in the all-reduce
     assert job.returncode != 0 and "rank      : 1" in stderr and "SIGKILL" in stderr
     assert load_checkpoint(out / CHECKPOINT_FILE)["step"] % 100 == 0
+
+
+def test_a_rank_that_agreed_to_stop_ignores_its_own_late_signal():
+    """The launcher signals the ranks one after another; a rank told to stop by the others' all-reduce must not be
+    killed when its own copy lands after it has left the loop (its handlers restored)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal\n"
+        "from zoo.interrupts import deferred_interrupt, ignore_late_signals, sigterm_interrupts\n"
+        "with sigterm_interrupts():\n"
+        "    with deferred_interrupt() as signalled:\n"
+        "        ignore_late_signals()\n"  # what a rank does when the all-reduce says another rank was signalled
+        "os.kill(os.getpid(), signal.SIGTERM)\n"  # its own copy, after the handlers were restored
+        "print('still alive')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "still alive" in done.stdout, done.stderr
+    without = script.replace("        ignore_late_signals()\n", "        pass\n")
+    assert subprocess.run([sys.executable, "-c", without], capture_output=True, timeout=60).returncode == -15

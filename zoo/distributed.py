@@ -21,6 +21,7 @@ import torch.distributed as dist
 from pyro.poutine.messenger import Messenger
 
 from zoo.errors import ZooInputError
+from zoo.interrupts import ignore_late_signals
 
 TIMEOUT_ENV = "ZOO_DIST_TIMEOUT"  # seconds a collective (or the rendezvous) may wait before the job fails
 DEFAULT_TIMEOUT = 300
@@ -87,7 +88,10 @@ class World:
         if self.size == 1:
             return received
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        return signal_from_flags(self.sum(torch.tensor(signal_flags(received), device=device)).tolist())
+        agreed = signal_from_flags(self.sum(torch.tensor(signal_flags(received), device=device)).tolist())
+        if agreed:  # this rank stops now, perhaps before its own copy of the signal has landed
+            ignore_late_signals()
+        return agreed
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Copy rank 0's ``tensors`` to every rank (so that every rank starts from the same values)."""

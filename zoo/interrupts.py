@@ -38,6 +38,24 @@ def signal_of(err: BaseException) -> int:
     return err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
 
 
+_late_signals_ignored = False
+
+
+def ignore_late_signals() -> None:
+    """From now on SIGINT and SIGTERM are ignored (a rank of a job that agreed to stop on a signal: the launcher sent
+    one signal to each rank, one after another, and a rank's own copy may land after it has stopped; it must not kill
+    a process that is saving its checkpoint or exiting cleanly)."""
+    global _late_signals_ignored
+    _late_signals_ignored = True
+    if _in_main_thread():
+        for s in HANDLED:
+            signal.signal(s, signal.SIG_IGN)
+
+
+def _restore(s: int, handler) -> None:
+    signal.signal(s, signal.SIG_IGN if _late_signals_ignored else handler)
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -59,7 +77,7 @@ def deferred_interrupt() -> Iterator[Callable[[], int]]:
         yield lambda: received[0] if received else 0
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            _restore(s, handler)
     if received:
         raise Interrupted(received[0])
 
@@ -78,4 +96,4 @@ def sigterm_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        _restore(signal.SIGTERM, previous)
