@@ -87,7 +87,7 @@ from rich.table import Table
 from zoo.cli import exit_code
 from zoo.diagnostics import COMPARE_DRAWS, RunPredictive, compare_predictives, diagnose, jsonable, run_predictive
 from zoo.errors import ZooInputError
-from zoo.metrics import classification_metrics, regression_metrics
+from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics
 from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
 from zoo.spec import RunSpec, load_spec
@@ -166,6 +166,10 @@ COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
 UCI_COLUMNS = ["coverage_95", "w1", "rmse", "test_ll"]  # no gap to measure the sd in: inputs are many-dimensional
 
+HEADERS = {"coverage_95": "coverage of {ref}", "w1": "W1 to {ref}", "rmse": "RMSE", "test_ll": "test LL",
+           "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with {ref}", "tv": "total variation",
+           "accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}
+
 
 def topic_of(spec: RunSpec, task: str) -> str:
     """``uci`` for a UCI reference, else the toy task's topic (``toy`` or ``moons``)."""
@@ -174,9 +178,6 @@ def topic_of(spec: RunSpec, task: str) -> str:
 
 def columns_of(topic: str, task: str) -> list[str]:
     return UCI_COLUMNS if topic == "uci" else COLUMNS[task]
-HEADERS = {"coverage_95": "coverage of {ref}", "w1": "W1 to {ref}", "rmse": "RMSE", "test_ll": "test LL",
-           "sd_ratio": "sd in gap ÷ sd at data", "agreement": "agreement with {ref}", "tv": "total variation",
-           "accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}
 
 
 def _by_task(value: Any, task: str) -> Any:
@@ -383,7 +384,8 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
 
 
 def summarise_splits(per_reference: list[dict]) -> list[dict]:
-    """Per data set, every member's figures as mean and standard error over the references (splits)."""
+    """Per data set, every member's figures as mean and standard error over the references (splits), by the UCI
+    table's convention (:func:`zoo.metrics.mean_and_standard_error`)."""
     summaries = []
     for data in dict.fromkeys(f["data"] for f in per_reference):
         group = [f for f in per_reference if f["data"] == data]
@@ -394,10 +396,8 @@ def summarise_splits(per_reference: list[dict]) -> list[dict]:
             for key in columns:
                 values = [f["rows"][position].get(key) for f in group]
                 values = [v for v in values if v is not None and math.isfinite(v)]
-                mean = sum(values) / len(values) if values else None
-                spread = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-                          if len(values) > 1 else None)
-                row[key], row[f"{key}_se"] = mean, spread
+                mean, spread = mean_and_standard_error(values) if values else (None, None)
+                row[key], row[f"{key}_se"] = mean, spread if len(values) > 1 else None  # no s.e. of one split
             rows.append(row)
         summaries.append({"data": data, "splits": [f["split"] for f in group], "columns": columns, "rows": rows,
                           "references_passing_strict": sum(f["reference_check"]["passes_strict"] for f in group),

@@ -148,7 +148,7 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
     for position, row in enumerate(summary["rows"]):
         values = [first["rows"][position]["test_ll"], second["rows"][position]["test_ll"]]
         assert row["test_ll"] == pytest.approx(sum(values) / 2)
-        assert row["test_ll_se"] == pytest.approx(abs(values[0] - values[1]) / 2)
+        assert row["test_ll_se"] == pytest.approx(abs(values[0] - values[1]) / 2 / math.sqrt(2))  # as uci.py
     printed = capsys.readouterr().out
     assert "posterior fidelity on uci:tiny, splits [0, 1]" in printed and "0/2" in printed
 
@@ -161,6 +161,7 @@ def test_summary_of_hand_figures():
                 "rows": [dict(rows[0], test_ll=-1.0 - s), dict(rows[1], w1=0.5 + s)]} for s in range(3)]
     (summary,) = fidelity.summarise_splits(figures)
     hmc, map_row = summary["rows"]
-    assert hmc["test_ll"] == pytest.approx(-2.0) and hmc["test_ll_se"] == pytest.approx(1 / math.sqrt(3))
+    # -1, -2, -3: population sd sqrt(2/3), over sqrt(3) splits (the UCI tables' convention)
+    assert hmc["test_ll"] == pytest.approx(-2.0) and hmc["test_ll_se"] == pytest.approx(math.sqrt(2) / 3)
     assert map_row["w1"] == pytest.approx(1.5) and map_row["test_ll"] is None and map_row["test_ll_se"] is None
     assert summary["references_passing_strict"] == 1

@@ -88,10 +88,7 @@ class World:
         if self.size == 1:
             return received
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        agreed = signal_from_flags(self.sum(torch.tensor(signal_flags(received), device=device)).tolist())
-        if agreed:  # this rank stops now, perhaps before its own copy of the signal has landed
-            ignore_late_signals()
-        return agreed
+        return signal_from_flags(self.sum(torch.tensor(signal_flags(received), device=device)).tolist())
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Copy rank 0's ``tensors`` to every rank (so that every rank starts from the same values)."""
@@ -114,8 +111,15 @@ def signal_flags(received: int) -> list[float]:
 
 
 def signal_from_flags(flags: list[float]) -> int:
-    """The signal every rank acts on, from :func:`signal_flags` summed over ranks: SIGTERM wins, then SIGINT."""
-    return int(signal.SIGTERM) if flags[1] else int(signal.SIGINT) if flags[0] else 0
+    """The signal every rank acts on, from :func:`signal_flags` summed over ranks: SIGTERM wins, then SIGINT.
+
+    A rank that acts on one stops now, perhaps before its own copy of the signal (sent by the launcher to one rank
+    after another) has landed: from then on it ignores SIGINT and SIGTERM (see :func:`ignore_late_signals`).
+    """
+    agreed = int(signal.SIGTERM) if flags[1] else int(signal.SIGINT) if flags[0] else 0
+    if agreed:
+        ignore_late_signals()
+    return agreed
 
 
 def check_global_batch(batch_size: int | None, world_size: int) -> None:

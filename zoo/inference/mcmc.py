@@ -187,8 +187,7 @@ class Potential:
         """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all).
 
         With ``chain_chunk``, the rows go through in chunks of that many: on a net whose activations for all chains
-        outgrow the CPU's caches, smaller calls are faster per chain (digits 64-100-10, 64 chains: 1.49 ms per chain
-        at once, 0.95 in chunks of 8, compiled, one thread).
+        outgrow the CPU's caches, smaller calls are faster per chain (``benchmarks/hmc_chain_chunk.py``).
         """
         self.evaluations += 1
         z = z.detach()

@@ -22,7 +22,7 @@ from zoo.evaluate import ValidationMonitor
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
-from zoo.interrupts import Interrupted, deferred_interrupt, ignore_late_signals
+from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
@@ -102,8 +102,6 @@ class SVIStep:
             total, *flags = self.world.average(grads, [value, *signal_flags(self.signalled())])
             value = total / self.world.size
             self.signal = signal_from_flags(flags)
-            if self.signal:  # this rank stops now, perhaps before its own copy of the signal has landed
-                ignore_late_signals()
         else:
             self.signal = self.signalled()
         if math.isfinite(value):
