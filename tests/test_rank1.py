@@ -27,8 +27,7 @@ from zoo.priors import assign_priors
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, load_torch
 from zoo.spec import NormalPrior, PriorSpec, load_spec
 
-# the member-wise layer handler (named MemberLinear before Conv2d support, MemberLayers with it)
-MemberHandler = getattr(rank1, "MemberLayers", None) or rank1.MemberLinear
+MemberHandler = rank1.MemberLayers
 
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
 CLASSIFICATION_KEYS = {"accuracy", "nll", "ece", "brier", "ood_auroc_entropy", "ood_auroc_mi", "train_seconds"}
@@ -122,28 +121,28 @@ def test_member_handler_leaves_linear_alone_outside_and_for_other_weights():
     original = F.linear
     layer, other = nn.Linear(3, 2), nn.Linear(3, 2)
     r, s, b = torch.randn(2, 2), torch.randn(2, 3), torch.randn(2, 2)
-    x = torch.randn(2, 5, 3)
-    with MemberHandler({id(layer.weight): (layer.weight, r, s, b)}):
+    x = torch.randn(2, 5, 3)  # 2 members x 5 rows; the net sees them member-major as 10 rows
+    with MemberHandler({id(layer.weight): (layer.weight, r, s, b)}, members=2):
         assert F.linear is not original
-        inside_other = F.linear(x, other.weight, other.bias)
-        inside_registered = F.linear(x, layer.weight, layer.bias)
+        inside_other = F.linear(x.flatten(0, 1), other.weight, other.bias)
+        inside_registered = F.linear(x.flatten(0, 1), layer.weight, layer.bias)
     assert F.linear is original
     # an unregistered weight is an ordinary linear layer, bias included
-    assert torch.equal(inside_other, original(x, other.weight, other.bias))
+    assert torch.equal(inside_other, original(x.flatten(0, 1), other.weight, other.bias))
     # outside the context the registered weight is an ordinary linear layer again
     assert torch.equal(layer(x), original(x, layer.weight, layer.bias))
     expected = (x * s[:, None]) @ layer.weight.T * r[:, None] + b[:, None]
-    assert torch.allclose(inside_registered, expected, atol=1e-6)
+    assert torch.allclose(inside_registered, expected.flatten(0, 1), atol=1e-6)
     # a tensor that merely reuses a registered id is not taken for the registered weight
     impostor = {id(layer.weight): (other.weight, r, s, b)}
-    with MemberHandler(impostor):
+    with MemberHandler(impostor, members=2):
         assert torch.equal(F.linear(x, layer.weight, layer.bias), original(x, layer.weight, layer.bias))
     assert F.linear is original
 
 
 def test_member_handler_restores_the_functions_after_an_exception():
     linear, conv2d = F.linear, F.conv2d
-    with pytest.raises(RuntimeError, match="boom"), MemberHandler({}):
+    with pytest.raises(RuntimeError, match="boom"), MemberHandler({}, members=1):
         raise RuntimeError("boom")
     assert F.linear is linear and F.conv2d is conv2d
 

@@ -145,7 +145,7 @@ def test_spec_to_yaml_round_trips(tmp_path):
 # -------------------------------------------------------------------------------------------- bad specs
 @pytest.mark.parametrize(("overrides", "field", "value"), [
     (["guide.name=lowrank"], "guide.name", "lowrank"),
-    (["net.name=resnet"], "net.name", "resnet"),
+    (["net.name=resnet50"], "net.name", "resnet50"),
     (["net.activation=swish"], "net.activation", "swish"),
 ])
 def test_unknown_registry_names_are_refused_with_the_choices(overrides, field, value):
@@ -230,7 +230,7 @@ def test_empty_hidden_list_is_a_linear_net():
 
 @pytest.mark.parametrize(("overrides", "field"), [
     (["bogus=1"], "bogus"),
-    (["net.depth=3"], "net.depth"),
+    (["net.layers=3"], "net.layers"),
     (["inference.steps=3"], "inference.steps"),
 ])
 def test_unknown_keys_are_refused(overrides, field):

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.errors import ZooInputError
+from zoo.nets import evaluation_mode
 
-LAYERS = (nn.Linear, nn.Conv2d)
+LAYERS = (nn.Linear, nn.Conv2d)  # whose weights can be selected (their Jacobians are built from layer factors)
+FIXED_LAYERS = (nn.modules.batchnorm._BatchNorm,)  # parameters held at their MAP values, never selected
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class ParameterSlot:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def selectable(self) -> bool:
+        """Whether a subnetwork may hold this parameter (BatchNorm's scale and shift stay at the MAP)."""
+        return isinstance(self.module, LAYERS)
+
 
 class ParameterLayout:
     """The net's parameters in ``parameters_to_vector`` order; flat indices name single weights."""
@@ -48,15 +55,23 @@ class ParameterLayout:
         for name, param in net.named_parameters():
             module_name, _, kind = name.rpartition(".")
             module = modules[module_name]
-            if not isinstance(module, LAYERS) or kind not in ("weight", "bias"):
+            if not isinstance(module, LAYERS + FIXED_LAYERS) or kind not in ("weight", "bias"):
                 raise ZooInputError("net", type(module).__name__, f"subnetwork Laplace handles the weights and biases "
-                                    f"of Linear and Conv2d layers; {name} belongs to a {type(module).__name__}")
+                                    f"of Linear and Conv2d layers (BatchNorm's stay at the MAP); {name} belongs to "
+                                    f"a {type(module).__name__}")
             if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"):
                 raise ZooInputError("net", name, "grouped or non-zero-padded convolutions are not supported")
             self.slots.append(ParameterSlot(name, module_name, module, kind, param.shape, offset))
             offset += param.numel()
         self.size = offset
-        self.module_names = list(dict.fromkeys(s.module_name for s in self.slots))
+        self.module_names = list(dict.fromkeys(s.module_name for s in self.slots if s.selectable))
+
+    def selectable(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A boolean mask ``[size]``: which flat weights a subnetwork may hold (Linear and Conv2d parameters)."""
+        mask = torch.zeros(self.size, dtype=torch.bool, device=device)
+        for slot in self.slots:
+            mask[slot.offset:slot.offset + slot.numel] = slot.selectable
+        return mask
 
     def slot_of(self, indices: torch.Tensor) -> torch.Tensor:
         """For each flat index, the position of its parameter in :attr:`slots`."""
@@ -88,14 +103,14 @@ class LayerFactors:
     """Outputs ``f [B, O]`` of the net at ``x`` and, per layer, its input ``h`` and ``g = ∂f/∂(pre-activation)``.
 
     ``g`` is ``[B, O, out]`` for Linear layers and ``[B, O, C_out, positions]`` for Conv2d; a Conv2d's ``h`` is
-    its unfolded input patches. Examples are independent (no batch-coupling layers), so one backward pass of
-    ``f[:, o].sum()`` gives every example's ``∂f_o/∂a``.
+    its unfolded input patches. The net runs in eval mode (BatchNorm at its running statistics), so examples are
+    independent and one backward pass of ``f[:, o].sum()`` gives every example's ``∂f_o/∂a``.
     """
 
     def __init__(self, net: nn.Module, layout: ParameterLayout, x: torch.Tensor) -> None:
         inputs: dict[str, torch.Tensor] = {}
         outputs: dict[str, torch.Tensor] = {}
-        modules = {s.module_name: s.module for s in layout.slots}
+        modules = {s.module_name: s.module for s in layout.slots if s.selectable}
 
         def recorder(name: str):
             def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
@@ -104,7 +119,7 @@ class LayerFactors:
 
         handles = [m.register_forward_hook(recorder(n)) for n, m in modules.items()]
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), evaluation_mode(net):  # BatchNorm reads its running statistics
                 f = net(x)
                 if f.dim() != 2:
                     raise ValueError(f"the net's outputs must be [B, O], got {tuple(f.shape)}")
@@ -146,9 +161,11 @@ class LayerFactors:
         return J
 
     def diagonal_ggn(self, layout: ParameterLayout, root: torch.Tensor) -> torch.Tensor:
-        """The diagonal of Σ_b J_bᵀ Λ_b J_b over ALL weights (flat, ``[P]``), with Λ_b = R_bᵀ R_b, ``root`` R."""
+        """The diagonal of Σ_b J_bᵀ Λ_b J_b over all weights (flat, ``[P]``; 0 where not selectable), Λ_b = R_bᵀ R_b."""
         out = self.f.new_zeros(layout.size)
         for slot in layout.slots:
+            if not slot.selectable:
+                continue  # no Jacobian factors: a BatchNorm parameter is never selected
             g, h = self.g[slot.module_name], self.h[slot.module_name]
             rg = torch.einsum("bpo,bo...->bp...", root, g)  # R g: [B, O, out(, positions)]
             if slot.kind == "bias":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import inspect
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from itertools import pairwise
 
 import torch
@@ -89,11 +92,198 @@ def build_cnn(in_dim: int, out_dim: int, hidden: list[int], activation: str = "r
     return nn.Sequential(layers)
 
 
-NETS = {"mlp": build_mlp, "cnn": build_cnn}
+def image_shape(in_dim: int, in_channels: int, net: str) -> tuple[int, int, int]:
+    """(C, H, W) of flat rows of ``in_dim`` pixels holding square ``in_channels``-channel images."""
+    side = math.isqrt(in_dim // in_channels) if in_dim % in_channels == 0 else 0
+    if side < 1 or in_channels * side * side != in_dim:
+        raise ZooInputError("net.in_channels", in_channels, f"net {net!r} reads each row as square images; "
+                            f"{in_dim} inputs are not {in_channels} x side x side pixels")
+    return in_channels, side, side
+
+
+def _flat_width(body: nn.Module, shape: tuple[int, int, int]) -> int:
+    """Features per example after ``body`` on images of ``shape`` (a dry run on one blank image)."""
+    with torch.no_grad():
+        return int(body.eval()(torch.zeros(1, *shape)).flatten(1).shape[1])
+
+
+def build_lenet5(in_dim: int, out_dim: int, activation: str = "relu", in_channels: int = 1) -> nn.Sequential:
+    """LeNet-5 (LeCun et al. 1998): conv 5x5 (6) - pool - conv 5x5 (16) - pool - dense 120 - 84 - out.
+
+    The first convolution pads by 2, so a 28x28 image gives the classic 16 x 5 x 5 features; max pooling.
+    """
+    shape = image_shape(in_dim, in_channels, "lenet5")
+    act = ACTIVATIONS[activation]
+    features: OrderedDict[str, nn.Module] = OrderedDict(
+        conv0=nn.Conv2d(shape[0], 6, 5, padding=2), conv_act0=act(), pool0=nn.MaxPool2d(2),
+        conv1=nn.Conv2d(6, 16, 5), conv_act1=act(), pool1=nn.MaxPool2d(2))
+    width = _flat_width(nn.Sequential(features), shape)
+    return nn.Sequential(OrderedDict(
+        image=nn.Unflatten(-1, shape), **features, flatten=nn.Flatten(),
+        hidden0=nn.Linear(width, 120), act0=act(), hidden1=nn.Linear(120, 84), act1=act(),
+        out=nn.Linear(84, out_dim)))
+
+
+def _conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """The CIFAR ResNet block (He et al. 2016): conv-BN-act-conv-BN plus a shortcut, then the activation.
+
+    Where the shape changes the shortcut is a 1x1 convolution with BatchNorm (option B), so every parameter is an
+    ordinary Conv2d / BatchNorm2d parameter that each family can treat.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = _conv3x3(c_in, c_out, stride), nn.BatchNorm2d(c_out), act()
+        self.conv2, self.bn2, self.act2 = _conv3x3(c_out, c_out), nn.BatchNorm2d(c_out), act()
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.act1(self.bn1(self.conv1(x)))
+        return self.act2(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class WideBlock(nn.Module):
+    """The pre-activation Wide ResNet block (Zagoruyko & Komodakis 2016): BN-act-conv-BN-act-conv plus a shortcut
+    (a 1x1 convolution of the pre-activated input where the shape changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.bn1, self.act1, self.conv1 = nn.BatchNorm2d(c_in), act(), _conv3x3(c_in, c_out, stride)
+        self.bn2, self.act2, self.conv2 = nn.BatchNorm2d(c_out), act(), _conv3x3(c_out, c_out)
+        self.projection = (nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+                           if stride != 1 or c_in != c_out else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = self.act1(self.bn1(x))
+        out = self.conv2(self.act2(self.bn2(self.conv1(pre))))
+        return out + (self.projection(pre) if self.projection is not None else x)
+
+
+def _residual_net(name: str, in_dim: int, out_dim: int, depth: int, widen: int, activation: str,
+                  in_channels: int, block: type[nn.Module], offset: int) -> nn.Sequential:
+    """stem conv 3x3 (16) - three stages of n blocks (16k, 32k, 64k channels; stride 2 into stages 2 and 3) -
+    global average pool - ``out``; ``depth = 6n + offset``. Pre-activation nets end with BN and the activation."""
+    if (depth - offset) % 6 or depth <= offset:
+        raise ZooInputError("net.depth", depth, f"{name} has 6n + {offset} layers: use e.g. "
+                            f"{', '.join(str(6 * n + offset) for n in (1, 3, 4))}")
+    shape, act = image_shape(in_dim, in_channels, name), ACTIVATIONS[activation]
+    blocks_per_stage = (depth - offset) // 6
+    layers: OrderedDict[str, nn.Module] = OrderedDict(image=nn.Unflatten(-1, shape), stem=_conv3x3(shape[0], 16))
+    if block is BasicBlock:
+        layers.update(stem_bn=nn.BatchNorm2d(16), stem_act=act())
+    c_in = 16
+    for stage, width in enumerate((16 * widen, 32 * widen, 64 * widen)):
+        layers[f"stage{stage}"] = nn.Sequential(*(
+            block(c_in if i == 0 else width, width, 2 if (stage > 0 and i == 0) else 1, act)
+            for i in range(blocks_per_stage)))
+        c_in = width
+    if block is WideBlock:
+        layers.update(final_bn=nn.BatchNorm2d(c_in), final_act=act())
+    layers.update(pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(), out=nn.Linear(c_in, out_dim))
+    return nn.Sequential(layers)
+
+
+def build_resnet(in_dim: int, out_dim: int, depth: int | None = None, widen: int = 1, activation: str = "relu",
+                 in_channels: int = 1) -> nn.Sequential:
+    """CIFAR ResNet-(6n+2) with BatchNorm (He et al. 2016; ResNet-20 by default), ``widen`` times the channels."""
+    return _residual_net("resnet", in_dim, out_dim, depth or 20, widen, activation, in_channels, BasicBlock, 2)
+
+
+def build_wrn(in_dim: int, out_dim: int, depth: int | None = None, widen: int = 1, activation: str = "relu",
+              in_channels: int = 1) -> nn.Sequential:
+    """Wide ResNet WRN-depth-widen (Zagoruyko & Komodakis 2016; the rank-1 paper's WRN-28-10 family), no dropout."""
+    return _residual_net("wrn", in_dim, out_dim, depth or 28, widen, activation, in_channels, WideBlock, 4)
+
+
+class _GreyToColour(nn.Module):
+    """Repeat one grey channel ``channels`` times (torchvision's classifiers take three-channel images)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.channels = channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.expand(*x.shape[:-3], self.channels, *x.shape[-2:])
+
+
+def build_torchvision(in_dim: int, out_dim: int, arch: str | None = None, in_channels: int = 1) -> nn.Sequential:
+    """Any ``torchvision.models`` classifier by name (``net.arch``), untrained, with ``out`` classes; optional extra."""
+    try:
+        import torchvision.models as tv_models
+    except Exception as err:  # ImportError, or a torch/torchvision ABI mismatch raising anything else
+        raise ZooInputError("net.name", "torchvision", "needs the optional torchvision extra, built for your torch "
+                            f"(see the README's vision install; {type(err).__name__}: {str(err)[:80]})") from None
+    known = tv_models.list_models(module=tv_models)
+    if arch not in known:
+        close = difflib.get_close_matches(str(arch), known, n=5, cutoff=0.5)
+        hint = f": did you mean {', '.join(close)}?" if close else ", e.g. resnet18"
+        raise ZooInputError("net.arch", arch, f"name a torchvision.models classifier{hint}")
+    shape = image_shape(in_dim, in_channels, "torchvision")
+    layers: OrderedDict[str, nn.Module] = OrderedDict(image=nn.Unflatten(-1, shape))
+    if shape[0] == 1:
+        layers["colour"] = _GreyToColour(3)
+    layers["body"] = tv_models.get_model(arch, weights=None, num_classes=out_dim)
+    return nn.Sequential(layers)
+
+
+NETS = {"mlp": build_mlp, "cnn": build_cnn, "lenet5": build_lenet5, "resnet": build_resnet, "wrn": build_wrn,
+        "torchvision": build_torchvision}
+NORMALISATION_LAYERS = (nn.modules.batchnorm._BatchNorm,)
+
+
+def has_batch_norm(net: nn.Module) -> bool:
+    """Whether the net normalises by batch statistics (its outputs then depend on the other rows in training mode)."""
+    return any(isinstance(m, NORMALISATION_LAYERS) for m in net.modules())
+
+
+def batch_dependent(net: nn.Module) -> bool:
+    """Whether the net's output for a row depends on the other rows of its batch: BatchNorm in training mode."""
+    return any(isinstance(m, NORMALISATION_LAYERS) and m.training for m in net.modules())
+
+
+@contextlib.contextmanager
+def evaluation_mode(net: nn.Module) -> Iterator[nn.Module]:
+    """Run ``net`` in eval mode within (BatchNorm reads its running statistics), then restore its mode.
+
+    Families fit in training mode (batch statistics, running statistics updated) and predict, linearise and
+    score in evaluation mode, where every example's output depends on that example alone.
+    """
+    was_training = net.training
+    net.eval()
+    try:
+        yield net
+    finally:
+        net.train(was_training)
+
+
+def prediction_mode(net: nn.Module, batch_norm: bool) -> contextlib.AbstractContextManager:
+    """:func:`evaluation_mode` for a net with BatchNorm (``batch_norm``, known once per family), else a no-op, so
+    the samplers' compiled potentials of plain nets never toggle module modes."""
+    return evaluation_mode(net) if batch_norm else contextlib.nullcontext(net)
+
+
+def check_net_settings(spec: NetSpec) -> None:
+    """Refuse a field the spec sets to a non-default value that the named net does not take (e.g. ``depth`` on an
+    MLP), so that a setting never silently does nothing."""
+    if spec.name not in NETS:
+        return  # the name itself is refused with the choices elsewhere
+    accepted = inspect.signature(NETS[spec.name]).parameters
+    given = spec.model_dump(exclude_unset=True)
+    defaults = {k: f.get_default(call_default_factory=True) for k, f in NetSpec.model_fields.items()}
+    ignored = sorted(k for k in given if k not in accepted and k != "name" and given[k] != defaults[k])
+    if ignored:
+        raise ZooInputError(f"net.{ignored[0]}", given[ignored[0]], f"net {spec.name!r} does not take it; it takes "
+                            f"{', '.join(k for k in accepted if k not in ('in_dim', 'out_dim'))}")
 
 
 def build_net(spec: NetSpec, in_dim: int, out_dim: int) -> nn.Module:
     """The spec's net for the data's widths; each builder receives the spec fields its signature names."""
-    builder = NETS[spec.name]
-    accepted = inspect.signature(builder).parameters
-    return builder(in_dim, out_dim, **{k: v for k, v in spec.model_dump().items() if k in accepted})
+    check_net_settings(spec)
+    accepted = inspect.signature(NETS[spec.name]).parameters
+    return NETS[spec.name](in_dim, out_dim, **{k: v for k, v in spec.model_dump().items() if k in accepted})

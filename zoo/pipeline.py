@@ -22,7 +22,7 @@ from zoo.errors import ZooInputError, ZooWarning
 from zoo.evaluate import ValidationMonitor, evaluate, plot_predictive
 from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.likelihoods import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood
-from zoo.models.base import ModelFamily
+from zoo.models.base import ModelFamily, restore_buffers
 from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import build_net
 from zoo.posterior import GuidePosterior, Posterior
@@ -225,6 +225,7 @@ def load_run(run_dir: str | Path) -> tuple[RunSpec, Dataset, Posterior]:
     with torch.no_grad():
         for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
             p.copy_(saved)
+    restore_buffers(family, state.get("buffers"))
     if "hyperparameters" in state:  # e.g. a prior precision tuned by the Laplace evidence
         family.set_hyperparameters(state["hyperparameters"])
     return spec, data, registry.GUIDE_POSTERIORS[spec.inference.method](family, guide, spec.inference)

@@ -56,10 +56,15 @@ class DataSpec(_Strict):
 class NetSpec(_Strict):
     """A deterministic architecture; input and output widths come from the data."""
 
-    name: str = "mlp"
+    name: str = Field("mlp", description="mlp | cnn | lenet5 | resnet | wrn | torchvision (zoo list shows them)")
     hidden: list[int] = Field(default_factory=lambda: [50], description="hidden layer widths")
     activation: str = Field("relu", description="relu | tanh | gelu | elu | silu | sigmoid")
     channels: list[int] = Field(default_factory=lambda: [16, 32], description="cnn: channels of the conv layers")
+    in_channels: PositiveInt = Field(1, description="image nets: channels of the input images; a row holds "
+                                     "in_channels * side * side pixels, channel-major (C, H, W)")
+    depth: PositiveInt | None = Field(None, description="resnet: 6n + 2 layers (default 20); wrn: 6n + 4 (default 28)")
+    widen: PositiveInt = Field(1, description="resnet / wrn: channel multiplier k (WRN-28-10 is depth 28, widen 10)")
+    arch: str | None = Field(None, description="torchvision: the torchvision.models constructor, e.g. resnet18")
 
     @field_validator("hidden", "channels")
     @classmethod
@@ -454,6 +459,7 @@ class RunSpec(_Strict):
     def _known_names(self) -> RunSpec:
         from zoo import registry  # registry imports the modules that use this spec
         from zoo.data import check_data_spec  # already imported by registry; reads no file
+        from zoo.nets import check_net_settings
 
         problems: list[ZooInputError] = []
 
@@ -466,7 +472,8 @@ class RunSpec(_Strict):
             return True
 
         check(check_data_spec, self.data)
-        check(registry.check_choice, "net.name", self.net.name, registry.NETS)
+        if check(registry.check_choice, "net.name", self.net.name, registry.NETS):
+            check(check_net_settings, self.net)
         check(registry.check_choice, "net.activation", self.net.activation, registry.ACTIVATIONS)
         family = check(registry.check_choice, "model.family", self.model.family, registry.FAMILIES)
         guide = check(registry.check_choice, "guide.name", self.guide.name, registry.GUIDES)

@@ -382,7 +382,7 @@ def fit_laplace(
     log(f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
         + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
     if path is not None:
-        save_checkpoint(path, {"guide": guide.state_dict(), "point_parameters": [],
+        save_checkpoint(path, {"guide": guide.state_dict(), "point_parameters": [], "buffers": family.buffers(),
                           "hyperparameters": family.hyperparameters(), "seconds": result.seconds,
                           "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
                           "noise": result.noise, "done": True})

@@ -2,7 +2,9 @@
 
 Inside the handler, a weight drawn from a Normal guide is remembered by identity; when the net then calls
 ``F.linear`` with it, the pre-activations are sampled from their exact Gaussian marginal
-N(x mu^T + mu_b, x^2 sigma^2^T + sigma_b^2) instead of being computed from the shared weight sample.
+N(x mu^T + mu_b, x^2 sigma^2^T + sigma_b^2) instead of being computed from the shared weight sample. ``F.conv2d``
+is treated alike: a convolution is linear in its kernel, so its outputs are N(conv(x, mu) + mu_b,
+conv(x^2, sigma^2) + sigma_b^2), with independent noise per example, channel and position.
 The expected ELBO is unchanged; the gradient variance falls because each example gets its own noise.
 """
 
@@ -23,7 +25,7 @@ def _normal_base(fn: dist.TorchDistribution) -> dist.Normal | None:
 
 
 class LocalReparameterization(Messenger):
-    """Sample linear-layer pre-activations instead of weights for every weight drawn from a Normal guide.
+    """Sample Linear and Conv2d pre-activations instead of weights for every weight drawn from a Normal guide.
 
     ``rows = (start, stop, total)`` says that the batch is rows start:stop of a ``total``-row minibatch split
     across processes: the noise is then drawn for all ``total`` rows and these rows' share kept, so that every
@@ -34,12 +36,12 @@ class LocalReparameterization(Messenger):
 
     def __enter__(self):
         self._normals: dict[int, tuple[torch.Tensor, torch.distributions.Normal]] = {}
-        self._linear = F.linear
-        F.linear = self._sampled_linear
+        self._linear, self._conv2d = F.linear, F.conv2d
+        F.linear, F.conv2d = self._sampled_linear, self._sampled_conv2d
         return super().__enter__()
 
     def __exit__(self, *exc):
-        F.linear = self._linear
+        F.linear, F.conv2d = self._linear, self._conv2d
         self._normals = {}
         return super().__exit__(*exc)
 
@@ -69,11 +71,26 @@ class LocalReparameterization(Messenger):
             mean, var = mean + q_bias.loc, var + q_bias.scale**2
         elif bias is not None:
             mean = mean + bias
-        return mean + var.clamp_min(1e-16).sqrt() * self._noise(mean)
+        return mean + var.clamp_min(1e-16).sqrt() * self._noise(mean, row_dim=-2)
 
-    def _noise(self, mean: torch.Tensor) -> torch.Tensor:
+    def _sampled_conv2d(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *args):
+        q_weight = self._lookup(weight)
+        if q_weight is None:
+            return self._conv2d(x, weight, bias, *args)
+        mean = self._conv2d(x, q_weight.loc, None, *args)
+        var = self._conv2d(x * x, q_weight.scale**2, None, *args)
+        q_bias = self._lookup(bias)
+        if q_bias is not None:
+            mean, var = mean + q_bias.loc[:, None, None], var + (q_bias.scale**2)[:, None, None]
+        elif bias is not None:
+            mean = mean + bias[:, None, None]
+        return mean + var.clamp_min(1e-16).sqrt() * self._noise(mean, row_dim=-4)
+
+    def _noise(self, mean: torch.Tensor, row_dim: int) -> torch.Tensor:
+        """Standard normal noise like ``mean``, whose examples lie along ``row_dim``."""
         if self.rows is None:
             return torch.randn_like(mean)
         start, stop, total = self.rows
-        shape = (*mean.shape[:-2], total, mean.shape[-1])
-        return torch.randn(shape, dtype=mean.dtype, device=mean.device)[..., start:stop, :]
+        shape = list(mean.shape)
+        shape[row_dim] = total
+        return torch.randn(shape, dtype=mean.dtype, device=mean.device).narrow(row_dim, start, stop - start)

@@ -45,6 +45,7 @@ from zoo.evaluate import ValidationMonitor
 from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
+from zoo.nets import batch_dependent
 from zoo.posterior import Posterior, SamplePosterior
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import MCMCSpec
@@ -721,6 +722,12 @@ def fit_mcmc(
     """
     log = log or RunLog(None, echo=None)
     team = distributed.world()
+    net = getattr(family, "net", None)
+    if net is not None and batch_dependent(net):
+        raise ZooInputError("net.name", type(net).__name__, "MCMC samples a fixed function of the weights, and this "
+                            "net's BatchNorm layers normalise by the statistics of the rows in a batch; use a net "
+                            "without BatchNorm (mlp, cnn, lenet5), or model.family: subnetwork, whose MAP net "
+                            "keeps its running statistics fixed")
     if spec.method == "hmc":
         distributed.check_chains(spec.num_chains, team.size)
     potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature,

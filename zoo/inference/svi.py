@@ -23,7 +23,7 @@ from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.interrupts import Interrupted, deferred_interrupt
-from zoo.models.base import ModelFamily
+from zoo.models.base import ModelFamily, restore_buffers
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import SVISpec
@@ -282,7 +282,7 @@ def fit_svi(
             return
         save_checkpoint(ckpt_path, {
             "step": step, "total_steps": n_steps, "guide": guide.state_dict(),
-            "point_parameters": list(family.point_parameters()),
+            "point_parameters": list(family.point_parameters()), "buffers": family.buffers(),
             "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "order_rng": order.get_state(),
             "perm": perm, "losses": result.losses, "seconds": result.seconds, "kl_methods": result.kl_methods,
             "done": step >= n_steps,
@@ -296,6 +296,7 @@ def fit_svi(
         with torch.no_grad():
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
                 p.copy_(saved)
+        restore_buffers(family, state.get("buffers"))
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         order.set_state(state["order_rng"])

@@ -62,6 +62,10 @@ class ModelFamily(Protocol):
     def point_parameters(self) -> list[nn.Parameter]:
         """Parameters fitted as point estimates beside the guide (may be empty)."""
 
+    def buffers(self) -> list[torch.Tensor]:
+        """State the fit changes that is neither random nor fitted by gradient (BatchNorm running statistics),
+        saved with every checkpoint and restored by :func:`restore_buffers`; may be empty."""
+
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
         """The Pyro model: observe ``y`` on rows ``batch`` of ``x``, scaled to all ``len(x)`` rows."""
 
@@ -73,3 +77,16 @@ class ModelFamily(Protocol):
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> ModelFamily:
         """Move the family's tensors to ``device``/``dtype``."""
+
+
+def restore_buffers(family: ModelFamily, saved: list[torch.Tensor] | None) -> None:
+    """Copy checkpointed :meth:`ModelFamily.buffers` back (a checkpoint from before buffers were saved has none)."""
+    mine = family.buffers()
+    if saved is None and not mine:
+        return
+    if saved is None or len(saved) != len(mine):
+        raise ValueError(f"the checkpoint holds {0 if saved is None else len(saved)} buffers (BatchNorm statistics), "
+                         f"the model {len(mine)}: it was written for another net")
+    with torch.no_grad():
+        for buffer, value in zip(mine, saved, strict=True):
+            buffer.copy_(value)

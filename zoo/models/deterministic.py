@@ -19,6 +19,7 @@ from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
 from zoo.models.base import LatentSite, per_device
+from zoo.nets import has_batch_norm, prediction_mode
 from zoo.priors import prior_distribution
 from zoo.spec import DeepEnsembleModelSpec, PriorConfig
 
@@ -60,6 +61,9 @@ class DeepEnsemble:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self.prior_configs = priors
         self.init = member_inits(net, members)
+        # each member's own BatchNorm running statistics [K, *shape], updated in place inside the vmap
+        self.member_buffers = {name: b.detach().expand(members, *b.shape).clone() for name, b in net.named_buffers()}
+        self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
 
     @staticmethod
@@ -86,10 +90,16 @@ class DeepEnsemble:
         """Parameters fitted beside the guide: none, every member's weights are sites of the model."""
         return []
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every member's BatchNorm running statistics ``[K, *shape]`` (saved with checkpoints)."""
+        return list(self.member_buffers.values())
+
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> DeepEnsemble:
         """Move the template net, the members' initial values and (lazily) the priors."""
         self.net.to(device=device, dtype=dtype)
         self.init = {name: value.to(device=device, dtype=dtype) for name, value in self.init.items()}
+        self.member_buffers = {name: value.to(device=device, dtype=dtype if value.is_floating_point() else None)
+                               for name, value in self.member_buffers.items()}
         return self
 
     def priors(self) -> dict[str, dist.TorchDistribution]:
@@ -115,8 +125,17 @@ class DeepEnsemble:
             observe(self.likelihood, self.forward_members(weights, xb), yb, latents, members=MEMBER_LIKELIHOOD)
 
     def forward_members(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Outputs ``[M, B, out]`` of M nets whose parameters are stacked ``{name: [M, *shape]}``, in one vmap."""
-        return vmap(lambda w: functional_call(self.net, w, (x,)))({n: weights[n] for n in self.weight_names})
+        """Outputs ``[M, B, out]`` of M nets whose parameters are stacked ``{name: [M, *shape]}``, in one vmap.
+
+        Each member reads (in eval mode) or updates (in training mode) its own running statistics; M may be a
+        multiple of K (S draws of the K members), which then reuse the K members' statistics.
+        """
+        state = {n: weights[n] for n in self.weight_names}
+        if self.member_buffers:
+            copies = next(iter(state.values())).shape[0] // self.members
+            state.update({n: b if copies == 1 else b.repeat(copies, *[1] * (b.dim() - 1))
+                          for n, b in self.member_buffers.items()})
+        return vmap(lambda w: functional_call(self.net, w, (x,)))(state)
 
     def _member_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """S draws of every site as S*K member values (draw-major); unplated sites repeated K times."""
@@ -126,10 +145,12 @@ class DeepEnsemble:
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
         """S draws of the K members become S*K predictive draws: the uniform mixture over members (and draws)."""
         members = self._member_draws(draws)
-        return self.likelihood.predictive(self.forward_members(members, x), members)
+        with prediction_mode(self.net, self.batch_norm):
+            return self.likelihood.predictive(self.forward_members(members, x), members)
 
     def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Pointwise log-density of the model's ``obs`` site (the members' average log-likelihood): ``[S, B]``."""
-        out = self.forward_members(self._member_draws(draws), x).unflatten(0, (-1, self.members))  # [S, K, B, O]
+        with prediction_mode(self.net, self.batch_norm):
+            out = self.forward_members(self._member_draws(draws), x).unflatten(0, (-1, self.members))  # [S, K, B, O]
         return observation(self.likelihood, out, draw_latents(self.likelihood, draws, 2),
                            MEMBER_LIKELIHOOD).log_prob(y)

@@ -13,7 +13,7 @@ from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
 from zoo.models.base import LatentSite, per_device
-from zoo.nets import ParameterSwap
+from zoo.nets import ParameterSwap, has_batch_norm, prediction_mode
 from zoo.priors import prior_distribution
 from zoo.spec import MeanFieldModelSpec, PriorConfig
 
@@ -31,6 +31,7 @@ class MeanFieldBNN:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
         self._swap = ParameterSwap(net)
+        self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
 
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
@@ -53,6 +54,10 @@ class MeanFieldBNN:
     def point_parameters(self) -> list[nn.Parameter]:
         """Parameters fitted as point estimates beside the guide: none, every weight is random here."""
         return []
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The net's BatchNorm running statistics: updated by the fit, never random (saved with checkpoints)."""
+        return list(self.net.buffers())
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> MeanFieldBNN:
         """Move the template net (and with it the priors) to ``device``/``dtype``."""
@@ -85,12 +90,15 @@ class MeanFieldBNN:
         return self._swap(weights, x)
 
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
-        """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
-        return self.likelihood.predictive(self.forward_draws(draws, x), draws)
+        """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}`` (net in eval mode)."""
+        with prediction_mode(self.net, self.batch_norm):
+            return self.likelihood.predictive(self.forward_draws(draws, x), draws)
 
     def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Pointwise log p(y_i | x_i, w_s) of the model's ``obs`` site under S draws: ``[S, B]``."""
-        fn = observation(self.likelihood, self.forward_draws(draws, x), draw_latents(self.likelihood, draws, 1))
+        """Pointwise log p(y_i | x_i, w_s) of the model's ``obs`` site under S draws: ``[S, B]`` (net in eval mode)."""
+        with prediction_mode(self.net, self.batch_norm):
+            out = self.forward_draws(draws, x)
+        fn = observation(self.likelihood, out, draw_latents(self.likelihood, draws, 1))
         return fn.log_prob(y)
 
     def forward_draws(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

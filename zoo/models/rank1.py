@@ -19,6 +19,7 @@ from torch.distributions import constraints
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
 from zoo.models.base import LatentSite, per_device
+from zoo.nets import has_batch_norm, prediction_mode
 from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
 from zoo.spec import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
 
@@ -35,16 +36,18 @@ def _widths(layer: nn.Module) -> tuple[int, int]:
 
 
 class MemberLayers:
-    """Within this context, Linear and Conv2d layers with registered weights W run all members at once.
+    """Within this context, Linear and Conv2d layers with registered weights W run all M members at once.
 
-    ``layers`` maps each weight tensor to its factors ``r [M, out]``, ``s [M, in]`` and biases ``b [M, out]``;
-    inputs carry the members as their leading dim (the batch tiled once per member). ``F.linear`` computes
-    ((x ∘ s) Wᵀ) ∘ r + b in one matmul; ``F.conv2d`` scales input channels by s and output channels by r around
-    one convolution of the flattened [M * B] batch.
+    ``layers`` maps each weight tensor to its factors ``r [M, out]``, ``s [M, in]`` and biases ``b [M, out]``.
+    The net sees one batch of M * B rows, member-major (the batch tiled once per member), so every other layer
+    (pooling, BatchNorm with statistics shared by the members, as in the rank-1 and BatchEnsemble ResNets) runs
+    unchanged. ``F.linear`` computes ((x ∘ s) Wᵀ) ∘ r + b and ``F.conv2d`` scales input channels by s and output
+    channels by r around one convolution of all rows.
     """
 
-    def __init__(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        self.layers = layers
+    def __init__(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+                 members: int) -> None:
+        self.layers, self.members = layers, members
 
     def __enter__(self) -> MemberLayers:
         self._linear, self._conv2d = F.linear, F.conv2d
@@ -58,24 +61,24 @@ class MemberLayers:
         entry = self.layers.get(id(weight))
         return entry[1:] if entry is not None and entry[0] is weight else None
 
+    def _by_member(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(0, (self.members, -1))  # [M * B, ...] -> [M, B, ...]
+
     def _member_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
         factors = self._lookup(weight)
         if factors is None:
             return self._linear(x, weight, bias)
-        r, s, b = factors
-        return torch.addcmul(b.unsqueeze(-2), self._linear(x * s.unsqueeze(-2), weight), r.unsqueeze(-2))
+        xm = self._by_member(x)  # [M, B, ..., in]
+        r, s, b = (v.view(v.shape[0], *[1] * (xm.dim() - 2), v.shape[-1]) for v in factors)
+        return torch.addcmul(b, self._linear(xm * s, weight), r).flatten(0, 1)
 
     def _member_conv2d(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *args):
         factors = self._lookup(weight)
         if factors is None:
             return self._conv2d(x, weight, bias, *args)
-        r, s, b = factors  # x: [M, B, C, H, W]
-
-        def per_channel(v: torch.Tensor) -> torch.Tensor:
-            return v[:, None, :, None, None]
-
-        out = self._conv2d((x * per_channel(s)).flatten(0, 1), weight, None, *args)
-        return torch.addcmul(per_channel(b), out.unflatten(0, x.shape[:2]), per_channel(r))
+        r, s, b = (v[:, None, :, None, None] for v in factors)  # per member and channel of [M, B, C, H, W]
+        out = self._by_member(self._conv2d((self._by_member(x) * s).flatten(0, 1), weight, None, *args))
+        return torch.addcmul(b, out, r).flatten(0, 1)
 
 
 class Rank1BNN:
@@ -87,6 +90,7 @@ class Rank1BNN:
         self.net, self.likelihood = net, likelihood
         self.members, self.member_likelihood, self.weight_decay = members, member_likelihood, weight_decay
         self.layers = {name: m for name, m in net.named_modules() if isinstance(m, FACTORED_LAYERS)}
+        self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
         if not self.layers:
             raise ZooInputError("net", type(net).__name__, "the rank-1 family needs Linear or Conv2d layers")
         self.factor_names = [f"{layer}.{side}" for layer in self.layers for side in ("r", "s")]
@@ -94,11 +98,13 @@ class Rank1BNN:
         if missing:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self.prior_configs = priors
-        self.member_bias = nn.ParameterDict({
-            layer.replace(".", "/"): nn.Parameter(
-                (m.bias.detach() if m.bias is not None else torch.zeros(_widths(m)[0])).expand(members, -1).clone())
+        # (key, value) pairs, not a dict: ParameterDict sorts a plain dict's keys, and the biases pair with
+        # self.layers by position
+        self.member_bias = nn.ParameterDict([
+            (layer.replace(".", "/"), nn.Parameter(
+                (m.bias.detach() if m.bias is not None else torch.zeros(_widths(m)[0])).expand(members, -1).clone()))
             for layer, m in self.layers.items()
-        })
+        ])
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
 
     @staticmethod
@@ -136,8 +142,14 @@ class Rank1BNN:
         return {**scales, **plated, **self.likelihood.latent_sites()}
 
     def point_parameters(self) -> list[nn.Parameter]:
-        """The shared weights W of every Linear layer and the per-member biases."""
-        return [m.weight for m in self.layers.values()] + list(self.member_bias.values())
+        """Every parameter of the net (the shared W, BatchNorm's scale and shift) but the factored layers' own
+        biases, which the per-member biases replace; then the per-member biases."""
+        replaced = {id(m.bias) for m in self.layers.values() if m.bias is not None}
+        return [p for p in self.net.parameters() if id(p) not in replaced] + list(self.member_bias.values())
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The net's BatchNorm running statistics, shared by the members (saved with checkpoints)."""
+        return list(self.net.buffers())
 
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Rank1BNN:
         """Move the net, the member biases and (lazily) the priors."""
@@ -204,8 +216,8 @@ class Rank1BNN:
         n_members = factors[self.factor_names[0]].shape[0]
         layers = {id(m.weight): (m.weight, factors[f"{name}.r"], factors[f"{name}.s"], bias)
                   for (name, m), bias in zip(self.layers.items(), biases, strict=True)}
-        with MemberLayers(layers):
-            return self.net(x.expand(n_members, *x.shape))
+        with MemberLayers(layers, n_members):
+            return self.net(x.expand(n_members, *x.shape).flatten(0, 1)).unflatten(0, (n_members, -1))
 
     def _member_draws(self, draws: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """S draws of every site as S*K member values (draw-major), with the member biases repeated S times."""
@@ -218,12 +230,14 @@ class Rank1BNN:
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
         """S draws of the K components become S*K predictive draws (the mixture over components and samples)."""
         members, biases = self._member_draws(draws)
-        return self.likelihood.predictive(self.forward_members(self.factors(members), biases, x), members)
+        with prediction_mode(self.net, self.batch_norm):
+            return self.likelihood.predictive(self.forward_members(self.factors(members), biases, x), members)
 
     def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Pointwise log-likelihood of the model's ``obs`` site (members' mixture or average), per draw: ``[S, B]``."""
         members, biases = self._member_draws(draws)
-        out = self.forward_members(self.factors(members), biases, x)  # [S*K, B, O]
+        with prediction_mode(self.net, self.batch_norm):
+            out = self.forward_members(self.factors(members), biases, x)  # [S*K, B, O]
         out = out.unflatten(0, (-1, self.members))
         return observation(self.likelihood, out, draw_latents(self.likelihood, draws, 2),
                            self.member_likelihood).log_prob(y)

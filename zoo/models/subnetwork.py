@@ -27,7 +27,7 @@ from zoo.curvature import LayerFactors, ParameterLayout, output_hessian_root
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
-from zoo.models.base import LatentSite
+from zoo.models.base import LatentSite, restore_buffers
 from zoo.nets import ParameterSwap
 from zoo.runs import POINT_ESTIMATE_FILE, RunLog, load_torch, save_torch
 from zoo.spec import NormalPrior, PriorConfig, SubnetSelectionSpec, SubnetworkModelSpec
@@ -70,8 +70,9 @@ class Selection(ABC):
         """Sorted flat indices of the selected weights."""
 
 
-def _top(scores: torch.Tensor, count: int) -> torch.Tensor:
-    return scores.topk(count).indices.sort().values
+def _top(scores: torch.Tensor, count: int, selectable: torch.Tensor) -> torch.Tensor:
+    """The ``count`` selectable weights of highest score, sorted."""
+    return scores.masked_fill(~selectable, -torch.inf).topk(count).indices.sort().values
 
 
 class LargestVariance(Selection):
@@ -90,7 +91,8 @@ class LargestVariance(Selection):
         for x in data.x_train.split(context.chunk_size):
             factors = LayerFactors(context.net, layout, x)
             diag += factors.diagonal_ggn(layout, output_hessian_root(context.task, factors.f, context.noise))
-        return _top(1.0 / (diag + context.prior_precision), subnet_size(self.size, layout.size))
+        selectable = layout.selectable(diag.device)
+        return _top(1.0 / (diag + context.prior_precision), subnet_size(self.size, int(selectable.sum())), selectable)
 
 
 class LargestMagnitude(Selection):
@@ -101,7 +103,8 @@ class LargestMagnitude(Selection):
 
     def select(self, context: SelectionContext) -> torch.Tensor:
         flat = nn.utils.parameters_to_vector(context.net.parameters()).detach()
-        return _top(flat.abs(), subnet_size(self.size, context.layout.size))
+        selectable = context.layout.selectable(flat.device)
+        return _top(flat.abs(), subnet_size(self.size, int(selectable.sum())), selectable)
 
 
 class RandomSelection(Selection):
@@ -111,8 +114,9 @@ class RandomSelection(Selection):
         self.size = size
 
     def select(self, context: SelectionContext) -> torch.Tensor:
-        total = context.layout.size
-        return random_subset(total, subnet_size(self.size, total), context.seed).to(context.data.x_train.device)
+        candidates = context.layout.selectable().nonzero().squeeze(-1)
+        chosen = random_subset(len(candidates), subnet_size(self.size, len(candidates)), context.seed)
+        return candidates[chosen].to(context.data.x_train.device)
 
 
 def random_subset(total: int, count: int, seed: int) -> torch.Tensor:
@@ -193,17 +197,17 @@ class SubnetworkBNN:
         flat_precision = self._flat_prior_precision(data.x_train)
         if path is not None and path.exists():
             state = load_torch(path, data.x_train.device)
-            self._set_map(state["map"])
+            self._set_map(state["map"], state.get("buffers"))
             self._set_indices(state["indices"])
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
-            self._set_map(self._map_values(data, run_dir, seed, log, progress))
+            self._set_map(self._map_values(data, run_dir, seed, log, progress), self.buffers())
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood.task, self.map_noise(),
                                        flat_precision, seed)
             self._set_indices(selection.select(context).to(data.x_train.device))
             if path is not None:
-                save_torch(path, {"map": self.map_values, "indices": self.indices})
+                save_torch(path, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights "
                 f"({100 * len(self.indices) / self.layout.size:.2g}%), selected by {self.spec.selection.strategy}; "
                 f"{self.count_by_parameter()}")
@@ -221,6 +225,8 @@ class SubnetworkBNN:
                 raise ZooInputError("model.map_from", self.spec.map_from, f"holds no values for {missing[:3]} of "
                                     "this net's shape; give a MAP run of the same net and data")
             log(f"MAP net from {self.spec.map_from}")
+            if self.buffers():
+                restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
             return {n: v.to(data.x_train) for n, v in values.items()}
         # the zoo's MAP member: SVI on the mean-field model with a Delta guide, checkpointed in run_dir/map
         from guides.delta import DeltaGuide
@@ -239,14 +245,30 @@ class SubnetworkBNN:
             save_torch(map_dir / POINT_ESTIMATE_FILE, values)
         return values
 
+    def _map_run_buffers(self, source: Path, device: torch.device) -> list[torch.Tensor]:
+        """A BatchNorm net's running statistics from the MAP run's checkpoint (a point-estimate file has none)."""
+        checkpoint = source / "checkpoint.pt"
+        if not checkpoint.exists():
+            raise ZooInputError("model.map_from", str(source), "this net has BatchNorm, whose running statistics "
+                                "the MAP run's checkpoint.pt holds: give the MAP run's directory")
+        buffers = load_torch(checkpoint, device).get("buffers")
+        if not buffers:
+            raise ZooInputError("model.map_from", str(source), "its checkpoint.pt holds no BatchNorm statistics "
+                                "(written before the zoo saved them); refit the MAP run")
+        return buffers
+
     def _set_indices(self, indices: torch.Tensor) -> None:
         self.indices = indices
         self._parts = self.layout.split(indices)
 
-    def _set_map(self, values: dict[str, torch.Tensor]) -> None:
+    def _set_map(self, values: dict[str, torch.Tensor], buffers: list[torch.Tensor] | None) -> None:
+        """Set the net to its MAP weights and BatchNorm statistics; from here on it runs in eval mode, so the
+        subnet's posterior is over one fixed function of its weights (the MAP's running statistics)."""
         with torch.no_grad():
             for name, param in self.net.named_parameters():
                 param.copy_(values[name])
+        restore_buffers(self, buffers)
+        self.net.eval()
         self.map_values = {n: v.detach().clone() for n, v in values.items()}
 
     def map_noise(self) -> torch.Tensor | float | None:
@@ -289,6 +311,10 @@ class SubnetworkBNN:
     def point_parameters(self) -> list[nn.Parameter]:
         """None: the weights outside the subnet are fixed at the MAP, not fitted further."""
         return []
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The MAP net's BatchNorm running statistics (fixed after the MAP fit; kept in ``subnetwork.pt``)."""
+        return list(self.net.buffers())
 
     def hyperparameters(self) -> dict[str, torch.Tensor]:
         """What inference may tune besides the guide (saved with the checkpoint): the subnet's prior precision."""
