@@ -166,7 +166,7 @@ def test_vision_without_torchvision_says_optional_extra(monkeypatch, tmp_path):
     with pytest.raises(ZooInputError, match=r"pyro-bnn-zoo\[vision\]"):
         load_dataset(DataSpec(name="fashion_mnist", dir=str(tmp_path)), seed=0)
     with pytest.raises(ZooInputError, match="data.name"):
-        load_vision("cifar10", str(tmp_path), seed=0)
+        load_vision("imagenet", str(tmp_path), seed=0)
 
 
 # ---------------------------------------------------------------- UCI format

@@ -33,6 +33,7 @@ class DataSpec(_Strict):
     """Which data set, which split, and where its files live."""
 
     name: str = Field(description="toy_gap | two_moons | digits | mnist1d | mnist5k | mnist | fashion_mnist | "
+                      "cifar10 | cifar100 | svhn | "
                       "uci:<folder> | file:<path.csv|.npz> (zoo list shows them)")
     split: int = Field(0, ge=0, description="UCI split index (0..n_splits-1)")
     dir: str | None = Field(None, description="data directory for UCI folders; falls back to $ZOO_DATA_DIR")
