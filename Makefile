@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-bootstrapped
 DEMO_DIR ?= runs/demo
 
-.PHONY: bootstrap peer test test-all test-vision vision lint demo benchmarks clean
+.PHONY: bootstrap peer test test-all test-vision vision vision-bench lint demo benchmarks clean
 
 bootstrap: $(STAMP)
 
@@ -51,6 +51,12 @@ $(VSTAMP): pyproject.toml
 
 test-vision: $(VSTAMP)
 	$(VPY) -m pytest -q -m vision
+
+# bayesian-torch, the peer of benchmarks/conv_speed.py, in the vision venv against its torch (pinned, so pip keeps it)
+vision-bench: $(VSTAMP)
+	$(VPY) -c 'import torch, torchvision; print(f"torch=={torch.__version__}\ntorchvision=={torchvision.__version__}")' \
+		> $(VISION_VENV)/torch-pin.txt
+	$(VPY) -m pip install -q -c $(VISION_VENV)/torch-pin.txt -e '.[vision-bench]'
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"

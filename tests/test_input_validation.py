@@ -218,7 +218,7 @@ def test_make_dataset_refuses_fractional_labels_instead_of_truncating():
 # --------------------------------------------------------------------------------- load_spec up front
 @pytest.mark.parametrize(("data", "value", "hint"), [
     ({"name": "imagenet"}, "imagenet", "use one of toy_gap, two_moons, digits, mnist1d, mnist5k, mnist, fashion_mnist, "
-                                       "uci:<folder>, file:<path>"),
+                                       "cifar10, cifar100, svhn, uci:<folder>, file:<path>"),
     ({"name": "uci:"}, "uci:", "name the UCI folder after the prefix, e.g. uci:housing"),
     ({"name": "file:table.txt", "target": "y", "task": "regression"}, "file:table.txt",
      "give the path of a .csv or .npz file after the prefix"),

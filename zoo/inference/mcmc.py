@@ -518,9 +518,10 @@ class ManyChainHMC:
         vars(self).update(state)
 
     def _all_chains_draw(self, draw, *shape: int) -> torch.Tensor:
-        """``draw`` for all C chains (the same numbers as one process), this process's chains kept."""
+        """``draw`` for all C chains (the same numbers as one process), this process's chains kept; drawn on the
+        chains' device by its own generator."""
         total = len(self.z) * self.team.size
-        return draw((total, *shape), generator=self.gen, dtype=self.z.dtype)[self.mine].to(self.z.device)
+        return draw((total, *shape), generator=self.gen, dtype=self.z.dtype, device=self.gen.device)[self.mine]
 
     def _randn(self, shape: torch.Size) -> torch.Tensor:
         return self._all_chains_draw(torch.randn, *shape[1:])
@@ -638,7 +639,8 @@ class ManyChainHMC:
 def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
              ckpt: dict | None, save, team: World) -> dict:
     """All chains in lockstep (this process's share of them); returns every chain's kept draws and statistics."""
-    sampler = ManyChainHMC(potential, z0, spec, torch.Generator().manual_seed(seed), team)
+    # momenta and acceptance draws are made where the chains live (no host-to-device copy per iteration)
+    sampler = ManyChainHMC(potential, z0, spec, torch.Generator(device=z0.device).manual_seed(seed), team)
     kept: list[torch.Tensor] = []
     stats: dict[str, list[torch.Tensor]] = {}
     seconds = 0.0

@@ -1,0 +1,36 @@
+"""Every family and sampler on CUDA (tests marked ``cuda``; they skip on a machine without a GPU). A run on the GPU
+must keep its tensors there and give finite metrics; the many-chain HMC draws its momenta on the device."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.test_image_nets import FAMILIES, spec_of
+from zoo.pipeline import load_run, train
+from zoo.spec import load_spec
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_trains_and_predicts_on_cuda(family, tmp_path):
+    summary = train(spec_of(family, "device=cuda"), tmp_path / "run", progress=False, echo=None)
+    assert math.isfinite(summary.metrics["nll"])
+    _, data, posterior = load_run(summary.run_dir)
+    assert data.x_train.is_cuda and all(b.is_cuda for b in posterior.family.buffers())
+    draws = posterior.predict(data.x_test[:8], 2)
+    assert draws.log_probs.is_cuda
+
+
+@pytest.mark.parametrize("method", ["hmc", "nuts"])
+def test_samplers_run_on_cuda(method, tmp_path):
+    spec = load_spec({"data": {"name": "toy_gap", "n_train": 40}, "net": {"hidden": [8], "activation": "tanh"},
+                      "model": {"family": "mean_field"}, "guide": {"name": "delta"}, "likelihood": {"noise": 0.1},
+                      "inference": {"method": method, "num_chains": 4 if method == "hmc" else 1,
+                                    "warmup_steps": 20, "num_samples": 20}, "device": "cuda", "seed": 0})
+    summary = train(spec, tmp_path / method, progress=False, echo=None)
+    assert math.isfinite(summary.metrics["test_ll"])
