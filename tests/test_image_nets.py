@@ -15,9 +15,11 @@ from torch import nn
 from tests.conftest import interrupt_at
 from zoo.curvature import LayerFactors, ParameterLayout
 from zoo.data import load_dataset
+from zoo.data.augment import crop_flip
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
+from zoo.inference.svi import SVIStep
 from zoo.nets import build_net, evaluation_mode, has_batch_norm
 from zoo.pipeline import build, load_run, train
 from zoo.runs import CHECKPOINT_FILE, load_torch
@@ -308,3 +310,65 @@ def test_mcmc_on_a_batch_norm_net_is_refused_naming_the_way_out(tmp_path):
                       "inference": {"method": "hmc", "num_chains": 2, "warmup_steps": 2, "num_samples": 2}})
     with pytest.raises(ZooInputError, match="without BatchNorm"):
         train(spec, tmp_path / "hmc", progress=False, echo=None)
+
+
+# ------------------------------------------------------------------------------------------ augmentation
+def test_crop_flip_shifts_with_zero_fill_and_mirrors():
+    shape = (2, 5, 6)
+    image = torch.arange(2 * 5 * 6, dtype=torch.float32).reshape(shape) + 1  # no zeros inside the image
+    candidates = {}  # every (flip, top, left) crop of the zero-padded (mirrored) image
+    for flip in (False, True):
+        padded = F.pad(image.flip(-1) if flip else image, (2, 2, 2, 2))
+        for top in range(5):
+            for left in range(5):
+                candidates[(flip, top, left)] = padded[:, top:top + 5, left:left + 6]
+    torch.manual_seed(0)
+    out = crop_flip(image.reshape(1, -1).expand(400, -1), shape, padding=2).reshape(400, *shape)
+    seen = set()
+    for augmented in out:
+        matches = [key for key, crop in candidates.items() if torch.equal(augmented, crop)]
+        assert matches, "every output is a shifted, possibly mirrored copy of the input with zeros shifted in"
+        seen.update(matches)
+    assert len(seen) > 40 and {flip for flip, _, _ in seen} == {False, True}  # offsets and flips both vary
+    unpadded = crop_flip(image.reshape(1, -1), shape, padding=0).reshape(shape)
+    assert torch.equal(unpadded, image) or torch.equal(unpadded, image.flip(-1))
+
+
+def test_augmented_minibatch_likelihood_is_scaled_to_the_data_set():
+    # with augmentation the model sees the B transformed rows as its data; their likelihood is scaled by N / B
+    spec = spec_of("map")
+    data = load_dataset(spec.data, 0)
+    family, guide = build(spec, data)
+    optimizer = torch.optim.SGD(list(guide.parameters()), lr=0.0)
+    batch = torch.tensor([3, 50, 7, 400, 11, 1000, 2, 64])
+    step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), optimizer, augment=lambda rows: -rows)
+    step(data.x_train, data.y_train, batch)
+    augmented = step.elbo.last_terms["obs"]
+    plain = LazyTraceMeanField_ELBO()
+    plain.differentiable_loss(family.model, guide, -data.x_train[batch], data.y_train[batch], None)
+    assert torch.allclose(augmented, data.n_train / len(batch) * plain.last_terms["obs"], rtol=1e-4)
+
+
+def test_an_augmented_run_resumes_exactly(tmp_path, monkeypatch):
+    spec = spec_of("map", "inference.augment=crop_flip")
+    straight = train(spec, tmp_path / "straight", progress=False, echo=None)
+    interrupt_at(monkeypatch, 3, exc=RuntimeError)
+    with pytest.raises(RuntimeError, match="simulated"):
+        train(spec, tmp_path / "crashed", progress=False, echo=None)
+    monkeypatch.undo()
+    train(spec, tmp_path / "crashed", resume=True, progress=False, echo=None)
+    a, b = load_torch(straight.run_dir / CHECKPOINT_FILE), load_torch(tmp_path / "crashed" / CHECKPOINT_FILE)
+    assert all(torch.equal(a["guide"][n], b["guide"][n]) for n in a["guide"])
+    plain = load_torch(train(spec_of("map"), tmp_path / "plain", progress=False, echo=None).run_dir / CHECKPOINT_FILE)
+    assert not torch.equal(plain["guide"]["loc.out/weight"], a["guide"]["loc.out/weight"])  # it did augment
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"net": {"hidden": [8]}}, "augments images: use an image net"),
+    ({"inference": {"compile": True}}, "not supported with inference.augment"),
+])
+def test_augmentation_refuses_what_it_cannot_do(overrides, message, tmp_path):
+    raw = {**BASE, **FAMILIES["map"], **{k: v for k, v in overrides.items() if k != "inference"}}
+    raw["inference"] = {**BASE["inference"], "augment": "crop_flip", **overrides.get("inference", {})}
+    with pytest.raises(ZooInputError, match=message):
+        train(load_spec(raw), tmp_path / "run", progress=False, echo=None)

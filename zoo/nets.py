@@ -242,6 +242,15 @@ def has_batch_norm(net: nn.Module) -> bool:
     return any(isinstance(m, NORMALISATION_LAYERS) for m in net.modules())
 
 
+def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
+    """(C, H, W) of the images an image net reads its flat rows as (its first module unflattens them); None for
+    a net of plain feature rows."""
+    first = next(iter(net.children()), None)
+    if isinstance(first, nn.Unflatten) and len(first.unflattened_size) == 3:
+        return tuple(int(d) for d in first.unflattened_size)
+    return None
+
+
 def batch_dependent(net: nn.Module) -> bool:
     """Whether the net's output for a row depends on the other rows of its batch: BatchNorm in training mode."""
     return any(isinstance(m, NORMALISATION_LAYERS) and m.training for m in net.modules())

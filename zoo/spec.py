@@ -334,6 +334,9 @@ class SVISpec(_Tempered):
         None, gt=0.0, le=1.0, description="warm the KL weight up over this share of the run's steps (instead of "
         "kl_annealing_steps)")
     local_reparam: bool = False
+    augment: Literal["none", "crop_flip"] = Field(
+        "none", description="training-time image augmentation of every minibatch: crop_flip = random crop after "
+        "4-pixel zero padding and a random horizontal flip (the CIFAR standard); image nets only")
     compile: bool = Field(False, description="trace the ELBO step into one graph per minibatch size and compile it "
                           "(a one-off compile of a few seconds); removes Pyro's per-site cost from every step")
     checkpoint_every: PositiveInt = 1000

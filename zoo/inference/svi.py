@@ -15,6 +15,7 @@ from pyro.optim.clipped_adam import ClippedAdam
 from tqdm.auto import tqdm
 
 from zoo import distributed
+from zoo.data.augment import build_augmentation
 from zoo.data.base import Dataset
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError
@@ -24,6 +25,7 @@ from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily, restore_buffers
+from zoo.nets import input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.spec import SVISpec
@@ -55,8 +57,12 @@ class SVIStep:
     """
 
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
-                 local_reparam: bool = False, compile: bool = False, world: World | None = None) -> None:
+                 local_reparam: bool = False, compile: bool = False, world: World | None = None,
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        if augment is not None and compile:
+            raise ZooInputError("inference.compile", True, "is not supported with inference.augment yet; drop one")
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
+        self.augment = augment
         self.reparam = LocalReparameterization() if local_reparam else None
         self.validated = False
         self._compiled = TracedCompile(self._weighted_loss, "the SVI step") if compile else None
@@ -81,6 +87,16 @@ class SVIStep:
             every = batch if batch is not None else torch.arange(len(x), device=x.device)
             rows, where, factor = self.world.shard(every)
             noise_rows = (where.start, where.stop, len(every))
+        if self.augment is not None:
+            # the whole minibatch augmented alike on every rank (one random stream), this rank's rows kept; the
+            # model then sees only these rows as its data, so the likelihood factor scales them to all len(x) rows
+            n_rows = len(x)
+            if batch is not None:
+                x, y = x.index_select(0, batch), y.index_select(0, batch)
+            x = self.augment(x)
+            if self.world.size > 1:
+                x, y = x[where], y[where]
+            rows, factor = None, factor * n_rows / len(x)
         loss = None
         if self.validated and self.compiled:
             weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
@@ -309,7 +325,9 @@ def fit_svi(
         raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
     team.broadcast(list(named.values()))  # the same seed built the same values; make sure of it
     x, y = data.x_train, data.y_train
-    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team)
+    net = getattr(family, "net", None)
+    augment = build_augmentation(spec.augment, input_image_shape(net) if net is not None else None)
+    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     started = time.perf_counter()
     at_step = None
