@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return exit_code(lambda: run(args, Console()))
+    return exit_code(lambda: run(args, Console(width=max(Console().width, 150))))  # 13 angle columns
 
 
 if __name__ == "__main__":
