@@ -16,7 +16,11 @@ of the per-round ratios. Targets (issue 17): rank-1 (K = 4) <= 1.3 x the determi
 mean-field <= 1.0 x bayesian-torch with the same estimator.
 
     python benchmarks/conv_speed.py [--depth 20] [--batch 128] [--members 4] [--rounds 5] [--steps 3]
-                                    [--warmup 2] [--threads 1] [--rows 1024] [--json PATH]
+                                    [--warmup 2] [--threads 1] [--rows 1024] [--modes eager,compiled]
+                                    [--families LABEL,...] [--json PATH]
+
+``--modes compiled`` compares like with like again: the zoo step with ``inference.compile: true`` against the
+deterministic loss under ``torch.compile`` (every minibatch size compiled before timing).
 """
 
 from __future__ import annotations
@@ -65,33 +69,46 @@ def synthetic_cifar(rows: int, seed: int = 0):
     return make_dataset("synthetic CIFAR", "classification", x, y, x[:16], y[:16], n_classes=10)
 
 
-def zoo_step(overrides: dict, data, depth: int, batch: int, members: int) -> Callable[[], float]:
-    """The zoo's SVI step for one family on ResNet-``depth``, built from a spec as ``zoo train`` builds it."""
+def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compile: bool = False
+             ) -> Callable[[], float]:
+    """The zoo's SVI step for one family on ResNet-``depth``, built from a spec as ``zoo train`` builds it
+    (``inference.compile`` set to ``compile``)."""
     raw = {"data": {"name": "digits"},  # not read: the family and guide are built on `data` below
            "net": {"name": "resnet", "depth": depth, "in_channels": 3}, "device": "cpu", "seed": 0, **overrides}
     if raw["model"]["family"] != "mean_field":
         raw["model"] = {**raw["model"], "members": members}
-    raw["inference"] = {"batch_size": batch, "lr": 1e-3, **overrides.get("inference", {})}
+    raw["inference"] = {"batch_size": batch, "lr": 1e-3, "compile": compile, **overrides.get("inference", {})}
     spec = load_spec(raw)
     family, guide = build(spec, data)
     optimizer = make_optimizer(list(guide.parameters()) + family.point_parameters(), spec.inference)
     step = SVIStep(family.model, guide, ELBOS[spec.inference.elbo](1), optimizer,
-                   local_reparam=spec.inference.local_reparam)
+                   local_reparam=spec.inference.local_reparam, compile=spec.inference.compile)
     order = batches(data.n_train, batch, seed=1)
-    return lambda: step(data.x_train, data.y_train, next(order))
+
+    def run() -> float:
+        return step(data.x_train, data.y_train, next(order))
+
+    run.svi_step = step  # main() checks that a compiled row really ran compiled
+    return run
 
 
-def deterministic_step(data, depth: int, batch: int, tiles: int) -> Callable[[], float]:
-    """The plain ResNet on the minibatch tiled ``tiles`` times: forward, cross-entropy, backward, Adam."""
+def deterministic_step(data, depth: int, batch: int, tiles: int, compile: bool = False) -> Callable[[], float]:
+    """The plain ResNet on the minibatch tiled ``tiles`` times: forward, cross-entropy, backward, Adam (the loss
+    under ``torch.compile`` when ``compile``)."""
     net = build_net(load_spec({"data": {"name": "digits"}, "net": {"name": "resnet", "depth": depth,
                                                                    "in_channels": 3}}).net, 3072, 10)
     optimizer = make_optimizer(list(net.parameters()), load_spec({"data": {"name": "digits"}}).inference)
     order = batches(data.n_train, batch, seed=1)
 
+    def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net(xb), yb)
+
+    loss_fn = torch.compile(loss, dynamic=False) if compile else loss
+
     def step() -> float:
         idx = next(order)
         xb, yb = data.x_train.index_select(0, idx), data.y_train.index_select(0, idx)
-        return optimiser_step(F.cross_entropy(net(xb.repeat(tiles, 1)), yb.repeat(tiles)), optimizer)
+        return optimiser_step(loss_fn(xb.repeat(tiles, 1), yb.repeat(tiles)), optimizer)
 
     return step
 
@@ -118,9 +135,9 @@ def bayesian_torch_step(data, depth: int, batch: int, estimator: str) -> Callabl
     return step
 
 
-def compare(a: Callable[[], float], b: Callable[[], float], args: argparse.Namespace) -> dict:
+def compare(a: Callable[[], float], b: Callable[[], float], args: argparse.Namespace, warmup: int) -> dict:
     """Median ms per step of each side (alternating rounds) and the median of the per-round ratios a / b."""
-    ta, tb = time_side_by_side(a, b, args.rounds, args.steps, args.warmup)
+    ta, tb = time_side_by_side(a, b, args.rounds, args.steps, warmup)
     ratios = [x / y for x, y in zip(ta, tb, strict=True)]
     return {"ms_per_step": statistics.median(ta) / 1e3, "peer_ms_per_step": statistics.median(tb) / 1e3,
             "ratio": statistics.median(ratios), "ratios": ratios}
@@ -137,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each side first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--families", help="comma-separated row labels to run (default: all)")
+    parser.add_argument("--modes", default="eager", help="comma-separated: eager, compiled (the zoo step with "
+                        "inference.compile against the deterministic loss under torch.compile; no bayesian-torch)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if min(args.batch, args.members, args.rows, args.rounds, args.steps, args.threads) < 1 or args.warmup < 0:
@@ -144,41 +163,48 @@ def main(argv: list[str] | None = None) -> dict:
     wanted = FAMILIES if not args.families else [f for f in FAMILIES if f[0] in args.families.split(",")]
     if not wanted:
         parser.error(f"--families names none of: {', '.join(f[0] for f in FAMILIES)}")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"eager", "compiled"}:
+        parser.error(f"--modes takes eager and/or compiled, not {args.modes!r}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     data = synthetic_cifar(args.rows)
     k, b = args.members, args.batch
     results = {"depth": args.depth, "batch_size": b, "members": k, "threads": args.threads, "rounds": args.rounds,
-               "steps_per_round": args.steps, "torch": torch.__version__, "rows": {}}
+               "steps_per_round": args.steps, "modes": modes, "torch": torch.__version__, "rows": {}}
     table = Table(title=f"SVI step on ResNet-{args.depth} (3x32x32, B = {b}, K = {k}, {args.threads} thread(s)); "
                         "ratio = median of per-round ratios, lower is better", title_justify="left")
-    for col in ("family", "ms/step", "deterministic ms/step (rows)", "ratio", "bayesian-torch ms/step",
+    for col in ("family", "mode", "ms/step", "deterministic ms/step (rows)", "ratio", "bayesian-torch ms/step",
                 "ratio vs bayesian-torch", "target"):
-        table.add_column(col, justify="left" if col == "family" else "right")
+        table.add_column(col, justify="left" if col in ("family", "mode") else "right")
     for label, overrides, per_example, estimator in wanted:
         tiles = k if per_example == "K" else 1
-        zoo = zoo_step(overrides, data, args.depth, b, k)
-        row = {"versus_deterministic": compare(zoo, deterministic_step(data, args.depth, b, tiles), args),
-               "deterministic_rows": tiles * b}
-        peer = bayesian_torch_step(data, args.depth, b, estimator) if estimator else None
-        if peer is not None:
-            row["versus_bayesian_torch"] = {**compare(zoo, peer, args), "estimator": estimator}
-        elif estimator:
-            row["versus_bayesian_torch"] = {"skipped": "bayesian-torch is not installed (pip install "
-                                                       "'pyro-bnn-zoo[vision-bench]' in the vision venv)"}
-        det = row["versus_deterministic"]
-        bt = row.get("versus_bayesian_torch", {})
-        target = ""
-        if label.startswith("rank-1"):
-            row["rank1_ratio_within_target"] = det["ratio"] <= RANK1_TARGET
-            target = f"<= {RANK1_TARGET}: {'yes' if det['ratio'] <= RANK1_TARGET else 'no'}"
-        if "ratio" in bt:
-            row["bayesian_torch_ratio_within_target"] = bt["ratio"] <= BAYESIAN_TORCH_TARGET
-            target = f"<= {BAYESIAN_TORCH_TARGET} ({estimator}): {'yes' if bt['ratio'] <= 1.0 else 'no'}"
-        results["rows"][label] = row
-        table.add_row(label, f"{det['ms_per_step']:.0f}", f"{det['peer_ms_per_step']:.0f} ({tiles * b})",
-                      f"{det['ratio']:.2f}", f"{bt['peer_ms_per_step']:.0f}" if "ratio" in bt else "-",
-                      f"{bt['ratio']:.2f}" if "ratio" in bt else ("not installed" if bt else "-"), target)
+        row = results["rows"][label] = {"deterministic_rows": tiles * b}
+        for mode in modes:
+            compiled = mode == "compiled"
+            zoo = zoo_step(overrides, data, args.depth, b, k, compile=compiled)
+            warmup = args.warmup + (args.rows // b + 2 if compiled else 0)  # every batch size compiled first
+            fig = row[mode] = {"versus_deterministic": compare(
+                zoo, deterministic_step(data, args.depth, b, tiles, compile=compiled), args, warmup)}
+            if compiled and not zoo.svi_step.compiled:
+                raise SystemExit(f"{label}: compiling the zoo step failed (see the warning above), so the compiled "
+                                 "row would time the eager step; run with --modes eager")
+            peer = bayesian_torch_step(data, args.depth, b, estimator) if estimator and not compiled else None
+            if peer is not None:
+                fig["versus_bayesian_torch"] = {**compare(zoo, peer, args, args.warmup), "estimator": estimator}
+            elif estimator and not compiled:
+                fig["versus_bayesian_torch"] = {"skipped": "bayesian-torch is not installed (pip install "
+                                                           "'pyro-bnn-zoo[vision-bench]' in the vision venv)"}
+            det, bt, target = fig["versus_deterministic"], fig.get("versus_bayesian_torch", {}), ""
+            if label.startswith("rank-1"):
+                fig["rank1_ratio_within_target"] = det["ratio"] <= RANK1_TARGET
+                target = f"<= {RANK1_TARGET}: {'yes' if det['ratio'] <= RANK1_TARGET else 'no'}"
+            if "ratio" in bt:
+                fig["bayesian_torch_ratio_within_target"] = bt["ratio"] <= BAYESIAN_TORCH_TARGET
+                target = f"<= {BAYESIAN_TORCH_TARGET} ({estimator}): {'yes' if bt['ratio'] <= 1.0 else 'no'}"
+            table.add_row(label, mode, f"{det['ms_per_step']:.0f}", f"{det['peer_ms_per_step']:.0f} ({tiles * b})",
+                          f"{det['ratio']:.2f}", f"{bt['peer_ms_per_step']:.0f}" if "ratio" in bt else "-",
+                          f"{bt['ratio']:.2f}" if "ratio" in bt else ("not installed" if bt else "-"), target)
     Console(width=max(Console().width, 150)).print(table)
     if args.json:
         write_json(args.json, results)

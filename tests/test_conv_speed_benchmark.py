@@ -22,15 +22,24 @@ def test_tiny_run_writes_ratios_per_family(tmp_path, capsys):
     assert set(rows) == {"MAP", "mean-field (local reparam.)", "rank-1 (mixture guide)"}
     assert rows["MAP"]["deterministic_rows"] == 8 and rows["rank-1 (mixture guide)"]["deterministic_rows"] == 16
     for row in rows.values():
-        assert row["versus_deterministic"]["ratio"] > 0
-    assert "rank1_ratio_within_target" in rows["rank-1 (mixture guide)"]
-    peer = rows["mean-field (local reparam.)"]["versus_bayesian_torch"]
+        assert row["eager"]["versus_deterministic"]["ratio"] > 0
+    assert "rank1_ratio_within_target" in rows["rank-1 (mixture guide)"]["eager"]
+    peer = rows["mean-field (local reparam.)"]["eager"]["versus_bayesian_torch"]
     assert "skipped" in peer or (peer["estimator"] == "Flipout" and peer["ratio"] > 0)
     printed = capsys.readouterr().out
     assert "ResNet-8" in printed and "rank-1 (mixture guide)" in printed
 
 
-@pytest.mark.parametrize("argv", [["--batch", "0"], ["--families", "nonsense"]])
+@pytest.mark.slow  # compiles a ResNet-8 step both ways: 95 s here
+def test_compiled_mode_times_the_compiled_step(tmp_path):
+    figures = conv_speed.main(["--depth", "8", "--batch", "8", "--rows", "16", "--members", "2", "--rounds", "1",
+                               "--steps", "1", "--warmup", "0", "--families", "rank-1 (mixture guide)",
+                               "--modes", "compiled"])
+    row = figures["rows"]["rank-1 (mixture guide)"]
+    assert set(row) == {"deterministic_rows", "compiled"} and row["compiled"]["versus_deterministic"]["ratio"] > 0
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--families", "nonsense"], ["--modes", "jit"]])
 def test_impossible_settings_are_refused(argv):
     with pytest.raises(SystemExit):
         conv_speed.main(argv)
