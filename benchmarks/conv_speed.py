@@ -41,7 +41,7 @@ from zoo.inference.svi import SVIStep, make_optimizer
 from zoo.nets import build_net
 from zoo.pipeline import build
 from zoo.runs import write_json
-from zoo.spec import load_spec
+from zoo.spec import NetSpec, SVISpec, load_spec
 
 RANK1_TARGET, BAYESIAN_TORCH_TARGET = 1.3, 1.0
 PRIOR_ONE = {"name": "normal", "loc": 1.0, "scale": 1.0}  # rank-1 factors: centred at 1
@@ -61,6 +61,14 @@ FAMILIES = [
 ]
 
 
+ADAM = SVISpec(lr=1e-3)  # every side's optimiser: make_optimizer's Adam at the zoo's default learning rate
+
+
+def plain_resnet(depth: int) -> torch.nn.Module:
+    """The zoo's CIFAR ResNet-``depth`` for 3x32x32 rows and 10 classes, as every side of the comparison builds it."""
+    return build_net(NetSpec(name="resnet", depth=depth, in_channels=3), 3 * 32 * 32, 10)
+
+
 def synthetic_cifar(rows: int, seed: int = 0):
     """CIFAR-shaped rows (3,072 features, channel-major) and labels, standardised like any data set."""
     gen = torch.Generator().manual_seed(seed)
@@ -77,7 +85,7 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
            "net": {"name": "resnet", "depth": depth, "in_channels": 3}, "device": "cpu", "seed": 0, **overrides}
     if raw["model"]["family"] != "mean_field":
         raw["model"] = {**raw["model"], "members": members}
-    raw["inference"] = {"batch_size": batch, "lr": 1e-3, "compile": compile, **overrides.get("inference", {})}
+    raw["inference"] = {"batch_size": batch, "lr": ADAM.lr, "compile": compile, **overrides.get("inference", {})}
     spec = load_spec(raw)
     family, guide = build(spec, data)
     optimizer = make_optimizer(list(guide.parameters()) + family.point_parameters(), spec.inference)
@@ -95,9 +103,8 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
 def deterministic_step(data, depth: int, batch: int, tiles: int, compile: bool = False) -> Callable[[], float]:
     """The plain ResNet on the minibatch tiled ``tiles`` times: forward, cross-entropy, backward, Adam (the loss
     under ``torch.compile`` when ``compile``)."""
-    net = build_net(load_spec({"data": {"name": "digits"}, "net": {"name": "resnet", "depth": depth,
-                                                                   "in_channels": 3}}).net, 3072, 10)
-    optimizer = make_optimizer(list(net.parameters()), load_spec({"data": {"name": "digits"}}).inference)
+    net = plain_resnet(depth)
+    optimizer = make_optimizer(list(net.parameters()), ADAM)
     order = batches(data.n_train, batch, seed=1)
 
     def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
@@ -119,11 +126,10 @@ def bayesian_torch_step(data, depth: int, batch: int, estimator: str) -> Callabl
         from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
     except Exception:  # not installed, or a torch it does not import with
         return None
-    net = build_net(load_spec({"data": {"name": "digits"}, "net": {"name": "resnet", "depth": depth,
-                                                                   "in_channels": 3}}).net, 3072, 10)
+    net = plain_resnet(depth)
     dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
                      "type": estimator, "moped_enable": False})
-    optimizer = make_optimizer(list(net.parameters()), load_spec({"data": {"name": "digits"}}).inference)
+    optimizer = make_optimizer(list(net.parameters()), ADAM)
     order = batches(data.n_train, batch, seed=1)
 
     def step() -> float:

@@ -100,7 +100,8 @@ def test_cifar100_uses_the_fine_labels(tmp_path):
     write_cifar100(tmp_path)
     data = load_vision("cifar100", str(tmp_path), seed=0, ood_classes=[3])
     assert data.n_classes == 99 and "class3" not in data.class_names
-    assert data.x_ood["heldout_classes"].shape[0] == 0 or data.x_ood["heldout_classes"].shape[1] == 3072
+    assert data.x_train.shape == (11, 3072)  # fine labels 0..11: the one image of class 3 is held out
+    assert data.x_ood["heldout_classes"].shape == (1, 3072)  # test fine labels 0..4: one of class 3
 
 
 def test_a_missing_file_is_named_with_the_layout(tmp_path):

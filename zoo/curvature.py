@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.errors import ZooInputError
-from zoo.nets import evaluation_mode
+from zoo.nets import NORMALISATION_LAYERS, evaluation_mode
 
 LAYERS = (nn.Linear, nn.Conv2d)  # whose weights can be selected (their Jacobians are built from layer factors)
-FIXED_LAYERS = (nn.modules.batchnorm._BatchNorm,)  # parameters held at their MAP values, never selected
+FIXED_LAYERS = NORMALISATION_LAYERS  # parameters held at their MAP values, never selected
 
 
 @dataclass(frozen=True)

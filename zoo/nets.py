@@ -102,9 +102,10 @@ def image_shape(in_dim: int, in_channels: int, net: str) -> tuple[int, int, int]
 
 
 def _flat_width(body: nn.Module, shape: tuple[int, int, int]) -> int:
-    """Features per example after ``body`` on images of ``shape`` (a dry run on one blank image)."""
+    """Features per example after ``body`` on images of ``shape`` (a dry run on one blank image; ``body`` holds
+    no BatchNorm, whose statistics the run would move)."""
     with torch.no_grad():
-        return int(body.eval()(torch.zeros(1, *shape)).flatten(1).shape[1])
+        return int(body(torch.zeros(1, *shape)).flatten(1).shape[1])
 
 
 def build_lenet5(in_dim: int, out_dim: int, activation: str = "relu", in_channels: int = 1) -> nn.Sequential:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-AUGMENTATIONS = ("none", "crop_flip")
+from zoo.errors import ZooInputError
 
 
 def crop_flip(rows: torch.Tensor, shape: tuple[int, int, int], padding: int = 4) -> torch.Tensor:
@@ -38,8 +38,6 @@ def build_augmentation(name: str, shape: tuple[int, int, int] | None) -> Callabl
     if name == "none":
         return None
     if shape is None:
-        from zoo.errors import ZooInputError
-
         raise ZooInputError("inference.augment", name, "augments images: use an image net (net.name: cnn, lenet5, "
                             "resnet, wrn or torchvision), which says how its rows are images")
     return lambda rows: crop_flip(rows, shape)

@@ -100,7 +100,6 @@ READERS: dict[str, Callable[[Path, bool, bool], Images]] = {
     "cifar100": lambda root, train, download: _read_cifar(root, train, hundred=True),
     "svhn": lambda root, train, download: _read_svhn(root, train),
 }
-CHANNELS = {"mnist": 1, "fashion_mnist": 1, "cifar10": 3, "cifar100": 3, "svhn": 3}
 
 
 def load_vision(

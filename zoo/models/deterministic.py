@@ -133,6 +133,7 @@ class DeepEnsemble:
         state = {n: weights[n] for n in self.weight_names}
         if self.member_buffers:
             copies = next(iter(state.values())).shape[0] // self.members
+            # the buffers themselves when M == K (training updates them in place), else repeated read-only copies
             state.update({n: b if copies == 1 else b.repeat(copies, *[1] * (b.dim() - 1))
                           for n, b in self.member_buffers.items()})
         return vmap(lambda w: functional_call(self.net, w, (x,)))(state)

@@ -197,11 +197,12 @@ class SubnetworkBNN:
         flat_precision = self._flat_prior_precision(data.x_train)
         if path is not None and path.exists():
             state = load_torch(path, data.x_train.device)
-            self._set_map(state["map"], state.get("buffers"))
+            self._set_map(state["map"])
+            restore_buffers(self, state.get("buffers"))
             self._set_indices(state["indices"])
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
-            self._set_map(self._map_values(data, run_dir, seed, log, progress), self.buffers())
+            self._set_map(self._map_values(data, run_dir, seed, log, progress))  # the fit left its statistics
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood.task, self.map_noise(),
                                        flat_precision, seed)
@@ -261,13 +262,12 @@ class SubnetworkBNN:
         self.indices = indices
         self._parts = self.layout.split(indices)
 
-    def _set_map(self, values: dict[str, torch.Tensor], buffers: list[torch.Tensor] | None) -> None:
-        """Set the net to its MAP weights and BatchNorm statistics; from here on it runs in eval mode, so the
-        subnet's posterior is over one fixed function of its weights (the MAP's running statistics)."""
+    def _set_map(self, values: dict[str, torch.Tensor]) -> None:
+        """Set the net to its MAP weights; from here on it runs in eval mode, so the subnet's posterior is over one
+        fixed function of its weights (at the MAP's BatchNorm running statistics)."""
         with torch.no_grad():
             for name, param in self.net.named_parameters():
                 param.copy_(values[name])
-        restore_buffers(self, buffers)
         self.net.eval()
         self.map_values = {n: v.detach().clone() for n, v in values.items()}
 
