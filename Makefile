@@ -30,6 +30,7 @@ peer: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check zoo guides tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # The vision set-up: torchvision does not import beside the 2.13.0 CPU wheel, so the vision tests (pytest -m vision:
@@ -63,6 +64,7 @@ test-all: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check zoo guides tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)

@@ -58,6 +58,19 @@ Where each member's settings come from (nothing was tuned on test inputs; the SV
   largest-magnitude weights, evidence at the linearised mode -- the regression notebook's cached run. Two moons:
   the reference's 2-16-2 net, the 25% largest-magnitude of its 82 weights, evidence at the MAP (as
   ``configs/subnet_laplace_uci.yaml`` chose on validation data), probit link; MAP by the notebooks' SVI settings.
+* ``sgld``, ``sghmc``, ``swag``, ``multiswag``: toy: ``configs/<member>_toy.yaml``'s inference section on the
+  reference's net, prior and likelihood (8 chains / 5 models; the SGD-based steps are small because sigma = 0.1
+  makes the toy stiff). Two moons: 8 chains x 4,000 full-batch steps at lr 0.05 (SGLD polynomial, SGHMC 8 cosine
+  cycles), burn-in 1,000, every 25th; SWAG 300 + 100 epochs of batch 20 at lr 0.05 -> 0.01, an iterate every 10
+  steps, rank 20 (``MOONS_SGMCMC``, ``MOONS_SWAG``).
+* ``auto_normal``, ``auto_low_rank_mvn``, ``auto_mvn``: Pyro's autoguides (``configs/auto_*_toy.yaml``): init
+  scale softplus(-5), rank 10, the notebooks' SVI settings.
+* ``auto_laplace_approximation``: Pyro's Laplace autoguide (``configs/auto_laplace_approximation_toy.yaml``): a
+  MAP fit by the notebooks' SVI settings, polished by L-BFGS, the inverse Hessian as covariance, in float64 (in
+  float32 the polish stops short of the mode and the Hessian is indefinite); no UCI config (the Hessian at the
+  UCI nets' MAP is not positive definite), so it is skipped on UCI references.
+* ``concrete_dropout``: guide ``dropout`` with ``dropout: concrete`` from p = 0.1 (``configs/concrete_dropout_*``),
+  the notebooks' SVI settings.
 
 Two columns keep every row honest: ``same posterior as the reference`` (``no: net`` etc. when a member's data,
 net, prior or likelihood differ from the reference's, so it approximates another posterior) and ``reference
@@ -81,6 +94,7 @@ from typing import Any
 
 import pyro
 import torch
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -92,6 +106,7 @@ from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
 from zoo.spec import RunSpec, load_spec
 
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 RATIO_DRAWS, RATIO_SEED, GRID_POINTS = 400, 0, 300  # the regression notebook's predictive_band
 
 # The notebooks' SVI settings (configs/mean_field_toy.yaml, configs/rank1_toy.yaml): full batch, 3000 Adam steps.
@@ -155,12 +170,49 @@ MEMBERS: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def _toy_config(name: str, section: str) -> dict:
+    """A section of ``configs/<name>`` (a new member's toy config, so the toy table runs what the config says)."""
+    return yaml.safe_load((CONFIG_DIR / name).read_text())[section]
+
+
+# The members that came with the inference-method protocol: on the toy, their configs' settings; on two moons
+# (categorical, far less stiff than the toy's sigma = 0.1), a step 100x larger for the SGD-based ones.
+MOONS_SGMCMC = {"num_chains": 8, "epochs": 4000, "batch_size": None, "lr": 0.05, "burn_in_epochs": 1000,
+                "thin": 25, "predictive_samples": 400}
+MOONS_SWAG = {"method": "swag", "epochs": 100, "pretrain_epochs": 300, "batch_size": 20, "lr": 0.01,
+              "pretrain_lr": 0.05, "momentum": 0.9, "rank": 20, "collect_every": 10, "predictive_samples": 200}
+for _name, _label, _config, _moons in (
+        ("sgld", "SGLD (8 chains)", "sgld_toy.yaml", {"method": "sgld", "schedule": "polynomial", **MOONS_SGMCMC}),
+        ("sghmc", "cyclical SGHMC (8 chains)", "sghmc_toy.yaml",
+         {"method": "sghmc", "schedule": "cyclical", "cycles": 8, **MOONS_SGMCMC}),
+        ("swag", "SWAG", "swag_toy.yaml", {**MOONS_SWAG, "num_models": 1}),
+        ("multiswag", "MultiSWAG (5)", "multiswag_toy.yaml", {**MOONS_SWAG, "num_models": 5})):
+    MEMBERS[_name] = {"label": _label, "overrides": {
+        "model": {"family": "mean_field"}, "guide": {},
+        "inference": {"regression": _toy_config(_config, "inference"), "classification": _moons}}}
+for _kind, _label in (("normal", "AutoNormal"), ("low_rank_mvn", "AutoLowRankMVN (rank 10)"),
+                      ("mvn", "AutoMultivariateNormal")):
+    MEMBERS[f"auto_{_kind}"] = {"label": f"Pyro {_label}", "overrides": {
+        "model": {"family": "mean_field"}, "guide": {"name": "auto", "auto": _kind, "init_rho": -5.0, "rank": 10},
+        "inference": {**SVI, "predictive_samples": 200}}}
+MEMBERS["auto_laplace_approximation"] = {"label": "Pyro AutoLaplaceApproximation (float64)", "overrides": {
+    "model": {"family": "mean_field"}, "guide": {"name": "auto", "auto": "laplace_approximation"},
+    "inference": {**SVI, "predictive_samples": 200}, "dtype": "float64"}}
+MEMBERS["concrete_dropout"] = {"label": "concrete dropout (learned p)", "overrides": {
+    "model": {"family": "mean_field"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
+    "inference": {**SVI, "predictive_samples": 200}}}
+
 # On a UCI reference each member is its own UCI config (configs/<config>), run on the reference's data set, split
 # and net width: the settings the UCI table reports, not the notebooks' toy settings.
 UCI_CONFIGS = {"mean_field": "mean_field_uci.yaml", "map": "map_uci.yaml", "mc_dropout": "mc_dropout_uci.yaml",
                "deep_ensemble": "deep_ensemble_uci.yaml", "rank1": "rank1_cauchy_uci.yaml",
-               "batch_ensemble": "batchensemble_uci.yaml", "subnet_laplace": "subnet_laplace_uci.yaml"}
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+               "batch_ensemble": "batchensemble_uci.yaml", "subnet_laplace": "subnet_laplace_uci.yaml",
+               "sgld": "sgld_uci.yaml", "sghmc": "sghmc_uci.yaml", "swag": "swag_uci.yaml",
+               "multiswag": "multiswag_uci.yaml", "auto_normal": "auto_normal_uci.yaml",
+               "auto_low_rank_mvn": "auto_low_rank_mvn_uci.yaml", "auto_mvn": "auto_mvn_uci.yaml",
+               "concrete_dropout": "concrete_dropout_uci.yaml"}
 TOPICS = {"regression": "toy", "classification": "moons"}
 COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
@@ -355,6 +407,9 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     members: list[tuple[str, Path, str, float]] = []
     specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
+        if topic == "uci" and name not in UCI_CONFIGS:
+            echo(f"{name}: no UCI config (see its configs/ comments), skipped on {reference}")
+            continue
         spec = member_spec(ref_spec, name, task, args.steps)
         t0 = time.perf_counter()
         run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)

@@ -7,6 +7,10 @@ the same fused Adam, the same minibatch order. The zoo side is exactly the step 
 in rounds so machine noise hits both alike; the ratio is zoo / hand-written (lower is better), reported as
 the median of the per-round ratios and as the ratio of the best (least disturbed) round of each.
 
+A second table times Pyro's AutoNormal (``guide.name: auto``, the zoo's adapter) against the zoo's own mean-field
+guide with local reparameterisation (``inference.local_reparam: true``), each the step ``zoo train`` runs, on the
+same model: what choosing Pyro's autoguide over the zoo's guide costs per step.
+
     python benchmarks/svi_overhead.py [--rounds 7] [--steps 100] [--warmup 20] [--threads N] [--json PATH]
 """
 
@@ -21,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from timing import add_timing_arguments, batches, benchmark_cases, optimiser_step, time_side_by_side  # noqa: E402 - sibling module of this script
 
+from guides.auto import AutoGuide
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.svi import SVIStep, make_optimizer
@@ -29,19 +34,26 @@ from zoo.models.mean_field import MeanFieldBNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import PriorSpec, SVISpec
+from zoo.spec import GuideSpec, PriorSpec, SVISpec
 
 BATCH = 128
 INIT_RHO = -5.0
 
 
-def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec):
-    """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``."""
+def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec, guide_name: str = "mean_field",
+             local_reparam: bool = False):
+    """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``, with the zoo's mean-field guide or Pyro's
+    AutoNormal (``guide_name="auto"``)."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
     names = [n for n, _ in net.named_parameters()]
     family = MeanFieldBNN(net, assign_priors(PriorSpec(), names), Categorical())
-    guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)
-    step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), make_optimizer(list(guide.parameters()), spec))
+    if guide_name == "auto":
+        guide = AutoGuide(family.latent_sites(), GuideSpec(name="auto", auto="normal", init_rho=INIT_RHO))
+        guide.bind(family.model, x[:2], y[:2])
+    else:
+        guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)
+    step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), make_optimizer(list(guide.parameters()), spec),
+                   local_reparam=local_reparam)
     order = batches(len(x), BATCH, seed=1)
     return lambda: step(x, y, next(order))
 
@@ -96,6 +108,22 @@ def main(argv: list[str] | None = None) -> dict:
         table.add_row(name, f"{row['zoo_us_per_step']:.0f}", f"{row['hand_us_per_step']:.0f}",
                       f"{row['ratio_median']:.2f}", f"{row['ratio_of_best']:.2f}")
     Console().print(table)
+    auto_table = Table(title=f"Pyro's AutoNormal against the zoo's mean-field guide with local reparameterisation, "
+                       f"batch {BATCH}")
+    for col in ("case", "AutoNormal µs/step", "zoo local reparam µs/step", "ratio (median of rounds)"):
+        auto_table.add_column(col, justify="left" if col == "case" else "right")
+    for name, (sizes, x, y) in cases.items():
+        auto_us, zoo_us = time_side_by_side(zoo_step(sizes, x, y, spec, "auto"),
+                                            zoo_step(sizes, x, y, spec, local_reparam=True),
+                                            args.rounds, args.steps, args.warmup)
+        ratios = [a / z for a, z in zip(auto_us, zoo_us, strict=True)]
+        row = results["cases"][name]
+        row.update(autonormal_us_per_step=statistics.median(auto_us),
+                   local_reparam_us_per_step=statistics.median(zoo_us),
+                   ratio_autonormal_to_local_reparam=statistics.median(ratios))
+        auto_table.add_row(name, f"{row['autonormal_us_per_step']:.0f}", f"{row['local_reparam_us_per_step']:.0f}",
+                           f"{row['ratio_autonormal_to_local_reparam']:.2f}")
+    Console().print(auto_table)
     if args.json:
         write_json(args.json, results)
     return results

@@ -36,8 +36,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zoo.cli import exit_code
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.exits import exit_code
 from zoo.metrics import mean_and_standard_error
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ from pyro import poutine
 from torch import nn
 from torch.distributions import biject_to
 
-from zoo.models.base import LatentSite
-from zoo.spec import GuideSpec
+from zoo.sections import GuideSpec
+from zoo.sites import LatentSite
 
 
 def _key(site: str) -> str:

@@ -1,72 +1,127 @@
-"""MC dropout (Gal & Ghahramani 2016) as a guide: q(W) = M diag(z)/(1-p) with Bernoulli unit masks z.
+"""Dropout as variational inference: q(W) = M diag(mask) with a random mask per input unit (``guide.dropout``).
+
+* ``bernoulli``: MC dropout (Gal & Ghahramani 2016), mask z/(1-p) with z ~ Bernoulli(1-p);
+* ``gaussian``: Gaussian dropout (Srivastava et al. 2014), mask 1 + sqrt(p/(1-p)) eps, eps ~ N(0, 1): the same
+  mean and variance as the Bernoulli mask;
+* ``concrete``: concrete dropout (Gal, Hron & Kendall 2017), a rate p learned per layer through the relaxed
+  Bernoulli (temperature 0.1) mask (1 - z)/(1 - p), z = sigmoid((logit p + log u - log(1 - u)) / 0.1); its
+  ELBO gains each layer's mask entropy K H(p) (K input units), carried as the draw's log density, which is
+  what keeps p from collapsing to 0.
 
 For every weight matrix W = M ∘ mask but the first layer's, each *input* unit j is dropped (column j of
 ``[out, in]`` zeroed; a Conv2d drops whole input channels) with probability p and kept units are scaled by
 1/(1-p); the first layer's weights, the biases and constrained sites (a learned noise scale) are point values.
+``drop_inputs=True`` drops the first layer's input units too, i.e. the data's features, as in Gal & Ghahramani's
+UCI networks (dropout before every weight layer).
 Each draw is a Delta at the masked value, so the ELBO that SVI maximises is
 
     E_q[log p(y | W) + log p(W)]     (q has no entropy term that depends on M)
 
 i.e. dropout training with L2 weight decay supplied by the prior (a Normal(0, s) prior is the penalty
-||W||² / 2s²). ``Posterior.sample(T)`` then gives T masked weight sets and the ordinary GuidePosterior
-prediction is the standard T-pass MC-dropout predictive; :meth:`point_estimate` is the unmasked M.
+||W||² / 2s²), plus, for concrete dropout, the masks' entropy. ``Posterior.sample(T)`` then gives T masked weight
+sets and the ordinary GuidePosterior prediction is the standard T-pass MC-dropout predictive;
+:meth:`point_estimate` is the unmasked M.
 """
 
 from __future__ import annotations
 
+import math
+
 import pyro.distributions as dist
 import torch
+from torch import nn
 from torch.distributions import biject_to
 
-from guides.base import SiteGuide
+from guides.base import SiteGuide, _key
 from zoo.errors import ZooInputError
-from zoo.models.base import LatentSite
-from zoo.spec import GuideSpec
+from zoo.sections import GuideSpec
+from zoo.sites import LatentSite
 
 
-def dropped_sites(sites: dict[str, LatentSite]) -> list[str]:
+def dropped_sites(sites: dict[str, LatentSite], drop_inputs: bool = False) -> list[str]:
     """The sites whose input units are dropped: every plain weight matrix (2+ dims) after the first, in model
-    order. Refuses sites in an ensemble plate and site sets without a second weight matrix."""
+    order, and the first as well with ``drop_inputs``. Refuses sites in an ensemble plate and site sets without a
+    second weight matrix (without ``drop_inputs``) or without any."""
     plated = [n for n, s in sites.items() if s.plate is not None]
     if plated:
         raise ZooInputError("guide.name", "dropout", f"needs plain weight sites, but {', '.join(plated)} lie in an "
                             "ensemble plate; use model.family: mean_field with guide.name: dropout")
     matrices = [n for n, s in sites.items() if s.is_weight and len(s.shape) >= 2]
+    if drop_inputs:
+        if not matrices:
+            raise ZooInputError("guide.name", "dropout", "drops input units of weight matrices, and this model has "
+                                "none: use model.family: mean_field")
+        return matrices
     if len(matrices) < 2:
         raise ZooInputError("guide.name", "dropout", f"drops the input units of every weight matrix after the first "
                             f"layer, and this model has {len(matrices)} weight matrix site(s) "
                             f"({', '.join(matrices) or 'none'}): use a net with a hidden layer (net.hidden) and "
-                            "model.family: mean_field")
+                            "model.family: mean_field, or guide.drop_inputs: true to drop the inputs")
     return matrices[1:]
 
 
-class DropoutGuide(SiteGuide):
-    """MC dropout: Delta draws at M ∘ (input-unit Bernoulli mask)/(1-p) for every weight matrix but the first."""
+CONCRETE_TEMPERATURE = 0.1  # Gal, Hron & Kendall 2017
 
-    def __init__(self, sites: dict[str, LatentSite], dropout_rate: float = 0.05) -> None:
+
+class DropoutGuide(SiteGuide):
+    """Dropout VI: Delta draws at M ∘ (input-unit mask) for every weight matrix but the first (MC, Gaussian or
+    concrete dropout)."""
+
+    def __init__(self, sites: dict[str, LatentSite], dropout_rate: float = 0.05, mask: str = "bernoulli",
+                 drop_inputs: bool = False) -> None:
         if not 0.0 < dropout_rate < 1.0:
             raise ZooInputError("guide.dropout_rate", dropout_rate, "must lie strictly between 0 and 1")
+        if mask not in ("bernoulli", "gaussian", "concrete"):
+            raise ZooInputError("guide.dropout", mask, "use bernoulli (MC dropout), gaussian or concrete")
         super().__init__(sites)
-        self.dropout_rate = float(dropout_rate)
-        self.dropped = dropped_sites(sites)
+        self.dropout_rate, self.mask = float(dropout_rate), mask
+        self.dropped = dropped_sites(sites, drop_inputs)
+        if mask == "concrete":  # one learned rate per dropped layer, as its logit
+            logit = math.log(dropout_rate) - math.log1p(-dropout_rate)
+            self.rate_logit = nn.ParameterDict({_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
 
     @classmethod
     def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> DropoutGuide:
-        """Build from the spec's guide section (``dropout_rate``)."""
-        return cls(sites, spec.dropout_rate)
+        """Build from the spec's guide section (``dropout_rate``, ``dropout``, ``drop_inputs``)."""
+        return cls(sites, spec.dropout_rate, spec.dropout, spec.drop_inputs)
+
+    def learned_rate(self, name: str) -> torch.Tensor:
+        """Concrete dropout's rate p of site ``name``, learned as its logit."""
+        return torch.sigmoid(self.rate_logit[_key(name)])
+
+    def rates(self) -> dict[str, float]:
+        """Every dropped site's rate p."""
+        if self.mask != "concrete":
+            return dict.fromkeys(self.dropped, self.dropout_rate)
+        return {name: float(self.learned_rate(name).detach()) for name in self.dropped}
 
     def unit_mask(self, name: str) -> torch.Tensor:
-        """A fresh mask for site ``name``: 0 or 1/(1-p) per input unit (dim 1), broadcasting over the rest."""
+        """A fresh mask for site ``name``, one factor per input unit (dim 1), broadcasting over the rest."""
         loc = self.unconstrained_loc(name)
         shape = [1] * loc.dim()
         shape[1] = loc.shape[1]
-        keep = torch.rand(shape, device=loc.device, dtype=loc.dtype) >= self.dropout_rate
-        return keep.to(loc.dtype) / (1.0 - self.dropout_rate)
+        p = self.dropout_rate
+        if self.mask == "bernoulli":
+            keep = torch.rand(shape, device=loc.device, dtype=loc.dtype) >= p
+            return keep.to(loc.dtype) / (1.0 - p)
+        if self.mask == "gaussian":
+            return 1.0 + math.sqrt(p / (1.0 - p)) * torch.randn(shape, device=loc.device, dtype=loc.dtype)
+        p = self.learned_rate(name).to(loc)
+        eps = torch.finfo(loc.dtype).eps
+        u = torch.rand(shape, device=loc.device, dtype=loc.dtype).clamp(eps, 1.0 - eps)
+        drop = torch.sigmoid((torch.logit(p) + torch.log(u) - torch.log1p(-u)) / CONCRETE_TEMPERATURE)
+        return (1.0 - drop) / (1.0 - p)
 
     def distribution(self, name: str) -> dist.TorchDistribution:
-        """A Delta at the masked weights (dropped sites) or at the point value (every other site)."""
+        """A Delta at the masked weights (dropped sites) or at the point value (every other site); a concrete
+        site's Delta carries -K H(p), so that the ELBO counts the masks' entropy."""
         site = self.sites[name]
         value = biject_to(site.support)(self.unconstrained_loc(name))
-        if name in self.dropped:
-            value = value * self.unit_mask(name)
-        return dist.Delta(value, event_dim=site.event_dim)
+        if name not in self.dropped:
+            return dist.Delta(value, event_dim=site.event_dim)
+        value = value * self.unit_mask(name)
+        if self.mask != "concrete":
+            return dist.Delta(value, event_dim=site.event_dim)
+        p = self.learned_rate(name).to(value)
+        entropy = -(p * torch.log(p) + (1.0 - p) * torch.log1p(-p)) * value.shape[1]
+        return dist.Delta(value, log_density=-entropy, event_dim=site.event_dim)

@@ -16,8 +16,8 @@ from torch.distributions import constraints
 from guides.base import _key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.errors import ZooInputError
-from zoo.models.base import LatentSite
-from zoo.spec import GuideSpec
+from zoo.sections import GuideSpec
+from zoo.sites import LatentSite
 
 
 class FullRankGuide(MeanFieldNormalGuide):

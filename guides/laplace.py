@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributions import biject_to, constraints
 
 from guides.base import SiteGuide, _key
-from zoo.models.base import LatentSite
+from zoo.sites import LatentSite
 
 
 class LaplaceGuide(SiteGuide):

@@ -9,8 +9,8 @@ from torch import nn
 from torch.distributions import biject_to, constraints
 
 from guides.base import SiteGuide, _key
-from zoo.models.base import LatentSite
-from zoo.spec import GuideSpec
+from zoo.sections import GuideSpec
+from zoo.sites import LatentSite
 
 
 class FactorNormal(dist.Normal):

@@ -15,8 +15,8 @@ from torch.distributions import biject_to
 
 from guides.base import SiteGuide, _key
 from guides.mean_field import MeanFieldNormalGuide
-from zoo.models.base import LatentSite
-from zoo.spec import GuideSpec
+from zoo.sections import GuideSpec
+from zoo.sites import LatentSite
 
 
 def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: float) -> None:

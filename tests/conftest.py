@@ -150,3 +150,19 @@ def sigterm_ends_cleanly(job) -> str:
     assert job.returncode == 143, stderr
     assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
     return stderr
+
+
+def record_checkpoints(monkeypatch, module) -> list[dict]:
+    """Every checkpoint ``module`` saves (still written to disk), as loaded back: a list that grows as it runs."""
+    from zoo import runs
+
+    saved: list[dict] = []
+    real_save = runs.save_checkpoint
+
+    def keep(path, obj):
+        saved.append(torch.load(real_save(path, obj), weights_only=False))
+        return path
+
+    monkeypatch.setattr(module, "save_checkpoint", keep)
+    return saved
+

@@ -31,7 +31,7 @@ from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.priors import assign_priors
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, load_torch
-from zoo.spec import NormalPrior, PriorSpec, load_spec
+from zoo.spec import GuideSpec, NormalPrior, PriorSpec, load_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -221,6 +221,23 @@ def test_dropout_zeroes_whole_input_units_at_rate_p_and_scales_the_rest():
     assert abs(rate - p) < 0.02, rate
     # the point estimate is the unmasked weights
     assert all(torch.equal(guide.point_estimate()[n], loc[n]) for n in loc)
+
+
+def test_drop_inputs_also_drops_the_features_of_the_first_layer_and_allows_a_net_without_hidden_layers():
+    p = 0.4
+    family = tiny_mean_field(sizes=(200, 8, 6, 1))
+    guide = DropoutGuide(family.latent_sites(), dropout_rate=p, drop_inputs=True)
+    assert guide.dropped == ["hidden0.weight", "hidden1.weight", "out.weight"]
+    pyro.set_rng_seed(1)
+    first = GuidePosterior(family, guide).sample(30)["hidden0.weight"]  # [T, 8, 200]
+    loc = family.latent_sites()["hidden0.weight"].init
+    dropped = (first == 0).all(dim=1)  # [T, 200]: whole features
+    assert torch.allclose(first, torch.where(dropped[:, None, :], 0.0, loc / (1 - p)), atol=1e-6)
+    assert abs(dropped.float().mean().item() - p) < 0.03  # 6,000 features: sd 0.006
+    linear = tiny_mean_field(sizes=(3, 1))
+    assert DropoutGuide(linear.latent_sites(), drop_inputs=True).dropped == ["out.weight"]
+    spec = GuideSpec(name="dropout", dropout_rate=p, drop_inputs=True)
+    assert DropoutGuide.from_spec(family.latent_sites(), spec).dropped == guide.dropped
 
 
 def test_dropout_elbo_is_log_lik_plus_log_prior_at_the_masked_weights():

@@ -23,14 +23,11 @@ from zoo.diagnostics import (
     INFERENCE_DATA_FILE,
     check,
     compare,
-    coverage,
     diagnose,
     diagnose_report,
     guide_log_density,
     khat_interpretation,
     pareto_k,
-    per_draw_mixture,
-    replicate_y,
     run_predictive,
     save_inference_data,
     site_dims,
@@ -39,10 +36,12 @@ from zoo.diagnostics import (
 from zoo.errors import ZooInputError
 from zoo.inference.mcmc import SAMPLES_FILE, LogJoint, load_samples
 from zoo.likelihoods import PredictiveDraws
-from zoo.models.base import LatentSite
+from zoo.metrics import coverage
 from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, save_torch
+from zoo.sites import LatentSite
 from zoo.spec import load_spec
+from zoo.tasks import TASKS
 
 torch.set_num_threads(1)
 
@@ -119,15 +118,16 @@ def test_members_of_a_draw_form_one_mixture_predictive():
     s, k, b = 3, 2, 500
     loc = torch.tensor([-100.0, 100.0]).repeat(s)[:, None].expand(s * k, b)  # draw-major: member 0, 1, 0, 1, ...
     pred = PredictiveDraws(loc=loc, scale=torch.full_like(loc, 1e-3))
-    mix_loc, mix_scale = per_draw_mixture(pred, s)
+    mix_loc, mix_scale = TASKS["regression"].mixture(pred, s)
     assert mix_loc.shape == mix_scale.shape == (s, k, b) and (mix_loc[:, 0] == -100).all()
-    y = replicate_y(pred, s, Dataset("x", "regression", *[torch.zeros(1, 1)] * 4), torch.Generator().manual_seed(0))
+    y = TASKS["regression"].replicate(pred, s, Dataset("x", "regression", *[torch.zeros(1, 1)] * 4),
+                                      torch.Generator().manual_seed(0))
     assert y.shape == (s, b) and np.allclose(np.abs(y), 100, atol=0.01)
     assert 0.4 < (y > 0).mean() < 0.6
     one_class_each = torch.tensor([[0.0, -1e30], [-1e30, 0.0]])  # member 0 says class 0, member 1 class 1
     log_probs = one_class_each.repeat(s, 1)[:, None].expand(-1, b, -1)
-    labels = replicate_y(PredictiveDraws(log_probs=log_probs), s, Dataset("x", "classification",
-                          *[torch.zeros(1, 1)] * 4, n_classes=2), torch.Generator().manual_seed(0))
+    labels = TASKS["classification"].replicate(PredictiveDraws(log_probs=log_probs), s, Dataset(
+        "x", "classification", *[torch.zeros(1, 1)] * 4, n_classes=2), torch.Generator().manual_seed(0))
     assert labels.shape == (s, b) and 0.4 < labels.mean() < 0.6
 
 
@@ -317,9 +317,9 @@ def test_compare_a_regression_run_with_itself_and_with_hmc(vi_dir, hmc_dir, tmp_
     assert (tmp_path / "compare.png").is_file() and reference["plot"] == str(tmp_path / "compare.png")
     # W1 is scipy's on the predictive samples of y, in original units
     a, b = run_predictive(hmc_dir, 50), run_predictive(vi_dir, 50)
-    w1 = np.mean([wasserstein_distance(a.y[:, i], b.y[:, i]) for i in range(a.y.shape[1])])
+    w1 = np.mean([wasserstein_distance(a.draws[:, i], b.draws[:, i]) for i in range(a.draws.shape[1])])
     assert hmc["w1"] == pytest.approx(w1)
-    assert a.y.shape == (2000, 200)
+    assert a.draws.shape == (2000, 200)
 
 
 def test_coverage_measures_reference_mass_inside_the_interval():

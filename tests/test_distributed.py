@@ -215,6 +215,30 @@ def test_a_rank_that_cannot_reach_the_rendezvous_fails_within_the_timeout_naming
     assert time.monotonic() - started < 60
 
 
+@needs_two_cores
+def test_after_a_normal_end_no_rank_leaves_before_rank_0_has_finished_writing(tmp_path):
+    """A rank that exits while another still holds its gloo connections can be aborted; so the ranks leave together,
+    after rank 0's evaluation and writing (here a 1.5 s sleep), and only then tear the group down."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time, torch\n"
+        "from zoo.distributed import joined\n"
+        "with joined(torch.device('cpu')) as team:\n"
+        "    if team.is_writer:\n"
+        "        time.sleep(1.5)\n"
+        "        ended = time.time()\n"
+        "left = time.time()\n"
+        f"path = os.path.join({str(tmp_path)!r}, f'rank{{team.rank}}')\n"
+        "open(path, 'w').write(repr((left, locals().get('ended'))))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _, writer_ended = eval((tmp_path / "rank0").read_text())
+    other_left, _ = eval((tmp_path / "rank1").read_text())
+    assert other_left >= writer_ended
+
+
 def test_chains_the_processes_cannot_share_evenly_are_refused():
     with pytest.raises(ZooInputError, match="inference.num_chains: got 5; the chains are shared by 2 processes"):
         check_chains(5, 2)

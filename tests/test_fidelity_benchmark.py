@@ -132,9 +132,11 @@ def test_uci_members_are_their_uci_configs_on_the_references_data(uci_references
 def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     out = tmp_path / "fidelity.json"
-    result = fidelity.main(["--reference", *map(str, uci_references), "--members", "map,mean_field",
-                            "--runs-dir", str(tmp_path / "runs"), "--steps", "20", "--samples", "20",
-                            "--json", str(out)])
+    result = fidelity.main(["--reference", *map(str, uci_references), "--members",
+                            "map,mean_field,auto_laplace_approximation", "--runs-dir", str(tmp_path / "runs"),
+                            "--steps", "20", "--samples", "20", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "auto_laplace_approximation: no UCI config" in printed  # a member without one is skipped
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(result))
     first, second = saved["per_reference"]
@@ -149,7 +151,6 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
         values = [first["rows"][position]["test_ll"], second["rows"][position]["test_ll"]]
         assert row["test_ll"] == pytest.approx(sum(values) / 2)
         assert row["test_ll_se"] == pytest.approx(abs(values[0] - values[1]) / 2 / math.sqrt(2))  # as uci.py
-    printed = capsys.readouterr().out
     assert "posterior fidelity on uci:tiny, splits [0, 1]" in printed and "0/2" in printed
 
 

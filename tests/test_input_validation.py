@@ -266,7 +266,8 @@ def test_every_cross_field_problem_is_listed_and_the_first_is_the_field():
     assert lines[0] == "invalid spec; fix these fields:"
     assert lines[1].startswith("  data.name: got 'imagenet'; use one of toy_gap")
     assert lines[2].startswith("  unknown net.activation 'swish'; use one of: elu, gelu")
-    assert lines[3] == "  guide.name: got 'mixture'; family 'mean_field' takes the guides: mean_field, delta, dropout"
+    assert lines[3] == ("  guide.name: got 'mixture'; family 'mean_field' takes the guides: mean_field, delta, "
+                        "dropout, auto")
 
 
 def test_laplace_problems_name_their_fields():

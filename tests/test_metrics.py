@@ -285,3 +285,40 @@ def test_pruning_curve_writes_png(tmp_path):
     fractions = [0.0, 0.5, 0.9]
     returned = plots.pruning_curve(fractions, {"accuracy": [0.9, 0.88, 0.7], "nll": [0.3, 0.35, 0.9]}, path)
     _assert_png(path, returned)
+
+
+# ------------------------------------------------------------------------------------------------ tasks
+class _FixedPosterior:
+    """A posterior whose predictive at any inputs is one given set of draws (what a task reads of a posterior)."""
+
+    def __init__(self, pred) -> None:
+        self.pred = pred
+
+    def sample(self, num_samples: int) -> dict:
+        return {}
+
+    def predict(self, x, num_samples=None, draws=None):
+        return self.pred
+
+
+def test_each_task_evaluates_its_headline_metrics_from_the_posterior_predictive():
+    from zoo.data.base import Dataset
+    from zoo.likelihoods import PredictiveDraws
+    from zoo.tasks import TASKS, task_of
+
+    torch.manual_seed(0)
+    x = torch.zeros(6, 1)
+    y = torch.randn(6)
+    regression = Dataset("r", "regression", x, y, x, y, y_mean=1.0, y_std=2.0)
+    pred = PredictiveDraws(loc=torch.randn(4, 6), scale=torch.full((4, 1), 0.5))
+    got = task_of(regression).evaluate(_FixedPosterior(pred), regression, 4)
+    assert got == metrics.regression_metrics(pred.loc, pred.scale, y, 1.0, 2.0) and set(got) >= set(
+        TASKS["regression"].metrics)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    classification = Dataset("c", "classification", x, labels, x, labels, n_classes=3)
+    log_probs = torch.randn(4, 6, 3).log_softmax(-1)
+    got = task_of(classification).evaluate(_FixedPosterior(PredictiveDraws(log_probs=log_probs)), classification, 4)
+    assert got == metrics.classification_metrics(log_probs, labels) and set(got) >= set(
+        TASKS["classification"].metrics)
+    with pytest.raises(Exception, match="data.task"):
+        task_of("ranking")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import stat
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -191,7 +193,33 @@ def test_an_interrupt_after_a_checkpoint_prints_the_resume_command(tmp_path, cap
 # ------------------------------------------------------------------------- 4. corrupt checkpoints and draws
 def corrupt(path: Path, how: str) -> None:
     data = path.read_bytes()
-    path.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "garbage": os.urandom(len(data))}[how])
+    noise = random.Random(0).randbytes(len(data))  # seeded: one fixed garbage file, not a new draw per CI run
+    path.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "garbage": noise}[how])
+
+
+def test_any_noise_in_place_of_a_saved_file_is_refused_as_unreadable_whatever_the_unpickler_would_raise(tmp_path):
+    """Unpickling noise can raise anything: among these 600 files, MemoryError (seed 454, as in CI once),
+    OverflowError (seed 43), UnicodeDecodeError and UnpicklingError. Every one must read as a corrupt file."""
+    path = tmp_path / "noise.pt"
+    for seed in range(600):
+        path.write_bytes(random.Random(seed).randbytes(2000))
+        with pytest.raises(ZooInputError, match="is unreadable"):
+            runs.load_torch(path)
+
+
+def test_a_zip_archive_of_noise_in_place_of_a_saved_file_is_refused_as_unreadable(tmp_path):
+    """Past the zip check (torch.save's format), members of noise must still read as a corrupt file."""
+    path = tmp_path / "noise.pt"
+    runs.save_torch(path, {"step": 3, "w": torch.ones(50)})
+    with zipfile.ZipFile(path) as real:
+        names = real.namelist()
+    for seed in range(50):
+        rng = random.Random(seed)
+        with zipfile.ZipFile(path, "w") as fake:
+            for name in names:
+                fake.writestr(name, rng.randbytes(rng.randint(1, 4000)))
+        with pytest.raises(ZooInputError, match="is unreadable"):
+            runs.load_torch(path)
 
 
 @pytest.fixture(scope="module")

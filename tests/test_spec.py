@@ -167,7 +167,7 @@ def test_unknown_inference_method_is_refused_with_the_choices():
 
 def test_an_svi_setting_under_mcmc_is_refused_naming_its_owner():
     msg = spec_error(["inference.method=nuts", "inference.lr=0.1"])
-    assert "inference.lr: got 0.1; unknown setting here; it belongs to: svi" in msg
+    assert "inference.lr: got 0.1; unknown setting here; it belongs to: sghmc, sgld, svi, swag" in msg
 
 
 def test_a_setting_of_another_family_is_refused_naming_its_owner():
@@ -310,6 +310,22 @@ def test_shipped_configs_validate():
     assert configs
     for path in configs:
         assert isinstance(load_spec(path), RunSpec), path
+
+
+def test_shipped_search_spaces_fit_their_configs():
+    """Each ``configs/spaces/X.yaml`` is swept over ``configs/X.yaml``: every key is a spec field and every range
+    end and choice is a value that config accepts (what ``zoo sweep`` checks before its first trial)."""
+    from pathlib import Path
+
+    import yaml
+
+    from zoo.sweep import check_space, load_space
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    spaces = sorted((configs / "spaces").glob("*.yaml"))
+    assert spaces
+    for path in spaces:
+        check_space(load_space(path), yaml.safe_load((configs / path.name).read_text()))
 
 
 # --------------------------------------------------------------------------------------- assign_priors

@@ -31,4 +31,5 @@ def test_benchmark_writes_ratios(tmp_path, capsys, monkeypatch):
     assert set(figures["cases"]) == {"digits 64-100-10", "784-400-400-10"}
     for case in figures["cases"].values():
         assert case["ratio_median"] > 0 and case["ratio_of_best"] > 0
+        assert case["ratio_autonormal_to_local_reparam"] > 0
     assert "ratio" in capsys.readouterr().out

@@ -4,6 +4,7 @@ CIFAR-10 / CIFAR-100 pickles, SVHN .mat files and, with torchvision, MNIST / Fas
 from __future__ import annotations
 
 import pickle
+import random
 import struct
 from pathlib import Path
 
@@ -111,6 +112,15 @@ def test_a_missing_file_is_named_with_the_layout(tmp_path):
         load_vision("cifar10", str(tmp_path), seed=0)
     with pytest.raises(ZooInputError, match="train_32x32.mat"):
         load_dataset(DataSpec(name="svhn", dir=str(tmp_path)), seed=0)
+
+
+@pytest.mark.parametrize("content", [b"", random.Random(454).randbytes(2000), pickle.dumps([1, 2])],
+                         ids=["empty", "noise", "a list"])
+def test_a_corrupt_cifar_batch_is_named_and_refused(tmp_path, content):
+    write_cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "data_batch_2").write_bytes(content)
+    with pytest.raises(ZooInputError, match="data_batch_2.*does not hold a CIFAR batch"):
+        load_vision("cifar10", str(tmp_path), seed=0)
 
 
 def test_a_resnet_trains_on_three_channel_images_end_to_end(tmp_path):

@@ -9,18 +9,18 @@ progress is checkpointed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
+from zoo.errors import ZooInputError, ZooWarning
+from zoo.exits import exit_code, rank, say
 from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
+from zoo.tasks import task_of
 
 console = Console()
 STRICT_EXIT = 3  # zoo diagnose --strict, or zoo train of MCMC draws: a convergence check failed
@@ -46,9 +46,10 @@ def _metric_list(title: str, metrics: dict[str, float]) -> Table:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """Train a spec into a run directory and print its metrics; an MCMC run ends with its convergence verdict."""
+    """Train a spec into a run directory and print its metrics; a run of chains (MCMC) ends with its convergence
+    verdict."""
     from zoo.pipeline import describe, train
-    from zoo.spec import MCMCSpec, load_spec
+    from zoo.spec import load_spec
 
     overrides = list(args.set or [])
     if args.data_dir:
@@ -61,13 +62,13 @@ def cmd_train(args: argparse.Namespace) -> int:
                         echo=lambda line: console.print(line, soft_wrap=True, markup=False))
     except KeyboardInterrupt as err:
         raise Interrupted(signal_of(err), _what_was_kept(args)) from None
-    if _rank():  # under torchrun: rank 0 evaluates, reports and diagnoses
+    if rank():  # under torchrun: rank 0 evaluates, reports and diagnoses
         return 0
     console.print(_metric_list(f"{describe(spec)} on {spec.data.name}", summary.metrics))
     console.print(f"run directory: {summary.run_dir}", soft_wrap=True, markup=False)
     if summary.plot is not None:
         console.print(f"plot: {summary.plot}", soft_wrap=True, markup=False)
-    if isinstance(spec.inference, MCMCSpec):
+    if summary.chains:
         return _convergence_verdict(summary.run_dir)
     return 0
 
@@ -118,7 +119,7 @@ def _diagnose_and_print(run_dir: str | Path, num_samples: int | None = None) -> 
 
 
 def _convergence_verdict(run_dir: Path) -> int:
-    """Diagnose an MCMC run's draws (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
+    """Diagnose a run's chains (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
     from zoo.diagnostics import verdict
 
     result = _diagnose_and_print(run_dir)
@@ -155,7 +156,7 @@ def cmd_prune(args: argparse.Namespace) -> None:
         rows.append({"fraction": fraction, **evaluate(pruned, data, spec.inference.predictive_samples, spec.seed)})
     run_dir = Path(args.run_dir)
     write_json(run_dir / "prune.json", rows)
-    keys = ["accuracy", "nll", "ece"] if data.task == "classification" else ["rmse", "test_ll"]
+    keys = list(task_of(data).metrics)
     plot = plots.pruning_curve([r["fraction"] for r in rows], {k: [r[k] for r in rows] for k in keys},
                                run_dir / "pruning.png", title=f"{spec.data.name}: pruning by |mu|/sigma")
     shown = [{"fraction": r["fraction"], **{k: r[k] for k in keys}} for r in rows]
@@ -333,46 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_code(run: Callable[[], object]) -> int:
-    """Call ``run`` (an int it returns is the exit code, else 0) and turn what stops it into a one-paragraph message.
-
-    Bad input and OS errors exit 2, a diverged fit 1, Ctrl-C 130 and SIGTERM 143 (128 + the signal). Under
-    ``torchrun`` the messages of ranks other than 0 start with ``[rank r]``.
-    """
-    try:
-        code = run()
-    except ZooInputError as err:
-        _say(f"error: {err}")
-        return 2
-    except OSError as err:  # a path the command could not read or write
-        where = f" {err.filename}" if err.filename else ""
-        _say(f"error: cannot use{where}: {err.strerror or err}")
-        return 2
-    except TrainingDiverged as err:
-        _say(f"training stopped: {err}")
-        return 1
-    except KeyboardInterrupt as err:
-        stopped = err if isinstance(err, Interrupted) else Interrupted(signal_of(err))
-        _say(str(stopped))
-        return stopped.exit_code
-    return code if isinstance(code, int) else 0
-
-
-def _rank() -> int:
-    """This process's rank under ``torchrun`` (0 otherwise)."""
-    return int(os.environ.get("RANK", "0"))
-
-
-def _say(message: str) -> None:
-    """One message on stderr, marked with the rank when it is not rank 0's."""
-    print(f"[rank {_rank()}] {message}" if _rank() else message, file=sys.stderr)
-
-
 def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """ZooWarnings as one ``warning:`` line on stderr (no source location); others as Python prints them."""
     if issubclass(category, ZooWarning):
-        if not _rank():
-            _say(f"warning: {message}")
+        if not rank():
+            say(f"warning: {message}")
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
@@ -382,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    console.quiet = bool(_rank())  # under torchrun rank 0 prints the results; the others only their errors
-    if _rank():
+    console.quiet = bool(rank())  # under torchrun rank 0 prints the results; the others only their errors
+    if rank():
         args.no_progress = True
     with warnings.catch_warnings(), sigterm_interrupts():
         warnings.showwarning = _print_warning

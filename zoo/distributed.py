@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -165,10 +166,29 @@ def join(device: torch.device) -> World:
     return world()
 
 
-def leave() -> None:
-    """Leave the job (after the last collective)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def leave(together: bool) -> None:
+    """Leave the job. After a run that ended normally (``together``) every rank first waits at a barrier for the
+    others, rank 0 last (it evaluates and writes after the fit), so that no process tears down its connections and
+    exits while another still holds them: gloo can abort a process that exits beside a live peer. A barrier that
+    outlasts ``$ZOO_DIST_TIMEOUT`` is given up, and the rank leaves anyway (rank 0's files do not depend on it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if together and dist.get_world_size() > 1:
+        with contextlib.suppress(RuntimeError):
+            dist.barrier()
+    dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def joined(device: torch.device) -> Iterator[World]:
+    """This process's place in the job for the length of a ``with`` block (see :func:`join` and :func:`leave`)."""
+    team = join(device)
+    try:
+        yield team
+    except BaseException:
+        leave(together=False)
+        raise
+    leave(together=True)
 
 
 class ObservationScale(Messenger):

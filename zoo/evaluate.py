@@ -10,38 +10,22 @@ import numpy as np
 import pyro
 import torch
 
-from zoo import metrics, plots
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.posterior import MaskedPosterior, Posterior
-
-PRIMARY_OOD = "heldout_classes"
+from zoo.tasks import task_of
 
 
 def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 0) -> dict[str, float]:
-    """Metrics on the test set from ``num_samples`` joint draws (one set of draws for test and OOD inputs).
+    """The data's task's test metrics (see :mod:`zoo.tasks`) from ``num_samples`` draws, seeded.
 
-    Classification: accuracy, nll, ece, brier and, per OOD set, ``ood_auroc_{entropy,mi}_<set>``; the unsuffixed
-    ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set.
+    Classification: accuracy, nll, ece, brier and OOD AUROCs from one set of draws for test and OOD inputs.
     Regression: rmse and test_ll in original units (from the closed form where the posterior has one).
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     pyro.set_rng_seed(seed + 1)
-    if data.task == "regression":  # the posterior's own predictive: a closed form where it has one (Laplace GLM)
-        pred = posterior.predict(data.x_test, num_samples)
-        return metrics.regression_metrics(pred.loc, pred.scale, data.y_test, data.y_mean, data.y_std)
-    draws = posterior.sample(num_samples)  # shared by the test and the OOD inputs
-    pred = posterior.predict(data.x_test, draws=draws)
-    out = metrics.classification_metrics(pred.log_probs, data.y_test)
-    for name, x_ood in data.x_ood.items():
-        auroc = metrics.ood_auroc(pred.log_probs, posterior.predict(x_ood, draws=draws).log_probs)
-        out[f"ood_auroc_entropy_{name}"], out[f"ood_auroc_mi_{name}"] = auroc["entropy"], auroc["mi"]
-    if data.x_ood:
-        primary = PRIMARY_OOD if PRIMARY_OOD in data.x_ood else next(iter(data.x_ood))
-        out["ood_auroc_entropy"] = out[f"ood_auroc_entropy_{primary}"]
-        out["ood_auroc_mi"] = out[f"ood_auroc_mi_{primary}"]
-    return out
+    return task_of(data).evaluate(posterior, data, num_samples)
 
 
 class ValidationMonitor:
@@ -94,27 +78,7 @@ def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samp
     Seeded like :func:`evaluate`, so a reliability diagram shows the same draws as metrics.json.
     """
     pyro.set_rng_seed(seed + 1)
-    if data.task == "classification":
-        pred = posterior.predict(data.x_test, num_samples)
-        return plots.reliability_diagram(pred.log_probs.cpu(), data.y_test.cpu(), Path(run_dir) / "reliability.png",
-                                         title=data.name)
-    if data.in_dim != 1:
-        return None
-    lo = min(data.x_train.min(), data.x_test.min()).item()
-    hi = max(data.x_train.max(), data.x_test.max()).item()
-    pad = 0.25 * (hi - lo)
-    grid = torch.linspace(lo - pad, hi + pad, 400, device=data.x_train.device, dtype=data.x_train.dtype)[:, None]
-    pred = posterior.predict(grid, num_samples)
-
-    def raw_x(x: torch.Tensor) -> torch.Tensor:
-        return data.inputs_in_original_units(x)[:, 0].cpu()
-
-    def raw_y(y: torch.Tensor) -> torch.Tensor:
-        return (y * data.y_std + data.y_mean).cpu()
-
-    return plots.uncertainty_band(raw_x(data.x_train), raw_y(data.y_train), raw_x(grid), raw_y(pred.loc),
-                                  (pred.scale * data.y_std).cpu(), Path(run_dir) / "uncertainty.png",
-                                  title=f"{data.name}: posterior predictive")
+    return task_of(data).plot(posterior, data, run_dir, num_samples)
 
 
 def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyro
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch.distributions import constraints
 from torch.distributions.utils import lazy_property
 
-from zoo.models.base import LatentSite
+from zoo.sites import LatentSite
 
 
 @dataclass
@@ -243,6 +244,19 @@ def observe(likelihood: Likelihood, out: torch.Tensor, y: torch.Tensor | None,
             latents: dict[str, torch.Tensor], members: str | None = None) -> None:
     """The ``obs`` site, inside the data plate: :func:`observation` of ``out`` with value ``y``."""
     pyro.sample("obs", observation(likelihood, out, latents, members), obs=y)
+
+
+def observe_rows(likelihood: Likelihood, x: torch.Tensor, y: torch.Tensor | None, batch: torch.Tensor | None,
+                 outputs: Callable[[torch.Tensor], torch.Tensor], members: str | None = None) -> None:
+    """The end of every family's model: the likelihood's own latents, then the data plate over all ``len(x)`` rows
+    with ``y`` observed on rows ``batch`` (all when None), scaled up to all rows by Pyro's subsampling.
+    ``outputs`` maps the selected rows' inputs to the net's outputs (``[B, O]``, or ``[K, B, O]`` with members)."""
+    latents = likelihood.sample_latents(x)
+    with pyro.plate("data", x.shape[0], subsample=batch):
+        # index_select, not x[batch]: advanced indexing is ~100x slower on multi-threaded CPU torch
+        xb = x if batch is None else x.index_select(0, batch)
+        yb = y if (y is None or batch is None) else y.index_select(0, batch)
+        observe(likelihood, outputs(xb), yb, latents, members)
 
 
 def draw_latents(likelihood: Likelihood, draws: dict[str, torch.Tensor], trailing: int) -> dict[str, torch.Tensor]:

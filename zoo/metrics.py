@@ -19,12 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from scipy.stats import wasserstein_distance
 from torch import Tensor
 
 __all__ = [
     "accuracy",
     "brier",
     "classification_metrics",
+    "coverage",
     "ece",
     "expected_calibration_error",
     "expected_entropy",
@@ -301,3 +303,16 @@ def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
         raise ValueError("mean_and_standard_error needs at least one value")
     mean = sum(values) / n
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / n) / math.sqrt(n)
+
+
+# ------------------------------------------------------------------------------------------------ two predictives
+def coverage(run_y: np.ndarray, reference_y: np.ndarray, level: float = 0.95) -> np.ndarray:
+    """Per test input, the reference's predictive mass inside the run's central ``level`` interval ``[B]`` (samples
+    of y ``[R, B]`` from each)."""
+    lo, hi = np.quantile(run_y, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return ((reference_y >= lo) & (reference_y <= hi)).mean(axis=0)
+
+
+def wasserstein(run_y: np.ndarray, reference_y: np.ndarray) -> np.ndarray:
+    """Per test input, the Wasserstein-1 distance between two sets of predictive samples of y ``[B]``."""
+    return np.array([wasserstein_distance(run_y[:, i], reference_y[:, i]) for i in range(run_y.shape[1])])

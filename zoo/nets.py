@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from zoo.errors import ZooInputError
-from zoo.spec import NetSpec
+from zoo.sections import NetSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,

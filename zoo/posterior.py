@@ -72,6 +72,16 @@ class SamplePosterior(Posterior):
         return {name: value[index] for name, value in self.draws.items()}
 
 
+class ChainPosterior(SamplePosterior):
+    """Draws stored chain by chain (MCMC, SG-MCMC): ``chains {site: [C, S, ...]}`` with per-draw sampler statistics
+    ``stats {name: [C, S]}``, so that convergence across chains can be checked (R-hat, ESS, divergences)."""
+
+    def __init__(self, family: ModelFamily, chains: dict[str, torch.Tensor],
+                 stats: dict[str, torch.Tensor] | None = None) -> None:
+        super().__init__(family, {name: value.flatten(0, 1) for name, value in chains.items()})
+        self.chains, self.stats = chains, stats or {}
+
+
 class MaskedPosterior(Posterior):
     """Another posterior with some weights fixed at zero (pruning): draws are multiplied by 0/1 masks."""
 

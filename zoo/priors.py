@@ -10,7 +10,7 @@ import torch
 from torch.distributions import constraints, register_kl
 
 from zoo.errors import ZooInputError
-from zoo.spec import (
+from zoo.sections import (
     CauchyPrior,
     GaussianScaleMixturePrior,
     LaplacePrior,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import get_args
 
+from guides.auto import KINDS as AUTOGUIDES
+from guides.auto import AutoGuide
 from guides.delta import DeltaGuide
 from guides.dropout import DropoutGuide
 from guides.full_rank import FullRankGuide
@@ -12,36 +14,38 @@ from guides.mean_field import MeanFieldNormalGuide
 from guides.mixture import BatchEnsembleGuide, MixtureGuide
 from zoo.data import DATASETS
 from zoo.errors import ZooInputError
+from zoo.inference.base import InferenceMethod
 from zoo.inference.elbo import ELBOS
-from zoo.inference.laplace import LaplacePosterior, fit_laplace
-from zoo.inference.mcmc import fit_mcmc
-from zoo.inference.svi import fit_svi
+from zoo.inference.laplace import Laplace
+from zoo.inference.mcmc import MCMC
+from zoo.inference.sgmcmc import SGMCMC
+from zoo.inference.svi import SVI
+from zoo.inference.swag import SWAG
 from zoo.likelihoods import LIKELIHOODS
 from zoo.models.deterministic import DeepEnsemble
 from zoo.models.mean_field import MeanFieldBNN
 from zoo.models.rank1 import Rank1BNN
 from zoo.models.subnetwork import SELECTIONS, SubnetworkBNN
 from zoo.nets import ACTIVATIONS, NETS
-from zoo.posterior import GuidePosterior
-from zoo.spec import PriorConfig
+from zoo.sections import PriorConfig
 
 PRIORS = {get_args(cls.model_fields["name"].annotation)[0]: cls for cls in get_args(get_args(PriorConfig)[0])}
 FAMILIES = {"mean_field": MeanFieldBNN, "rank1": Rank1BNN, "deep_ensemble": DeepEnsemble, "subnetwork": SubnetworkBNN}
 GUIDES = {"mean_field": MeanFieldNormalGuide, "delta": DeltaGuide, "mixture": MixtureGuide,
           "batch_ensemble": BatchEnsembleGuide, "dropout": DropoutGuide, "full_rank": FullRankGuide,
-          "laplace": LaplaceGuide}
+          "laplace": LaplaceGuide, "auto": AutoGuide}
 # Which guides fit which family's latent structure (a guide outside this list is refused up front): the mixture
 # and BatchEnsemble guides need ensemble members; MC dropout masks plain weight matrices (mean-field sites); a deep
 # ensemble is K MAP fits (Delta only); the subnetwork is one vector site, so a full-covariance Gaussian fits it
 # (Laplace, or SVI with full_rank).
-FAMILY_GUIDES = {"mean_field": ("mean_field", "delta", "dropout"),
-                 "rank1": ("mixture", "batch_ensemble", "mean_field", "delta"),
+FAMILY_GUIDES = {"mean_field": ("mean_field", "delta", "dropout", "auto"),
+                 "rank1": ("mixture", "batch_ensemble", "mean_field", "delta", "auto"),
                  "deep_ensemble": ("delta",),
-                 "subnetwork": ("laplace", "full_rank", "mean_field", "delta")}
-INFERENCE = {"svi": fit_svi, "nuts": fit_mcmc, "hmc": fit_mcmc, "laplace": fit_laplace}
-# How a run directory's fitted guide becomes its posterior again (MCMC runs store draws instead)
-GUIDE_POSTERIORS = {"svi": lambda family, guide, spec: GuidePosterior(family, guide),
-                    "laplace": LaplacePosterior.from_spec}
+                 "subnetwork": ("laplace", "full_rank", "mean_field", "delta", "auto")}
+# Every inference method, registered once: its spec section joins the run spec and ``zoo list`` from here
+METHODS: dict[str, InferenceMethod] = {name: method
+                                       for method in (SVI(), MCMC(), Laplace(), SGMCMC(), SWAG())
+                                       for name in method.names}
 
 TABLES = {
     "data sets": DATASETS,
@@ -50,16 +54,14 @@ TABLES = {
     "priors": {name: cls.__doc__.splitlines()[0] for name, cls in PRIORS.items()},
     "families": {name: cls.__doc__.splitlines()[0] for name, cls in FAMILIES.items()},
     "guides": {name: cls.__doc__.splitlines()[0] for name, cls in GUIDES.items()},
+    "autoguides (guide.auto)": {name: about for name, (_, about) in AUTOGUIDES.items()},
     "likelihoods": {name: cls.__doc__.splitlines()[0] for name, cls in LIKELIHOODS.items()},
     "elbos": {"trace_mean_field": "analytic KL where registered, Monte Carlo elsewhere (default)",
               "trace": "Monte Carlo KL everywhere"},
-    "inference": {"svi": fit_svi.__doc__.splitlines()[0],
-                  "nuts": "NUTS (Pyro's kernel) on the family's model, chain after chain; the gold standard",
-                  "hmc": "HMC with all chains in one tensor computation, ChEES-tuned trajectory length",
-                  "laplace": "linearised Laplace at the MAP (subnetwork family), prior tuned by the evidence"},
+    "inference": {" | ".join(method.names): method.summary for method in dict.fromkeys(METHODS.values())},
     "subnetwork selections": {name: doc.splitlines()[0] for name, doc in SELECTIONS.items()},
 }
-assert set(TABLES["elbos"]) == set(ELBOS) and set(TABLES["inference"]) == set(INFERENCE)
+assert set(TABLES["elbos"]) == set(ELBOS)
 
 
 def check_choice(field: str, value: str, table: dict) -> None:
@@ -67,6 +69,16 @@ def check_choice(field: str, value: str, table: dict) -> None:
     if value not in table:
         allowed = f"use one of: {', '.join(sorted(table))}"
         raise ZooInputError(field, value, allowed, message=f"unknown {field} {value!r}; {allowed}")
+
+
+def guide_label(spec) -> str:
+    """The spec's guide by name, with the autoguide it names: ``mean_field``, ``auto:low_rank_mvn``."""
+    return f"auto:{spec.guide.auto}" if spec.guide.name == "auto" else spec.guide.name
+
+
+def method_of(spec) -> InferenceMethod:
+    """The inference method of a run spec."""
+    return METHODS[spec.inference.method]
 
 
 def check_guide_fits(family: str, guide: str) -> None:

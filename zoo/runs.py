@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import tempfile
 import warnings
 import zipfile
@@ -116,17 +115,27 @@ def save_checkpoint(path: Path, obj: Any) -> Path:
 
 
 def load_torch(path: Path, device: torch.device | str = "cpu") -> Any:
-    """Load a file written by :func:`save_torch` onto ``device``; a missing or unreadable one names the file."""
+    """Load a file written by :func:`save_torch` onto ``device``; a missing or unreadable one names the file.
+
+    ``torch.save`` writes a zip archive, so anything else is refused before it reaches the unpickler: unpickling
+    arbitrary bytes can fail in any way at all (a ``MemoryError`` from a huge length read from noise, a
+    ``KeyError``, a ``struct.error`` ...). For the same reason every failure inside ``torch.load`` of a file
+    that passed the zip check counts as an unreadable file.
+    """
     path = Path(path)
-    try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except FileNotFoundError:
-        raise ZooInputError(str(path), "missing", "", message=f"{path} does not exist") from None
-    except (EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, ValueError,
-            AttributeError, ModuleNotFoundError) as err:
-        reason = "empty file" if path.stat().st_size == 0 else f"{type(err).__name__}: {str(err)[:120]}"
-        raise ZooInputError(str(path), reason, "", message=f"{path} is unreadable ({reason}): it is truncated, "
-                            "corrupt or not a file the zoo wrote") from None
+    if not path.exists():
+        raise ZooInputError(str(path), "missing", "", message=f"{path} does not exist")
+    if path.stat().st_size == 0:
+        reason = "empty file"
+    elif not zipfile.is_zipfile(path):
+        reason = "not a zip archive, the format torch.save writes"
+    else:
+        try:
+            return torch.load(path, map_location=device, weights_only=False)
+        except Exception as err:  # noqa: BLE001 - see the docstring: any failure here means a corrupt file
+            reason = f"{type(err).__name__}: {str(err)[:120]}"
+    raise ZooInputError(str(path), reason, "", message=f"{path} is unreadable ({reason}): it is truncated, "
+                        "corrupt or not a file the zoo wrote")
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu", set_aside: bool = False) -> dict:
@@ -250,3 +259,17 @@ class RunLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as handle:
                 handle.write(message + "\n")
+
+
+def load_point_values(source: str, field: str = "guide.init_from") -> dict[str, torch.Tensor]:
+    """Point values by site name from a run directory, a point-estimate file or a plain net ``state_dict``
+    (``field``: the spec setting that named ``source``, for the error message)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / POINT_ESTIMATE_FILE
+    if not path.is_file():
+        raise ZooInputError(field, source, "give a run directory (with point_estimate.pt) or a .pt file")
+    values = load_torch(path)
+    if not isinstance(values, dict) or not all(torch.is_tensor(v) for v in values.values()):
+        raise ZooInputError(field, source, "the file must hold a dict of tensors keyed by site name")
+    return values

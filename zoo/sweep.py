@@ -41,9 +41,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.exits import exit_code
 from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
 from zoo.runs import claimed_run_directory, write_json, write_text
 from zoo.spec import RunSpec, load_spec, set_path, spec_to_yaml, spec_tree
+from zoo.tasks import task_of
 
 SWEEP_FILE = "sweep.json"
 STUDY_FILE = "study.log"
@@ -53,9 +55,6 @@ HISTORY_PLOT = "trials.png"
 REPORTS_PER_TRIAL = 10  # intermediate validation scores per fit, what the pruner compares
 PRUNER_STARTUP_TRIALS = 5  # finished trials before any is pruned
 PRUNER_WARMUP_REPORTS = 3  # no trial is pruned on its first 3 scores (early validation scores are noisy)
-# The metrics a sweep can optimise, by task, and which way is better. The first of each task is the default.
-METRICS = {"regression": {"test_ll": "maximize", "rmse": "minimize"},
-           "classification": {"nll": "minimize", "accuracy": "maximize", "ece": "minimize", "brier": "minimize"}}
 # Spec keys a sweep holds fixed: the data (its validation rows are what every trial is scored on) and the seed.
 FIXED_KEYS = ("data", "seed")
 
@@ -207,7 +206,7 @@ def trial_spec(tree: dict, params: dict[str, Any]) -> RunSpec:
 # ------------------------------------------------------------------------------------------------ the study
 def choose_metric(metric: str | None, task: str) -> tuple[str, str]:
     """The metric a sweep optimises (default: test_ll for regression, nll for classification) and its direction."""
-    allowed = METRICS[task]
+    allowed = task_of(task).metrics  # which way is better for each; the first is the default
     name = metric or next(iter(allowed))
     if name not in allowed:
         raise ZooInputError("--metric", name, f"a {task} sweep optimises one of: {', '.join(allowed)}")
@@ -411,7 +410,6 @@ def _end_with_parent() -> None:
 def _worker_main(setup: SweepSetup, index: int, parent: int) -> None:
     """A spawned worker: its own session (the sweep process forwards Ctrl-C and SIGTERM to it once), its exit code
     as ``zoo`` would give it."""
-    from zoo.cli import exit_code
 
     os.setsid()
     _end_with_parent()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from zoo.data import digits, mnist1d, mnist5k, table, toy, uci, vision
 from zoo.data.base import Dataset, Loader, carve_validation, make_dataset
 from zoo.errors import ZooInputError
-from zoo.spec import DataSpec
+from zoo.sections import DataSpec
 
 __all__ = ["DATASETS", "LOADERS", "Dataset", "Loader", "carve_validation", "check_data_spec", "load_dataset",
            "make_dataset"]

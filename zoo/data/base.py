@@ -15,7 +15,7 @@ import torch
 from zoo.errors import ZooInputError
 
 if TYPE_CHECKING:
-    from zoo.spec import DataSpec
+    from zoo.sections import DataSpec
 
 Task = Literal["regression", "classification"]
 

@@ -61,8 +61,19 @@ def _need(root: Path, relative: str, name: str) -> Path:
 
 
 def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as handle:
-        return pickle.load(handle, encoding="bytes")
+    """One of CIFAR's pickled batches; a file that does not unpickle to a dict is refused by name (unpickling a
+    corrupt file can raise anything, a MemoryError included)."""
+    def refuse(what: str) -> ZooInputError:
+        return ZooInputError("data.dir", str(path), f"does not hold a CIFAR batch ({what}); download it again")
+
+    try:
+        with open(path, "rb") as handle:
+            batch = pickle.load(handle, encoding="bytes")
+    except Exception as err:  # noqa: BLE001 - any failure here means a corrupt or foreign file
+        raise refuse(f"{type(err).__name__}: {str(err)[:120]}") from None
+    if not isinstance(batch, dict):
+        raise refuse(f"it unpickles to a {type(batch).__name__}")
+    return batch
 
 
 def _read_cifar(root: Path, train: bool, hundred: bool) -> Images:

@@ -31,17 +31,13 @@ from zoo.diagnostics.comparison import (
     compare,
     compare_predictives,
     compare_table,
-    coverage,
     run_predictive,
-    wasserstein,
 )
 from zoo.diagnostics.inference_data import (
     INFERENCE_DATA_FILE,
     VI_DRAWS,
     log_joint,
-    per_draw_mixture,
     pointwise_log_likelihood,
-    replicate_y,
     save_inference_data,
     site_dims,
     to_inference_data,
@@ -50,7 +46,7 @@ from zoo.diagnostics.inference_data import (
 __all__ = [
     "BFMI_MIN", "COMPARE_DRAWS", "DIAGNOSTICS_FILE", "ESS_MIN", "INFERENCE_DATA_FILE", "KHAT_MAX", "RHAT_MAX",
     "SUMMARY_FILE", "VI_DRAWS", "RunPredictive", "check", "compare", "compare_predictives", "compare_table",
-    "coverage", "diagnose", "diagnose_report", "guide_log_density", "jsonable", "khat_interpretation", "log_joint",
-    "pareto_k", "per_draw_mixture", "pointwise_log_likelihood", "replicate_y", "run_predictive", "sampler_checks",
-    "save_inference_data", "site_dims", "to_inference_data", "verdict", "wasserstein",
+    "diagnose", "diagnose_report", "guide_log_density", "jsonable", "khat_interpretation", "log_joint",
+    "pareto_k", "pointwise_log_likelihood", "run_predictive", "sampler_checks",
+    "save_inference_data", "site_dims", "to_inference_data", "verdict",
 ]

@@ -31,12 +31,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from zoo import registry
 from zoo.diagnostics.inference_data import FUNCTION_SUMMARIES, as_numpy, save_inference_data, to_inference_data
-from zoo.inference.mcmc import SAMPLES_FILE, load_samples
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
-from zoo.posterior import GuidePosterior
-from zoo.runs import checkpoint_exists, write_json, write_text
+from zoo.posterior import ChainPosterior, GuidePosterior
+from zoo.runs import write_json, write_text
 
 DIAGNOSTICS_FILE = "diagnostics.json"
 SUMMARY_FILE = "summary.csv"
@@ -52,6 +52,9 @@ def guide_log_density(guide: torch.nn.Module,
     """log q(w_s) of the guide at each of S draws ``[S]`` (traced, conditioned on each draw, with each site's scale
     and mask as the guide declares them), its point-mass (Delta) sites, and its sites whose terms are scaled."""
     total = next(iter(draws.values())).shape[0]
+    own = getattr(guide, "log_density", None)  # a guide over one joint latent scores its draws itself
+    if own is not None and (density := own(draws)) is not None:
+        return density, [], []
     values, point_mass, scaled = [], set(), set()
     with torch.no_grad(), pyro.validation_enabled(False):
         for s in range(total):
@@ -78,8 +81,12 @@ def khat_interpretation(k: float) -> str:
     return "very bad: the importance weights have infinite variance; q is far from the posterior"
 
 
-def pareto_k(guide: torch.nn.Module, draws: dict[str, torch.Tensor], lp: torch.Tensor) -> dict[str, Any]:
-    """PSIS k-hat of a guide from S draws of it and the log joint there: log w = log p(w, y | x) - log q(w)."""
+def pareto_k(guide: Any, draws: dict[str, torch.Tensor], lp: torch.Tensor) -> dict[str, Any]:
+    """PSIS k-hat of a guide (or of anything with ``log_density(draws)``) from S draws of it and the log joint
+    there: log w = log p(w, y | x) - log q(w)."""
+    unavailable = getattr(guide, "density_unavailable", None)
+    if unavailable:
+        return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": f"undefined: {unavailable}"}
     log_q, point_mass, scaled = guide_log_density(guide, draws)
     if point_mass:
         return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": "undefined: q has point-mass "
@@ -358,8 +365,8 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 def method_label(spec) -> str:
     """``svi/<guide>`` or the sampler's / method's name: how the report names what fitted a run."""
-    method = spec.inference.method
-    return f"{method}/{spec.guide.name}" if method == "svi" else method
+    fitted_guide = registry.method_of(spec).fits_guide
+    return f"{spec.inference.method}/{registry.guide_label(spec)}" if fitted_guide else spec.inference.method
 
 
 def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = True) -> dict[str, Any]:
@@ -373,19 +380,21 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
     spec, data, posterior = load_run(run)
     attrs = {"method": method_label(spec), "family": spec.model.family, "run_dir": str(run)}
     full_stats = None
-    if checkpoint_exists(run / SAMPLES_FILE):
-        result = load_samples(run, posterior.family, data.x_train.device)
-        idata = to_inference_data(posterior, data, chains=result.draws, stats=result.stats, num_samples=num_samples,
-                                  seed=spec.seed, attrs=attrs)
-        full_stats = {k: as_numpy(v) for k, v in result.stats.items()}
+    if isinstance(posterior, ChainPosterior):
+        idata = to_inference_data(posterior, data, chains=posterior.chains, stats=posterior.stats,
+                                  num_samples=num_samples, seed=spec.seed, attrs=attrs)
+        full_stats = {k: as_numpy(v) for k, v in posterior.stats.items()}
     else:
         idata = to_inference_data(posterior, data, num_samples=num_samples, seed=spec.seed, attrs=attrs)
     pareto = None
-    if isinstance(posterior, GuidePosterior):
+    # iid draws of an approximation with a density (a guide, or a posterior that scores its draws, e.g. SWAG)
+    density = posterior.guide if isinstance(posterior, GuidePosterior) else (
+        posterior if hasattr(posterior, "log_density") else None)
+    if density is not None:
         draws = {n: torch.tensor(idata.posterior[n].values[0], device=data.x_train.device)
                  for n in posterior.family.latent_sites()}
         lp = torch.tensor(idata.posterior["lp"].values[0])
-        pareto = pareto_k(posterior.guide, draws, lp)
+        pareto = pareto_k(density, draws, lp)
     out = check(idata, pareto, full_stats)
     out = {"run_dir": str(run), "method": attrs["method"], "family": attrs["family"], "data": data.name, **out}
 

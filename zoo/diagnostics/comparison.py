@@ -6,7 +6,6 @@ variation (classification), next to each run's own test metrics; ``zoo compare``
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ import pyro
 import torch
 from rich.markup import escape
 from rich.table import Table
-from scipy.stats import wasserstein_distance
 
 from zoo.data.base import Dataset
 from zoo.diagnostics.checks import fmt, jsonable, method_label
@@ -28,16 +26,18 @@ from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import Posterior
 from zoo.runs import METRICS_FILE
+from zoo.tasks import TASKS, Classification, task_of
 
 COMPARE_PLOT = "compare.png"
 COMPARE_DRAWS = 200
-Y_SAMPLES = 2000  # predictive samples of y per test input for coverage and W1 (several per weight draw)
 METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll")
 
 
 @dataclass
 class RunPredictive:
-    """One run's predictive on its test inputs: y samples ``[R, B]`` (regression, original units) or mean probs."""
+    """One run's predictive on its test inputs: what its task compares (:meth:`zoo.tasks.Task.comparison_draws`:
+    y samples ``[R, B]`` in original units for regression, the mean class probabilities ``[B, C]`` for
+    classification)."""
 
     run_dir: Path
     label: str
@@ -45,8 +45,7 @@ class RunPredictive:
     metrics: dict[str, float]
     posterior: Posterior | None = None
     pred: PredictiveDraws | None = None  # the draws the comparison is made of, for further figures
-    y: np.ndarray | None = None
-    probs: np.ndarray | None = None
+    draws: np.ndarray | None = None
 
 
 def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> RunPredictive:
@@ -60,16 +59,8 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
     metrics_path = run / METRICS_FILE
     stored = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     metrics = {k: stored[k] for k in METRIC_KEYS if k in stored}
-    out = RunPredictive(run, f"{run.name} ({method_label(spec)})", data, metrics, posterior, pred)
-    if data.task == "classification":
-        out.probs = as_numpy(pred.log_probs.double().exp().mean(0))
-        return out
-    loc, scale = pred.loc.detach().cpu().double(), pred.scale.detach().cpu().double()
-    per_draw = max(1, math.ceil(Y_SAMPLES / loc.shape[0]))
-    eps = torch.randn((per_draw, *loc.shape), generator=torch.Generator().manual_seed(spec.seed + 2),
-                      dtype=torch.float64)
-    out.y = ((loc + scale * eps) * data.y_std + data.y_mean).reshape(-1, loc.shape[-1]).numpy()
-    return out
+    return RunPredictive(run, f"{run.name} ({method_label(spec)})", data, metrics, posterior, pred,
+                         task_of(data).comparison_draws(pred, data, spec.seed + 2))
 
 
 def _same_data(reference: RunPredictive, run: RunPredictive) -> None:
@@ -81,17 +72,6 @@ def _same_data(reference: RunPredictive, run: RunPredictive) -> None:
         raise ZooInputError("RUN", str(run.run_dir), f"was trained on different data from the reference "
                             f"{reference.run_dir} ({b.name}, {len(b.y_test)} test points vs {a.name}, "
                             f"{len(a.y_test)}); compare runs of the same data set, split and seed")
-
-
-def coverage(run_y: np.ndarray, reference_y: np.ndarray, level: float = 0.95) -> np.ndarray:
-    """Per test input, the reference's predictive mass inside the run's central ``level`` interval ``[B]``."""
-    lo, hi = np.quantile(run_y, [(1 - level) / 2, (1 + level) / 2], axis=0)
-    return ((reference_y >= lo) & (reference_y <= hi)).mean(axis=0)
-
-
-def wasserstein(run_y: np.ndarray, reference_y: np.ndarray) -> np.ndarray:
-    """Per test input, the Wasserstein-1 distance between two sets of predictive samples of y ``[B]``."""
-    return np.array([wasserstein_distance(run_y[:, i], reference_y[:, i]) for i in range(run_y.shape[1])])
 
 
 def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_samples: int = COMPARE_DRAWS,
@@ -124,15 +104,9 @@ def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
     rows, per_input = [], []
     for run, is_reference in [(reference, True)] + [(r, False) for r in runs]:
         row: dict[str, Any] = {"run": str(run.run_dir), "label": run.label, "reference": is_reference}
-        if reference.data.task == "classification":
-            agree = run.probs.argmax(-1) == reference.probs.argmax(-1)
-            tv = 0.5 * np.abs(run.probs - reference.probs).sum(-1)
-            row.update(agreement=float(agree.mean()), tv=float(tv.mean()))
-            per_input.append(tv)
-        else:
-            w1 = wasserstein(run.y, reference.y)
-            row.update(coverage_95=float(coverage(run.y, reference.y).mean()), w1=float(w1.mean()))
-            per_input.append(w1)
+        figures, along_inputs = task_of(reference.data).compare(run.draws, reference.draws)
+        row.update(figures)
+        per_input.append(along_inputs)
         row.update(run.metrics)
         rows.append(jsonable(row))
     if out_dir is not None:
@@ -146,7 +120,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     agreement and total variation per run."""
     data = reference.data
     labels = [r["label"] for r in rows]
-    if data.task == "classification":
+    if isinstance(task_of(data), Classification):
         fig, axes = new_figure(1, 1, (max(5.0, 1.6 * len(rows)), 4))
         ax, pos, width = axes[0, 0], np.arange(len(rows)), 0.38
         ax.bar(pos - width / 2, [r["agreement"] for r in rows], width, label="agreement")
@@ -163,7 +137,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
         fig, axes = new_figure(2, 1, (8, 7))
         ax = axes[0, 0]
         for i, (run, label) in enumerate(zip(everyone, labels, strict=True)):
-            mean, sd = run.y.mean(0)[order], run.y.std(0)[order]
+            mean, sd = run.draws.mean(0)[order], run.draws.std(0)[order]
             color = "black" if i == 0 else f"C{i - 1}"
             if i == 0:
                 ax.fill_between(x[order], mean - 2 * sd, mean + 2 * sd, color="0.8", label=f"{label} ±2 sd")
@@ -184,7 +158,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     else:
         fig, axes = new_figure(1, 1, (8, 4))
         ax = axes[0, 0]
-        order = np.argsort(reference.y.std(0))
+        order = np.argsort(reference.draws.std(0))
         for i, (w1, label) in enumerate(zip(per_input[1:], labels[1:], strict=True)):
             ax.plot(np.arange(len(order)), w1[order], ".", color=f"C{i}", label=label)
         ax.set_xlabel("test input (sorted by the reference's predictive sd)")
@@ -197,7 +171,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:
     """A rich table of :func:`compare` rows (the reference first)."""
-    keys = ["agreement", "tv"] if "agreement" in rows[0] else ["coverage_95", "w1"]
+    keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
     keys += [k for k in METRIC_KEYS if any(k in r for r in rows)]
     table = Table(title=escape(f"against {rows[0]['label']} (test inputs)"), title_justify="left")
     table.add_column("run")

@@ -25,9 +25,10 @@ import torch
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.inference.mcmc import LogJoint
-from zoo.models.base import LatentSite
 from zoo.posterior import Posterior
 from zoo.runs import write_atomically
+from zoo.sites import LatentSite
+from zoo.tasks import task_of
 
 INFERENCE_DATA_FILE = "posterior.nc"
 FUNCTION_SUMMARIES = ("f_test", "lp")
@@ -80,32 +81,7 @@ def pointwise_log_likelihood(posterior: Posterior, data: Dataset, draws: dict[st
 
     with torch.no_grad(), pyro.validation_enabled(False):
         ll = _chunked(one, draws)
-    return ll - math.log(data.y_std) if data.task == "regression" else ll
-
-
-def per_draw_mixture(pred, num_draws: int) -> tuple[torch.Tensor, ...]:
-    """Each draw's predictive as a uniform mixture of its rows ``[S, K, B, ...]`` (K = 1, or a rank-1 BNN's members).
-
-    Classification: ``(log_probs [S, K, B, C],)``; regression: ``(loc, scale)``, each ``[S, K, B]``.
-    """
-    if pred.log_probs is not None:
-        return (pred.log_probs.unflatten(0, (num_draws, -1)),)
-    scale = pred.scale.expand_as(pred.loc)
-    return pred.loc.unflatten(0, (num_draws, -1)), scale.unflatten(0, (num_draws, -1))
-
-
-def replicate_y(pred, num_draws: int, data: Dataset, generator: torch.Generator) -> np.ndarray:
-    """One y per draw and input from the draw's predictive ``[S, B]`` (original units, or class labels)."""
-    if data.task == "regression":
-        loc, scale = (t.detach().cpu().double() for t in per_draw_mixture(pred, num_draws))
-        member = torch.randint(loc.shape[1], (num_draws, 1, loc.shape[2]), generator=generator)
-        loc, scale = loc.gather(1, member)[:, 0], scale.gather(1, member)[:, 0]
-        eps = torch.randn(loc.shape, generator=generator, dtype=torch.float64)
-        return ((loc + scale * eps) * data.y_std + data.y_mean).numpy()
-    (members,) = per_draw_mixture(pred, num_draws)
-    log_probs = members.detach().cpu().double().logsumexp(1) - math.log(members.shape[1])
-    u = torch.rand(log_probs.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
-    return (log_probs - (-u.log()).log()).argmax(-1).numpy()  # Gumbel-max: one class per draw
+    return ll + task_of(data).log_likelihood_shift(data)
 
 
 def _thin(chains: dict[str, torch.Tensor], num_samples: int | None) -> np.ndarray:
@@ -161,15 +137,10 @@ def to_inference_data(
     picks = pick_test_points(data, num_test_points)
     pick_index = torch.as_tensor(picks, device=data.x_test.device)
     total = n_chains * n_draws
-    mixture = per_draw_mixture(posterior.predict(data.x_test.index_select(0, pick_index), draws=flat), total)
-    extra_coords: dict[str, tuple[str, np.ndarray]] = {}
-    if data.task == "regression":  # the draw's predictive mean (its members' average for a rank-1 BNN)
-        f_test = as_numpy(mixture[0].mean(1)).astype(np.float64) * data.y_std + data.y_mean
-    else:
-        log_probs = mixture[0].logsumexp(1) - math.log(mixture[0].shape[1])  # [S, B, C]
-        predicted = log_probs.exp().mean(0).argmax(-1)  # the class of the mean predictive, fixed per input
-        f_test = as_numpy(log_probs.gather(-1, predicted[None, :, None].expand(total, -1, 1))[..., 0])
-        extra_coords["predicted_class"] = ("test_point", as_numpy(predicted))
+    task = task_of(data)
+    f_test, per_point = task.summarise(posterior.predict(data.x_test.index_select(0, pick_index), draws=flat), total,
+                                       data)
+    extra_coords: dict[str, tuple[str, np.ndarray]] = {k: ("test_point", v) for k, v in per_point.items()}
     if data.in_dim == 1:
         x_raw = data.inputs_in_original_units(data.x_test.index_select(0, pick_index))[:, 0]
         extra_coords["test_x"] = ("test_point", as_numpy(x_raw).astype(np.float64))
@@ -177,9 +148,8 @@ def to_inference_data(
 
     # training-set groups
     ll = as_numpy(pointwise_log_likelihood(posterior, data, flat))
-    y_rep = replicate_y(posterior.predict(data.x_train, draws=flat), total, data, generator)
-    y_obs = as_numpy(data.y_train)
-    y_obs = y_obs.astype(np.float64) * data.y_std + data.y_mean if data.task == "regression" else y_obs
+    y_rep = task.replicate(posterior.predict(data.x_train, draws=flat), total, data, generator)
+    y_obs = task.targets(data, data.y_train)
 
     sites = posterior.family.latent_sites()
     post = {n: as_numpy(v) for n, v in draws.items()}

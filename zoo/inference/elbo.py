@@ -11,6 +11,7 @@ keeps the per-site terms of the last evaluation for diagnosis, and has a KL weig
 
 from __future__ import annotations
 
+import pyro.distributions as dist
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
@@ -74,7 +75,10 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
     def _kl(self, name: str, guide_site: dict, model_site: dict) -> torch.Tensor:
         q, p = guide_site["fn"], model_site["fn"]
         kl = None
-        if self.analytic_kl and self.kl_methods.get(name) != MONTE_CARLO:
+        # a Delta carrying a log density (the sites of Pyro's joint autoguides, deterministic functions of their
+        # latent) has no analytic KL: Pyro's KL(Delta || p) would drop that density
+        if (self.analytic_kl and self.kl_methods.get(name) != MONTE_CARLO
+                and not isinstance(getattr(q, "base_dist", q), dist.Delta)):
             try:
                 kl = kl_divergence(q, p)
                 self.kl_methods[name] = ANALYTIC
@@ -110,6 +114,11 @@ class LazyTraceMeanField_ELBO(TraceMeanField_ELBO):  # noqa: N801 - Pyro's namin
                 if self.temperature != 1.0:
                     entropy = entropy + self._entropy(guide_sites[name])
             terms[name] = term
+        for name, site in guide_sites.items():  # guide-only latents (an autoguide's joint latent): their log q
+            if name not in model_sites and not site["is_observed"]:
+                kl = kl + _sum(scale_and_mask(site["fn"].log_prob(site["value"]), site["scale"], site["mask"]))
+                if self.temperature != 1.0:
+                    entropy = entropy + self._entropy(site)
         self.last_terms = terms
         if isinstance(self.kl_weight, torch.Tensor) or self.kl_weight != 1.0:  # a tensor while being compiled
             kl = self.kl_weight * kl

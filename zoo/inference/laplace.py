@@ -19,20 +19,23 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, PositiveInt
 
 from guides.laplace import LaplaceGuide
 from zoo.curvature import ggn, output_hessian_root
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import InferenceMethod, load_guide_checkpoint
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
-from zoo.spec import LaplaceSpec
+from zoo.sections import Tempered
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
 # The evidence is maximised over log prior precisions and log σ inside these bounds: a group the evidence would
@@ -42,6 +45,31 @@ LOG_PRECISION_RANGE = (-15.0, 15.0)
 LOG_NOISE_RANGE = (-10.0, 5.0)
 NEWTON_STEPS = 30
 OUTER_ROUNDS = 5
+
+
+class LaplaceSpec(Tempered):
+    """Linearised Laplace over the subnetwork family's random weights (Daxberger et al. 2021; Antorán et al. 2022).
+
+    The posterior is N(MAP, (GGN + prior precision)^-1) with the generalised Gauss-Newton matrix of the subnet
+    taken at the MAP. The prior precision (and a learned Gaussian noise) is tuned by maximising the linearised
+    model's marginal likelihood, evaluated at the linearised model's own mode.
+    """
+
+    method: Literal["laplace"]
+    prior_structure: Literal["scalar", "layer", "parameter"] = Field(
+        "layer", description="one prior precision for all, one per layer (module), or one per parameter tensor "
+        "(e.g. hidden0.weight and hidden0.bias apart)")
+    tune: bool = Field(True, description="tune the prior precision (and a learned noise) by the evidence")
+    tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
+    evidence_at: Literal["linearised_mode", "map"] = Field(
+        "linearised_mode", description="where the evidence is evaluated: the linearised model's own mode for each "
+        "prior (Antorán et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021)")
+    predictive: Literal["glm", "nn"] = Field(
+        "glm", description="glm: the linearised net (closed form for regression); nn: the net itself at draws")
+    link: Literal["probit", "mc"] = Field("probit", description="classification glm: probit approximation or "
+                                          "Monte Carlo over the linearised logits")
+    chunk_size: PositiveInt = Field(256, description="rows per Jacobian batch (memory vs speed)")
+    predictive_samples: PositiveInt = Field(200, description="draws used for test metrics")
 
 
 @dataclass
@@ -390,3 +418,30 @@ def fit_laplace(
     if monitor is not None:  # no intermediate posterior: scored once, at the end
         monitor.final(result.posterior, data)
     return result
+
+
+class Laplace(InferenceMethod):
+    """Linearised Laplace of the subnetwork family at its MAP (:func:`fit_laplace`)."""
+
+    names = ("laplace",)
+    spec = LaplaceSpec
+    fitter = staticmethod(fit_laplace)
+    files = (CHECKPOINT_FILE,)
+    summary = "linearised Laplace at the MAP (subnetwork family), prior tuned by the evidence"
+    own_guide = "laplace"
+    fits_guide = False
+
+    def describe(self, spec: LaplaceSpec) -> str:
+        return f"laplace ({spec.predictive} predictive)"
+
+    def check(self, run_spec) -> list[ZooInputError]:
+        if run_spec.model.family != "subnetwork":
+            return [ZooInputError("model.family", run_spec.model.family, "inference.method: laplace linearises a "
+                                  "MAP net around a selected subnetwork: use model.family: subnetwork (selection "
+                                  "size 1.0 gives the whole net)")]
+        return []
+
+    def load(self, family, guide, spec, run_dir, device, start=None) -> LaplacePosterior:
+        load_guide_checkpoint(family, guide, run_dir, device)
+        return LaplacePosterior.from_spec(family, guide, spec)
+

@@ -26,11 +26,14 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pyro
 import torch
+from pydantic import Field, PositiveFloat, PositiveInt
 from pyro import poutine
-from pyro.infer.mcmc import MCMC, NUTS
+from pyro.infer.mcmc import MCMC as PyroMCMC
+from pyro.infer.mcmc import NUTS
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 from torch.distributions.transforms import identity_transform
@@ -42,16 +45,54 @@ from zoo.data.base import Dataset
 from zoo.distributed import World
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
 from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
 from zoo.nets import batch_dependent
-from zoo.posterior import Posterior, SamplePosterior
+from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
-from zoo.spec import MCMCSpec
+from zoo.sections import Tempered
 
 SAMPLES_FILE = "samples.pt"
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
+
+
+class MCMCSpec(Tempered):
+    """Markov chain Monte Carlo on the family's own Pyro model (full batch): the gold-standard posterior.
+
+    ``nuts`` is Pyro's NUTS kernel, one chain after another. ``hmc`` is the zoo's HMC that runs all chains as one
+    tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion, in function space by
+    default (use many chains, e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
+    """
+
+    method: Literal["nuts", "hmc"]
+    num_chains: PositiveInt = 4
+    warmup_steps: PositiveInt = 500
+    num_samples: PositiveInt = 500
+    target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0)
+    step_size: PositiveFloat = Field(0.01, description="initial step size (adapted during warm-up)")
+    max_tree_depth: PositiveInt = Field(10, le=15, description="nuts: at most 2^depth leapfrog steps per draw")
+    trajectory_length: PositiveFloat = Field(1.0, description="hmc: integration time until the first mass-matrix "
+                                             "update (then pi/2 sqrt(largest whitened variance), refined by ChEES)")
+    adapt_trajectory_length: bool = Field(True, description="hmc: tune the trajectory length by ChEES in warm-up")
+    trajectory_criterion: Literal["function", "weights"] = Field(
+        "function", description="hmc: what ChEES measures the jumps of: the training rows' log-likelihoods (function "
+        "space, what predictions depend on) or the whitened weights (the original ChEES criterion)")
+    max_leapfrog_steps: PositiveInt = Field(1024, description="hmc: cap on leapfrog steps per draw")
+    compile: bool = Field(False, description="trace the potential with its gradient into one graph and compile it "
+                          "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
+                          "for 64 lockstep HMC chains and ~2x faster NUTS iterations")
+    adapt_mass_matrix: bool = True
+    chain_chunk: PositiveInt | None = Field(
+        None, description="hmc: evaluate the potential for at most this many chains per call (None: all at once); "
+        "on nets whose activations for all chains outgrow the CPU caches, chunks are faster (benchmarks/"
+        "hmc_chain_chunk.py)")
+    init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
+                      "chains start at its draws")
+    max_weights: PositiveInt = Field(20_000, description="refuse models with more latent dimensions than this")
+    checkpoint_every: PositiveInt = Field(100, description="hmc: iterations between checkpoints")
+    predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
 
 # ------------------------------------------------------------------------------------------ the potential
@@ -121,10 +162,16 @@ class LogJoint:
 
     def fast(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         """The log joint as one batched computation: prior terms per site, then the family's log-likelihood."""
-        total = self.obs_scale * self.family.log_likelihood(values, self.x, self.y).sum(-1)
-        for name, fn, scale in self.priors:
+        return self.on_rows(values, self.x, self.y, 1.0)
+
+    def on_rows(self, values: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        """The log joint with the likelihood of rows (x, y) weighted by ``scale`` (N/B for a minibatch of B rows:
+        an unbiased estimate of the full-data log joint, as SG-MCMC needs)."""
+        total = (self.obs_scale * scale) * self.family.log_likelihood(values, x, y).sum(-1)
+        for name, fn, site_scale in self.priors:
             value = values[name]
-            total = total + scale * fn.log_prob(value).reshape(value.shape[0], -1).sum(-1)
+            total = total + site_scale * fn.log_prob(value).reshape(value.shape[0], -1).sum(-1)
         return total + self.constant
 
     def exact(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -264,7 +311,7 @@ def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str 
         raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
                             "finish it with zoo train --resume")
     result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
-    result.posterior = SamplePosterior(family, result.flat_draws())
+    result.posterior = ChainPosterior(family, result.draws, result.stats)
     return result
 
 
@@ -276,34 +323,58 @@ def sampling_progress(state: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ starting points
-def initial_points(family: ModelFamily, coords: Coordinates, spec: MCMCSpec, data: Dataset, log) -> torch.Tensor:
-    """``z [C, D]`` for C chains: prior draws, or draws of an earlier run's posterior (``inference.init``)."""
-    chains = spec.num_chains
-    if spec.init == "prior":
-        if family.point_parameters():
-            raise ZooInputError("inference.init", "prior", "this family has point-estimated weights that MCMC does "
-                                "not fit: train it with SVI first and set inference.init to that run directory")
-        draws: dict[str, list[torch.Tensor]] = {}
-        with torch.no_grad(), pyro.validation_enabled(False):
-            for _ in range(chains):
-                trace = poutine.trace(family.model).get_trace(data.x_train, data.y_train)
-                for name in coords.names:
-                    draws.setdefault(name, []).append(trace.nodes[name]["value"])
-        return coords.pack({n: torch.stack(v) for n, v in draws.items()})
-    from zoo.pipeline import load_run  # the pipeline imports the inference methods
+def initial_points(family: ModelFamily, coords: Coordinates, chains: int, data: Dataset, log,
+                   start: Posterior | None = None, fresh: str = "prior") -> torch.Tensor:
+    """``z [C, D]`` for C chains: draws of ``start`` (the posterior of the run ``inference.init`` names), else
+    ``fresh`` ones: prior draws, or (``net``) the net's own initialisation redrawn for every chain."""
+    if start is not None:
+        copy_point_parameters(family, start, "inference.init")
+        values = {n: v.to(data.x_train) for n, v in start.sample(chains).items()}
+        if next(iter(values.values())).shape[0] < chains:  # a Delta guide or a short run: repeat its draws
+            values = {n: v[torch.arange(chains) % v.shape[0]] for n, v in values.items()}
+        log(f"chains start at {chains} draws of the posterior inference.init names")
+        return coords.pack(values)
+    if family.point_parameters():
+        raise ZooInputError("inference.init", fresh, "this family has point-estimated weights that this method "
+                            "does not fit: train it with SVI first and set inference.init to that run directory")
+    if fresh == "net":
+        return coords.pack(_net_initialisations(family, chains))
+    draws: dict[str, list[torch.Tensor]] = {}
+    with torch.no_grad(), pyro.validation_enabled(False):
+        for _ in range(chains):
+            trace = poutine.trace(family.model).get_trace(data.x_train, data.y_train)
+            for name in coords.names:
+                draws.setdefault(name, []).append(trace.nodes[name]["value"])
+    return coords.pack({n: torch.stack(v) for n, v in draws.items()})
 
-    path = Path(spec.init)
-    if not path.is_dir():
-        raise ZooInputError("inference.init", spec.init, "use 'prior' or the directory of a finished run")
-    _, _, start = load_run(path)
+
+def _net_initialisations(family: ModelFamily, chains: int) -> dict[str, torch.Tensor]:
+    """Each latent site's initial value ``[C, ...]`` with the net re-initialised (``reset_parameters`` of every
+    layer, from the current random stream) for each chain; the net's own values are put back afterwards."""
+    net = getattr(family, "net", None)
+    if net is None:
+        raise ZooInputError("inference.init", "net", "this family has no net to re-initialise; use prior")
+    kept = {k: v.clone() for k, v in net.state_dict().items()}
+    values: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
-        for mine, theirs in zip(family.point_parameters(), start.family.point_parameters(), strict=True):
-            mine.copy_(theirs)
-    values = {n: v.to(data.x_train) for n, v in start.sample(chains).items()}
-    if next(iter(values.values())).shape[0] < chains:  # a Delta guide or a short run: repeat its draws
-        values = {n: v[torch.arange(chains) % v.shape[0]] for n, v in values.items()}
-    log(f"chains start at {chains} draws of the posterior in {path}")
-    return coords.pack(values)
+        for _ in range(chains):
+            for module in net.modules():
+                if module is not net and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+            for name, site in family.latent_sites().items():
+                values.setdefault(name, []).append(site.init.clone())
+        net.load_state_dict(kept)
+    return {n: torch.stack(v) for n, v in values.items()}
+
+
+def refuse_batch_dependent(family: ModelFamily, what: str) -> None:
+    """Refuse a net whose output for a row depends on its batch (BatchNorm): ``what`` needs a fixed potential."""
+    net = getattr(family, "net", None)
+    if net is not None and batch_dependent(net):
+        raise ZooInputError("net.name", type(net).__name__, f"{what} samples a fixed function of the weights, and "
+                            "this net's BatchNorm layers normalise by the statistics of the rows in a batch; use a "
+                            "net without BatchNorm (mlp, cnn, lenet5), or model.family: subnetwork, whose MAP net "
+                            "keeps its running statistics fixed")
 
 
 def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
@@ -374,7 +445,7 @@ def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int,
         kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
                                target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
                                adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False)
-        mcmc = MCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
+        mcmc = PyroMCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
                     initial_params={"z": z0[chain]}, num_chains=1, disable_progbar=not progress)
         started = time.perf_counter()
         mcmc.run()
@@ -715,21 +786,18 @@ def fit_mcmc(
     log: RunLog | None = None,
     progress: bool = True,
     monitor: ValidationMonitor | None = None,
+    start: Posterior | None = None,
 ) -> MCMCResult:
     """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
 
     Finished NUTS chains, and the HMC state every ``checkpoint_every`` iterations, are saved atomically to
     ``run_dir/samples.pt``; ``resume=True`` continues from there. Under ``torchrun`` the processes share the
-    chains (see :mod:`zoo.distributed`) and every process returns all of them.
+    chains (see :mod:`zoo.distributed`) and every process returns all of them. ``start`` is the posterior of the
+    run ``inference.init`` names (the pipeline loads it): the chains start at its draws.
     """
     log = log or RunLog(None, echo=None)
     team = distributed.world()
-    net = getattr(family, "net", None)
-    if net is not None and batch_dependent(net):
-        raise ZooInputError("net.name", type(net).__name__, "MCMC samples a fixed function of the weights, and this "
-                            "net's BatchNorm layers normalise by the statistics of the rows in a batch; use a net "
-                            "without BatchNorm (mlp, cnn, lenet5), or model.family: subnetwork, whose MAP net "
-                            "keeps its running statistics fixed")
+    refuse_batch_dependent(family, "MCMC")
     if spec.method == "hmc":
         distributed.check_chains(spec.num_chains, team.size)
     potential = Potential(family, data, compile=spec.compile, temperature=spec.temperature,
@@ -746,7 +814,7 @@ def fit_mcmc(
         return load_samples(run_dir, family, data.x_train.device)
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
-    z0 = state["z0"] if state is not None else initial_points(family, coords, spec, data, log)
+    z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, log, start)
     potential.log_joint.verify(coords.unpack(z0[: min(4, len(z0))])[0], log)
     log(f"{spec.method}: {spec.num_chains} chains x ({spec.warmup_steps} warm-up + {spec.num_samples} draws) over "
         f"{coords.dim:,} latent dimensions")
@@ -765,7 +833,7 @@ def fit_mcmc(
     if diverging:
         log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
             "inference.target_accept_prob or reparameterise the prior")
-    result.posterior = SamplePosterior(family, result.flat_draws())
+    result.posterior = ChainPosterior(family, result.draws, result.stats)
     if monitor is not None:  # no intermediate posterior: scored once, at the end
         monitor.final(result.posterior, data)
     return result
@@ -788,3 +856,34 @@ def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, s
     with torch.no_grad():
         values, _ = potential.coords.unpack(z.flatten(0, 1))
     return {n: v.unflatten(0, z.shape[:2]) for n, v in values.items()}, stats, seconds, settings
+
+
+class StoredDraws(InferenceMethod):
+    """What the samplers share: draws stored chain by chain in ``samples.pt`` (a :class:`ChainPosterior` on load),
+    chains started fresh (``fresh_starts``) or at the posterior of the run ``inference.init`` names."""
+
+    files = (SAMPLES_FILE,)
+    fits_guide = False
+    fresh_starts: tuple[str, ...] = ("prior",)
+
+    def start_from(self, spec) -> Path | None:
+        return starting_run(spec.init, self.fresh_starts)
+
+    def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
+        if start is not None:  # e.g. rank-1's W, fitted by the run the chains started from
+            copy_point_parameters(family, start, "inference.init")
+        return load_samples(run_dir, family, device).posterior
+
+
+class MCMC(StoredDraws):
+    """Full-batch MCMC on the family's model: Pyro's NUTS or the zoo's many-chain HMC (:func:`fit_mcmc`)."""
+
+    names = ("nuts", "hmc")
+    spec = MCMCSpec
+    fitter = staticmethod(fit_mcmc)
+    summary = ("nuts: Pyro's NUTS on the family's model, chain after chain (the gold standard); hmc: all chains as "
+               "one tensor computation, ChEES-tuned trajectory length")
+
+    def describe(self, spec: MCMCSpec) -> str:
+        return f"sampled by {spec.method}"
+

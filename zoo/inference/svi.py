@@ -20,6 +20,7 @@ from zoo.data.base import Dataset
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import InferenceMethod, load_guide_checkpoint
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
@@ -28,7 +29,7 @@ from zoo.models.base import ModelFamily, restore_buffers
 from zoo.nets import input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
-from zoo.spec import SVISpec
+from zoo.sections import SVISpec
 
 
 @dataclass
@@ -380,6 +381,31 @@ def fit_svi(
             bar.close()
     result.seconds += time.perf_counter() - started
     checkpoint()
+    if hasattr(guide, "finish"):  # a guide completed after its fit (Pyro's Laplace approximation: the Hessian)
+        started = time.perf_counter()
+        with ObservationScale(1.0 / spec.temperature):  # the tempered posterior's curvature, as the ELBO tempers it
+            done = guide.finish(x, y)
+        if done:
+            log(done)
+            result.seconds += time.perf_counter() - started
+            checkpoint()
     result.posterior = GuidePosterior(family, guide)
     return result
+
+
+class SVI(InferenceMethod):
+    """Stochastic variational inference of the spec's guide (:func:`fit_svi`)."""
+
+    names = ("svi",)
+    spec = SVISpec
+    fitter = staticmethod(fit_svi)
+    files = (CHECKPOINT_FILE,)
+    summary = "minibatch ELBO maximisation of the spec's guide; checkpointed and resumable"
+
+    def describe(self, spec: SVISpec) -> str:
+        return "svi"
+
+    def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
+        load_guide_checkpoint(family, guide, run_dir, device)
+        return GuidePosterior(family, guide)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import pyro
 import torch
 from torch import nn
-from torch.distributions import constraints
+
+from zoo.sites import LatentSite
 
 if TYPE_CHECKING:
     from zoo.likelihoods import Likelihood, PredictiveDraws
@@ -29,26 +29,6 @@ def per_device(cache: dict, ref: torch.Tensor, build: Callable[[torch.device, to
         with pyro.validation_enabled(False):
             cache[key] = build(*key)
     return cache[key]
-
-
-@dataclass(frozen=True)
-class LatentSite:
-    """A latent sample site of a model: its shape, support, and a sensible initial value for guides."""
-
-    shape: torch.Size
-    init: torch.Tensor
-    support: constraints.Constraint = constraints.real
-    plate: tuple[str, int] | None = None  # the leading dim of `shape` is this plate; its terms are averaged
-
-    @property
-    def event_dim(self) -> int:
-        """Dims of ``shape`` that form one event (all but a leading plate dim)."""
-        return len(self.shape) - (self.plate is not None)
-
-    @property
-    def is_weight(self) -> bool:
-        """Real-valued sites are weights (or weight-like factors); constrained ones are e.g. noise scales."""
-        return self.support is constraints.real
 
 
 class ModelFamily(Protocol):

@@ -17,11 +17,12 @@ from pyro import poutine
 from torch import nn
 from torch.func import functional_call, vmap
 
-from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
-from zoo.models.base import LatentSite, per_device
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
+from zoo.models.base import per_device
 from zoo.nets import has_batch_norm, prediction_mode
 from zoo.priors import prior_distribution
-from zoo.spec import DeepEnsembleModelSpec, PriorConfig
+from zoo.sections import DeepEnsembleModelSpec, PriorConfig
+from zoo.sites import LatentSite
 
 MEMBERS = "members"
 MEMBER_LIKELIHOOD = "average"  # each member fits its own likelihood: the model averages the members' log p(y | w_k)
@@ -118,11 +119,8 @@ class DeepEnsemble:
         priors = self.priors()
         with pyro.plate(MEMBERS, self.members, dim=-1), poutine.scale(scale=1.0 / self.members):
             weights = {name: pyro.sample(name, priors[name]) for name in self.weight_names}
-        latents = self.likelihood.sample_latents(x)
-        with pyro.plate("data", x.shape[0], subsample=batch):
-            xb = x if batch is None else x.index_select(0, batch)
-            yb = y if (y is None or batch is None) else y.index_select(0, batch)
-            observe(self.likelihood, self.forward_members(weights, xb), yb, latents, members=MEMBER_LIKELIHOOD)
+        observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward_members(weights, rows),
+                     members=MEMBER_LIKELIHOOD)
 
     def forward_members(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Outputs ``[M, B, out]`` of M nets whose parameters are stacked ``{name: [M, *shape]}``, in one vmap.

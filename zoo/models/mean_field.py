@@ -11,11 +11,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
-from zoo.models.base import LatentSite, per_device
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
+from zoo.models.base import per_device
 from zoo.nets import ParameterSwap, has_batch_norm, prediction_mode
 from zoo.priors import prior_distribution
-from zoo.spec import MeanFieldModelSpec, PriorConfig
+from zoo.sections import MeanFieldModelSpec, PriorConfig
+from zoo.sites import LatentSite
 
 
 class MeanFieldBNN:
@@ -78,12 +79,7 @@ class MeanFieldBNN:
         """Sample the weights, then observe ``y`` on the rows ``batch`` (scaled up to all ``len(x)`` rows)."""
         priors = self.priors()
         weights = {name: pyro.sample(name, priors[name]) for name in self.weight_names}
-        latents = self.likelihood.sample_latents(x)
-        with pyro.plate("data", x.shape[0], subsample=batch):
-            # index_select, not x[batch]: advanced indexing is ~100x slower on multi-threaded CPU torch
-            xb = x if batch is None else x.index_select(0, batch)
-            yb = y if (y is None or batch is None) else y.index_select(0, batch)
-            observe(self.likelihood, self.forward(weights, xb), yb, latents)
+        observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward(weights, rows))
 
     def forward(self, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The net's output under one set of weights ``[B, out]``."""

@@ -17,11 +17,12 @@ from torch import nn
 from torch.distributions import constraints
 
 from zoo.errors import ZooInputError
-from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
-from zoo.models.base import LatentSite, per_device
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
+from zoo.models.base import per_device
 from zoo.nets import has_batch_norm, prediction_mode
 from zoo.priors import ScalarNormal, gsm_scale_prior, prior_distribution
-from zoo.spec import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
+from zoo.sections import GaussianScaleMixturePrior, PriorConfig, Rank1ModelSpec
+from zoo.sites import LatentSite
 
 MEMBERS = "members"
 SCALE, RAW = "_scale", "_z"  # a GSM factor f is held as sites f_scale (per neuron) and f_z (per member)
@@ -203,12 +204,9 @@ class Rank1BNN:
         with pyro.plate(MEMBERS, self.members, dim=-1), poutine.scale(scale=1.0 / self.members):
             values.update({name: pyro.sample(name, fn) for name, fn in priors.items() if not name.endswith(SCALE)})
         factors = self.factors(values)
-        latents = self.likelihood.sample_latents(x)
-        with pyro.plate("data", x.shape[0], subsample=batch):
-            xb = x if batch is None else x.index_select(0, batch)
-            yb = y if (y is None or batch is None) else y.index_select(0, batch)
-            out = self.forward_members(factors, [b for b in self.member_bias.values()], xb)
-            observe(self.likelihood, out, yb, latents, members=self.member_likelihood)
+        biases = list(self.member_bias.values())
+        observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward_members(factors, biases, rows),
+                     members=self.member_likelihood)
 
     def forward_members(self, factors: dict[str, torch.Tensor], biases: list[torch.Tensor],
                         x: torch.Tensor) -> torch.Tensor:

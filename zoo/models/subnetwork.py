@@ -14,6 +14,7 @@ run reuses them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,18 +24,23 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from guides.delta import DeltaGuide
 from zoo.curvature import LayerFactors, ParameterLayout, output_hessian_root
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
-from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe
-from zoo.models.base import LatentSite, restore_buffers
+from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
+from zoo.models.base import restore_buffers
+from zoo.models.mean_field import MeanFieldBNN
 from zoo.nets import ParameterSwap
-from zoo.runs import POINT_ESTIMATE_FILE, RunLog, load_torch, save_torch
-from zoo.spec import NormalPrior, PriorConfig, SubnetSelectionSpec, SubnetworkModelSpec
+from zoo.runs import POINT_ESTIMATE_FILE, RunLog, load_point_values, load_torch, save_torch
+from zoo.sections import NormalPrior, PriorConfig, SubnetSelectionSpec, SubnetworkModelSpec
+from zoo.sites import LatentSite
 
 SITE = "subnet"
 SUBNET_FILE = "subnetwork.pt"
 MAP_DIR = "map"
+# How the pipeline fits the MAP net: fit_map(family, guide, data, svi_spec, seed, run_dir=, resume=, log=, progress=)
+MapFitter = Callable[..., object]
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -191,8 +197,12 @@ class SubnetworkBNN:
         return cls(net, priors, likelihood, spec)
 
     # -- preparation: the MAP net and the subnetwork -----------------------------------------------------
-    def prepare(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog, progress: bool = True) -> None:
-        """Fit (or load) the MAP net and select the subnetwork; stored in ``run_dir`` for resumes and reloads."""
+    def prepare(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog, progress: bool = True, *,
+                fit_map: MapFitter) -> None:
+        """Fit (or load) the MAP net and select the subnetwork; stored in ``run_dir`` for resumes and reloads.
+
+        ``fit_map`` is the SVI fit the pipeline hands down (the family does not know inference methods).
+        """
         path = Path(run_dir) / SUBNET_FILE if run_dir is not None else None
         flat_precision = self._flat_prior_precision(data.x_train)
         if path is not None and path.exists():
@@ -202,7 +212,7 @@ class SubnetworkBNN:
             self._set_indices(state["indices"])
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
-            self._set_map(self._map_values(data, run_dir, seed, log, progress))  # the fit left its statistics
+            self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood.task, self.map_noise(),
                                        flat_precision, seed)
@@ -215,11 +225,9 @@ class SubnetworkBNN:
         self.prior_precision = flat_precision[self.indices]
 
     def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog,
-                    progress: bool) -> dict[str, torch.Tensor]:
+                    progress: bool, fit_map: MapFitter) -> dict[str, torch.Tensor]:
         if self.spec.map_from is not None:
-            from zoo.pipeline import load_point_values  # the pipeline imports the families
-
-            values = load_point_values(self.spec.map_from)
+            values = load_point_values(self.spec.map_from, "model.map_from")
             missing = [n for n, p in self.net.named_parameters()
                        if n not in values or values[n].shape != p.shape]
             if missing:
@@ -230,16 +238,12 @@ class SubnetworkBNN:
                 restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
             return {n: v.to(data.x_train) for n, v in values.items()}
         # the zoo's MAP member: SVI on the mean-field model with a Delta guide, checkpointed in run_dir/map
-        from guides.delta import DeltaGuide
-        from zoo.inference.svi import fit_svi
-        from zoo.models.mean_field import MeanFieldBNN
-
         mean_field = MeanFieldBNN(self.net, self.prior_configs, self.likelihood)
         guide = DeltaGuide(mean_field.latent_sites()).to(data.x_train)
         map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
-        fit_svi(mean_field, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
+        fit_map(mean_field, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
                 progress=progress)
         values = guide.point_estimate()
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
@@ -345,11 +349,7 @@ class SubnetworkBNN:
         """Sample the subnet, then observe ``y`` on the rows ``batch`` (scaled up to all ``len(x)`` rows)."""
         self._require_prepared()
         subnet = pyro.sample(SITE, self.prior())
-        latents = self.likelihood.sample_latents(x)
-        with pyro.plate("data", x.shape[0], subsample=batch):
-            xb = x if batch is None else x.index_select(0, batch)
-            yb = y if (y is None or batch is None) else y.index_select(0, batch)
-            observe(self.likelihood, self.forward(subnet, xb), yb, latents)
+        observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward(subnet, rows))
 
     def weights(self, subnet: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameters the subnet touches, MAP values with the subnet's entries replaced: ``{name: [S, ...]}``

@@ -1,0 +1,245 @@
+"""SG-MCMC (SGLD, SGHMC) and SWAG/MultiSWAG: the minibatch potential, the samplers on the conjugate model, the SWAG
+moments and draws against their definitions, exact resumes, run directories and the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import record_checkpoints
+from tests.test_mcmc import NOISE, assert_matches_conjugate, closed_form, linear_spec
+from zoo import runs
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference import minibatch, sgmcmc, swag
+from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, initial_points
+from zoo.inference.minibatch import MinibatchPotential
+from zoo.inference.sgmcmc import PRECONDITIONER_FLOOR, fit_sgmcmc, inverse_mass, kept_steps, step_size
+from zoo.inference.swag import SWAG_FILE, SWAGPosterior, fit_swag
+from zoo.pipeline import load_run, prepare, train
+from zoo.posterior import ChainPosterior
+from zoo.spec import load_spec
+
+
+def _largest_curvature(data) -> float:
+    """The largest eigenvalue of the conjugate posterior's precision (standardised units): the stiffest direction."""
+    _, cov = closed_form(data, NOISE / data.y_std)
+    return float(1.0 / torch.linalg.eigvalsh(cov).min())
+
+
+def test_minibatch_potentials_average_to_the_full_data_potential():
+    # over minibatches that partition the rows, the N/B-weighted likelihood terms average to the full-data term
+    spec = load_spec(linear_spec("sgld", batch_size=10))
+    data, family, _, _ = prepare(spec)
+    potential = MinibatchPotential(family, data)
+    z = torch.randn(3, potential.coords.dim, dtype=torch.float64)
+    full_value, full_grad = potential.value_and_grad(z, None)
+    parts = [potential.value_and_grad(z, rows) for rows in torch.arange(data.n_train).split(10)]
+    torch.testing.assert_close(sum(v for v, _ in parts) / len(parts), full_value)
+    torch.testing.assert_close(sum(g for _, g in parts) / len(parts), full_grad)
+    # and the full-data potential is the model's own negative log joint (a Gaussian linear model: no Jacobian)
+    values, _ = potential.coords.unpack(z)
+    torch.testing.assert_close(full_value, -potential.log_joint.exact(values))
+
+
+@pytest.mark.parametrize(("method", "stiffness"), [("sgld", 0.02), ("sghmc", 0.002)])
+def test_sgmcmc_recovers_the_conjugate_linear_regression_posterior(method, stiffness):
+    # full batch, constant lr: the discretisation bias is O(eps * curvature), set here to `stiffness`
+    probe = load_spec(linear_spec(method))
+    data, _, _, _ = prepare(probe)
+    lr = stiffness * data.n_train / _largest_curvature(data)
+    spec = load_spec(linear_spec(method, num_chains=16, epochs=4000, batch_size=None, lr=lr, schedule="constant",
+                                 burn_in_epochs=1000, thin=20))
+    data, family, guide, _ = prepare(spec)
+    assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, progress=False), data)
+
+
+@pytest.mark.parametrize("method", ["sgld", "sghmc"])
+def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_frozen_after_burn_in(
+        method, tmp_path, monkeypatch):
+    probe = load_spec(linear_spec(method))
+    data, _, _, _ = prepare(probe)
+    lr = (0.02 if method == "sgld" else 0.002) * data.n_train / _largest_curvature(data)  # G is below 2 here
+    spec = load_spec(linear_spec(method, num_chains=16, epochs=4000, batch_size=None, lr=lr, schedule="constant",
+                                 burn_in_epochs=1000, thin=20, preconditioner="rmsprop", checkpoint_every=500))
+    data, family, guide, _ = prepare(spec)
+    saved, final = record_checkpoints(monkeypatch, minibatch), record_checkpoints(monkeypatch, sgmcmc)
+    assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, run_dir=tmp_path,
+                                        progress=False), data)
+    during = [c["inverse_mass"] for c in saved if c["step"] < 1000]
+    after = [c["inverse_mass"] for c in saved if c["step"] >= 1000] + [final[-1]["inverse_mass"]]
+    assert not torch.equal(during[0], after[0])  # adapted during burn-in
+    assert all(torch.equal(g, after[0]) for g in after)  # then frozen
+    torch.testing.assert_close(after[0].mean(-1), torch.ones(16, dtype=torch.float64))
+    assert not torch.equal(after[0], torch.ones_like(after[0]))
+
+
+def test_the_inverse_mass_is_one_over_the_root_mean_square_gradient_rescaled_to_mean_one():
+    square = torch.tensor([[1.0, 4.0, 16.0], [9.0, 9.0, 9.0]], dtype=torch.float64) * (1 - 0.9)  # one step of 0.9
+    got = inverse_mass(square, steps=1, decay=0.9)
+    roots = torch.tensor([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]], dtype=torch.float64)
+    want = 1 / (roots + PRECONDITIONER_FLOOR * roots.mean(-1, keepdim=True))
+    torch.testing.assert_close(got, want / want.mean(-1, keepdim=True))
+    torch.testing.assert_close(got[1], torch.ones(3, dtype=torch.float64))  # equal gradients: no preconditioning
+    assert got[0, 0] > got[0, 1] > got[0, 2]  # the stiffer (larger-gradient) coordinate takes the smaller step
+
+
+def test_a_preconditioner_without_burn_in_is_refused():
+    with pytest.raises(Exception, match="the rmsprop preconditioner is estimated during burn-in"):
+        load_spec(linear_spec("sghmc", preconditioner="rmsprop", burn_in_epochs=0))
+
+
+def test_cyclical_schedule_explores_then_samples_in_every_cycle():
+    spec = load_spec(linear_spec("sghmc", lr=0.5, cycles=4, exploration=0.5, burn_in_epochs=0, thin=1))
+    total = 400
+    lrs, sampling = zip(*(step_size(spec.inference, t, total) for t in range(total)), strict=True)
+    assert lrs[0] == pytest.approx(0.5) and lrs[99] == pytest.approx(0.0, abs=1e-3) and lrs[100] == pytest.approx(0.5)
+    assert all(a >= b for a, b in zip(lrs[:100], lrs[1:100], strict=False))  # a cosine down within a cycle
+    assert sampling[:50] == (False,) * 50 and sampling[50:100] == (True,) * 50
+    assert kept_steps(spec.inference, total, per_epoch=1) == [t for t in range(total) if t % 100 >= 50]
+
+
+@pytest.mark.parametrize("preconditioner", ["none", "rmsprop"])
+def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, preconditioner):
+    # rmsprop: burn-in (and so the preconditioner's estimation) runs to step 100, past the checkpoint at step 80
+    spec = load_spec(linear_spec("sgld", num_chains=3, epochs=30, batch_size=10, lr=0.01,
+                                 burn_in_epochs=5 if preconditioner == "none" else 25, thin=7, checkpoint_every=40,
+                                 preconditioner=preconditioner))
+    data, family, guide, _ = prepare(spec)
+    saved = record_checkpoints(monkeypatch, minibatch)
+    full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    at_80 = next(s for s in saved if not s["done"] and s["step"] == 80)
+    runs.save_torch(tmp_path / SAMPLES_FILE, at_80)  # as if the run had stopped after step 80
+    resumed = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    for name, value in full.draws.items():
+        assert torch.equal(resumed.draws[name], value)
+
+
+def test_a_diverging_step_size_stops_with_the_step_and_the_last_good_draw(tmp_path):
+    spec = load_spec(linear_spec("sgld", num_chains=2, epochs=400, batch_size=None, lr=1.0, schedule="constant",
+                                 burn_in_epochs=0, thin=1))
+    data, family, guide, _ = prepare(spec)
+    spec.inference.lr = 20 * data.n_train / _largest_curvature(data)  # 10x past SGLD's stability limit (2)
+    with pytest.raises(TrainingDiverged, match=r"sgld diverged at step \d+ .*the last good draw is the draw of step "
+                       r"\d+, kept in .*samples.pt.*Lower inference.lr"):
+        fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    kept = runs.load_torch(tmp_path / SAMPLES_FILE)
+    assert not kept["done"] and kept["draws"] and all(torch.isfinite(d[0]).all() for d in kept["draws"])
+
+
+def test_an_sgld_run_directory_round_trips_and_is_diagnosed_like_mcmc(tmp_path):
+    spec = load_spec(linear_spec("sgld", num_chains=2, epochs=60, batch_size=10, lr=0.01, burn_in_epochs=10,
+                                 thin=5, predictive_samples=40))
+    summary = train(spec, tmp_path / "run", progress=False, echo=None)
+    assert summary.chains and math.isfinite(summary.metrics["test_ll"])
+    _, _, posterior = load_run(summary.run_dir)
+    assert isinstance(posterior, ChainPosterior)
+    assert posterior.chains["out.weight"].shape == (2, 40, 1, 1)  # 50 sampling epochs x 4 steps / 5
+    from zoo.diagnostics import diagnose
+
+    report = diagnose(summary.run_dir, plots=False)
+    assert report["draws"] == "mcmc" and "function_space" in report
+
+
+# ------------------------------------------------------------------------------------------------ SWAG
+def test_swag_moments_follow_their_definitions():
+    torch.manual_seed(0)
+    iterates = torch.randn(7, 2, 5, dtype=torch.float64)  # 7 collections of K=2 models' 5 coordinates
+    moments = {"mean": torch.zeros(2, 5, dtype=torch.float64), "sq_mean": torch.zeros(2, 5, dtype=torch.float64),
+               "deviations": torch.zeros(2, 3, 5, dtype=torch.float64)}
+    for i, z in enumerate(iterates):
+        swag._collect(moments, z, i, rank=3)
+    torch.testing.assert_close(moments["mean"], iterates.mean(0))
+    torch.testing.assert_close(moments["sq_mean"], (iterates**2).mean(0))
+    # the last rank=3 deviations, each from the running mean just after its iterate was added
+    running = [iterates[: i + 1].mean(0) for i in range(7)]
+    for i in (4, 5, 6):
+        torch.testing.assert_close(moments["deviations"][:, i % 3], iterates[i] - running[i])
+
+
+def test_swag_draws_have_the_swag_covariance():
+    # Cov = diag(sq_mean - mean^2) / 2 + D^T D / (2 (R - 1)) for one model, in the unconstrained coordinates
+    spec = load_spec(linear_spec("swag", rank=3))
+    _, family, _, _ = prepare(spec)
+    mean = torch.tensor([[0.3, -1.0]], dtype=torch.float64)
+    variance = torch.tensor([[0.5, 0.2]], dtype=torch.float64)
+    deviations = torch.tensor([[[1.0, 0.5], [-0.4, 0.2], [0.1, -0.3]]], dtype=torch.float64)
+    posterior = SWAGPosterior(family, {"mean": mean, "sq_mean": variance + mean**2, "deviations": deviations})
+    draws = posterior.sample(200_000, generator=torch.Generator().manual_seed(0))
+    flat = torch.stack([draws["out.weight"].reshape(-1), draws["out.bias"].reshape(-1)], dim=1)
+    want = torch.diag(variance[0]) / 2 + deviations[0].T @ deviations[0] / (2 * 2)
+    torch.testing.assert_close(flat.mean(0), mean[0], atol=0.01, rtol=0.0)
+    torch.testing.assert_close(torch.cov(flat.T), want, atol=0.01, rtol=0.0)
+
+
+def test_multiswag_fits_k_models_that_resume_exactly(tmp_path, monkeypatch):
+    spec = load_spec(linear_spec("swag", num_models=3, epochs=10, pretrain_epochs=5, batch_size=10, lr=0.01,
+                                 pretrain_lr=0.02, rank=4, checkpoint_every=20))
+    data, family, guide, _ = prepare(spec)
+    saved = record_checkpoints(monkeypatch, minibatch)
+    full = fit_swag(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    assert full.posterior.mean.shape == (3, 2) and full.posterior.deviations.shape == (3, 4, 2)
+    assert not torch.allclose(full.posterior.mean[0], full.posterior.mean[1])  # independent starts
+    at_40 = next(s for s in saved if not s["done"] and s["step"] == 40)
+    runs.save_torch(tmp_path / SWAG_FILE, at_40)
+    resumed = fit_swag(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    for key in ("mean", "sq_mean", "deviations"):
+        assert torch.equal(getattr(resumed.posterior, key), getattr(full.posterior, key))
+
+
+def test_swag_near_the_conjugate_mode_centres_on_the_posterior_mean(tmp_path):
+    spec = load_spec(linear_spec("swag", epochs=100, pretrain_epochs=100, batch_size=10, lr=0.005,
+                                 pretrain_lr=0.02, rank=10, predictive_samples=50))
+    summary = train(spec, tmp_path / "run", progress=False, echo=None)
+    spec, data, posterior = load_run(summary.run_dir)
+    assert isinstance(posterior, SWAGPosterior)
+    mean, cov = closed_form(data, NOISE / data.y_std)
+    assert ((posterior.mean[0] - mean).abs() / cov.diagonal().sqrt()).max() < 0.5
+
+
+def test_swag_refuses_fewer_iterates_than_its_rank_and_a_temperature():
+    spec = load_spec(linear_spec("swag", epochs=5, rank=20, batch_size=None))
+    data, family, guide, _ = prepare(spec)
+    with pytest.raises(ZooInputError, match="collects only 5 iterates .* fewer than its rank") as err:
+        fit_swag(family, guide, data, spec.inference, 0, progress=False)
+    assert err.value.field == "inference.rank"
+    with pytest.raises(ZooInputError, match="inference.temperature.*leave temperature at 1"):
+        load_spec(linear_spec("swag", temperature=0.5))
+
+
+def test_sgmcmc_refuses_a_burn_in_that_leaves_no_draw():
+    spec = load_spec(linear_spec("sgld", epochs=10, burn_in_epochs=10, batch_size=None))
+    data, family, guide, _ = prepare(spec)
+    with pytest.raises(ZooInputError, match="leaves no draw") as err:
+        fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+    assert err.value.field == "inference.burn_in_epochs"
+
+
+def test_net_initialisation_redraws_the_net_for_every_chain_and_puts_it_back():
+    spec = load_spec({"data": {"name": "toy_gap", "n_train": 20}, "net": {"hidden": [8]}, "likelihood": {"noise": 0.1},
+                      "inference": {"method": "sgld"}})
+    data, family, _, _ = prepare(spec)
+    before = {k: v.clone() for k, v in family.net.state_dict().items()}
+    z = initial_points(family, Coordinates(family), 3, data, lambda _: None, fresh="net")
+    assert z.shape == (3, 8 + 8 + 8 + 1) and not torch.allclose(z[0], z[1])
+    assert all(torch.equal(v, before[k]) for k, v in family.net.state_dict().items())
+    bound = 1.0  # nn.Linear(1, 8) draws its weights from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) = U(-1, 1)
+    assert z[:, :8].abs().max() <= bound
+
+
+def test_multiswag_scores_draws_with_its_gaussian_mixture_density():
+    # two models, rank 2, a positive noise site: log q(w) = log mean_k N(z; m_k, S_k) - log|dw/dz|
+    spec = load_spec({**linear_spec("swag", rank=2), "likelihood": {"noise": "learned"}})
+    _, family, _, _ = prepare(spec)
+    torch.manual_seed(0)
+    mean, deviations = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 2, 3, dtype=torch.float64)
+    variance = torch.rand(2, 3, dtype=torch.float64) + 0.1
+    posterior = SWAGPosterior(family, {"mean": mean, "sq_mean": variance + mean**2, "deviations": deviations})
+    draws = posterior.sample(6)
+    z = posterior.coords.pack(draws)
+    _, log_det = posterior.coords.unpack(z)
+    covariances = torch.diag_embed(variance / 2) + deviations.transpose(-1, -2) @ deviations / 2
+    by_hand = torch.stack([torch.distributions.MultivariateNormal(mean[k], covariances[k]).log_prob(z)
+                           for k in range(2)]).logsumexp(0) - math.log(2) - log_det
+    torch.testing.assert_close(posterior.log_density(draws), by_hand)

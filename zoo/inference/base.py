@@ -1,0 +1,126 @@
+"""The one protocol every inference method implements, and the checkpoint loading that guide-based methods share.
+
+An :class:`InferenceMethod` fits a model family (and, for some methods, the spec's guide) to a
+:class:`~zoo.posterior.Posterior`, loads that posterior back from a run directory, says in one phrase what it does
+and names the files it writes. It is registered once, in :data:`zoo.registry.METHODS`; its spec section (a pydantic
+model whose ``method`` field lists the names it answers to) joins the run spec from there. The pipeline,
+``zoo diagnose`` and ``zoo report`` know nothing else about a method.
+
+What a method needs from above is handed down by the pipeline: ``start``, the posterior of the run named by
+:meth:`InferenceMethod.start_from` (e.g. the MAP or VI fit MCMC chains start at), so no method imports the
+pipeline.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+from pydantic import BaseModel
+
+from zoo.errors import ZooInputError, ZooWarning
+from zoo.models.base import ModelFamily, restore_buffers
+from zoo.posterior import Posterior
+from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint
+
+if TYPE_CHECKING:
+    from zoo.data.base import Dataset
+    from zoo.evaluate import ValidationMonitor
+
+
+class Fit(Protocol):
+    """What every ``fit`` returns: the fitted posterior and the fit's wall time (methods add their own records)."""
+
+    posterior: Posterior | None
+    seconds: float
+
+
+class InferenceMethod(ABC):
+    """One inference method: fit -> Posterior, run directory -> Posterior, a description, its files."""
+
+    names: ClassVar[tuple[str, ...]]  # the inference.method values it answers to
+    spec: ClassVar[type[BaseModel]]  # its spec section; ``method: Literal[*names]``
+    files: ClassVar[tuple[str, ...]]  # what it writes into a run directory; the first holds the fit
+    summary: ClassVar[str]  # one line for ``zoo list``
+    own_guide: ClassVar[str | None] = None  # the guide this method builds itself (the spec may only name that one)
+    fits_guide: ClassVar[bool] = True  # fits the guide the spec names (MCMC ignores it; Laplace builds its own)
+
+    def describe(self, spec: Any) -> str:
+        """What the run's ``inference`` section does, in a phrase: ``sampled by hmc``."""
+        return spec.method
+
+    def start_from(self, spec: Any) -> Path | None:
+        """A run directory whose posterior this fit starts from (handed to ``fit``/``load`` as ``start``), or None."""
+        return None
+
+    def check(self, run_spec: Any) -> list[ZooInputError]:
+        """Cross-section problems of a whole run spec that only this method has (e.g. the family it needs)."""
+        return []
+
+    fitter: ClassVar[Callable[..., Fit]]  # the module's fit function, taking the arguments of ``fit``
+
+    def fit(self, family: ModelFamily, guide: torch.nn.Module, data: Dataset, spec: Any, seed: int, *,
+            run_dir: Path | None = None, resume: bool = False, log: RunLog | None = None, progress: bool = True,
+            monitor: ValidationMonitor | None = None, start: Posterior | None = None) -> Fit:
+        """Fit ``family`` to ``data`` by :attr:`fitter`; write checkpoints under ``run_dir`` (resumable with
+        ``resume``). ``start`` reaches only the fitters of methods that start from a run (:meth:`start_from`)."""
+        starting = {"start": start} if start is not None else {}
+        return type(self).fitter(family, guide, data, spec, seed, run_dir=run_dir, resume=resume, log=log,
+                                 progress=progress, monitor=monitor, **starting)
+
+    @abstractmethod
+    def load(self, family: ModelFamily, guide: torch.nn.Module, spec: Any, run_dir: Path, device: torch.device,
+             start: Posterior | None = None) -> Posterior:
+        """The posterior a finished (or, where the method allows it, unfinished) fit left in ``run_dir``; ``start``
+        is given where the family has point parameters the fit took from the run it started from."""
+
+    def holds_fit(self, run_dir: Path) -> bool:
+        """Whether ``run_dir`` holds what this method's fit writes."""
+        return checkpoint_exists(Path(run_dir) / self.files[0])
+
+
+def load_guide_checkpoint(family: ModelFamily, guide: torch.nn.Module, run_dir: Path, device: torch.device) -> dict:
+    """Restore a guide-based fit (guide, point parameters, buffers, tuned hyperparameters) from ``checkpoint.pt``.
+
+    An unfinished fit loads at the step it reached, with a :class:`~zoo.errors.ZooWarning` saying so.
+    """
+    state = load_checkpoint(Path(run_dir) / CHECKPOINT_FILE, device)
+    if not state.get("done", True):
+        reached = f"step {state['step']}" + (f" of {state['total_steps']}" if "total_steps" in state else "")
+        warnings.warn(f"{run_dir} is an unfinished run: its checkpoint is at {reached}, so this is the posterior of "
+                      "that step, not the final one (finish it with zoo train --resume)", ZooWarning, stacklevel=3)
+    guide.load_state_dict(state["guide"])
+    with torch.no_grad():
+        for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
+            p.copy_(saved)
+    restore_buffers(family, state.get("buffers"))
+    if "hyperparameters" in state:  # e.g. a prior precision tuned by the Laplace evidence
+        family.set_hyperparameters(state["hyperparameters"])
+    return state
+
+
+def copy_point_parameters(family: ModelFamily, start: Posterior | None, field: str) -> None:
+    """Take the point-estimated parameters (e.g. rank-1's W) of the run a fit starts from."""
+    if not family.point_parameters():
+        return
+    if start is None:
+        raise ZooInputError(field, "prior", "this family has point-estimated weights that this method does not fit: "
+                            f"train it with SVI first and set {field} to that run directory")
+    with torch.no_grad():
+        for mine, theirs in zip(family.point_parameters(), start.family.point_parameters(), strict=True):
+            mine.copy_(theirs)
+
+
+def starting_run(init: str, fresh: tuple[str, ...] = ("prior",), field: str = "inference.init") -> Path | None:
+    """The run directory ``init`` names, or None for a fresh start (``prior``, or whatever else ``fresh`` lists)."""
+    if init in fresh:
+        return None
+    if not Path(init).is_dir():
+        raise ZooInputError(field, init, f"use {' or '.join(repr(f) for f in fresh)}, or the directory of a finished "
+                            "run")
+    return Path(init)
+

@@ -1,0 +1,251 @@
+"""Stochastic-gradient MCMC on a family's own Pyro model: SGLD and (cyclical) SGHMC, many chains in lockstep.
+
+Both samplers follow minibatch estimates of the potential U(z) = -log p(w, y | x) / T - log|det J| in the same
+unconstrained coordinates ``z [C, D]`` as :mod:`zoo.inference.mcmc` (its :class:`~zoo.inference.mcmc.Coordinates`
+and :class:`~zoo.inference.mcmc.LogJoint`); a minibatch of B rows weights its log-likelihood by N/B, an unbiased
+estimate of the full-data term. All C chains take each step as one batched gradient on the same minibatch, with
+their own injected noise.
+
+* ``sgld`` (Welling & Teh 2011): z <- z - eps/2 grad U_B(z) + N(0, eps).
+* ``sghmc`` (Chen et al. 2014, in the momentum form of Zhang et al. 2020): v <- (1 - a) v - eps grad U_B(z) +
+  N(0, 2 a eps), z <- z + v, with a = 1 - momentum the friction.
+
+With ``preconditioner: rmsprop`` both take a diagonal inverse mass G (pSGLD, Li et al. 2016; the scale-adapted
+SGHMC of Springenberg et al. 2016): z <- z - eps/2 G grad U_B + N(0, eps G), and v <- (1 - a) v - eps G grad U_B +
+N(0, 2 a eps G). G is 1 / (sqrt(s) + floor) for s a decaying average of the squared per-row gradients, rescaled to
+mean 1 per chain so that ``lr`` keeps its units; it is estimated during burn-in and then frozen, so the draws come
+from a sampler with a constant metric (a G that kept adapting would bias them unless its drift term were added).
+
+``lr`` is the learning rate of the per-row loss U/N, the units of SGD (and of the published settings), so the step on
+U is eps = lr / N. Schedules: ``cyclical`` (Zhang et al. 2020, "Cyclical stochastic gradient MCMC for Bayesian deep
+learning": a cosine from lr to 0 in each of ``cycles`` cycles; the first ``exploration`` share of a cycle runs
+without noise, as SGD with momentum, and draws are collected in the rest), ``polynomial`` (lr (1 + t/t0)^-0.55, the
+SGLD paper's decay) and ``constant``. Draws are kept every ``thin`` steps after ``burn_in_epochs`` and stored chain by
+chain like MCMC draws (``samples.pt``), so ``zoo diagnose`` and ``zoo compare`` read them as they read MCMC.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import pyro
+import torch
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from zoo.data.base import Dataset
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import copy_point_parameters
+from zoo.inference.mcmc import (
+    SAMPLES_FILE,
+    MCMCResult,
+    StoredDraws,
+    initial_points,
+    load_samples,
+    refuse_batch_dependent,
+)
+from zoo.inference.minibatch import MinibatchPotential, StepLoop
+from zoo.models.base import ModelFamily
+from zoo.posterior import ChainPosterior, Posterior
+from zoo.runs import RunLog, save_checkpoint
+from zoo.sections import Tempered
+
+
+class SGMCMCSpec(Tempered):
+    """Stochastic-gradient MCMC (SGLD or cyclical SGHMC) on minibatches, several chains at once."""
+
+    method: Literal["sgld", "sghmc"]
+    num_chains: PositiveInt = 4
+    epochs: PositiveInt = 200
+    batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
+    lr: PositiveFloat = Field(0.1, description="learning rate of the per-row loss U/N (the step on U is lr / N)")
+    schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
+        None, description="step-size schedule; default cyclical for sghmc (Zhang et al. 2020), polynomial for sgld")
+    cycles: PositiveInt = Field(4, description="cyclical: number of cosine cycles over the run")
+    exploration: float = Field(0.5, ge=0.0, lt=1.0, description="cyclical: share of each cycle run without noise "
+                               "(SGD with momentum); draws come from the rest")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sghmc: 1 - friction (the SGD momentum)")
+    burn_in_epochs: NonNegativeFloat = Field(50.0, description="epochs before the first kept draw")
+    thin: PositiveInt = Field(10, description="keep every thin-th step's state after burn-in")
+    preconditioner: Literal["none", "rmsprop"] = Field(
+        "none", description="rmsprop: a diagonal inverse mass from the burn-in's squared gradients, then frozen "
+        "(pSGLD, Li et al. 2016; scale-adapted SGHMC, Springenberg et al. 2016); for likelihoods stiff in some "
+        "directions only, where one step size cannot fit all")
+    precondition_decay: float = Field(0.99, gt=0.0, lt=1.0, description="rmsprop: decay per step of the average "
+                                      "of squared gradients")
+    init: str = Field("net", description="'net' (the net's own initialisation, redrawn per chain), 'prior' (prior "
+                      "draws), or a run directory (MAP or VI fit of the same spec): chains start at its draws")
+    checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
+    predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
+
+    @model_validator(mode="after")
+    def _default_schedule(self) -> SGMCMCSpec:
+        if self.schedule is None:
+            self.schedule = "cyclical" if self.method == "sghmc" else "polynomial"
+        if self.preconditioner != "none" and self.burn_in_epochs == 0:
+            raise ValueError("inference.burn_in_epochs: got 0; the rmsprop preconditioner is estimated during "
+                             "burn-in and then frozen: give it burn-in epochs (e.g. 50), or preconditioner: none")
+        return self
+
+
+PRECONDITIONER_FLOOR = 0.01  # rmsprop: sqrt(s) is floored at this share of its mean, so G stays below 100x its mean
+
+
+def inverse_mass(square: torch.Tensor, steps: int, decay: float) -> torch.Tensor:
+    """The diagonal inverse mass ``G [C, D]`` from the decaying average ``square`` of squared per-row gradients
+    after ``steps`` updates (bias-corrected as Adam's): ``1 / (sqrt(s) + floor)``, rescaled to mean 1 per chain."""
+    root = (square / (1.0 - decay ** max(steps, 1))).sqrt()
+    inverse = 1.0 / (root + PRECONDITIONER_FLOOR * root.mean(-1, keepdim=True) + torch.finfo(root.dtype).tiny)
+    return inverse / inverse.mean(-1, keepdim=True)
+
+
+def step_size(spec: SGMCMCSpec, step: int, total: int) -> tuple[float, bool]:
+    """The learning rate at ``step`` of ``total`` and whether this step samples (injects noise; False while a
+    cyclical schedule explores)."""
+    if spec.schedule == "constant":
+        return spec.lr, True
+    if spec.schedule == "polynomial":
+        return spec.lr * (1.0 + step / max(1.0, 0.01 * total)) ** -0.55, True
+    length = math.ceil(total / spec.cycles)
+    phase = (step % length) / length
+    return spec.lr / 2 * (math.cos(math.pi * phase) + 1.0), phase >= spec.exploration
+
+
+def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
+    """The steps whose state becomes a draw: after burn-in, every ``thin``-th sampling step."""
+    burn_in = int(spec.burn_in_epochs * per_epoch)
+    sampling = [t for t in range(burn_in, total) if step_size(spec, t, total)[1]]
+    return sampling[spec.thin - 1::spec.thin]
+
+
+def fit_sgmcmc(
+    family: ModelFamily,
+    guide: torch.nn.Module,
+    data: Dataset,
+    spec: SGMCMCSpec,
+    seed: int,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    log: RunLog | None = None,
+    progress: bool = True,
+    monitor: ValidationMonitor | None = None,
+    start: Posterior | None = None,
+) -> MCMCResult:
+    """Run ``spec.num_chains`` SGLD/SGHMC chains on minibatches; draws ``{site: [chains, draws, ...]}``.
+
+    The state (chains, momenta, draws so far, random streams) is saved atomically to ``run_dir/samples.pt`` every
+    ``checkpoint_every`` steps and on Ctrl-C; ``resume=True`` continues exactly. A step that makes a chain
+    non-finite stops the run with the step, the learning rate and the last good draw.
+    """
+    log = log or RunLog(None, echo=None)
+    refuse_batch_dependent(family, spec.method.upper())
+    device = data.x_train.device
+    path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
+    loop = StepLoop(data, spec.batch_size, seed, path, spec.checkpoint_every, spec.method.upper(), progress, log)
+    total, n = spec.epochs * loop.per_epoch, loop.n
+    keep = set(kept_steps(spec, total, loop.per_epoch))
+    if not keep:
+        raise ZooInputError("inference.burn_in_epochs", spec.burn_in_epochs, f"leaves no draw to keep in {spec.epochs} "
+                            "epochs: lower it or the thinning, or run more epochs")
+    potential = MinibatchPotential(family, data, spec.temperature)
+    coords = potential.coords
+    noise = torch.Generator(device=device).manual_seed(seed)
+    if resume:
+        saved = loop.resume(run_dir)
+        if saved.get("done"):
+            log("the run had finished; nothing to resume")
+            return load_samples(run_dir, family, device)
+        z, velocity, draws = saved["z"], saved["velocity"], saved["draws"]
+        square, mass = saved.get("square", torch.zeros_like(z)), saved.get("inverse_mass", torch.ones_like(z))
+        noise.set_state(saved["noise_rng"].cpu())
+        if start is not None:
+            copy_point_parameters(family, start, "inference.init")
+        log(f"resumed {spec.method} at step {loop.step}/{total}")
+    else:
+        torch.manual_seed(seed)
+        pyro.set_rng_seed(seed)
+        z = initial_points(family, coords, spec.num_chains, data, log, start, spec.init)  # fresh, or draws of start
+        velocity, draws = torch.zeros_like(z), []
+        square, mass = torch.zeros_like(z), torch.ones_like(z)  # rmsprop's average and G (1: no preconditioner)
+    root = mass.sqrt()  # G's square root scales the noise; both change only while the preconditioner adapts
+    adapting = int(spec.burn_in_epochs * loop.per_epoch) if spec.preconditioner == "rmsprop" else 0
+    log(f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({total:,} steps of {loop.batch} rows, "
+        f"{spec.schedule} lr from {spec.lr:g}) over {coords.dim:,} latent dimensions; {len(keep)} draws per chain"
+        + (f"; rmsprop preconditioner estimated over the {adapting:,} burn-in steps, then frozen" if adapting else ""))
+    loop.state = lambda: {"z": z, "velocity": velocity, "draws": draws, "noise_rng": noise.get_state(),
+                          "method": spec.method, "square": square, "inverse_mass": mass}
+
+    def update(rows: torch.Tensor | None) -> None:
+        nonlocal z, velocity, square, mass, root
+        lr, sampling = step_size(spec, loop.step, total)
+        eps = lr / n
+        energy, grad = potential.value_and_grad(z, rows)
+        if loop.step < adapting:
+            decay = spec.precondition_decay
+            square = decay * square + (1.0 - decay) * (grad / n).square()
+            mass = inverse_mass(square, loop.step + 1, decay)
+            root = mass.sqrt()
+            if loop.step + 1 == adapting:
+                log(f"{spec.method}: preconditioner frozen at step {adapting:,}: G from {float(mass.min()):.3g} to "
+                    f"{float(mass.max()):.3g} (mean 1 per chain)")
+        if spec.method == "sgld":
+            new_z, new_velocity = z - eps / 2 * mass * grad, velocity
+            if sampling:
+                new_z = new_z + math.sqrt(eps) * root * _randn(z, noise)
+        else:
+            new_velocity = spec.momentum * velocity - eps * mass * grad
+            if sampling:
+                spread = math.sqrt(2 * (1.0 - spec.momentum) * eps)
+                new_velocity = new_velocity + spread * root * _randn(z, noise)
+            new_z = z + new_velocity
+        if not (torch.isfinite(new_z).all() and torch.isfinite(energy).all()):
+            loop.save()  # the state this step started from, with every good draw so far
+            last = max((t for t in keep if t < loop.step), default=None)
+            where = f"the draw of step {last}" if last is not None else "no draw yet"
+            raise TrainingDiverged(
+                f"{spec.method} diverged at step {loop.step} (epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a "
+                f"chain's weights or potential became non-finite; the last good draw is {where}"
+                + (f", kept in {path}" if path is not None and last is not None else "")
+                + f". Lower inference.lr (now {spec.lr:g}) or use batch_size: null"
+                + (", or precondition the steps (preconditioner: rmsprop)" if spec.preconditioner == "none" else ""))
+        z, velocity = new_z, new_velocity
+        if loop.step in keep:
+            draws.append((z.detach().clone(), energy.detach().clone(), lr))
+
+    loop.run(total, update)
+    chain_z = torch.stack([d[0] for d in draws], dim=1)  # [C, S, D]
+    stats = {"potential": torch.stack([d[1] for d in draws], dim=1),
+             "lr": torch.tensor([d[2] for d in draws], device=device).repeat(len(z), 1)}
+    with torch.no_grad():
+        values, _ = coords.unpack(chain_z.flatten(0, 1))
+    chains = {name: v.unflatten(0, chain_z.shape[:2]) for name, v in values.items()}
+    result = MCMCResult(chains, stats, loop.seconds, spec.method, {"lr": spec.lr, "steps": total})
+    if path is not None:
+        save_checkpoint(path, {"method": spec.method, "done": True, "draws": chains, "stats": stats,
+                               "seconds": loop.seconds, "settings": result.settings, "inverse_mass": mass})
+    log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
+    result.posterior = ChainPosterior(family, chains, stats)
+    if monitor is not None:
+        monitor.final(result.posterior, data)
+    return result
+
+
+def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype)
+
+
+class SGMCMC(StoredDraws):
+    """SGLD and cyclical SGHMC on minibatches (:func:`fit_sgmcmc`)."""
+
+    names = ("sgld", "sghmc")
+    spec = SGMCMCSpec
+    fitter = staticmethod(fit_sgmcmc)
+    summary = ("sgld: stochastic-gradient Langevin dynamics (Welling & Teh 2011); sghmc: cyclical stochastic-"
+               "gradient HMC (Zhang et al. 2020); minibatches, several chains, stored like MCMC draws")
+    fresh_starts = ("net", "prior")
+
+    def describe(self, spec: SGMCMCSpec) -> str:
+        return f"sampled by {spec.method} ({spec.schedule} lr)"
+

@@ -1,0 +1,238 @@
+"""SWAG and MultiSWAG: a Gaussian fitted to the SGD iterates around a mode (Maddox et al. 2019; Wilson & Izmailov
+2020), in the unconstrained coordinates of the family's latent sites.
+
+SGD with momentum runs on minibatch estimates of the per-row loss U/N (U as in :mod:`zoo.inference.sgmcmc`: the
+negative log joint, minibatch likelihood weighted by N/B), first ``pretrain_epochs`` with a cosine decay from
+``pretrain_lr`` to ``lr`` (skip it when ``init`` names a MAP run), then ``epochs`` at the constant ``lr``, collecting
+the iterate every ``collect_every`` steps (once per epoch by default). From the collected iterates theta_i come the
+first and second moments and the last ``rank`` deviations D = [theta_i - mean_i]; a draw is
+
+    theta = mean + sqrt(diag(sq_mean - mean^2) / 2) z1 + D z2 / sqrt(2 (rank - 1)),   z1, z2 ~ N(0, I).
+
+``num_models`` K > 1 is MultiSWAG: K independent SWAG fits from K starting points, run as one batched computation,
+and the posterior their equal-weight mixture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+
+from zoo.data.base import Dataset
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
+from zoo.inference.mcmc import Coordinates, initial_points, refuse_batch_dependent
+from zoo.inference.minibatch import MinibatchPotential, StepLoop
+from zoo.models.base import ModelFamily
+from zoo.posterior import Posterior
+from zoo.runs import RunLog, load_checkpoint, save_checkpoint
+from zoo.sections import Tempered
+
+SWAG_FILE = "swag.pt"
+
+
+class SWAGSpec(Tempered):
+    """SWAG (num_models 1) or MultiSWAG (num_models > 1): a Gaussian from SGD iterates."""
+
+    method: Literal["swag"]
+    num_models: PositiveInt = Field(1, description="independent SWAG fits; > 1 is MultiSWAG (their mixture)")
+    epochs: PositiveInt = Field(50, description="SGD epochs at the constant lr that collect iterates")
+    pretrain_epochs: NonNegativeInt = Field(100, description="SGD epochs before collecting (0 when init is a MAP "
+                                            "run), lr decayed from pretrain_lr to lr by a cosine")
+    batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
+    lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
+    pretrain_lr: PositiveFloat = Field(0.05, description="learning rate at the start of pretraining")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    rank: PositiveInt = Field(20, ge=2, description="columns of the low-rank covariance (the last rank deviations)")
+    collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
+                                              "per epoch)")
+    init: str = Field("net", description="'net' (the net's own initialisation, redrawn per model), 'prior' "
+                      "(prior draws), or a run directory (e.g. a MAP run of the same spec): SGD starts at its draws")
+    checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
+    predictive_samples: PositiveInt = Field(100, description="draws used for test metrics")
+
+    @field_validator("temperature")
+    @classmethod
+    def _untempered(cls, v: float) -> float:
+        if v != 1.0:
+            raise ValueError("SWAG's covariance comes from SGD iterates, not from a density it could temper: "
+                             "leave temperature at 1")
+        return v
+
+
+class SWAGPosterior(Posterior):
+    """The (Multi)SWAG Gaussian(s): ``mean``, ``sq_mean`` ``[K, D]`` and ``deviations`` ``[K, R, D]`` in the
+    unconstrained coordinates of the family's latent sites; draw s comes from model s mod K."""
+
+    def __init__(self, family: ModelFamily, moments: dict[str, torch.Tensor]) -> None:
+        super().__init__(family)
+        self.coords = Coordinates(family)
+        self.mean, self.sq_mean, self.deviations = moments["mean"], moments["sq_mean"], moments["deviations"]
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """``num_samples`` draws ``{site: [S, ...]}``, the K models taking turns."""
+        models, rank, dim = self.deviations.shape
+        which = torch.arange(num_samples, device=self.mean.device) % models
+        variance = self.variance()
+        z1 = torch.randn(num_samples, dim, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
+        z2 = torch.randn(num_samples, rank, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
+        low_rank = torch.einsum("sr,srd->sd", z2, self.deviations[which]) / math.sqrt(2 * (rank - 1))
+        z = self.mean[which] + (variance[which] / 2).sqrt() * z1 + low_rank
+        with torch.no_grad():
+            return self.coords.unpack(z)[0]
+
+    def variance(self, floor: float = 0.0, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Each model's diagonal variance ``sq_mean - mean^2`` ``[K, D]`` computed in ``dtype``, at least ``floor``
+        (round-off makes it slightly negative where SGD barely moved)."""
+        return (self.sq_mean.to(dtype) - self.mean.to(dtype) ** 2).clamp(min=floor)
+
+    def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log q(w) at S draws ``{site: [S, ...]}``: the models' equal-weight mixture of Gaussians in the
+        unconstrained coordinates, less each draw's log|det dw/dz| (for the PSIS Pareto k-hat of ``zoo diagnose``)."""
+        with torch.no_grad():
+            z = self.coords.pack(draws)
+            _, log_det = self.coords.unpack(z)
+            models, rank, _ = self.deviations.shape
+            # in float64, each coordinate's variance floored at 1e-10 (a coordinate SGD never moved would make the
+            # low-rank capacitance matrix singular)
+            gaussians = dist.LowRankMultivariateNormal(
+                self.mean.double(), self.deviations.double().transpose(-1, -2) / math.sqrt(2 * (rank - 1)),
+                self.variance(1e-10, torch.float64) / 2)
+            per_model = gaussians.log_prob(z.double().unsqueeze(-2))  # [S, K]
+            return (per_model.logsumexp(-1) - math.log(models) - log_det.double()).to(z.dtype)
+
+
+def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
+    """Cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``."""
+    if step >= pretrain_steps:
+        return spec.lr
+    return spec.lr + (spec.pretrain_lr - spec.lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
+
+
+def fit_swag(
+    family: ModelFamily,
+    guide: torch.nn.Module,
+    data: Dataset,
+    spec: SWAGSpec,
+    seed: int,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    log: RunLog | None = None,
+    progress: bool = True,
+    monitor: ValidationMonitor | None = None,
+    start: Posterior | None = None,
+) -> SWAGResult:
+    """Run ``spec.num_models`` SGD trajectories side by side and fit (Multi)SWAG to their collected iterates.
+
+    The state (iterates, momenta, moments, random streams) is saved atomically to ``run_dir/swag.pt`` every
+    ``checkpoint_every`` steps and on Ctrl-C; ``resume=True`` continues exactly.
+    """
+    log = log or RunLog(None, echo=None)
+    refuse_batch_dependent(family, "SWAG")
+    path = Path(run_dir) / SWAG_FILE if run_dir is not None else None
+    loop = StepLoop(data, spec.batch_size, seed, path, spec.checkpoint_every, "SWAG", progress, log)
+    pretrain = spec.pretrain_epochs * loop.per_epoch
+    total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
+    every = spec.collect_every or loop.per_epoch
+    collections = (total - pretrain) // every
+    if collections < spec.rank:
+        raise ZooInputError("inference.rank", spec.rank, f"SWAG collects only {collections} iterates here "
+                            f"({spec.epochs} epochs x {loop.per_epoch} steps, one every {every} steps), fewer than "
+                            "its rank: lower inference.rank, or collect more (epochs, collect_every)")
+    potential = MinibatchPotential(family, data)
+    coords = potential.coords
+    if resume:
+        saved = loop.resume(run_dir)
+        if start is not None:
+            copy_point_parameters(family, start, "inference.init")
+        if saved.get("done"):
+            log("the run had finished; nothing to resume")
+            return SWAGResult(saved["seconds"], SWAGPosterior(family, saved["moments"]))
+        z, velocity, moments, collected = saved["z"], saved["velocity"], saved["moments"], saved["collected"]
+        log(f"resumed SWAG at step {loop.step}/{total}")
+    else:
+        torch.manual_seed(seed)
+        pyro.set_rng_seed(seed)
+        z = initial_points(family, coords, spec.num_models, data, log, start, spec.init)  # fresh, or draws of start
+        velocity, collected = torch.zeros_like(z), 0
+        moments = {"mean": torch.zeros_like(z), "sq_mean": torch.zeros_like(z),
+                   "deviations": z.new_zeros(spec.num_models, spec.rank, coords.dim)}
+    log(f"swag: {spec.num_models} model(s) x ({spec.pretrain_epochs} + {spec.epochs}) epochs of SGD "
+        f"({total:,} steps of {loop.batch} rows), {collections} iterates collected, rank {spec.rank}, over "
+        f"{coords.dim:,} latent dimensions")
+    loop.state = lambda: {"z": z, "velocity": velocity, "moments": moments, "collected": collected}
+
+    def update(rows: torch.Tensor | None) -> None:
+        nonlocal z, velocity, collected
+        lr = learning_rate(spec, loop.step, pretrain)
+        _, grad = potential.value_and_grad(z, rows)
+        new_velocity = spec.momentum * velocity + grad / loop.n
+        new_z = z - lr * new_velocity
+        if not torch.isfinite(new_z).all():
+            raise TrainingDiverged(f"swag: SGD diverged at step {loop.step} (lr {lr:.3g}); lower inference.lr or "
+                                   "inference.pretrain_lr")
+        z, velocity = new_z, new_velocity
+        done = loop.step + 1  # steps taken once this one is
+        if done > pretrain and (done - pretrain) % every == 0:
+            _collect(moments, z, collected, spec.rank)
+            collected += 1
+
+    loop.run(total, update)
+    if path is not None:
+        save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True})
+    log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")
+    result = SWAGResult(loop.seconds, SWAGPosterior(family, moments))
+    if monitor is not None:
+        monitor.final(result.posterior, data)
+    return result
+
+
+def _collect(moments: dict[str, torch.Tensor], z: torch.Tensor, collected: int, rank: int) -> None:
+    """Add iterate ``z [K, D]`` to the running moments; its deviation from the new mean replaces the oldest column."""
+    weight = 1.0 / (collected + 1)
+    moments["mean"].mul_(1 - weight).add_(weight * z)
+    moments["sq_mean"].mul_(1 - weight).add_(weight * z**2)
+    moments["deviations"][:, collected % rank] = z - moments["mean"]
+
+
+@dataclass
+class SWAGResult:
+    """What a SWAG fit leaves: its cost and its posterior."""
+
+    seconds: float
+    posterior: SWAGPosterior
+
+
+class SWAG(InferenceMethod):
+    """SWAG and MultiSWAG from SGD iterates (:func:`fit_swag`)."""
+
+    names = ("swag",)
+    spec = SWAGSpec
+    fitter = staticmethod(fit_swag)
+    files = (SWAG_FILE,)
+    summary = ("SWAG: a Gaussian (diagonal + low rank) from SGD iterates (Maddox et al. 2019); num_models > 1 is "
+               "MultiSWAG (Wilson & Izmailov 2020)")
+    fits_guide = False
+
+    def describe(self, spec: SWAGSpec) -> str:
+        return "multiswag" if spec.num_models > 1 else "swag"
+
+    def start_from(self, spec: SWAGSpec) -> Path | None:
+        return starting_run(spec.init, ("net", "prior"))
+
+    def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
+        if start is not None:
+            copy_point_parameters(family, start, "inference.init")
+        state = load_checkpoint(Path(run_dir) / SWAG_FILE, device)
+        if not state.get("done"):
+            raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished SWAG fit (step {state['step']}); "
+                                "finish it with zoo train --resume")
+        return SWAGPosterior(family, state["moments"])

@@ -1,0 +1,29 @@
+"""What a model family declares about each latent sample site: the one description guides, priors, likelihoods,
+samplers and the Posterior share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributions import constraints
+
+
+@dataclass(frozen=True)
+class LatentSite:
+    """A latent sample site of a model: its shape, support, and a sensible initial value for guides."""
+
+    shape: torch.Size
+    init: torch.Tensor
+    support: constraints.Constraint = constraints.real
+    plate: tuple[str, int] | None = None  # the leading dim of `shape` is this plate; its terms are averaged
+
+    @property
+    def event_dim(self) -> int:
+        """Dims of ``shape`` that form one event (all but a leading plate dim)."""
+        return len(self.shape) - (self.plate is not None)
+
+    @property
+    def is_weight(self) -> bool:
+        """Real-valued sites are weights (or weight-like factors); constrained ones are e.g. noise scales."""
+        return self.support is constraints.real
