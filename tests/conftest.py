@@ -148,7 +148,7 @@ def sigterm_ends_cleanly(job) -> str:
     finally:
         job.kill()
     assert job.returncode == 143, stderr
-    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr
+    assert "interrupted by SIGTERM" in stderr and "Traceback" not in stderr, stderr
     return stderr
 
 

@@ -216,20 +216,26 @@ def test_a_rank_that_cannot_reach_the_rendezvous_fails_within_the_timeout_naming
 
 
 @needs_two_cores
-def test_after_a_normal_end_no_rank_leaves_before_rank_0_has_finished_writing(tmp_path):
+@pytest.mark.parametrize("ending", ["normal", "agreed_signal"])
+def test_no_rank_leaves_before_rank_0_has_finished_writing(tmp_path, ending):
     """A rank that exits while another still holds its gloo connections can be aborted; so the ranks leave together,
-    after rank 0's evaluation and writing (here a 1.5 s sleep), and only then tear the group down."""
+    after rank 0's evaluation and writing (here a 1.5 s sleep), and only then tear the group down. The same after
+    a signal every rank agreed on, where rank 0 saves the checkpoint before it raises."""
+    stop = "    raise Interrupted(15)\n" if ending == "agreed_signal" else ""
     script = tmp_path / "job.py"
     script.write_text(
-        "import os, sys, time, torch\n"
+        "import contextlib, os, sys, time, torch\n"
         "from zoo.distributed import joined\n"
-        "with joined(torch.device('cpu')) as team:\n"
+        "from zoo.interrupts import Interrupted\n"
+        "ended = None\n"
+        "with contextlib.suppress(Interrupted), joined(torch.device('cpu')) as team:\n"
         "    if team.is_writer:\n"
         "        time.sleep(1.5)\n"
         "        ended = time.time()\n"
+        + stop +
         "left = time.time()\n"
         f"path = os.path.join({str(tmp_path)!r}, f'rank{{team.rank}}')\n"
-        "open(path, 'w').write(repr((left, locals().get('ended'))))\n")
+        "open(path, 'w').write(repr((left, ended)))\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(script)], env=env, capture_output=True, text=True, timeout=120)

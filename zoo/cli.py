@@ -361,4 +361,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with = main()
+    from zoo.distributed import end_rank, launched_by_torchrun
+
+    if launched_by_torchrun():
+        end_rank(exit_with)
+    sys.exit(exit_with)

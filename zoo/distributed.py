@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pyro.poutine.messenger import Messenger
 
 from zoo.errors import ZooInputError
-from zoo.interrupts import ignore_late_signals
+from zoo.interrupts import Interrupted, ignore_late_signals
 
 TIMEOUT_ENV = "ZOO_DIST_TIMEOUT"  # seconds a collective (or the rendezvous) may wait before the job fails
 DEFAULT_TIMEOUT = 300
@@ -185,10 +185,25 @@ def joined(device: torch.device) -> Iterator[World]:
     team = join(device)
     try:
         yield team
+    except Interrupted:  # an agreed signal stops every rank at the same step (rank 0 saving the checkpoint first)
+        leave(together=True)
+        raise
     except BaseException:
         leave(together=False)
         raise
     leave(together=True)
+
+
+def end_rank(code: int) -> None:
+    """End this ``torchrun`` rank now with ``code``, its output flushed, skipping the interpreter's teardown.
+
+    By then the rank has left its process group and written and closed its files; only the C++ teardown of
+    ``torch.distributed``'s state is left, and in CI a rank that had stopped cleanly on SIGTERM was aborted
+    (SIGABRT) after its last message, which ``torchrun`` reports as a crash of the whole job.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class ObservationScale(Messenger):
