@@ -137,7 +137,9 @@ def test_a_global_batch_the_processes_cannot_share_is_refused_with_both_numbers(
 
 # ------------------------------------------------------------------------------------------ two processes
 @needs_two_cores
-@pytest.mark.parametrize("tree", [MEAN_FIELD, RANK1], ids=["mean_field_local_reparam", "rank1_full_batch"])
+@pytest.mark.parametrize("tree", [
+    MEAN_FIELD, RANK1, {**MEAN_FIELD, "inference": {**MEAN_FIELD["inference"], "read_loss_every": 8}},
+], ids=["mean_field_local_reparam", "rank1_full_batch", "losses_and_signals_read_every_8_steps"])
 def test_two_processes_take_the_same_steps_as_one(tmp_path, tree):
     spec = write(tmp_path / "s.yaml", tree)
     assert main(["train", str(spec), "--out", str(tmp_path / "one"), "--no-progress"]) == 0

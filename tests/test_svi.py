@@ -247,6 +247,137 @@ def test_nan_elbo_stops_with_the_step_and_the_sites(tmp_path, spec_factory, guid
     assert all(torch.isfinite(p).all() for p in posterior.guide.parameters())
 
 
+# ------------------------------------------------------------------------- reading the loss every N steps
+def test_reading_the_loss_every_n_steps_takes_the_same_steps(tmp_path, spec_factory):
+    common = ("inference.num_steps=30", "inference.checkpoint_every=12", "inference.predictive_samples=3")
+    run(spec_factory("toy", *common), tmp_path / "every")
+    run(spec_factory("toy", *common, "inference.read_loss_every=7"), tmp_path / "seventh")
+    every, seventh = checkpoint(tmp_path / "every"), checkpoint(tmp_path / "seventh")
+    assert len(seventh["losses"]) == 30 and seventh["losses"] == every["losses"]
+    assert all(torch.equal(every["guide"][k], v) for k, v in seventh["guide"].items())
+
+
+def test_the_default_reads_every_loss_on_cpu_and_every_fiftieth_on_cuda():
+    spec = load_spec({"data": {"name": "toy_gap"}}).inference
+    assert svi.loss_read_interval(spec, torch.device("cpu")) == 1
+    assert svi.loss_read_interval(spec, torch.device("cuda")) == 50
+    chosen = load_spec({"data": {"name": "toy_gap"}, "inference": {"read_loss_every": 5}}).inference
+    assert svi.loss_read_interval(chosen, torch.device("cuda")) == 5
+    with pytest.raises(ZooInputError, match="read_loss_every"):
+        load_spec({"data": {"name": "toy_gap"}, "inference": {"read_loss_every": 0}})
+
+
+@pytest.mark.parametrize("overrides", [
+    ["inference.local_reparam=true"],
+    ["guide.name=delta"],
+    ["model.family=rank1", "guide.name=mixture", "prior.loc=1.0"],
+], ids=["mean_field_local_reparam", "map", "rank1_mixture"])
+def test_a_step_that_does_not_read_its_loss_takes_nothing_from_the_device(spec_factory, monkeypatch, overrides):
+    """What a GPU needs: after the first (validated) step, a step leaves every value on the device; any host read
+    of a tensor (float, bool, item, tolist) inside it fails this test."""
+    data, _, step = _step_parts(spec_factory("toy", *overrides))
+    step.read_each_step = False
+    batch = torch.arange(32)
+    step(data.x_train, data.y_train, batch)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a host read of a tensor inside the step")
+
+    for name in ("__float__", "__bool__", "__int__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    loss = step(data.x_train, data.y_train, batch)
+    monkeypatch.undo()
+    assert loss.dim() == 0 and math.isfinite(float(loss))
+
+
+def test_a_nan_read_late_names_its_own_step_and_keeps_the_last_good_checkpoint(tmp_path, spec_factory, guide_hook):
+    def poison(guide, call):
+        if call == 15:
+            with torch.no_grad():
+                guide.loc["out/bias"].fill_(float("nan"))
+
+    guide_hook(poison, pre=True)
+    out = tmp_path / "diverged"
+    with pytest.raises(TrainingDiverged) as info:
+        run(spec_factory("toy", "inference.checkpoint_every=10", "inference.read_loss_every=10"), out)
+    msg = str(info.value)
+    assert "ELBO is not finite at step 15 (read after step 19" in msg and "out/bias" in msg
+    assert f"last good checkpoint: {out / CHECKPOINT_FILE}" in msg
+    state = checkpoint(out)
+    assert state["step"] == 10 and len(state["losses"]) == 10
+    assert all(torch.isfinite(v).all() for v in state["guide"].values())
+
+
+# ----------------------------------------------------------------------------------------- bf16 autocast
+@pytest.mark.parametrize("overrides", [
+    ["inference.local_reparam=true"],
+    ["model.family=rank1", "guide.name=mixture", "prior.loc=1.0"],
+    ["guide.name=delta"],
+], ids=["mean_field_local_reparam", "rank1_mixture", "map"])
+def test_a_bf16_step_runs_the_net_in_bf16_and_the_density_and_parameters_in_float32(spec_factory, monkeypatch,
+                                                                                   overrides):
+    from torch.overrides import TorchFunctionMode
+
+    import zoo.likelihoods as likelihoods
+
+    products = (torch.nn.functional.linear, torch.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm, torch.addmm,
+                torch.baddbmm, torch.einsum, torch.nn.functional.conv2d)
+
+    class Products(TorchFunctionMode):  # the dtypes of the step's matrix products, as autocast leaves them
+        def __init__(self):
+            super().__init__()
+            self.dtypes = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in products:
+                self.dtypes.add(out.dtype)
+            return out
+
+    densities = []
+    real = likelihoods.observation
+
+    def observation(*args, **kwargs):
+        made = real(*args, **kwargs)
+        densities.append(made.log_prob(torch.zeros(made.batch_shape + made.event_shape)).dtype)
+        return made
+
+    monkeypatch.setattr(likelihoods, "observation", observation)
+    losses, matmuls = {}, {}
+    for autocast in (None, torch.bfloat16):
+        data, params, step = _step_parts(spec_factory("toy", *overrides))
+        step.autocast = autocast
+        torch.manual_seed(0)
+        with Products() as seen:
+            losses[autocast] = float(step(data.x_train, data.y_train, torch.arange(32)))
+        matmuls[autocast] = seen.dtypes
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in params if p.grad is not None)
+    assert matmuls == {None: {torch.float32}, torch.bfloat16: {torch.bfloat16}}
+    assert densities == [torch.float32, torch.float32]
+    assert losses[torch.bfloat16] != losses[None]  # the net did run in bf16 ...
+    assert losses[torch.bfloat16] == pytest.approx(losses[None], rel=1e-2)  # ... close to the float32 step
+
+
+def test_a_bf16_fit_reaches_the_float32_fit(tmp_path, spec_factory):
+    common = ("inference.num_steps=300", "inference.predictive_samples=50")
+    full = run(spec_factory("toy", *common), tmp_path / "fp32").metrics
+    lower = run(spec_factory("toy", *common, "inference.autocast=bf16"), tmp_path / "bf16").metrics
+    assert lower["test_ll"] == pytest.approx(full["test_ll"], abs=0.05)
+    assert lower["rmse"] == pytest.approx(full["rmse"], rel=0.05)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"inference": {"autocast": "bf16", "compile": True}}, "not supported with compile"),
+    ({"inference": {"autocast": "bf16"}, "dtype": "float64"}, "with dtype: float64 use autocast: none"),
+    ({"inference": {"autocast": "fp16"}}, "inference.autocast"),
+    ({"inference": {"autocast": "bf16"}, "model": {"family": "deep_ensemble"}, "guide": {"name": "delta"}},
+     "does not reach the deep ensemble's vmapped layers"),
+])
+def test_autocast_refusals_say_what_to_change(extra, message):
+    with pytest.raises(ZooInputError, match=message):
+        load_spec({"data": {"name": "toy_gap"}, **extra})
+
+
 def test_absurd_learning_rate_diverges_cleanly(tmp_path, spec_factory):
     spec = spec_factory("toy", "inference.lr=1e30", "inference.num_steps=50", "inference.batch_size=null",
                         "likelihood.noise=0.1")

@@ -53,17 +53,18 @@ class World:
         start, stop = self.rank * n // w, (self.rank + 1) * n // w
         return rows[start:stop], slice(start, stop), w * (stop - start) / n
 
-    def average(self, tensors: list[torch.Tensor], counts: list[float]) -> list[float]:
-        """Average ``tensors`` (gradients) across ranks in place and sum ``counts``, in one all-reduce."""
+    def average(self, tensors: list[torch.Tensor], counts: torch.Tensor) -> torch.Tensor:
+        """Average ``tensors`` (gradients) across ranks in place and sum the 1-d ``counts``, in one all-reduce.
+        The sums stay on the device: reading them is the caller's (host) synchronisation."""
         if self.size == 1:
             return counts
-        flat = torch.cat([t.reshape(-1) for t in tensors] + [tensors[0].new_tensor(counts)])
+        flat = torch.cat([t.reshape(-1) for t in tensors] + [counts.to(tensors[0].dtype)])
         dist.all_reduce(flat)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t) / self.size)
             offset += t.numel()
-        return flat[offset:].tolist()
+        return flat[offset:]
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` summed over ranks (in place; itself in one process)."""

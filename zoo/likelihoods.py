@@ -234,6 +234,7 @@ def observation(likelihood: Likelihood, out: torch.Tensor, latents: dict[str, to
     model's ``obs`` site and the pointwise log-likelihood of many draws share this one definition; latents must
     broadcast against the batch shape (scalars in the model, ``[S, 1]`` / ``[S, 1, 1]`` for S draws).
     """
+    out = out.to(torch.promote_types(out.dtype, torch.float32))  # a bf16 net (autocast): the density in float32
     if members is None:
         return likelihood.component(out, latents)
     per_member = likelihood.component(out.movedim(-3, -2), latents)  # batch [..., B, K]

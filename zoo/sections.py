@@ -315,6 +315,9 @@ class Tempered(Strict):
         "E_q[log p(y, w)] / T + H[q], MCMC samples exp(-U / T), Laplace scales the covariance by T")
 
 
+CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of its loss (see SVISpec.read_loss_every)
+
+
 class SVISpec(Tempered):
     """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
 
@@ -341,7 +344,16 @@ class SVISpec(Tempered):
         "4-pixel zero padding and a random horizontal flip (the CIFAR standard); image nets only")
     compile: bool = Field(False, description="trace the ELBO step into one graph per minibatch size and compile it "
                           "(a one-off compile of a few seconds); removes Pyro's per-site cost from every step")
+    autocast: Literal["none", "bf16"] = Field(
+        "none", description="bf16: each training step under torch.autocast in bfloat16 (the net's matmuls and "
+        "convolutions in bf16; parameters, gradients, the optimiser, the likelihood and every KL in float32); "
+        "evaluation stays in the spec's dtype. Not with compile or dtype: float64")
     checkpoint_every: PositiveInt = 1000
+    read_loss_every: PositiveInt | None = Field(
+        None, description="steps between host reads of the loss: 1 checks every loss before its optimiser step (a "
+        "non-finite one is never applied); N > 1 lets a GPU queue N steps without waiting for the host, and a "
+        "non-finite loss stops the run when it is read (the last checkpoint stays good). Default: 1 on CPU, "
+        f"{CUDA_READ_LOSS_EVERY} on CUDA")
     predictive_samples: PositiveInt = 100
 
     @model_validator(mode="after")
@@ -352,4 +364,6 @@ class SVISpec(Tempered):
             raise ValueError("lr_decay_to decays clipped_adam's lr: set optimizer: clipped_adam")
         if self.kl_annealing_fraction is not None and self.kl_annealing_steps:
             raise ValueError("set kl_annealing_steps or kl_annealing_fraction, not both")
+        if self.autocast != "none" and self.compile:
+            raise ValueError("autocast: bf16 is not supported with compile: true yet; drop one")
         return self

@@ -29,7 +29,9 @@ from zoo.models.base import ModelFamily, restore_buffers
 from zoo.nets import input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
-from zoo.sections import SVISpec
+from zoo.sections import CUDA_READ_LOSS_EVERY, SVISpec
+
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
 
 
 @dataclass
@@ -59,9 +61,13 @@ class SVIStep:
 
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
                  local_reparam: bool = False, compile: bool = False, world: World | None = None,
-                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 augment: Callable[[torch.Tensor], torch.Tensor] | None = None, read_each_step: bool = True,
+                 autocast: torch.dtype | None = None) -> None:
         if augment is not None and compile:
             raise ZooInputError("inference.compile", True, "is not supported with inference.augment yet; drop one")
+        if autocast is not None and compile:
+            raise ZooInputError("inference.compile", True, "is not supported with inference.autocast yet; drop one")
+        self.autocast = autocast  # the lower precision of the step's matmuls and convolutions (None: the params')
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.augment = augment
         self.reparam = LocalReparameterization() if local_reparam else None
@@ -70,18 +76,23 @@ class SVIStep:
         self.world = world or World()
         self.signalled: Callable[[], int] = lambda: 0  # the fit loop's deferred_interrupt sets it
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last step, else 0
+        self.read_each_step = read_each_step  # read the loss on the host before stepping (else the loop reads it)
+        self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last read step, else 0
+        self._flags: torch.Tensor | None = None  # several ranks: the last step's all-reduced signal counts
 
     @property
     def compiled(self) -> bool:
         """Whether steps run the compiled ELBO (asked for, and tracing and compiling have not failed)."""
         return self._compiled is not None and self._compiled.active
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> float:
-        """Step on rows ``batch`` of (x, y) and return the loss; a non-finite loss is returned without a step.
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> torch.Tensor:
+        """Step on rows ``batch`` of (x, y) and return the loss, a detached 0-d tensor on the device.
 
-        With several ranks, this rank computes the ELBO on its share of ``batch`` (all rows when ``None``) and one
-        all-reduce averages the gradients and the losses and tells every rank whether any received a signal.
+        With ``read_each_step`` the loss is read on the host first and a non-finite one is returned without a
+        step. Without it nothing here waits for the device: the optimiser steps whatever the loss, and the caller
+        reads the losses later (see :func:`fit_svi`). With several ranks, this rank computes the ELBO on its share
+        of ``batch`` (all rows when ``None``) and one all-reduce averages the gradients and the losses and counts
+        the ranks that received a signal (:meth:`read_signal`).
         """
         rows, factor, noise_rows = batch, 1.0, None
         if self.world.size > 1:
@@ -108,25 +119,36 @@ class SVIStep:
         if loss is None:
             loss = self.loss(x, y, rows, factor, noise_rows)
         self.validated = True
-        value = float(loss.detach())
+        value = loss.detach()
+        finite = math.isfinite(float(value)) if self.read_each_step else True
         self.optimizer.zero_grad(set_to_none=self.world.size == 1)
-        if math.isfinite(value):
+        if finite:
             loss.backward()
         if self.world.size > 1:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
-            total, *flags = self.world.average(grads, [value, *signal_flags(self.signalled())])
-            value = total / self.world.size
-            self.signal = signal_from_flags(flags)
+            counts = torch.cat([value.reshape(1), value.new_tensor(signal_flags(self.signalled()))])
+            summed = self.world.average(grads, counts)
+            value, self._flags = summed[0] / self.world.size, summed[1:]
+            if self.read_each_step:
+                finite = math.isfinite(float(value))
+                self.signal = self.read_signal()
         else:
-            self.signal = self.signalled()
-        if math.isfinite(value):
+            self.signal = self.signalled()  # a host flag: no device read
+        if finite:
             self.optimizer.step()
         elif self.compiled:  # the per-site terms of an eager evaluation, for the diagnosis
             with torch.no_grad():
                 self.loss(x, y, rows, factor, noise_rows)
         return value
+
+    def read_signal(self) -> int:
+        """The signal (SIGINT/SIGTERM) any rank had received by the last step, else 0. With several ranks this
+        reads the all-reduced counts on the host; every rank reads at the same steps, so all stop at the same one."""
+        if self.world.size == 1:
+            return self.signalled()
+        return signal_from_flags(self._flags.tolist()) if self._flags is not None else 0
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None,
              obs_factor: float | torch.Tensor = 1.0, noise_rows: tuple[int, int, int] | None = None) -> torch.Tensor:
@@ -139,7 +161,8 @@ class SVIStep:
         scale = ObservationScale(obs_factor) if scaled else contextlib.nullcontext()
         if self.reparam is not None:
             self.reparam.rows = noise_rows
-        with pyro.validation_enabled(not self.validated), self.reparam or contextlib.nullcontext(), scale:
+        lower = torch.autocast(x.device.type, self.autocast) if self.autocast else contextlib.nullcontext()
+        with pyro.validation_enabled(not self.validated), self.reparam or contextlib.nullcontext(), scale, lower:
             return self.elbo.differentiable_loss(self.model, self.guide, x, y, batch)
 
     def _weighted_loss(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
@@ -163,6 +186,14 @@ def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int
         return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=lr_decay_per_step(spec, n_steps))
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
     return torch.optim.Adam(params, lr=spec.lr, fused=fused)
+
+
+def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
+    """Steps between host reads of the loss: ``inference.read_loss_every``, else 1 on CPU (a read costs nothing
+    there) and ``CUDA_READ_LOSS_EVERY`` on CUDA (a read each step would stall the GPU's queue every step)."""
+    if spec.read_loss_every is not None:
+        return spec.read_loss_every
+    return CUDA_READ_LOSS_EVERY if device.type == "cuda" else 1
 
 
 def total_steps(spec: SVISpec, n_train: int) -> int:
@@ -247,11 +278,17 @@ def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) 
 
 
 def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], step: int, ckpt: Path | None,
-              remedies: list[str]) -> str:
+              remedies: list[str], read_at: int | None = None) -> str:
+    """Why the fit stops at a non-finite loss of step ``step``; ``read_at``: the step whose end read it, when
+    the loss was read later (the steps in between were applied, so the terms and parameters are of that step)."""
     bad_terms = [n for n, t in elbo.last_terms.items() if not torch.isfinite(t).all()]
     bad_params = _non_finite(params)
     where = f"last good checkpoint: {ckpt}" if ckpt is not None and ckpt.exists() else "no checkpoint was written yet"
-    return (f"ELBO is not finite at step {step}. Non-finite terms: {', '.join(bad_terms) or 'none'}; "
+    late = ""
+    if read_at is not None and read_at > step + 1:
+        late = (f" (read after step {read_at - 1}: inference.read_loss_every lets steps run before their loss is "
+                f"read; the terms and parameters below are as of step {read_at - 1})")
+    return (f"ELBO is not finite at step {step}{late}. Non-finite terms: {', '.join(bad_terms) or 'none'}; "
             f"non-finite parameters: {', '.join(bad_params) or 'none'}. {where}. Try: {'; or '.join(remedies)}.")
 
 
@@ -328,8 +365,30 @@ def fit_svi(
     x, y = data.x_train, data.y_train
     net = getattr(family, "net", None)
     augment = build_augmentation(spec.augment, input_image_shape(net) if net is not None else None)
-    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment)
+    read_every = loss_read_interval(spec, x.device)
+    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment,
+                       read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast])
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
+    unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
+
+    def read_losses() -> None:
+        """One host read of the unread losses (the only device sync of a step): a non-finite one stops the run,
+        the others join the loss curve; with several ranks, also the signal they agree on."""
+        if not unread:
+            return
+        values = torch.stack(unread).tolist()
+        unread.clear()
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise TrainingDiverged(_diagnose(elbo, named, step - len(values) + bad, ckpt_path, remedies,
+                                             read_at=step))
+        result.losses.extend(values)
+        if read_every > 1 or step % 50 == 0 or step == n_steps:
+            recent = result.losses[-50:]
+            bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+        if not svi_step.read_each_step:
+            svi_step.signal = svi_step.read_signal()
+
     started = time.perf_counter()
     at_step = None
     with deferred_interrupt() as signalled:
@@ -347,22 +406,23 @@ def fit_svi(
                         perm = torch.randperm(n_train, generator=order)
                     batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
                 elbo.kl_weight = kl_weight(step, spec, n_steps)
-                value = svi_step(x, y, batch)
-                if not math.isfinite(value):
+                loss = svi_step(x, y, batch)
+                if svi_step.read_each_step and not math.isfinite(float(loss)):  # read already: no new sync
                     raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path, remedies))
                 if step == 0 or not result.kl_methods:
                     result.kl_methods = dict(elbo.kl_methods)
                     log(describe_kl(result.kl_methods))
-                result.losses.append(value)
+                unread.append(loss)
                 step += 1
                 at_step = None
                 bar.update(1)
-                if step % 50 == 0 or step == n_steps:
-                    recent = result.losses[-50:]
-                    bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
-                if monitor is not None and monitor.due(step, n_steps):
+                monitor_due = monitor is not None and monitor.due(step, n_steps)
+                checkpoint_due = step % spec.checkpoint_every == 0 and step < n_steps
+                if step % read_every == 0 or step == n_steps or monitor_due or checkpoint_due:
+                    read_losses()
+                if monitor_due:
                     monitor(step, n_steps, GuidePosterior(family, guide), data)
-                if step % spec.checkpoint_every == 0 and step < n_steps:
+                if checkpoint_due:
                     result.seconds += time.perf_counter() - started
                     started = time.perf_counter()
                     checkpoint()
@@ -374,6 +434,7 @@ def fit_svi(
                 torch.set_rng_state(at_step[0])
                 order.set_state(at_step[1])
                 perm = at_step[2]
+            read_losses()
             checkpoint()
             log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
             raise
@@ -404,6 +465,17 @@ class SVI(InferenceMethod):
 
     def describe(self, spec: SVISpec) -> str:
         return "svi"
+
+    def check(self, run_spec) -> list[ZooInputError]:
+        autocast = run_spec.inference.autocast
+        if autocast != "none" and run_spec.dtype == "float64":
+            return [ZooInputError("inference.autocast", autocast, "bf16 autocast lowers a float32 run's matmuls; "
+                                  "with dtype: float64 use autocast: none")]
+        if autocast != "none" and run_spec.model.family == "deep_ensemble":
+            # measured on torch 2.13: under vmap, a linear layer with a bias comes out in float32 under autocast
+            return [ZooInputError("inference.autocast", autocast, "torch's autocast does not reach the deep "
+                                  "ensemble's vmapped layers (they would stay float32): use autocast: none")]
+        return []
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         load_guide_checkpoint(family, guide, run_dir, device)
