@@ -15,6 +15,7 @@ import torch
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
 from tests.conftest import compiled_step, interrupt_at
+from zoo.data import load_dataset
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.evaluate import prune_by_snr
 from zoo.inference.elbo import ANALYTIC, ELBOS, LazyTraceMeanField_ELBO
@@ -306,6 +307,72 @@ def test_a_nan_read_late_names_its_own_step_and_keeps_the_last_good_checkpoint(t
     state = checkpoint(out)
     assert state["step"] == 10 and len(state["losses"]) == 10
     assert all(torch.isfinite(v).all() for v in state["guide"].values())
+
+
+# ------------------------------------------------------------------------------ training rows in host memory
+def test_training_rows_stay_on_the_host_only_where_they_would_crowd_a_gpu(spec_factory):
+    data = load_dataset(spec_factory("digits").data, 0)
+    size = data.training_bytes(torch.float32)
+    assert size == data.x_train.numel() * 4 + data.y_train.numel() * 8  # float inputs, int64 labels
+    assert not pipeline.training_rows_stay_on_host(data, torch.device("cpu"), torch.float32, free_bytes=0)
+    assert pipeline.training_rows_stay_on_host(data, torch.device("cuda"), torch.float32, free_bytes=2 * size - 1)
+    assert not pipeline.training_rows_stay_on_host(data, torch.device("cuda"), torch.float32, free_bytes=2 * size)
+    kept = data.to("cpu", torch.float64, training_rows_on_host=True)
+    assert kept.training_rows_on_host and kept.x_train.dtype == torch.float64 and kept.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("overrides", [
+    ["inference.local_reparam=true"],
+    ["model.family=rank1", "guide.name=mixture", "prior.loc=1.0"],
+], ids=["mean_field_local_reparam", "rank1_mixture"])
+def test_minibatches_moved_from_the_host_take_the_same_steps(spec_factory, overrides):
+    """The rows of each minibatch taken out and moved (their likelihood scaled by N / B) against the model's own
+    subsampling of rows on the device: the same losses and parameters, step by step."""
+    losses, params = {}, {}
+    for on_host in (False, True):
+        data, params[on_host], step = _step_parts(spec_factory("toy", *overrides))
+        step.rows_on_host = on_host
+        order = torch.Generator().manual_seed(3)
+        torch.manual_seed(0)
+        losses[on_host] = [float(step(data.x_train, data.y_train, torch.randperm(data.n_train, generator=order)[:32]))
+                           for _ in range(5)]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    for a, b in zip(params[True], params[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_whose_training_rows_stay_on_the_host_trains_and_says_so(tmp_path, spec_factory, monkeypatch):
+    monkeypatch.setattr(pipeline, "training_rows_stay_on_host", lambda *args, **kwargs: True)
+    lines = []
+    spec = spec_factory("toy", "inference.num_steps=20", "inference.predictive_samples=3")
+    summary = train(spec, tmp_path / "host", progress=False, echo=lines.append)
+    assert any("stay in host memory" in line for line in lines)
+    monkeypatch.undo()
+    same = run(spec, tmp_path / "device")
+    assert summary.metrics["test_ll"] == pytest.approx(same.metrics["test_ll"], abs=1e-3)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("inference.batch_size=null", "inference.batch_size"),
+    ("inference.compile=true", "inference.compile"),
+    ("guide.auto=laplace_approximation", "guide.auto"),
+])
+def test_what_cannot_step_on_rows_in_host_memory_is_refused(spec_factory, override, field):
+    extra = ["guide.name=auto"] if override.startswith("guide.auto") else []
+    spec = spec_factory("toy", *extra, override)
+    data = load_dataset(spec.data, 0)
+    with pytest.raises(ZooInputError, match="do not fit on the GPU") as info:
+        pipeline.check_host_rows(spec, data, torch.device("cuda"))
+    assert info.value.field == field
+
+
+def test_full_batch_methods_are_refused_rows_in_host_memory():
+    from tests.conftest import tiny_hmc
+
+    spec = load_spec(tiny_hmc())
+    with pytest.raises(ZooInputError, match="use method svi") as info:
+        pipeline.check_host_rows(spec, load_dataset(spec.data, 0), torch.device("cuda"))
+    assert info.value.field == "inference.method"
 
 
 # ----------------------------------------------------------------------------------------- bf16 autocast

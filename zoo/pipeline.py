@@ -90,14 +90,14 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, likelihood, spec.model)
-    family.to(data.x_train.device, data.x_train.dtype)
+    family.to(data.device, data.x_test.dtype)
     if hasattr(family, "prepare"):  # handed the SVI fit for its MAP net: families do not import inference methods
         family.prepare(data, run_dir, spec.seed, log or RunLog(None, echo=None), progress,
                        fit_map=registry.METHODS["svi"].fit)
         pyro.set_rng_seed(spec.seed)
     guide = registry.GUIDES[spec.guide.name].from_spec(family.latent_sites(), spec.guide)
     if hasattr(guide, "bind"):  # a guide built on the model itself (Pyro's autoguides), traced at two rows
-        guide.bind(family.model, data.x_train[:2], data.y_train[:2])
+        guide.bind(family.model, data.x_train[:2].to(data.device), data.y_train[:2].to(data.device))
     if spec.guide.init_from:
         matched = guide.init_from(load_point_values(spec.guide.init_from))
         if not matched:
@@ -109,10 +109,50 @@ def prepare(spec: RunSpec, run_dir: Path | None = None, log: RunLog | None = Non
             progress: bool = False) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
     """Load the data and build the family and guide on the spec's device and dtype."""
     device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
-    data = load_dataset(spec.data, spec.seed).to(device, dtype)
+    data = load_dataset(spec.data, spec.seed)
+    on_host = training_rows_stay_on_host(data, device, dtype)
+    if on_host:
+        check_host_rows(spec, data, device)
+        (log or RunLog(None, echo=None))(
+            f"the training rows ({data.training_bytes(dtype) / 2**30:.1f} GiB) stay in host memory: more than "
+            f"{DEVICE_SHARE:.0%} of the GPU's free memory; each minibatch is moved to the GPU as SVI steps")
+    data = data.to(device, dtype, training_rows_on_host=on_host)
     family, guide = build(spec, data, run_dir, log, progress)
     guide.to(device=device, dtype=dtype)
     return data, family, guide, device
+
+
+DEVICE_SHARE = 0.5  # the most of a GPU's free memory the training rows may take (the rest: the net, activations)
+
+
+def training_rows_stay_on_host(data: Dataset, device: torch.device, dtype: torch.dtype,
+                               free_bytes: int | None = None) -> bool:
+    """Whether the training rows are too large for the device: on CUDA, more than :data:`DEVICE_SHARE` of its free
+    memory (``free_bytes``, else asked of the device). A CPU run holds everything in memory as it is."""
+    if device.type != "cuda":
+        return False
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return data.training_bytes(dtype) > DEVICE_SHARE * free_bytes
+
+
+def check_host_rows(spec: RunSpec, data: Dataset, device: torch.device) -> None:
+    """Refuse what cannot step on training rows kept in host memory: anything but minibatch SVI, or compile."""
+    inference = spec.inference
+    why = ("the training rows do not fit on the GPU (more than half its free memory), so they stay in host memory "
+           "and only minibatch SVI moves them a batch at a time")
+    if inference.method != "svi":
+        raise ZooInputError("inference.method", inference.method, f"{why}: use method svi, or a smaller data set")
+    if inference.batch_size is None or inference.batch_size >= data.n_train:
+        raise ZooInputError("inference.batch_size", inference.batch_size, f"{why}: set a minibatch size")
+    if inference.compile:
+        raise ZooInputError("inference.compile", True, f"{why}; compile does not trace that yet: drop it")
+    if spec.guide.name == "auto" and spec.guide.auto == "laplace_approximation":
+        raise ZooInputError("guide.auto", spec.guide.auto, f"{why}; its Hessian is taken over every row on the "
+                            "device: use another guide, or a smaller data set")
+    if spec.model.family == "subnetwork":
+        raise ZooInputError("model.family", "subnetwork", f"{why}; the subnetwork's Laplace needs every row on "
+                            "the device: use another family, or a smaller data set")
 
 
 @dataclass

@@ -42,6 +42,7 @@ class Dataset:
     class_names: list[str] | None = None
     x_mean: torch.Tensor | None = None
     x_std: torch.Tensor | None = None
+    training_rows_on_host: bool = False  # set by to(): the training rows stay in host memory (too large for the GPU)
 
     @property
     def in_dim(self) -> int:
@@ -53,20 +54,40 @@ class Dataset:
         """Width of the net's output layer: classes for classification, 1 for regression."""
         return int(self.n_classes) if self.task == "classification" else 1
 
+    def training_bytes(self, dtype: torch.dtype) -> int:
+        """The training rows' size in memory once their floating-point tensors are ``dtype``."""
+        return sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
+                   for t in (self.x_train, self.y_train))
+
     @property
     def n_train(self) -> int:
         """Number of training examples (the full-data size that minibatch likelihoods are scaled to)."""
         return int(self.x_train.shape[0])
 
-    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> Dataset:
-        """Move every tensor to ``device``; inputs (and regression targets) become ``dtype``."""
+    @property
+    def device(self) -> torch.device:
+        """Where the model computes: the test rows' device (the training rows may stay in host memory, see
+        :meth:`to`)."""
+        return self.x_test.device
 
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32,
+           training_rows_on_host: bool = False) -> Dataset:
+        """Move every tensor to ``device``; inputs (and regression targets) become ``dtype``. With
+        ``training_rows_on_host`` the training rows stay in host memory (pinned when CUDA is present), for a data
+        set too large for the device: SVI then moves each minibatch to the device as it steps."""
 
+        def move(t: torch.Tensor, where: torch.device | str = device) -> torch.Tensor:
+            return t.to(device=where, dtype=dtype if t.is_floating_point() else t.dtype)
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            t = move(t, "cpu")
+            return t.pin_memory() if torch.cuda.is_available() else t
+
+        train = host if training_rows_on_host else move
         return dataclasses.replace(
-            self, x_train=move(self.x_train), y_train=move(self.y_train), x_test=move(self.x_test),
+            self, x_train=train(self.x_train), y_train=train(self.y_train), x_test=move(self.x_test),
             y_test=move(self.y_test), x_ood={k: move(v) for k, v in self.x_ood.items()},
+            training_rows_on_host=training_rows_on_host,
         )
 
     def inputs_in_original_units(self, x: torch.Tensor) -> torch.Tensor:

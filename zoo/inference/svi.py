@@ -76,6 +76,8 @@ class SVIStep:
         self.world = world or World()
         self.signalled: Callable[[], int] = lambda: 0  # the fit loop's deferred_interrupt sets it
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.device = self.params[0].device if self.params else torch.device("cpu")  # where the model computes
+        self.rows_on_host = False  # the training rows stay in host memory: move each minibatch's rows to the device
         self.read_each_step = read_each_step  # read the loss on the host before stepping (else the loop reads it)
         self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last read step, else 0
         self._flags: torch.Tensor | None = None  # several ranks: the last step's all-reduced signal counts
@@ -99,18 +101,23 @@ class SVIStep:
             every = batch if batch is not None else torch.arange(len(x), device=x.device)
             rows, where, factor = self.world.shard(every)
             noise_rows = (where.start, where.stop, len(every))
-        if self.augment is not None:
-            # the whole minibatch augmented alike on every rank (one random stream), this rank's rows kept; the
-            # model then sees only these rows as its data, so the likelihood factor scales them to all len(x) rows
+        on_host = self.rows_on_host
+        if self.augment is not None or on_host:
+            # the minibatch's rows taken out (moved to the device when the training rows stay in host memory) and
+            # augmented alike on every rank (one random stream), this rank's rows kept; the model then sees only
+            # these rows as its data, so the likelihood factor scales them to all len(x) rows
             n_rows = len(x)
             if batch is not None:
                 x, y = x.index_select(0, batch), y.index_select(0, batch)
-            x = self.augment(x)
+            if on_host:
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.augment is not None:
+                x = self.augment(x)
             if self.world.size > 1:
                 x, y = x[where], y[where]
             rows, factor = None, factor * n_rows / len(x)
         loss = None
-        if self.validated and self.compiled:
+        if self.validated and self.compiled and not on_host:
             weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
             inputs = (x, y, weight) if rows is None else (x, y, weight, rows)
             if self.world.size > 1:
@@ -365,9 +372,10 @@ def fit_svi(
     x, y = data.x_train, data.y_train
     net = getattr(family, "net", None)
     augment = build_augmentation(spec.augment, input_image_shape(net) if net is not None else None)
-    read_every = loss_read_interval(spec, x.device)
+    read_every = loss_read_interval(spec, data.device)
     svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment,
                        read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast])
+    svi_step.rows_on_host = data.training_rows_on_host  # a data set too large for the GPU (see pipeline.prepare)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
 
