@@ -34,3 +34,28 @@ def test_samplers_run_on_cuda(method, tmp_path):
                                     "warmup_steps": 20, "num_samples": 20}, "device": "cuda", "seed": 0})
     summary = train(spec, tmp_path / method, progress=False, echo=None)
     assert math.isfinite(summary.metrics["test_ll"])
+
+
+@pytest.mark.parametrize("family", ["mean_field", "rank1", "map"])
+def test_bf16_steps_train_every_autocast_family_on_cuda(family, tmp_path):
+    summary = train(spec_of(family, "device=cuda", "inference.autocast=bf16"), tmp_path / "run", progress=False,
+                    echo=None)
+    assert math.isfinite(summary.metrics["nll"])
+
+
+def test_a_cuda_run_reads_its_loss_every_fiftieth_step_and_keeps_the_whole_curve(tmp_path):
+    from zoo.runs import CHECKPOINT_FILE, load_torch
+
+    summary = train(spec_of("mean_field", "device=cuda", "inference.num_steps=120", "inference.checkpoint_every=1000"),
+                    tmp_path / "run", progress=False, echo=None)
+    losses = load_torch(summary.run_dir / CHECKPOINT_FILE)["losses"]
+    assert len(losses) == 120 and all(math.isfinite(v) for v in losses)
+
+
+def test_training_rows_kept_in_host_memory_train_on_cuda(tmp_path, monkeypatch):
+    import zoo.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "training_rows_stay_on_host", lambda *args, **kwargs: True)
+    lines: list[str] = []
+    summary = train(spec_of("rank1", "device=cuda"), tmp_path / "run", progress=False, echo=lines.append)
+    assert any("stay in host memory" in line for line in lines) and math.isfinite(summary.metrics["nll"])
