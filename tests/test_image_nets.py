@@ -373,7 +373,6 @@ def test_augmentation_refuses_what_it_cannot_do(overrides, message, tmp_path):
         train(load_spec(raw), tmp_path / "run", progress=False, echo=None)
 
 
-
 def test_local_reparameterisation_noise_is_drawn_contiguous_whatever_the_layout_of_the_output():
     """A compiled conv net hands the handler its outputs in Inductor's channels-last layout, where ``randn_like``
     filled a strided tensor: on CPU that made the compiled local-reparameterisation step slower than eager (normal_

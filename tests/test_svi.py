@@ -362,7 +362,7 @@ def test_what_cannot_step_on_rows_in_host_memory_is_refused(spec_factory, overri
     spec = spec_factory("toy", *extra, override)
     data = load_dataset(spec.data, 0)
     with pytest.raises(ZooInputError, match="do not fit on the GPU") as info:
-        pipeline.check_host_rows(spec, data, torch.device("cuda"))
+        pipeline.check_host_rows(spec, data)
     assert info.value.field == field
 
 
@@ -371,7 +371,7 @@ def test_full_batch_methods_are_refused_rows_in_host_memory():
 
     spec = load_spec(tiny_hmc())
     with pytest.raises(ZooInputError, match="use method svi") as info:
-        pipeline.check_host_rows(spec, load_dataset(spec.data, 0), torch.device("cuda"))
+        pipeline.check_host_rows(spec, load_dataset(spec.data, 0))
     assert info.value.field == "inference.method"
 
 

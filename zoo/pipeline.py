@@ -112,7 +112,7 @@ def prepare(spec: RunSpec, run_dir: Path | None = None, log: RunLog | None = Non
     data = load_dataset(spec.data, spec.seed)
     on_host = training_rows_stay_on_host(data, device, dtype)
     if on_host:
-        check_host_rows(spec, data, device)
+        check_host_rows(spec, data)
         (log or RunLog(None, echo=None))(
             f"the training rows ({data.training_bytes(dtype) / 2**30:.1f} GiB) stay in host memory: more than "
             f"{DEVICE_SHARE:.0%} of the GPU's free memory; each minibatch is moved to the GPU as SVI steps")
@@ -136,7 +136,7 @@ def training_rows_stay_on_host(data: Dataset, device: torch.device, dtype: torch
     return data.training_bytes(dtype) > DEVICE_SHARE * free_bytes
 
 
-def check_host_rows(spec: RunSpec, data: Dataset, device: torch.device) -> None:
+def check_host_rows(spec: RunSpec, data: Dataset) -> None:
     """Refuse what cannot step on training rows kept in host memory: anything but minibatch SVI, or compile."""
     inference = spec.inference
     why = ("the training rows do not fit on the GPU (more than half its free memory), so they stay in host memory "

@@ -62,11 +62,9 @@ class SVIStep:
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
                  local_reparam: bool = False, compile: bool = False, world: World | None = None,
                  augment: Callable[[torch.Tensor], torch.Tensor] | None = None, read_each_step: bool = True,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, rows_on_host: bool = False) -> None:
         if augment is not None and compile:
             raise ZooInputError("inference.compile", True, "is not supported with inference.augment yet; drop one")
-        if autocast is not None and compile:
-            raise ZooInputError("inference.compile", True, "is not supported with inference.autocast yet; drop one")
         self.autocast = autocast  # the lower precision of the step's matmuls and convolutions (None: the params')
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.augment = augment
@@ -77,7 +75,7 @@ class SVIStep:
         self.signalled: Callable[[], int] = lambda: 0  # the fit loop's deferred_interrupt sets it
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.device = self.params[0].device if self.params else torch.device("cpu")  # where the model computes
-        self.rows_on_host = False  # the training rows stay in host memory: move each minibatch's rows to the device
+        self.rows_on_host = rows_on_host  # the training rows stay in host memory: move each minibatch to the device
         self.read_each_step = read_each_step  # read the loss on the host before stepping (else the loop reads it)
         self.signal = 0  # the signal (SIGINT/SIGTERM) some rank received by the end of the last read step, else 0
         self._flags: torch.Tensor | None = None  # several ranks: the last step's all-reduced signal counts
@@ -101,15 +99,14 @@ class SVIStep:
             every = batch if batch is not None else torch.arange(len(x), device=x.device)
             rows, where, factor = self.world.shard(every)
             noise_rows = (where.start, where.stop, len(every))
-        on_host = self.rows_on_host
-        if self.augment is not None or on_host:
+        if self.augment is not None or self.rows_on_host:
             # the minibatch's rows taken out (moved to the device when the training rows stay in host memory) and
             # augmented alike on every rank (one random stream), this rank's rows kept; the model then sees only
             # these rows as its data, so the likelihood factor scales them to all len(x) rows
             n_rows = len(x)
             if batch is not None:
                 x, y = x.index_select(0, batch), y.index_select(0, batch)
-            if on_host:
+            if self.rows_on_host:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.augment is not None:
                 x = self.augment(x)
@@ -117,7 +114,7 @@ class SVIStep:
                 x, y = x[where], y[where]
             rows, factor = None, factor * n_rows / len(x)
         loss = None
-        if self.validated and self.compiled and not on_host:
+        if self.validated and self.compiled and not self.rows_on_host:
             weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
             inputs = (x, y, weight) if rows is None else (x, y, weight, rows)
             if self.world.size > 1:
@@ -374,8 +371,8 @@ def fit_svi(
     augment = build_augmentation(spec.augment, input_image_shape(net) if net is not None else None)
     read_every = loss_read_interval(spec, data.device)
     svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment,
-                       read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast])
-    svi_step.rows_on_host = data.training_rows_on_host  # a data set too large for the GPU (see pipeline.prepare)
+                       read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast],
+                       rows_on_host=data.training_rows_on_host)  # a data set too large for the GPU (pipeline.prepare)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
 
@@ -415,8 +412,6 @@ def fit_svi(
                     batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
                 elbo.kl_weight = kl_weight(step, spec, n_steps)
                 loss = svi_step(x, y, batch)
-                if svi_step.read_each_step and not math.isfinite(float(loss)):  # read already: no new sync
-                    raise TrainingDiverged(_diagnose(elbo, named, step, ckpt_path, remedies))
                 if step == 0 or not result.kl_methods:
                     result.kl_methods = dict(elbo.kl_methods)
                     log(describe_kl(result.kl_methods))
