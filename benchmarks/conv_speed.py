@@ -36,6 +36,7 @@ from rich.table import Table
 from timing import batches, optimiser_step, time_side_by_side  # noqa: E402 - sibling module of this script
 
 from zoo.data.base import make_dataset
+from zoo.errors import ZooInputError
 from zoo.inference.elbo import ELBOS
 from zoo.inference.svi import SVIStep, make_optimizer
 from zoo.nets import build_net
@@ -188,7 +189,12 @@ def main(argv: list[str] | None = None) -> dict:
         row = results["rows"][label] = {"deterministic_rows": tiles * b}
         for mode in modes:
             compiled = mode == "compiled"
-            zoo = zoo_step(overrides, data, args.depth, b, k, compile=compiled)
+            try:
+                zoo = zoo_step(overrides, data, args.depth, b, k, compile=compiled)
+            except ZooInputError as err:  # the zoo refuses this mode for this family (e.g. compiled rank-1)
+                row[mode] = {"refused": str(err)}
+                table.add_row(label, mode, "refused", "-", "-", "-", "-", str(err).split(": ", 1)[-1][:60])
+                continue
             warmup = args.warmup + (args.rows // b + 2 if compiled else 0)  # every batch size compiled first
             fig = row[mode] = {"versus_deterministic": compare(
                 zoo, deterministic_step(data, args.depth, b, tiles, compile=compiled), args, warmup)}

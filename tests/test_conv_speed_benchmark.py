@@ -30,13 +30,14 @@ def test_tiny_run_writes_ratios_per_family(tmp_path, capsys):
     assert "ResNet-8" in printed and "rank-1 (mixture guide)" in printed
 
 
-@pytest.mark.slow  # compiles a ResNet-8 step both ways: 95 s here
-def test_compiled_mode_times_the_compiled_step(tmp_path):
+@pytest.mark.slow  # compiles a ResNet-8 step both ways: ~100 s here
+def test_compiled_mode_times_the_compiled_step_and_reports_a_refused_one(tmp_path):
     figures = conv_speed.main(["--depth", "8", "--batch", "8", "--rows", "16", "--members", "2", "--rounds", "1",
-                               "--steps", "1", "--warmup", "0", "--families", "rank-1 (mixture guide)",
+                               "--steps", "1", "--warmup", "0", "--families", "rank-1 (mixture guide),deep ensemble",
                                "--modes", "compiled"])
-    row = figures["rows"]["rank-1 (mixture guide)"]
+    row = figures["rows"]["deep ensemble"]
     assert set(row) == {"deterministic_rows", "compiled"} and row["compiled"]["versus_deterministic"]["ratio"] > 0
+    assert "slower compiled than eager" in figures["rows"]["rank-1 (mixture guide)"]["compiled"]["refused"]
 
 
 @pytest.mark.parametrize("argv", [["--batch", "0"], ["--families", "nonsense"], ["--modes", "jit"]])

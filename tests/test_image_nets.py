@@ -239,6 +239,37 @@ def test_deep_ensemble_members_keep_their_own_batch_norm_statistics():
     assert torch.allclose(together, alone, atol=1e-5)
 
 
+def test_deep_ensemble_conv_members_one_at_a_time_equal_the_vmap_in_training_and_eval_mode():
+    # conv nets run the members one after another (faster on the CPU); the vmap is the reference: same outputs
+    # with batch statistics, same running statistics afterwards, same outputs in eval mode
+    torch.manual_seed(0)
+    spec = spec_of("deep_ensemble")
+    data = load_dataset(spec.data, 0)
+    family, _ = build(spec, data)
+    assert family.one_member_at_a_time
+    weights = {n: v + 0.1 * torch.randn_like(v) for n, v in family.init.items()}
+    x = data.x_train[:9]
+    start = {n: b.clone() for n, b in family.member_buffers.items()}
+    outputs, buffers = {}, {}
+    for one_at_a_time in (True, False):
+        family.one_member_at_a_time = one_at_a_time
+        for name, b in family.member_buffers.items():
+            b.copy_(start[name])
+        with torch.no_grad():
+            trained = family.forward_members(weights, x)
+            with evaluation_mode(family.net):
+                evaluated = family.forward_members({n: v.repeat(3, *[1] * (v.dim() - 1)) for n, v in weights.items()},
+                                                   x)  # 3 draws of the members: each reuses its member's statistics
+        outputs[one_at_a_time] = (trained, evaluated)
+        buffers[one_at_a_time] = {n: b.clone() for n, b in family.member_buffers.items()}
+    assert outputs[True][0].shape == (2, 9, 10) and outputs[True][1].shape == (6, 9, 10)
+    for a, b in zip(outputs[True], outputs[False], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.equal(buffers[True]["stem_bn.running_mean"], start["stem_bn.running_mean"])
+    for name in start:
+        assert torch.allclose(buffers[True][name], buffers[False][name], atol=1e-6), name
+
+
 def test_rank1_conv_members_equal_the_plain_net_with_factored_kernels():
     # member k of a conv layer with kernel W is the layer with kernel W * r_k s_k^T (over channels) and bias b_k;
     # BatchNorm is shared by the members (its statistics in eval mode)
@@ -360,6 +391,14 @@ def test_an_augmented_run_resumes_exactly(tmp_path, monkeypatch):
     assert all(torch.equal(a["guide"][n], b["guide"][n]) for n in a["guide"])
     plain = load_torch(train(spec_of("map"), tmp_path / "plain", progress=False, echo=None).run_dir / CHECKPOINT_FILE)
     assert not torch.equal(plain["guide"]["loc.out/weight"], a["guide"]["loc.out/weight"])  # it did augment
+
+
+def test_compiled_rank1_on_a_conv_net_is_refused_and_on_an_mlp_accepted():
+    # compiled, the rank-1 conv step is slower than eager (benchmarks/conv_speed.py): compile must never be slower
+    raw = {**BASE, **FAMILIES["rank1"], "inference": {**BASE["inference"], "compile": True}}
+    with pytest.raises(ZooInputError, match="inference.compile.*slower compiled than eager"):
+        load_spec(raw)
+    assert load_spec({**raw, "net": {"hidden": [8]}}).inference.compile
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -460,3 +460,20 @@ def test_the_valid_base_spec_of_the_bad_input_cases_trains(tmp_path, capsys):
     code = main(["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress", "--set",
                  "inference.num_steps=2"])
     assert code == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_member_conv2d_equals_scaling_input_and_output_channels(groups):
+    # member k convolves its rows with W * r_k s_k^T; that is the convolution of (x * s_k) scaled by r_k, plus b_k,
+    # also for a grouped convolution (s_k indexed by the input channels each output channel reads)
+    torch.manual_seed(0)
+    members, rows = 3, 2
+    weight = torch.randn(4, 6 // groups, 3, 3)
+    r, s, b = torch.randn(members, 4), torch.randn(members, 6), torch.randn(members, 4)
+    x = torch.randn(members * rows, 6, 5, 5)
+    with MemberHandler({id(weight): (weight, r, s, b)}, members):
+        together = F.conv2d(x, weight, None, 1, 1, 1, groups)
+    for k in range(members):
+        rows_k = x[k * rows:(k + 1) * rows] * s[k].view(1, -1, 1, 1)
+        expected = F.conv2d(rows_k, weight, None, 1, 1, 1, groups) * r[k].view(1, -1, 1, 1) + b[k].view(1, -1, 1, 1)
+        assert torch.allclose(together[k * rows:(k + 1) * rows], expected, atol=1e-5)

@@ -243,6 +243,11 @@ def has_batch_norm(net: nn.Module) -> bool:
     return any(isinstance(m, NORMALISATION_LAYERS) for m in net.modules())
 
 
+def has_convolutions(net: nn.Module) -> bool:
+    """Whether the net has convolution layers (the families run ensemble members' convolutions one member at a time)."""
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
+
+
 def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
     """(C, H, W) of the images an image net reads its flat rows as (its first module unflattens them); None for
     a net of plain feature rows."""

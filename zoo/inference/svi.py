@@ -478,6 +478,12 @@ class SVI(InferenceMethod):
             # measured on torch 2.13: under vmap, a linear layer with a bias comes out in float32 under autocast
             return [ZooInputError("inference.autocast", autocast, "torch's autocast does not reach the deep "
                                   "ensemble's vmapped layers (they would stay float32): use autocast: none")]
+        if run_spec.inference.compile and run_spec.model.family == "rank1" and run_spec.net.name != "mlp":
+            # measured (benchmarks/conv_speed.py, ResNet-20, K = 4, B = 128, one thread): 2.8 s per compiled step
+            # against 2.3 s eager; Inductor fuses each batch norm with the concatenated members' convolutions
+            return [ZooInputError("inference.compile", True, "the rank-1 family's step on a convolutional net "
+                                  "runs slower compiled than eager (one convolution per member, which Inductor "
+                                  "fuses badly with the batch norms after them): use compile: false")]
         return []
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
