@@ -244,7 +244,7 @@ def has_batch_norm(net: nn.Module) -> bool:
 
 
 def has_convolutions(net: nn.Module) -> bool:
-    """Whether the net has convolution layers (the families run ensemble members' convolutions one member at a time)."""
+    """Whether the net has convolution layers (the deep ensemble then runs its members one after another)."""
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
 
 

@@ -65,7 +65,7 @@ class DeepEnsemble:
             raise ValueError(f"no prior for sites {sorted(missing)}")
         self.prior_configs = priors
         self.init = member_inits(net, members)
-        # each member's own BatchNorm running statistics [K, *shape], updated in place inside the vmap
+        # each member's own BatchNorm running statistics [K, *shape], updated in place by that member's pass
         self.member_buffers = {name: b.detach().expand(members, *b.shape).clone() for name, b in net.named_buffers()}
         self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
         self.one_member_at_a_time = has_convolutions(net)  # see the module docstring

@@ -3,8 +3,8 @@
 Member k of layer W uses the weights W ∘ (r_k s_kᵀ), i.e. y = φ(((x ∘ s_k) Wᵀ) ∘ r_k + b_k). The K members run
 as one batch: the input is tiled K times, every Linear layer does one matmul for all members, and every Conv2d
 one convolution per member with that member's weights (:class:`MemberLayers`).
-The net stays a plain ``nn.Module``: a handler swaps its ``F.linear`` calls for the member-wise version, the
-same way local reparameterisation is applied.
+The net stays a plain ``nn.Module``: a handler swaps its ``F.linear`` and ``F.conv2d`` calls for the member-wise
+versions, the same way local reparameterisation is applied.
 """
 
 from __future__ import annotations
