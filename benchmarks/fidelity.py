@@ -204,8 +204,9 @@ MEMBERS["concrete_dropout"] = {"label": "concrete dropout (learned p)", "overrid
     "model": {"family": "mean_field"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
     "inference": {**SVI, "predictive_samples": 200}}}
 
-# On a UCI reference each member is its own UCI config (configs/<config>), run on the reference's data set, split
-# and net width: the settings the UCI table reports, not the notebooks' toy settings.
+# On a reference on real data (a UCI data set, digits) each member is its own config for that data
+# (configs/<config>), run on the reference's data (set, split, seed) and net width: the settings the UCI and digits
+# tables report, not the notebooks' toy settings. A member without one is skipped there.
 UCI_CONFIGS = {"mean_field": "mean_field_uci.yaml", "map": "map_uci.yaml", "mc_dropout": "mc_dropout_uci.yaml",
                "deep_ensemble": "deep_ensemble_uci.yaml", "rank1": "rank1_cauchy_uci.yaml",
                "batch_ensemble": "batchensemble_uci.yaml", "subnet_laplace": "subnet_laplace_uci.yaml",
@@ -213,6 +214,14 @@ UCI_CONFIGS = {"mean_field": "mean_field_uci.yaml", "map": "map_uci.yaml", "mc_d
                "multiswag": "multiswag_uci.yaml", "auto_normal": "auto_normal_uci.yaml",
                "auto_low_rank_mvn": "auto_low_rank_mvn_uci.yaml", "auto_mvn": "auto_mvn_uci.yaml",
                "concrete_dropout": "concrete_dropout_uci.yaml"}
+DIGITS_CONFIGS = {"mean_field": "mean_field_digits.yaml", "map": "map_digits.yaml",
+                  "mc_dropout": "mc_dropout_digits.yaml", "deep_ensemble": "deep_ensemble_digits.yaml",
+                  "rank1": "rank1_cauchy_digits.yaml", "subnet_laplace": "subnet_laplace_digits.yaml",
+                  "sgld": "sgld_digits.yaml", "sghmc": "sghmc_digits.yaml", "swag": "swag_digits.yaml",
+                  "multiswag": "multiswag_digits.yaml", "auto_normal": "auto_normal_digits.yaml",
+                  "auto_low_rank_mvn": "auto_low_rank_mvn_digits.yaml",
+                  "concrete_dropout": "concrete_dropout_digits.yaml"}
+MEMBER_CONFIGS = {"uci": UCI_CONFIGS, "digits": DIGITS_CONFIGS}  # topic -> member -> its config there
 TOPICS = {"regression": "toy", "classification": "moons"}
 COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
@@ -224,8 +233,18 @@ HEADERS = {"coverage_95": "coverage of {ref}", "w1": "W1 to {ref}", "rmse": "RMS
 
 
 def topic_of(spec: RunSpec, task: str) -> str:
-    """``uci`` for a UCI reference, else the toy task's topic (``toy`` or ``moons``)."""
-    return "uci" if spec.data.name.startswith("uci:") else TOPICS[task]
+    """``uci`` for a UCI reference, ``digits`` for a digits one, else the toy task's topic (``toy`` or ``moons``)."""
+    if spec.data.name.startswith("uci:"):
+        return "uci"
+    return "digits" if spec.data.name == "digits" else TOPICS[task]
+
+
+def replicate_of(spec: RunSpec, topic: str) -> str:
+    """The folder of one reference's members among several: per data set and split (UCI), per seed elsewhere (the
+    digits' test rows follow the seed)."""
+    if topic == "uci":
+        return f"{spec.data.name.removeprefix('uci:')}-split{spec.data.split:02d}"
+    return f"{spec.data.name}-seed{spec.seed:02d}"
 
 
 def columns_of(topic: str, task: str) -> list[str]:
@@ -240,16 +259,18 @@ def _by_task(value: Any, task: str) -> Any:
 
 
 def member_label(name: str, task: str, topic: str = "") -> str:
-    if topic == "uci":
-        return f"{_by_task(MEMBERS[name]['label'], task).split(' (')[0]} ({UCI_CONFIGS[name]})"
+    if topic in MEMBER_CONFIGS:
+        return f"{_by_task(MEMBERS[name]['label'], task).split(' (')[0]} ({MEMBER_CONFIGS[topic][name]})"
     return _by_task(MEMBERS[name]["label"], task)
 
 
 def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = None) -> RunSpec:
-    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count); on a UCI
-    reference, the member's UCI config on the reference's data (set, split, directory), net width and seed."""
-    if topic_of(reference, task) == "uci":
-        tree = load_spec(CONFIG_DIR / UCI_CONFIGS[name]).model_dump(mode="json")
+    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count); on a UCI or
+    digits reference, the member's config for that data on the reference's data (set, split, directory), net width
+    and seed."""
+    topic = topic_of(reference, task)
+    if topic in MEMBER_CONFIGS:
+        tree = load_spec(CONFIG_DIR / MEMBER_CONFIGS[topic][name]).model_dump(mode="json")
         tree["data"], tree["seed"] = reference.data.model_dump(mode="json"), reference.seed
         tree["net"]["hidden"] = list(reference.net.hidden)
     else:
@@ -399,16 +420,16 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     task = ref_data.task
     topic = topic_of(ref_spec, task)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / topic
-    if topic == "uci" or several:  # one folder of members per data set and split
-        runs_dir = runs_dir / f"{ref_spec.data.name.removeprefix('uci:')}-split{ref_spec.data.split:02d}"
+    if topic in MEMBER_CONFIGS or several:  # one folder of members per data set and split (or seed)
+        runs_dir = runs_dir / replicate_of(ref_spec, topic)
     reference_check = reference_verdict(reference)
     if not reference_check["passes_strict"]:
         echo(f"{reference} fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
     members: list[tuple[str, Path, str, float]] = []
     specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
-        if topic == "uci" and name not in UCI_CONFIGS:
-            echo(f"{name}: no UCI config (see its configs/ comments), skipped on {reference}")
+        if topic in MEMBER_CONFIGS and name not in MEMBER_CONFIGS[topic]:
+            echo(f"{name}: no {topic} config (see its configs/ comments), skipped on {reference}")
             continue
         spec = member_spec(ref_spec, name, task, args.steps)
         t0 = time.perf_counter()
@@ -434,6 +455,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
     return jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
                      "task": task, "topic": topic, "data": ref_data.name, "split": ref_spec.data.split,
+                     "seed": ref_spec.seed,
                      "num_samples": args.samples, "steps": args.steps, "columns": columns, "rows": rows,
                      "wall_seconds": round(time.perf_counter() - start, 1)})
 
@@ -454,7 +476,8 @@ def summarise_splits(per_reference: list[dict]) -> list[dict]:
                 mean, spread = mean_and_standard_error(values) if values else (None, None)
                 row[key], row[f"{key}_se"] = mean, spread if len(values) > 1 else None  # no s.e. of one split
             rows.append(row)
-        summaries.append({"data": data, "splits": [f["split"] for f in group], "columns": columns, "rows": rows,
+        summaries.append({"data": data, "splits": [f["split"] for f in group], "seeds": [f["seed"] for f in group],
+                          "topic": group[0]["topic"], "columns": columns, "rows": rows,
                           "references_passing_strict": sum(f["reference_check"]["passes_strict"] for f in group),
                           "reference_method": group[0]["reference_method"], "num_samples": group[0]["num_samples"]})
     return summaries
@@ -462,7 +485,8 @@ def summarise_splits(per_reference: list[dict]) -> list[dict]:
 
 def summary_table(summary: dict) -> Table:
     """One data set's members, mean ± s.e. over its splits."""
-    table = fidelity_table(f"posterior fidelity on {summary['data']}, splits {summary['splits']} (mean ± s.e.; "
+    over = f"splits {summary['splits']}" if summary["topic"] == "uci" else f"seeds {summary['seeds']}"
+    table = fidelity_table(f"posterior fidelity on {summary['data']}, {over} (mean ± s.e.; "
                            f"{summary['num_samples']} draws per run)", summary, "references passing --strict")
     passing = f"{summary['references_passing_strict']}/{len(summary['splits'])}"
     for row in summary["rows"]:

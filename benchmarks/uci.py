@@ -17,12 +17,15 @@ trial is scored by its mean over them), then the splits with the chosen settings
 theirs per data set). By hand, ``--set
 data.validation_fraction=0.2`` evaluates on those validation rows instead of the test rows (the table then says
 "validation").
+A stopped run continues with the same command plus ``--resume`` (it needs ``--runs-dir``): finished sweeps run no
+trial again (their wall time is kept), finished splits are read back and cut-off ones continue from their checkpoint.
 Standard errors are std / sqrt(n) with the population std (ddof=0), as in the PBP / MC-dropout benchmark code.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import re
@@ -132,10 +135,35 @@ def _user_set(overrides: list[str], key: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ one split
+def finished_run(spec, run_dir: Path) -> dict | None:
+    """A kept run of ``spec`` that finished (its metrics written) as :func:`run_split`'s result, else None; a run
+    dir holding another spec is refused rather than silently mixed into the table."""
+    from zoo.runs import METRICS_FILE, SPEC_FILE
+    from zoo.spec import load_spec
+
+    if not (run_dir / SPEC_FILE).is_file():
+        return None
+    if load_spec(run_dir / SPEC_FILE).model_dump() != spec.model_dump():
+        raise ZooInputError("--resume", str(run_dir), "holds a run of another spec (other --set, --tune choices or "
+                            "config): resume with the same command, or pick a new --runs-dir")
+    if not (run_dir / METRICS_FILE).is_file():
+        return None
+    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    converged = None
+    if spec.inference.method in ("nuts", "hmc"):
+        from zoo.diagnostics import diagnose
+
+        converged = not diagnose(run_dir, plots=False)["warnings"]
+    return {"rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
+            "seconds": float(metrics["train_seconds"]), "train_seconds": float(metrics["train_seconds"]),
+            "converged": converged, "reused": True}
+
+
 def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
-              run_dir: str | None = None) -> dict[str, float]:
+              run_dir: str | None = None, resume: bool = False) -> dict[str, float]:
     """Train the spec with ``overrides`` into ``run_dir`` (default: a temporary directory); its rmse, test_ll and
-    timings.
+    timings. With ``resume``, a finished run kept in ``run_dir`` is read back (its wall time is then its training
+    time) and one that was cut off continues from its checkpoint.
 
     ``threads`` caps torch's intra-op threads (a 50-unit net gains nothing from more, and loses a lot when the
     cores are shared); the previous setting is restored afterwards.
@@ -143,17 +171,23 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
     import torch
 
     from zoo.pipeline import train
+    from zoo.runs import SPEC_FILE
     from zoo.spec import load_spec
 
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     spec = load_spec(spec_path, overrides)
+    if run_dir is not None and resume:
+        finished = finished_run(spec, Path(run_dir))
+        if finished is not None:
+            return finished
     started = time.perf_counter()
     converged = None
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:  # where the run goes unless it is kept
-            summary = train(spec, run_dir or Path(tmp) / "run", progress=False, echo=None)
+            summary = train(spec, run_dir or Path(tmp) / "run", progress=False, echo=None,
+                            resume=resume and run_dir is not None and Path(run_dir, SPEC_FILE).is_file())
             if spec.inference.method in ("nuts", "hmc"):  # its verdict, as zoo train ends an MCMC run
                 from zoo.diagnostics import diagnose
 
@@ -208,6 +242,8 @@ def summarise(dataset: str, splits: list[int], results: dict[int, dict[str, floa
         "rmse": rmse, "test_ll": ll, "seconds": seconds,
         "train_seconds": [results[s]["train_seconds"] for s in splits],
         "seconds_mean": sum(seconds) / len(seconds), "seconds_total": sum(seconds),
+        # --resume: splits read back from an earlier process (their seconds are their training time)
+        "reused_splits": sum(bool(results[s].get("reused")) for s in splits),
         "published": published,
         # MCMC: how many splits' draws pass zoo diagnose --strict (None for the other methods)
         "converged_splits": (None if any(results[s].get("converged") is None for s in splits)
@@ -266,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per training process (default 1)")
     p.add_argument("--runs-dir", metavar="DIR", help="keep each run as DIR/<dataset>-split<NN> (for zoo report) "
                    "instead of a temporary directory (and each data set's sweep as DIR/sweeps/<dataset>)")
+    p.add_argument("--resume", action="store_true", help="continue a stopped run of the same command: finished "
+                   "sweeps and splits kept in --runs-dir are read back, cut-off ones continue")
     p.add_argument("--tune", metavar="SPACE", help="per data set, first sweep this space (zoo sweep) on validation "
                    "rows of the training rows, then run the splits with the best settings")
     p.add_argument("--trials", type=int, default=30, help="finished trials per data set's sweep (default 30)")
@@ -346,10 +384,13 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if args.tune and max(parse_splits(args.tune_splits)) >= count:
             raise ZooInputError("--tune-splits", args.tune_splits, f"{dataset} has {count} splits (0..{count - 1})")
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
-    if args.runs_dir:
+    if args.resume and not args.runs_dir:
+        raise ZooInputError("--resume", True, "continues the runs kept in --runs-dir: give the same --runs-dir")
+    if args.runs_dir and not args.resume:
         kept = [p for p in Path(args.runs_dir).glob("*") if p.is_dir() and any(p.iterdir())]
         if kept:
-            raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir")
+            raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir, "
+                                "or pass --resume to continue a stopped run of the same command")
     started = time.perf_counter()  # the wall time counts the sweeps
     for dataset in datasets:
         if args.tune:
@@ -372,13 +413,15 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             for dataset, split, overrides, keep in jobs:
                 progress.update(task, description=f"{dataset} split {split}")
                 results[dataset][split] = _checked(dataset, split,
-                                                   lambda o=overrides, k=keep: run_split(args.spec, o, args.threads, k))
+                                                   lambda o=overrides, k=keep: run_split(args.spec, o, args.threads, k,
+                                                                                         args.resume))
                 progress.advance(task)
         else:
             context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
                                                   else "spawn")
             with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-                futures = {pool.submit(run_split, args.spec, o, args.threads, k): (d, s) for d, s, o, k in jobs}
+                futures = {pool.submit(run_split, args.spec, o, args.threads, k, args.resume): (d, s)
+                           for d, s, o, k in jobs}
                 for future in as_completed(futures):
                     dataset, split = futures[future]
                     results[dataset][split] = _checked(dataset, split, future.result)
@@ -392,8 +435,11 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     evaluated_on = "validation" if base_spec.data.validation_fraction > 0 else "test"
     console.print(results_table(summary, evaluated_on, Path(args.spec).name))
     tuning = sum(t["sweep_seconds"] for t in tuned.values())
-    console.print(f"{len(jobs)} runs" + (f" and {len(tuned)} sweeps ({tuning:.0f} s)" if tuned else "")
-                  + f" in {wall:.1f} s wall ({args.workers} worker(s) x {args.threads} thread(s)); "
+    reused = sum(block["reused_splits"] for block in summary.values())
+    console.print(f"{len(jobs)} runs" + (f" ({reused} read back from an earlier process)" if reused else "")
+                  + (f" and {len(tuned)} sweeps ({tuning:.0f} s)" if tuned else "")
+                  + f" in {wall:.1f} s wall{' (this process)' if args.resume else ''} ({args.workers} worker(s) x "
+                  f"{args.threads} thread(s)); "
                   f"evaluated on {evaluated_on} rows")
     if args.runs_dir:
         console.print(f"runs kept in {args.runs_dir}; table: zoo report {args.runs_dir}/* --group-by label "
@@ -403,7 +449,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "data_dir": str(data_dir), "evaluated_on": evaluated_on,
         "validation_fraction": base_spec.data.validation_fraction, "workers": args.workers,
         "threads": args.threads,
-        "wall_seconds": wall, "datasets": summary, "tune_space": args.tune,
+        "wall_seconds": wall, "resumed": bool(args.resume), "datasets": summary, "tune_space": args.tune,
         "tune_trials": args.trials if args.tune else None, "tune_seconds": tuning if tuned else None,
         "se_definition": "population std over splits / sqrt(n)",
     }

@@ -136,7 +136,7 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
                             "map,mean_field,auto_laplace_approximation", "--runs-dir", str(tmp_path / "runs"),
                             "--steps", "20", "--samples", "20", "--json", str(out)])
     printed = capsys.readouterr().out
-    assert "auto_laplace_approximation: no UCI config" in printed  # a member without one is skipped
+    assert "auto_laplace_approximation: no uci config" in printed  # a member without one is skipped
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(result))
     first, second = saved["per_reference"]
@@ -157,8 +157,8 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
 def test_summary_of_hand_figures():
     rows = [{"member": "hmc", "label": "HMC", "differs_from_reference": [], "w1": 0.0, "test_ll": -1.0},
             {"member": "map", "label": "MAP", "differs_from_reference": [], "w1": 0.5, "test_ll": None}]
-    figures = [{"data": "uci:a", "split": s, "columns": ["w1", "test_ll"], "reference_method": "hmc",
-                "num_samples": 10, "reference_check": {"passes_strict": s == 0},
+    figures = [{"data": "uci:a", "split": s, "seed": 0, "topic": "uci", "columns": ["w1", "test_ll"],
+                "reference_method": "hmc", "num_samples": 10, "reference_check": {"passes_strict": s == 0},
                 "rows": [dict(rows[0], test_ll=-1.0 - s), dict(rows[1], w1=0.5 + s)]} for s in range(3)]
     (summary,) = fidelity.summarise_splits(figures)
     hmc, map_row = summary["rows"]
@@ -166,3 +166,33 @@ def test_summary_of_hand_figures():
     assert hmc["test_ll"] == pytest.approx(-2.0) and hmc["test_ll_se"] == pytest.approx(math.sqrt(2) / 3)
     assert map_row["w1"] == pytest.approx(1.5) and map_row["test_ll"] is None and map_row["test_ll_se"] is None
     assert summary["references_passing_strict"] == 1
+
+
+@pytest.fixture(scope="module")
+def digits_reference(tmp_path_factory) -> Path:
+    """A tiny HMC reference on digits (a 64-3-10 net): the digits topic's members run on its data and seed."""
+    out = tmp_path_factory.mktemp("digits") / "hmc"
+    spec = load_spec(CONFIGS / "hmc_digits.yaml", [
+        "net.hidden=[3]", "seed=1", "inference.num_chains=2", "inference.warmup_steps=10",
+        "inference.num_samples=10", "inference.compile=false", "inference.predictive_samples=20", "device=cpu"])
+    train(spec, out, progress=False, echo=None)
+    return out
+
+
+def test_digits_members_are_their_digits_configs_on_the_references_data(digits_reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    ref = load_spec(digits_reference / "spec.yaml")
+    for name, config in fidelity.DIGITS_CONFIGS.items():
+        spec = fidelity.member_spec(ref, name, "classification")
+        own = load_spec(CONFIGS / config)
+        assert spec.data == ref.data and spec.seed == 1 and spec.net.hidden == [3]
+        assert spec.inference == own.inference and spec.guide == own.guide and spec.prior == own.prior
+        assert config in fidelity.member_label(name, "classification", "digits")
+    assert fidelity.posterior_differences(ref, fidelity.member_spec(ref, "map", "classification")) == []
+    result = fidelity.main(["--reference", str(digits_reference), "--members", "map,batch_ensemble", "--steps", "3",
+                            "--runs-dir", str(tmp_path / "runs"), "--samples", "10"])
+    assert result["topic"] == "digits" and result["columns"] == fidelity.COLUMNS["classification"]
+    hmc, map_row = result["rows"]  # batch_ensemble has no digits config: skipped
+    assert hmc["agreement"] == 1 and hmc["tv"] == 0
+    assert 0 <= map_row["agreement"] <= 1 and 0 < map_row["tv"] <= 1 and map_row["label"] == "MAP (map_digits.yaml)"
+    assert Path(map_row["run"]).parent == tmp_path / "runs" / "digits-seed01"

@@ -236,3 +236,47 @@ def test_tune_refuses_bad_input(tmp_path, capsys):
     assert "leave it at 0" in capsys.readouterr().err
     assert uci.main([*args, "--tune-splits", "0-7"]) == 2
     assert "--tune-splits" in capsys.readouterr().err
+
+
+def test_resume_reads_back_finished_splits_continues_the_rest_and_keeps_the_sweep_time(tmp_path, capsys):
+    """A stopped ``--tune`` run continues with ``--resume``: the finished sweep runs no trial again (its wall time
+    is kept), a finished split is read back unchanged, a split cut off before its metrics is fitted."""
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40)
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\n")
+    out_json, runs = tmp_path / "out.json", tmp_path / "runs"
+    args = ["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0-1", "--data-dir", str(root), "--json",
+            str(out_json), "--tune", str(space), "--trials", "2", "--runs-dir", str(runs), *TINY_SETS]
+    assert uci.main(args) == 0
+    first = json.loads(out_json.read_text())["datasets"]["tiny"]
+    assert first["reused_splits"] == 0
+    (runs / "tiny-split01" / "metrics.json").unlink()  # as if stopped before split 1 finished
+    assert uci.main(args) == 2  # the kept runs are not overwritten without --resume
+    assert "--resume" in capsys.readouterr().err
+    assert uci.main([*args, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "(1 read back from an earlier process)" in printed and "tiny: sweep of 2 trials" in printed
+    again = json.loads(out_json.read_text())
+    block = again["datasets"]["tiny"]
+    assert again["resumed"] and block["reused_splits"] == 1
+    assert block["test_ll"][0] == first["test_ll"][0]
+    assert block["tuned"]["params"] == first["tuned"]["params"]
+    assert block["tuned"]["sweep_seconds"] >= first["tuned"]["sweep_seconds"] > 0
+    record = json.loads((runs / "sweeps" / "tiny" / "sweep.json").read_text())
+    assert len(record["trials"]) == 2  # no trial ran twice
+    assert (runs / "tiny-split01" / "metrics.json").is_file()
+
+
+def test_resume_refuses_a_run_dir_of_another_spec(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40)
+    runs = tmp_path / "runs"
+    args = ["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root),
+            "--runs-dir", str(runs), *TINY_SETS]
+    assert uci.main(args) == 0
+    assert uci.main([*args, "--resume", "--set", "inference.lr=0.05"]) == 2
+    assert "holds a run of another spec" in capsys.readouterr().err
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root),
+                     "--resume"]) == 2
+    assert "give the same --runs-dir" in capsys.readouterr().err

@@ -518,7 +518,8 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
                                     load_if_exists=True)
         _check_same_sweep(study, setup, out)
         requeued = requeue_interrupted(study, out)
-        write_json(out / SWEEP_FILE, _sweep_record(setup, study, None))
+        earlier = _earlier_wall_seconds(out)
+        write_json(out / SWEEP_FILE, _sweep_record(setup, study, earlier))
         before = tally(study).finished
         say = echo or (lambda _: None)
         say(f"sweep of {len(space.dimensions)} key(s) on {spec.data.name}'s validation rows "
@@ -538,8 +539,17 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
             raise Interrupted(signal_of(err), f"the study is kept in {storage or out / STUDY_FILE}; run the same "
                               "command again to continue it") from None
         finally:
-            write_json(out / SWEEP_FILE, _sweep_record(setup, study, time.perf_counter() - started))
-        return _finish(setup, study, out, time.perf_counter() - started)
+            write_json(out / SWEEP_FILE, _sweep_record(setup, study, earlier + time.perf_counter() - started))
+        return _finish(setup, study, out, earlier + time.perf_counter() - started)
+
+
+def _earlier_wall_seconds(out: Path) -> float:
+    """The wall seconds a continued sweep already spent, from its sweep.json (0 for a new sweep): a sweep's time
+    counts every process that ran it, not only the last."""
+    try:
+        return float(json.loads((out / SWEEP_FILE).read_text()).get("wall_seconds") or 0.0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0
 
 
 def _checked_repeat(repeat: tuple[str, list[Any]], tree: dict) -> list[dict[str, Any]]:
