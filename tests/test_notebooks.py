@@ -25,4 +25,4 @@ def test_notebook_runs_at_small_size(name, tmp_path, monkeypatch):
     outputs = [out for cell in book.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
     assert not [out for out in outputs if out.get("output_type") == "error"]
     assert any(out.get("output_type") == "display_data" and "image/png" in out.get("data", {}) for out in outputs)
-    assert (tmp_path / "runs" / ("hmc" if "regression" in name else "nuts") / "samples.pt").exists()
+    assert (tmp_path / "runs" / "hmc" / "samples.pt").exists()  # both notebooks sample the many-chain HMC
