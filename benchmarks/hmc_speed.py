@@ -1,10 +1,22 @@
 """HMC speed: the zoo's best sampler against NumPyro's NUTS and BlackJAX's ChEES-HMC on a BNN, by function-space ESS/s.
 
-Model (every side): a 1-50-1 tanh net, Normal(0, 1) prior on every weight and bias, Gaussian likelihood with a
-fixed sigma = 0.1 on the zoo's ``toy_gap`` data (100 training points in two clusters with a gap; data seed 0).
-sigma is taken in ORIGINAL target units, as the spec's ``likelihood.noise`` is: 0.1 is the noise the toy targets
-were drawn with (and what ``configs/mean_field_toy.yaml`` uses); on the standardised targets the samplers see
-it is 0.1 / y_std (about 0.13). Every side samples exactly that density on the same standardised float32 tensors.
+Models (``--model``; every side samples exactly the chosen density on the same standardised float32 tensors):
+
+- ``toy`` (the default): a 1-50-1 tanh net, Normal(0, 1) prior on every weight and bias, Gaussian likelihood with a
+  fixed sigma = 0.1 on the zoo's ``toy_gap`` data (100 training points in two clusters with a gap; data seed 0).
+  sigma is taken in ORIGINAL target units, as the spec's ``likelihood.noise`` is: 0.1 is the noise the toy targets
+  were drawn with (and what ``configs/mean_field_toy.yaml`` uses); on the standardised targets the samplers see
+  it is 0.1 / y_std (about 0.13).
+- ``uci:bostonHousing``: the model of ``configs/hmc_uci.yaml`` on UCI bostonHousing split 0 (455 training rows,
+  13 features; folder from ``--data-dir``, else ``$ZOO_DATA_DIR``, else ``../shared/data/uci`` beside the repo, as
+  ``benchmarks/uci.py`` finds it): a 13-50-1 ReLU net, Normal(0, 1) prior on every weight and bias, Gaussian
+  likelihood whose sigma is a latent site ``noise_scale`` (a scalar) under a LogNormal(-1, 1) prior in
+  standardised target units (``likelihood.noise: learned``, as ``zoo.likelihoods.Gaussian`` samples it). Every
+  side samples it in the same unconstrained coordinate, log sigma, with the same log-Jacobian term.
+
+A model is its zoo spec sections (``BenchModel``); the NumPyro model (and with it BlackJAX's density) is written
+from the spec the zoo side builds (``numpyro_model_of``), so ``--zoo-set`` overrides of the prior scale, the noise
+or its prior reach every side, and a model the JAX sides cannot write is refused.
 
 Zoo side: the model built as a run builds it (``zoo.spec.load_spec`` -> ``zoo.pipeline.prepare``), sampled by
 ``zoo.inference.mcmc.fit_mcmc`` for each ``--zoo-methods`` candidate: ``hmc:C`` is the zoo's many-chain HMC
@@ -41,16 +53,19 @@ wall time of initialisation (prior draws), warm-up and sampling, blocked on the 
 JAX compile events during it reported as compile time; divergences and leapfrog steps are the sampling phase's.
 ``--blackjax-methods ''`` skips the side.
 
-Figure: function-space ESS. f(x), the net's output, at five inputs over the whole input range (outside left,
-left cluster, the gap's centre, right cluster, outside right: -1.5, -0.75, 0, 0.75, 1.5 in original units); ESS
-is ArviZ's rank-normalised bulk ESS over all chains of each, and a sampler's figure is the minimum over the five,
-divided by its time. R-hat (rank-normalised split R-hat) max over the five and the post-warm-up divergences are
-reported beside it. The best candidate of each side is the one with the highest min ESS/s; the ratio zoo best ÷
-NumPyro best is the headline (higher is better; target >= 2); zoo best ÷ BlackJAX best is reported beside it.
-Each candidate runs once, one after the other, so machine noise on a shared machine moves the absolute figures;
-note the chains and threads used.
+Figure: function-space ESS. f(x), the net's output (the mean of y, standardised), at five inputs: on ``toy``
+over the whole input range (outside left, left cluster, the gap's centre, right cluster, outside right: -1.5,
+-0.75, 0, 0.75, 1.5 in original units), on ``uci:bostonHousing`` the first five test rows of split 0 (as the
+zoo's loaded data set holds them, standardised with the training statistics; the noise is not one of the
+summaries); ESS is ArviZ's rank-normalised bulk ESS over all chains of each, and a sampler's figure is the minimum
+over the five, divided by its time. R-hat (rank-normalised split R-hat) max over the five and the post-warm-up
+divergences are reported beside it. The best candidate of each side is the one with the highest min ESS/s; the
+ratio zoo best ÷ NumPyro best is the headline (higher is better; target >= 2); zoo best ÷ BlackJAX best is
+reported beside it. Each candidate runs once, one after the other, so machine noise on a shared machine moves the
+absolute figures; note the chains and threads used.
 
-    python benchmarks/hmc_speed.py [--warmup 200] [--samples 200] [--zoo-methods hmc:64[,nuts:2]]
+    python benchmarks/hmc_speed.py [--model toy|uci:bostonHousing] [--data-dir DIR]
+                                   [--warmup 200] [--samples 200] [--zoo-methods hmc:64[,nuts:2]]
                                    [--numpyro-methods vectorized:4,sequential:4,parallel:2] [--threads N]
                                    [--blackjax-methods chees:64,chees_diag:64] [--seed 0] [--json PATH]
                                    [--zoo-set inference.KEY=VALUE ...]
@@ -61,12 +76,14 @@ Needs the optional NumPyro/JAX/BlackJAX/Optax extra (``pip install -e .[bench]``
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +94,10 @@ from rich.table import Table
 import zoo.inference.mcmc
 import zoo.pipeline
 import zoo.spec
+from zoo.data.base import Dataset
 from zoo.diagnostics import ESS_MIN, RHAT_MAX
+from zoo.errors import ZooInputError
+from zoo.likelihoods import Gaussian
 from zoo.runs import write_json
 
 try:  # the NumPyro side is optional: pip install -e .[bench]
@@ -90,9 +110,11 @@ else:
         numpyro.set_host_device_count(2)
 
 TARGET_RATIO = 2.0  # issue 18: the zoo at its default adaptation >= 2x NumPyro's best chain method
-DATA_SEED = 0  # the data set is the zoo's toy_gap of spec seed 0, whatever --seed the samplers get
-NOISE = 0.1  # likelihood sigma in ORIGINAL target units (the spec's convention); see the module docstring
-X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # original input units: outside, left cluster, gap, right cluster, outside
+DATA_SEED = 0  # the spec seed (toy_gap's data seed), whatever --seed the samplers get
+NOISE = 0.1  # toy: likelihood sigma in ORIGINAL target units (the spec's convention); see the module docstring
+X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # toy, original input units: outside, left cluster, gap, right cluster, outside
+TEST_ROWS = 5  # UCI: f is read at the first this many test rows of the split
+JAX_ACTIVATIONS = ("tanh", "relu")  # the hidden activations the NumPyro model writes
 ZOO_METHODS = ("hmc", "nuts")
 NUMPYRO_METHODS = ("vectorized", "sequential", "parallel")
 BLACKJAX_METHODS = ("chees", "chees_diag")
@@ -116,23 +138,75 @@ def parse_candidates(text: str, methods: tuple[str, ...], option: str) -> list[t
     return out
 
 
-def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: list[str]) -> zoo.spec.RunSpec:
-    """The run spec of the benchmark's model with a zoo sampler; ``overrides`` (``--zoo-set``) are applied last."""
+def eval_inputs(data: Dataset) -> torch.Tensor:
+    """The toy's five evaluation inputs ``[5, 1]``, standardised like the training inputs."""
+    x = torch.tensor(X_EVAL, dtype=data.x_train.dtype).unsqueeze(-1)
+    return (x - data.x_mean.to(x)) / data.x_std.to(x)
+
+
+def first_test_rows(data: Dataset) -> torch.Tensor:
+    """The first :data:`TEST_ROWS` test inputs ``[5, D]`` as the zoo's data set holds them (standardised)."""
+    return data.x_test[:TEST_ROWS]
+
+
+def original_units(x: torch.Tensor, data: Dataset) -> list:
+    """Standardised inputs ``[E, D]`` back in original units, as nested lists (for the JSON; recovered from the
+    float32 tensors, so a 0 of the data file may read 5e-07)."""
+    return (x.double() * data.x_std.double() + data.x_mean.double()).tolist()
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A model the samplers are compared on (``--model``): the zoo spec sections that define it, and the inputs at
+    which f is read for the function-space ESS. Only the spec is per model: every side's model is built from it."""
+
+    name: str
+    sections: dict  # the spec's data, net, prior and likelihood sections
+    eval_inputs: Callable[[Dataset], torch.Tensor]  # [E, D], standardised like the training inputs
+    eval_original: Callable[[Dataset], list]  # the same inputs in original units, for the JSON
+    eval_caption: str | None = None  # how the tables name them (None: "x = " and the original values)
+
+    @property
+    def uci(self) -> bool:
+        """Whether the data is a UCI folder (read from ``--data-dir``)."""
+        return self.sections["data"]["name"].startswith("uci:")
+
+
+TOY = BenchModel("toy", {"data": {"name": "toy_gap"},
+                         "net": {"hidden": [50], "activation": "tanh"},
+                         "prior": {"name": "normal", "scale": 1.0},
+                         "likelihood": {"name": "gaussian", "noise": NOISE}},
+                 eval_inputs, lambda data: list(X_EVAL))
+BOSTON = BenchModel("uci:bostonHousing", {"data": {"name": "uci:bostonHousing", "split": 0},  # configs/hmc_uci.yaml
+                                          "net": {"hidden": [50], "activation": "relu"},
+                                          "prior": {"name": "normal", "loc": 0.0, "scale": 1.0},
+                                          "likelihood": {"name": "gaussian", "noise": "learned"}},
+                    first_test_rows, lambda data: original_units(first_test_rows(data), data),
+                    f"the first {TEST_ROWS} test rows")
+MODELS = {model.name: model for model in (TOY, BOSTON)}
+
+
+def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: list[str],
+               bench: BenchModel = TOY, data_dir: str | None = None) -> zoo.spec.RunSpec:
+    """The run spec of ``bench`` (UCI data read from ``data_dir``) with a zoo sampler; ``overrides``
+    (``--zoo-set``) are applied last."""
+    sections = copy.deepcopy(bench.sections)
+    if bench.uci and data_dir is not None:
+        sections["data"]["dir"] = data_dir
     return zoo.spec.load_spec({
-        "data": {"name": "toy_gap"},
-        "net": {"hidden": [50], "activation": "tanh"},
-        "prior": {"name": "normal", "scale": 1.0},
-        "likelihood": {"name": "gaussian", "noise": NOISE},
+        **sections,
         "inference": {"method": method, "num_chains": chains, "warmup_steps": warmup, "num_samples": samples},
         "device": "cpu",
         "seed": DATA_SEED,
     }, overrides)
 
 
-def eval_inputs(data) -> torch.Tensor:
-    """The five evaluation inputs ``[5, 1]``, standardised like the training inputs."""
-    x = torch.tensor(X_EVAL, dtype=data.x_train.dtype).unsqueeze(-1)
-    return (x - data.x_mean.to(x)) / data.x_std.to(x)
+def resolve_data_dir(explicit: str | None) -> str:
+    """The UCI folder as ``benchmarks/uci.py`` finds it: ``--data-dir``, else ``$ZOO_DATA_DIR``, else
+    ``../shared/data/uci`` beside the repository (ZooInputError when none exists)."""
+    from uci import resolve_data_dir as resolve  # sibling module of this script
+
+    return str(resolve(explicit))
 
 
 def _finite(value: float) -> float | None:
@@ -140,7 +214,7 @@ def _finite(value: float) -> float | None:
 
 
 def diagnostics(f: np.ndarray) -> dict:
-    """Bulk ESS and R-hat of f(x) draws ``[chains, samples, 5]`` (ArviZ, rank-normalised, over all chains)."""
+    """Bulk ESS and R-hat of f(x) draws ``[chains, samples, E]`` (ArviZ, rank-normalised, over all chains)."""
     import arviz as az
 
     dataset = az.convert_to_dataset({"f": np.asarray(f, dtype=np.float64)})
@@ -158,16 +232,17 @@ def per_second(ess: float | None, seconds: float) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------ zoo side
-def run_zoo(method: str, chains: int, args: argparse.Namespace) -> dict:
+def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchModel) -> dict:
     """One zoo candidate: build the run's model, sample it with ``fit_mcmc``, and diagnose f at the five inputs."""
-    spec = build_spec(method, chains, args.warmup, args.samples, args.zoo_set)
+    spec = build_spec(method, chains, args.warmup, args.samples, args.zoo_set, bench, args.data_dir)
     data, family, guide, _ = zoo.pipeline.prepare(spec)
     started = time.perf_counter()
     result = zoo.inference.mcmc.fit_mcmc(family, guide, data, spec.inference, args.seed, progress=False)
     total = time.perf_counter() - started
     chains, samples = next(iter(result.draws.values())).shape[:2]
     with torch.no_grad():
-        f = family.forward_draws({k: v.flatten(0, 1) for k, v in result.draws.items()}, eval_inputs(data))[..., 0]
+        f = family.forward_draws({k: v.flatten(0, 1) for k, v in result.draws.items()},
+                                 bench.eval_inputs(data))[..., 0]
     row = {"side": "zoo", "method": method, "chains": int(chains), "warmup": spec.inference.warmup_steps,
            "samples": int(samples), "seconds": result.seconds,
            "seconds_compile_inclusive": total, "compile_seconds": total - result.seconds,
@@ -214,39 +289,76 @@ def compile_clock() -> CompileClock:
     return _COMPILE_CLOCK
 
 
-def numpyro_model(hidden: int, prior_scale: float, noise: float) -> Callable:
-    """The benchmark's BNN in NumPyro, with the zoo's site names and shapes (torch ``nn.Linear`` layout)."""
+def numpyro_model(hidden: int, prior_scale: float, noise: float | None, activation: str = "tanh",
+                  noise_prior: tuple[float, float] = (-1.0, 1.0)) -> Callable:
+    """The benchmark's BNN in NumPyro, with the zoo's site names and shapes (torch ``nn.Linear`` layout).
+
+    One hidden layer of ``hidden`` ``activation`` units (the input width is x's), Normal(0, prior_scale) on every
+    weight and bias, and a Gaussian likelihood whose sigma (standardised units) is ``noise``, or with ``noise=None``
+    the latent scalar ``noise_scale`` under LogNormal(*noise_prior), as ``zoo.likelihoods.Gaussian`` samples it.
+    """
+    import jax
     import jax.numpy as jnp
     import numpyro.distributions as dist
+
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[activation]
 
     def model(x, y=None):
         def weight(name: str, shape: tuple[int, ...]):
             return numpyro.sample(name, dist.Normal(0.0, prior_scale).expand(shape).to_event(len(shape)))
 
-        w1, b1 = weight("hidden0.weight", (hidden, 1)), weight("hidden0.bias", (hidden,))
+        w1, b1 = weight("hidden0.weight", (hidden, x.shape[-1])), weight("hidden0.bias", (hidden,))
         w2, b2 = weight("out.weight", (1, hidden)), weight("out.bias", (1,))
-        f = (jnp.tanh(x @ w1.T + b1) @ w2.T + b2)[..., 0]
-        numpyro.sample("obs", dist.Normal(f, noise), obs=y)
+        sigma = noise if noise is not None else numpyro.sample(Gaussian.noise_site, dist.LogNormal(*noise_prior))
+        f = (act(x @ w1.T + b1) @ w2.T + b2)[..., 0]
+        numpyro.sample("obs", dist.Normal(f, sigma), obs=y)
 
     return model
 
 
-def numpy_forward(draws: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-    """f(x) under draws ``{site: [chains, samples, *shape]}`` of the tanh net: ``[chains, samples, B]``."""
+def numpyro_model_of(spec: zoo.spec.RunSpec, family) -> Callable:
+    """The NumPyro model of the zoo model built from ``spec`` (its sections after ``--zoo-set``), standardised
+    noise and noise prior read off the built ``family``; ValueError for a model the JAX sides do not write."""
+    prior, likelihood = spec.prior.default, family.likelihood
+    if (prior.name != "normal" or prior.loc != 0.0 or spec.prior.sites or len(spec.net.hidden) != 1
+            or spec.net.activation not in JAX_ACTIVATIONS or spec.net.name != "mlp"
+            or not isinstance(likelihood, Gaussian)):
+        raise ValueError("the NumPyro and BlackJAX sides write a one-hidden-layer tanh or ReLU MLP with a "
+                         "Normal(0, s) prior and a Gaussian likelihood of fixed or learned noise; keep --zoo-set "
+                         "to such a model")
+    return numpyro_model(spec.net.hidden[0], prior.scale, likelihood.fixed_noise, spec.net.activation,
+                         (likelihood.prior_loc, likelihood.prior_scale))
+
+
+def numpy_forward(draws: dict[str, np.ndarray], x: np.ndarray, activation: str = "tanh") -> np.ndarray:
+    """f(x) under draws ``{site: [chains, samples, *shape]}`` of the one-hidden-layer net: ``[chains, samples, B]``."""
     w1, b1 = draws["hidden0.weight"].astype(np.float64), draws["hidden0.bias"].astype(np.float64)
     w2, b2 = draws["out.weight"].astype(np.float64), draws["out.bias"].astype(np.float64)
-    hidden = np.tanh(np.einsum("bi,csji->csbj", x, w1) + b1[:, :, None, :])
+    act = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0.0)}[activation]
+    hidden = act(np.einsum("bi,csji->csbj", x, w1) + b1[:, :, None, :])
     return np.einsum("csbj,csoj->csbo", hidden, w2)[..., 0] + b2  # b2 [chains, samples, 1] broadcasts over B
 
 
-def run_numpyro(method: str, chains: int, args: argparse.Namespace, data, model: Callable) -> dict:
+@dataclass(frozen=True)
+class Problem:
+    """The benchmark's model as the JAX sides sample it: the zoo's data set, the NumPyro model written from the
+    zoo's spec, and the inputs at which f is read (standardised, float64) with the net's activation."""
+
+    data: Dataset
+    model: Callable
+    x_eval: np.ndarray
+    activation: str
+
+
+def run_numpyro(method: str, chains: int, args: argparse.Namespace, problem: Problem) -> dict:
     """One NumPyro candidate: default NUTS, timed whole (blocked on), with JAX's compile time measured inside."""
     import jax
     from numpyro.infer import MCMC, NUTS
 
     clock = compile_clock()
+    data = problem.data
     x, y = data.x_train.detach().cpu().numpy(), data.y_train.detach().cpu().numpy()  # float32, standardised
-    mcmc = MCMC(NUTS(model), num_warmup=args.warmup, num_samples=args.samples, num_chains=chains,
+    mcmc = MCMC(NUTS(problem.model), num_warmup=args.warmup, num_samples=args.samples, num_chains=chains,
                 chain_method=method, progress_bar=False)
     compile_before = clock.seconds
     started = time.perf_counter()
@@ -254,17 +366,17 @@ def run_numpyro(method: str, chains: int, args: argparse.Namespace, data, model:
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
     extra = jax.block_until_ready(mcmc.get_extra_fields(group_by_chain=True))
     wall = time.perf_counter() - started
-    return jax_row("numpyro", method, args, data, draws, wall, min(clock.seconds - compile_before, wall),
+    return jax_row("numpyro", method, args, problem, draws, wall, min(clock.seconds - compile_before, wall),
                    extra["diverging"], extra["num_steps"])
 
 
-def jax_row(side: str, method: str, args: argparse.Namespace, data, draws: dict, wall: float,
+def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, draws: dict, wall: float,
             compile_seconds: float, divergent, n_steps, **extra) -> dict:
     """One JAX-side candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and
     R-hat of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
     import jax
 
-    f = numpy_forward({k: np.asarray(v) for k, v in draws.items()}, eval_inputs(data).double().numpy())
+    f = numpy_forward({k: np.asarray(v) for k, v in draws.items()}, problem.x_eval, problem.activation)
     row = {"side": side, "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
            "samples": int(f.shape[1]), "seconds": wall - compile_seconds, "seconds_compile_inclusive": wall,
            "compile_seconds": compile_seconds, "divergences": int(np.asarray(divergent).sum()),
@@ -281,10 +393,11 @@ def blackjax_problem(model: Callable, data, chains: int, rng_key) -> tuple[Calla
 
     ``initialize_model`` on one key per chain gives the model's potential on the standardised float32 training
     data and one independent prior draw per chain (``init_to_sample``). BlackJAX gets each chain's unconstrained
-    sites raveled into one vector (``jax.flatten_util.ravel_pytree`` order): ``logdensity(z [D])`` is minus the
-    potential, ``positions`` is ``[chains, D]``, and ``site_values(z)`` gives back ``{site: value}``. Flat because
-    BlackJAX 1.7's ChEES criterion assumes every position leaf is ``[chains, dim]`` (its weighted ensemble mean
-    reduces the last axis only), which the sites' ``[chains, 50, 1]`` and ``[chains, 1, 50]`` are not.
+    sites raveled into one vector (``jax.flatten_util.ravel_pytree`` order; a learned noise as log sigma):
+    ``logdensity(z [D])`` is minus the potential (with its log-Jacobian), ``positions`` is ``[chains, D]``, and
+    ``site_values(z)`` gives back ``{site: value}`` (constrained). Flat because BlackJAX 1.7's ChEES criterion
+    assumes every position leaf is ``[chains, dim]`` (its weighted ensemble mean reduces the last axis only), which
+    the sites' ``[chains, 50, D_in]``, ``[chains, 1, 50]`` and a scalar noise's ``[chains]`` are not.
     """
     import jax
     from jax.flatten_util import ravel_pytree
@@ -334,7 +447,7 @@ def chees_sampler(logdensity: Callable, chains: int, warmup: int, samples: int, 
     return jax.jit(run)
 
 
-def run_blackjax(method: str, chains: int, args: argparse.Namespace, data, model: Callable) -> dict:
+def run_blackjax(method: str, chains: int, args: argparse.Namespace, problem: Problem) -> dict:
     """One BlackJAX candidate (``chees`` or ``chees_diag``): ChEES-tuned jittered HMC on the NumPyro model's density,
     timed like NumPyro's run (prior draws, warm-up and sampling, blocked on) with JAX's compile time measured inside."""
     import jax
@@ -343,13 +456,13 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, data, model
     init_key, run_key = jax.random.split(jax.random.PRNGKey(args.seed))
     compile_before = clock.seconds
     started = time.perf_counter()
-    logdensity, positions, site_values = blackjax_problem(model, data, chains, init_key)
+    logdensity, positions, site_values = blackjax_problem(problem.model, problem.data, chains, init_key)
     run = chees_sampler(logdensity, chains, args.warmup, args.samples, diagonal=method == "chees_diag")
     draws, divergent, n_steps, step_size, length = jax.block_until_ready(run(run_key, positions))
     wall = time.perf_counter() - started
     compile_seconds = min(clock.seconds - compile_before, wall)  # before the conversion below compiles its own
     values = jax.vmap(jax.vmap(site_values))(jax.numpy.swapaxes(draws, 0, 1))  # {site: [chains, samples, ...]}
-    return jax_row("blackjax", method, args, data, values, wall, compile_seconds, divergent, n_steps,
+    return jax_row("blackjax", method, args, problem, values, wall, compile_seconds, divergent, n_steps,
                    settings={"step_size": float(step_size), "trajectory_length": float(length)})
 
 
@@ -385,6 +498,11 @@ def _fmt(value: float | None, spec: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """Run every candidate of both sides, print the table; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=list(MODELS), default=TOY.name,
+                        help="the model every side samples (module docstring): the toy tanh net on toy_gap, or "
+                        "configs/hmc_uci.yaml's ReLU net with learned noise on bostonHousing split 0")
+    parser.add_argument("--data-dir", help="UCI models: the folder holding bostonHousing/ (default: $ZOO_DATA_DIR, "
+                        "else ../shared/data/uci beside the repository)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up iterations per chain")
     parser.add_argument("--samples", type=int, default=200, help="kept draws per chain")
     parser.add_argument("--zoo-methods", default="hmc:64",
@@ -420,6 +538,12 @@ def main(argv: list[str] | None = None) -> dict:
                                if args.blackjax_methods.strip() else [])
     except ValueError as exc:
         parser.error(str(exc))
+    bench = MODELS[args.model]
+    if bench.uci:
+        try:
+            args.data_dir = resolve_data_dir(args.data_dir)
+        except ZooInputError as exc:
+            parser.error(str(exc))
     try:
         import arviz  # noqa: F401 - the ESS and R-hat
     except ImportError:
@@ -441,30 +565,30 @@ def main(argv: list[str] | None = None) -> dict:
         versions.update(blackjax=blackjax.__version__, optax=optax.__version__)
 
     # the model every side samples: data, standardised noise and prior scale exactly as a zoo run has them
-    reference = build_spec("hmc", 1, args.warmup, args.samples, args.zoo_set)
+    reference = build_spec("hmc", 1, args.warmup, args.samples, args.zoo_set, bench, args.data_dir)
     data, family, _, _ = zoo.pipeline.prepare(reference)
-    noise = family.likelihood.fixed_noise
-    prior = reference.prior.default
-    if (noise is None or prior.name != "normal" or prior.loc != 0.0 or reference.prior.sites
-            or len(reference.net.hidden) != 1 or reference.net.activation != "tanh" or reference.net.name != "mlp"):
-        parser.error("the NumPyro and BlackJAX sides write a one-hidden-layer tanh MLP with a Normal(0, s) prior "
-                     "and fixed noise; keep --zoo-set to such a model")
-    hidden = reference.net.hidden[0]
+    try:
+        model = numpyro_model_of(reference, family)
+    except ValueError as exc:
+        parser.error(str(exc))
+    x_eval = bench.eval_inputs(data)
+    problem = Problem(data, model, x_eval.double().numpy(), reference.net.activation)
 
-    results = {"model": f"1-{hidden}-1 tanh, Normal(0, {prior.scale:g}) prior, Gaussian likelihood",
-               "data": "toy_gap", "data_seed": DATA_SEED, "n_train": data.n_train,
-               "noise_original_units": float(reference.likelihood.noise), "noise_standardised": float(noise),
-               "y_std": data.y_std, "x_eval": list(X_EVAL), "x_eval_standardised": eval_inputs(data)[:, 0].tolist(),
+    results = {"model": model_label(reference, family, data), "data": reference.data.name, "data_seed": DATA_SEED,
+               "n_train": data.n_train, **noise_facts(reference, family), "y_std": data.y_std,
+               "x_eval": bench.eval_original(data), "x_eval_standardised": x_eval.squeeze(-1).tolist(),
                "warmup": args.warmup, "samples": args.samples, "seed": args.seed, "zoo_set": args.zoo_set,
                "torch_threads": torch.get_num_threads(), "xla_single_thread": xla_single_thread,
                "versions": versions, "target_ratio": TARGET_RATIO, "zoo": {}, "numpyro": {}, "blackjax": {}}
+    if bench is not TOY:  # keys the toy's figures never had (a JSON without bench_model is the toy's)
+        results.update(bench_model=bench.name, split=reference.data.split, x_eval_caption=bench.eval_caption,
+                       data_dir=args.data_dir if bench.uci else None)
     for method, chains in zoo_candidates:
-        results["zoo"][f"{method}:{chains}"] = run_zoo(method, chains, args)
-    model = numpyro_model(hidden, prior.scale, noise)
+        results["zoo"][f"{method}:{chains}"] = run_zoo(method, chains, args, bench)
     for method, chains in numpyro_candidates:
-        results["numpyro"][f"{method}:{chains}"] = run_numpyro(method, chains, args, data, model)
+        results["numpyro"][f"{method}:{chains}"] = run_numpyro(method, chains, args, problem)
     for method, chains in blackjax_candidates:
-        results["blackjax"][f"{method}:{chains}"] = run_blackjax(method, chains, args, data, model)
+        results["blackjax"][f"{method}:{chains}"] = run_blackjax(method, chains, args, problem)
     results["host_devices"] = jax.local_device_count()
 
     summarise(results)
@@ -472,6 +596,26 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         write_json(args.json, results)
     return results
+
+
+def model_label(spec: zoo.spec.RunSpec, family, data: Dataset) -> str:
+    """The model in words, e.g. ``1-50-1 tanh, Normal(0, 1) prior, Gaussian likelihood`` (the toy's, as before)."""
+    label = (f"{data.in_dim}-{spec.net.hidden[0]}-1 {spec.net.activation}, Normal(0, {spec.prior.default.scale:g}) "
+             "prior, Gaussian likelihood")
+    noise = family.likelihood
+    if noise.fixed_noise is None:
+        label += f" with learned noise, LogNormal({noise.prior_loc:g}, {noise.prior_scale:g}) prior"
+    return label
+
+
+def noise_facts(spec: zoo.spec.RunSpec, family) -> dict:
+    """The JSON's noise keys: a fixed sigma in original and standardised units, or (learned) None and its prior."""
+    noise = family.likelihood.fixed_noise
+    if noise is not None:
+        return {"noise_original_units": float(spec.likelihood.noise), "noise_standardised": float(noise)}
+    return {"noise_original_units": None, "noise_standardised": None, "noise": "learned",
+            "noise_prior": {"name": "lognormal", "loc": family.likelihood.prior_loc,
+                            "scale": family.likelihood.prior_scale, "units": "standardised"}}
 
 
 def converged(row: dict) -> bool:
@@ -518,10 +662,15 @@ def summarise(results: dict) -> None:
 
 def print_tables(results: dict) -> None:
     """The per-candidate table and the ratios, as the run prints them."""
-    table = Table(title=f"function-space ESS/s: {results['model']} on toy_gap (sigma {NOISE:g} original = "
-                        f"{results['noise_standardised']:.3f} standardised), {results['warmup']} warm-up + "
-                        f"{results['samples']} draws per chain, bulk ESS and R-hat of f(x) at x = "
-                        f"{', '.join(f'{v:g}' for v in X_EVAL)} (min / max of the five); time = warm-up + sampling, "
+    data = results["data"] + (f" split {results['split']}" if results.get("split") is not None else "")
+    if results["noise_standardised"] is not None:  # a learned noise is in the model's words already
+        data += (f" (sigma {results['noise_original_units']:g} original = {results['noise_standardised']:.3f} "
+                 "standardised)")
+    count = len(results["x_eval_standardised"])
+    where = results.get("x_eval_caption") or f"x = {', '.join(f'{v:g}' for v in results['x_eval'])}"
+    table = Table(title=f"function-space ESS/s: {results['model']} on {data}, {results['warmup']} "
+                        f"warm-up + {results['samples']} draws per chain, bulk ESS and R-hat of f(x) at {where} "
+                        f"(min / max of the {'five' if count == 5 else count}); time = warm-up + sampling, "
                         f"'+compile' adds compile time (zoo: all start-up); converged: R-hat <= {RHAT_MAX}, ESS >= "
                         f"{ESS_MIN:.0f}, no divergences (torch threads {results['torch_threads']}, "
                         f"{results['host_devices']} XLA host devices)")

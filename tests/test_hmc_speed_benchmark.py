@@ -1,12 +1,14 @@
 """The HMC speed benchmark runs tiny, prints its tables and writes its figures: per-sampler ESS, R-hat and
 divergences, and the ratios zoo best ÷ NumPyro best and zoo best ÷ BlackJAX best as the quotients of the reported
 ESS/s; and its NumPyro model, and the log density BlackJAX samples, are the zoo's model (the same potential energy
-at the same weights, the same f(x))."""
+at the same weights, the same f(x)), on the toy and on bostonHousing (a tiny folder of that name written by the
+test, so it runs without the UCI data)."""
 
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +21,10 @@ import hmc_speed  # noqa: E402
 
 from zoo.inference.mcmc import Potential  # noqa: E402
 from zoo.pipeline import prepare  # noqa: E402
+from zoo.spec import load_spec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
 
 ROW_KEYS = {"side", "method", "chains", "warmup", "samples", "seconds", "compile_seconds", "divergences",
             "ess_bulk", "min_ess", "rhat", "rhat_max", "min_ess_per_s", "min_ess_per_s_compile_inclusive",
@@ -150,3 +156,131 @@ def test_candidates_parse_and_refuse_unknown_methods():
         ("chees", 64)]
     with pytest.raises(ValueError, match="--blackjax-methods"):
         hmc_speed.parse_candidates("meads:4", hmc_speed.BLACKJAX_METHODS, "--blackjax-methods")
+
+
+# ------------------------------------------------------------------------------------------ bostonHousing
+def write_boston(root: Path, n_rows: int = 40) -> Path:
+    """A tiny ``bostonHousing`` folder in the standard UCI format under ``root`` (returned): 13 features and a
+    target column, one split of 32 training and 8 test rows."""
+    rng = np.random.default_rng(0)
+    data = rng.normal(loc=3.0, scale=2.0, size=(n_rows, 14))
+    data[:, 13] = 20 + 3 * data[:, 0] - 2 * data[:, 5] + rng.normal(size=n_rows)
+    folder = root / "bostonHousing"
+    folder.mkdir(parents=True)
+    (folder / "data.txt").write_text("\n".join(" ".join(f"{v:.6f}" for v in row) for row in data) + "\n")
+    (folder / "index_features.txt").write_text("\n".join(map(str, range(13))) + "\n")
+    (folder / "index_target.txt").write_text("13\n")
+    (folder / "n_splits.txt").write_text("1\n")
+    perm = rng.permutation(n_rows)
+    (folder / "index_train_0.txt").write_text("\n".join(map(str, perm[:32])) + "\n")
+    (folder / "index_test_0.txt").write_text("\n".join(map(str, perm[32:])) + "\n")
+    return root
+
+
+@pytest.fixture(params=["tiny", "shared"])
+def boston_root(request, tmp_path) -> Path:
+    """A folder holding bostonHousing: the tiny one this test writes, or the real data beside the repository."""
+    if request.param == "tiny":
+        return write_boston(tmp_path)
+    if not (SHARED_UCI / "bostonHousing").is_dir():
+        pytest.skip(f"the UCI data is not at {SHARED_UCI} (the tiny folder's case runs everywhere)")
+    return SHARED_UCI
+
+
+def boston_energy_at_three_points(root: Path):
+    """The benchmark's bostonHousing model built as a zoo run, U at three seeded unconstrained points (weights and
+    log noise), the constrained values there, and the NumPyro model written from the spec."""
+    spec = hmc_speed.build_spec("hmc", 3, 10, 10, [], hmc_speed.BOSTON, str(root))
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data)
+    torch.manual_seed(0)
+    z = torch.randn(3, potential.coords.dim)
+    values, _ = potential.coords.unpack(z)
+    unconstrained = {name: potential.coords.transforms[name].inv(value) for name, value in values.items()}
+    return data, family, potential, potential(z), values, unconstrained, hmc_speed.numpyro_model_of(spec, family)
+
+
+def test_boston_model_is_that_of_the_hmc_uci_config(tmp_path):
+    spec = hmc_speed.build_spec("hmc", 3, 10, 10, [], hmc_speed.BOSTON, str(tmp_path))
+    config = load_spec(REPO / "configs" / "hmc_uci.yaml")
+    for section in ("net", "prior", "likelihood"):
+        assert getattr(spec, section) == getattr(config, section), section
+    assert (spec.data.name, spec.data.split, spec.data.dir) == ("uci:bostonHousing", 0, str(tmp_path))
+    assert (config.data.name, config.data.split) == ("uci:bostonHousing", 0)
+    assert spec.likelihood.noise == "learned"
+
+
+def test_boston_numpyro_model_has_the_zoo_potential(boston_root):
+    from numpyro.infer.util import potential_energy
+
+    data, family, potential, zoo_energy, values, unconstrained, model = boston_energy_at_three_points(boston_root)
+    assert data.in_dim == 13 and values["hidden0.weight"].shape == (3, 50, 13)
+    assert values["noise_scale"].shape == (3,)  # one scalar sigma per point, the zoo's latent site
+    assert torch.allclose(unconstrained["noise_scale"], values["noise_scale"].log())
+    x, y = data.x_train.numpy(), data.y_train.numpy()
+    for i in range(3):
+        # potential_energy takes unconstrained values: NumPyro maps log sigma to sigma with its log-Jacobian, as the
+        # zoo's Coordinates do, so the two potentials agree exactly (the zoo drops no constant)
+        params = {name: value[i].numpy() for name, value in unconstrained.items()}
+        numpyro_energy = float(potential_energy(model, (x, y), {}, params))
+        assert numpyro_energy == pytest.approx(float(zoo_energy[i]), rel=1e-4)
+    # the noise enters the density: another sigma, another potential on both sides
+    params = {name: value[0].numpy() for name, value in unconstrained.items()}
+    moved = {**params, "noise_scale": params["noise_scale"] + 0.5}
+    assert float(potential_energy(model, (x, y), {}, moved)) != pytest.approx(float(zoo_energy[0]), rel=1e-3)
+    # f at the first five test rows (standardised as the zoo holds them) is computed as the zoo's ReLU net does
+    x_eval = hmc_speed.BOSTON.eval_inputs(data)
+    assert torch.equal(x_eval, data.x_test[:5])
+    with torch.no_grad():
+        expected = family.forward_draws(values, x_eval)[..., 0]
+    got = hmc_speed.numpy_forward({k: v.unsqueeze(0).numpy() for k, v in values.items()}, x_eval.double().numpy(),
+                                  "relu")
+    assert got.shape == (1, 3, 5)
+    assert torch.allclose(torch.from_numpy(got[0]).float(), expected, atol=1e-4)
+
+
+def test_boston_blackjax_log_density_is_minus_the_zoo_potential(boston_root):
+    pytest.importorskip("blackjax", reason="the BlackJAX side needs the bench extra: pip install -e .[bench]")
+    import jax
+    from jax.flatten_util import ravel_pytree
+
+    data, family, potential, zoo_energy, values, unconstrained, model = boston_energy_at_three_points(boston_root)
+    logdensity, positions, site_values = hmc_speed.blackjax_problem(model, data, 3, jax.random.PRNGKey(0))
+    assert positions.shape == (3, potential.coords.dim)
+    start = site_values(positions[0])
+    assert {k: tuple(v.shape) for k, v in start.items()} == {k: tuple(v.shape[1:]) for k, v in values.items()}
+    assert float(start["noise_scale"]) > 0  # site_values gives sigma, constrained
+    for i in range(3):
+        flat = ravel_pytree({name: jax.numpy.asarray(value[i].numpy()) for name, value in unconstrained.items()})[0]
+        assert float(logdensity(flat)) == pytest.approx(-float(zoo_energy[i]), rel=1e-4)
+        assert float(site_values(flat)["noise_scale"]) == pytest.approx(float(values["noise_scale"][i]), rel=1e-6)
+
+
+def test_boston_benchmark_runs_tiny_and_writes_its_model(tmp_path, capsys):
+    pytest.importorskip("blackjax", reason="the BlackJAX side needs the bench extra: pip install -e .[bench]")
+    root, out = write_boston(tmp_path / "uci"), tmp_path / "hmc_speed_boston.json"
+    hmc_speed.main(["--model", "uci:bostonHousing", "--data-dir", str(root), "--warmup", "10", "--samples", "10",
+                    "--zoo-methods", "hmc:4", "--numpyro-methods", "vectorized:2", "--blackjax-methods", "chees:2",
+                    "--zoo-set", "inference.max_leapfrog_steps=8", "--json", str(out)])
+    figures = json.loads(out.read_text())
+    assert figures["bench_model"] == "uci:bostonHousing" and figures["data"] == "uci:bostonHousing"
+    assert figures["split"] == 0 and figures["data_dir"] == str(root.resolve()) and figures["n_train"] == 32
+    assert figures["model"] == ("13-50-1 relu, Normal(0, 1) prior, Gaussian likelihood with learned noise, "
+                                "LogNormal(-1, 1) prior")
+    assert figures["noise"] == "learned" and figures["noise_standardised"] is None
+    assert figures["noise_prior"] == {"name": "lognormal", "loc": -1.0, "scale": 1.0, "units": "standardised"}
+    assert np.array(figures["x_eval"]).shape == np.array(figures["x_eval_standardised"]).shape == (5, 13)
+    for side, name in (("zoo", "hmc:4"), ("numpyro", "vectorized:2"), ("blackjax", "chees:2")):
+        row = figures[side][name]
+        assert len(row["ess_bulk"]) == 5 and row["min_ess"] == min(row["ess_bulk"]) and row["seconds"] > 0
+    printed = " ".join(capsys.readouterr().out.split())  # the title wraps
+    assert "learned noise, LogNormal(-1, 1) prior on uci:bostonHousing split 0, 10 warm-up" in printed
+    assert "bulk ESS and R-hat of f(x) at the first 5 test rows (min / max of the five)" in printed
+    hmc_speed.main(["--from-json", str(out)])
+    assert "at the first 5 test rows" in " ".join(capsys.readouterr().out.split())
+
+
+def test_boston_without_its_data_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        hmc_speed.main(["--model", "uci:bostonHousing", "--data-dir", str(tmp_path / "absent")])
+    assert exit_info.value.code == 2 and "absent" in capsys.readouterr().err
