@@ -34,6 +34,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -42,6 +43,9 @@ from rich.table import Table
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.exits import exit_code
 from zoo.metrics import mean_and_standard_error
+
+if TYPE_CHECKING:
+    from zoo.spec import RunSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "uci"
@@ -135,7 +139,7 @@ def _user_set(overrides: list[str], key: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ one split
-def finished_run(spec, run_dir: Path) -> dict | None:
+def finished_run(spec: RunSpec, run_dir: Path) -> dict | None:
     """A kept run of ``spec`` that finished (its metrics written) as :func:`run_split`'s result, else None; a run
     dir holding another spec is refused rather than silently mixed into the table."""
     from zoo.runs import METRICS_FILE, SPEC_FILE
