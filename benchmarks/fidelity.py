@@ -4,11 +4,12 @@
         [--members all|name,...] [--runs-dir DIR] [--json PATH] [--threads N] [--samples S] [--steps N]
     python benchmarks/fidelity.py --reference runs/hmc_uci/bostonHousing-split0{0,1,2} ...   # UCI, several splits
 
-The task follows from the reference run's spec: the toy with a gap (regression), two moons (classification) or a
-UCI data set. On a UCI reference each member is its own UCI config (``UCI_CONFIGS``: the settings of the UCI
-table) run on the reference's data set, split and net width, and the members' runs go to
-``runs/fidelity/uci/<data set>-split<NN>/<member>``. Given several references, the script also prints, per data
-set, each member's figures as mean ± standard error over the references (splits), and how many of them pass
+The task follows from the reference run's spec: the toy with a gap (regression), two moons (classification), a
+UCI data set or digits. On a UCI or digits reference each member is its own config for that data
+(:func:`member_configs`: the settings of the UCI and digits tables) run on the reference's data set, split (UCI) or
+seed (digits) and net width, and the members' runs go to ``runs/fidelity/uci/<data set>-split<NN>/<member>`` or
+``runs/fidelity/digits/digits-seed<NN>/<member>``. Given several references, the script also prints, per data
+set, each member's figures as mean ± standard error over the references (splits or seeds), and how many of them pass
 ``zoo diagnose --strict``; the JSON then holds ``per_reference`` and ``summary``.
 Every member is a table entry below, ``name -> spec overrides`` applied to the reference run's own spec (its
 data, net, prior and likelihood, which a member keeps unless it has to replace them), then trained, or reused:
@@ -204,24 +205,20 @@ MEMBERS["concrete_dropout"] = {"label": "concrete dropout (learned p)", "overrid
     "model": {"family": "mean_field"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
     "inference": {**SVI, "predictive_samples": 200}}}
 
-# On a reference on real data (a UCI data set, digits) each member is its own config for that data
-# (configs/<config>), run on the reference's data (set, split, seed) and net width: the settings the UCI and digits
-# tables report, not the notebooks' toy settings. A member without one is skipped there.
-UCI_CONFIGS = {"mean_field": "mean_field_uci.yaml", "map": "map_uci.yaml", "mc_dropout": "mc_dropout_uci.yaml",
-               "deep_ensemble": "deep_ensemble_uci.yaml", "rank1": "rank1_cauchy_uci.yaml",
-               "batch_ensemble": "batchensemble_uci.yaml", "subnet_laplace": "subnet_laplace_uci.yaml",
-               "sgld": "sgld_uci.yaml", "sghmc": "sghmc_uci.yaml", "swag": "swag_uci.yaml",
-               "multiswag": "multiswag_uci.yaml", "auto_normal": "auto_normal_uci.yaml",
-               "auto_low_rank_mvn": "auto_low_rank_mvn_uci.yaml", "auto_mvn": "auto_mvn_uci.yaml",
-               "concrete_dropout": "concrete_dropout_uci.yaml"}
-DIGITS_CONFIGS = {"mean_field": "mean_field_digits.yaml", "map": "map_digits.yaml",
-                  "mc_dropout": "mc_dropout_digits.yaml", "deep_ensemble": "deep_ensemble_digits.yaml",
-                  "rank1": "rank1_cauchy_digits.yaml", "subnet_laplace": "subnet_laplace_digits.yaml",
-                  "sgld": "sgld_digits.yaml", "sghmc": "sghmc_digits.yaml", "swag": "swag_digits.yaml",
-                  "multiswag": "multiswag_digits.yaml", "auto_normal": "auto_normal_digits.yaml",
-                  "auto_low_rank_mvn": "auto_low_rank_mvn_digits.yaml",
-                  "concrete_dropout": "concrete_dropout_digits.yaml"}
-MEMBER_CONFIGS = {"uci": UCI_CONFIGS, "digits": DIGITS_CONFIGS}  # topic -> member -> its config there
+# On a reference on real data (a UCI data set, digits) each member is its own config for that data,
+# configs/<stem>_<topic>.yaml (the stem is the member's name unless CONFIG_STEMS says otherwise), run on the
+# reference's data (set, split, seed) and net width: the settings the UCI and digits tables report, not the
+# notebooks' toy settings. A member without such a config is skipped there.
+REAL_DATA_TOPICS = ("uci", "digits")
+CONFIG_STEMS = {"rank1": "rank1_cauchy", "batch_ensemble": "batchensemble"}
+
+
+def member_configs(topic: str) -> dict[str, str]:
+    """``{member: config file name}`` of the members that have a config for ``topic`` (``uci`` or ``digits``)."""
+    names = {name: f"{CONFIG_STEMS.get(name, name)}_{topic}.yaml" for name in MEMBERS}
+    return {name: file for name, file in names.items() if (CONFIG_DIR / file).is_file()}
+
+
 TOPICS = {"regression": "toy", "classification": "moons"}
 COLUMNS = {"regression": ["coverage_95", "w1", "rmse", "test_ll", "sd_ratio"],
            "classification": ["agreement", "tv", "accuracy", "nll", "ece"]}
@@ -259,8 +256,8 @@ def _by_task(value: Any, task: str) -> Any:
 
 
 def member_label(name: str, task: str, topic: str = "") -> str:
-    if topic in MEMBER_CONFIGS:
-        return f"{_by_task(MEMBERS[name]['label'], task).split(' (')[0]} ({MEMBER_CONFIGS[topic][name]})"
+    if topic in REAL_DATA_TOPICS:
+        return f"{_by_task(MEMBERS[name]['label'], task).split(' (')[0]} ({member_configs(topic)[name]})"
     return _by_task(MEMBERS[name]["label"], task)
 
 
@@ -269,8 +266,8 @@ def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = No
     digits reference, the member's config for that data on the reference's data (set, split, directory), net width
     and seed."""
     topic = topic_of(reference, task)
-    if topic in MEMBER_CONFIGS:
-        tree = load_spec(CONFIG_DIR / MEMBER_CONFIGS[topic][name]).model_dump(mode="json")
+    if topic in REAL_DATA_TOPICS:
+        tree = load_spec(CONFIG_DIR / member_configs(topic)[name]).model_dump(mode="json")
         tree["data"], tree["seed"] = reference.data.model_dump(mode="json"), reference.seed
         tree["net"]["hidden"] = list(reference.net.hidden)
     else:
@@ -420,7 +417,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     task = ref_data.task
     topic = topic_of(ref_spec, task)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / topic
-    if topic in MEMBER_CONFIGS or several:  # one folder of members per data set and split (or seed)
+    if topic in REAL_DATA_TOPICS or several:  # one folder of members per data set and split (or seed)
         runs_dir = runs_dir / replicate_of(ref_spec, topic)
     reference_check = reference_verdict(reference)
     if not reference_check["passes_strict"]:
@@ -428,7 +425,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     members: list[tuple[str, Path, str, float]] = []
     specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
-        if topic in MEMBER_CONFIGS and name not in MEMBER_CONFIGS[topic]:
+        if topic in REAL_DATA_TOPICS and name not in member_configs(topic):
             echo(f"{name}: no {topic} config (see its configs/ comments), skipped on {reference}")
             continue
         spec = member_spec(ref_spec, name, task, args.steps)

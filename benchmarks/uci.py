@@ -153,14 +153,19 @@ def finished_run(spec: RunSpec, run_dir: Path) -> dict | None:
     if not (run_dir / METRICS_FILE).is_file():
         return None
     metrics = json.loads((run_dir / METRICS_FILE).read_text())
-    converged = None
-    if spec.inference.method in ("nuts", "hmc"):
-        from zoo.diagnostics import diagnose
-
-        converged = not diagnose(run_dir, plots=False)["warnings"]
     return {"rmse": float(metrics["rmse"]), "test_ll": float(metrics["test_ll"]),
             "seconds": float(metrics["train_seconds"]), "train_seconds": float(metrics["train_seconds"]),
-            "converged": converged, "reused": True}
+            "converged": mcmc_verdict(spec, run_dir), "reused": True}
+
+
+def mcmc_verdict(spec: RunSpec, run_dir: Path) -> bool | None:
+    """Whether an MCMC run's draws pass ``zoo diagnose --strict`` (as ``zoo train`` ends one); None for the other
+    methods."""
+    if spec.inference.method not in ("nuts", "hmc"):
+        return None
+    from zoo.diagnostics import diagnose
+
+    return not diagnose(run_dir, plots=False)["warnings"]
 
 
 def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
@@ -178,24 +183,20 @@ def run_split(spec_path: str, overrides: list[str], threads: int | None = None,
     from zoo.runs import SPEC_FILE
     from zoo.spec import load_spec
 
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     spec = load_spec(spec_path, overrides)
     if run_dir is not None and resume:
         finished = finished_run(spec, Path(run_dir))
         if finished is not None:
             return finished
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     started = time.perf_counter()
-    converged = None
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-uci-") as tmp:  # where the run goes unless it is kept
             summary = train(spec, run_dir or Path(tmp) / "run", progress=False, echo=None,
                             resume=resume and run_dir is not None and Path(run_dir, SPEC_FILE).is_file())
-            if spec.inference.method in ("nuts", "hmc"):  # its verdict, as zoo train ends an MCMC run
-                from zoo.diagnostics import diagnose
-
-                converged = not diagnose(summary.run_dir, plots=False)["warnings"]
+            converged = mcmc_verdict(spec, summary.run_dir)  # before the temporary directory goes
     finally:
         torch.set_num_threads(before)
     return {"rmse": float(summary.metrics["rmse"]), "test_ll": float(summary.metrics["test_ll"]),
