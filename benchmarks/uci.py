@@ -340,10 +340,12 @@ def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: 
     console.print(f"{dataset}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
                   f"{result.wall_seconds:.0f} s; validation {result.metric} {result.best.value:.3f} with "
                   + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)
+    for line in result.edges.values():
+        console.print(f"{dataset}: note: {line}", soft_wrap=True, markup=False)
     return {"params": chosen, "validation": result.best.value, "metric": result.metric,
             "sweep_seconds": result.wall_seconds, "trials": len(states), "pruned": states.count("pruned"),
             "failed": states.count("fail"), "splits": splits, "validation_fraction": args.tune_validation,
-            "sweep_dir": str(where) if where else None,
+            "sweep_dir": str(where) if where else None, "at_edge": sorted(result.edges),
             "overrides": [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                           for k, v in chosen.items()]}
 

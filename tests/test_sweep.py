@@ -283,6 +283,42 @@ def test_diverging_trials_fail_without_stopping_the_sweep(tmp_path):
     assert result.best is None
 
 
+@pytest.mark.parametrize("dimension, value, side", [
+    ({"low": 0.001, "high": 0.1, "log": True}, 0.1, "high"),
+    ({"low": 0.001, "high": 0.1, "log": True}, 0.00125, "low"),  # 4.8% of the way on the log scale
+    ({"low": 0.001, "high": 0.1, "log": True}, 0.0013, None),   # 5.7%: inside
+    ({"low": 0.001, "high": 0.1, "log": True}, 0.05, None),     # 85% on the log scale, though 50% on the linear one
+    ({"low": 200, "high": 1000, "step": 100}, 1000, "high"),
+    ({"low": 200, "high": 1000, "step": 100}, 900, None),
+    ({"low": 200, "high": 1000, "step": 100}, 200, "low"),
+    ({"choices": [0.3, 1.0, 3.0]}, 3.0, None),
+])
+def test_a_best_value_at_the_end_of_its_range_is_an_edge(dimension, value, side):
+    space = load_space({"inference.lr": dimension})
+    assert space.dimensions["inference.lr"].edge(value) == side
+    edges = space.edges({"inference.lr": value})
+    assert list(edges) == ([] if side is None else ["inference.lr"])
+    if side:
+        assert f"at the {side} end of its range" in edges["inference.lr"]
+        assert ("lower low" if side == "low" else "raise high") in edges["inference.lr"]
+
+
+def test_a_sweep_says_when_its_best_setting_is_at_an_edge(tmp_path, capsys):
+    """A range of two integers puts every best value at an edge: the sweep, best.yaml and the report all say so."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(TOY))
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({**SPACE, "inference.num_steps": {"low": 59, "high": 60}}))
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--space", str(space), "--trials", "2", "--out", str(out), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "note: the best inference.num_steps" in said and "in the space file and sweep again" in said
+    assert "# Note: the best inference.num_steps" in (out / BEST_SPEC_FILE).read_text()
+    assert "inference.num_steps" in read_sweep(out).edges
+    assert main(["report", str(out), "--out", str(tmp_path / "trials.md")]) == 0
+    assert "note: the best inference.num_steps" in capsys.readouterr().out
+
+
 def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(TOY))

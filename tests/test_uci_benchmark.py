@@ -13,6 +13,7 @@ from tests.conftest import load_benchmark
 from zoo.errors import ZooInputError
 from zoo.metrics import mean_and_standard_error
 from zoo.spec import load_spec
+from zoo.sweep import load_space
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_UCI = REPO.parent / "shared" / "data" / "uci"
@@ -197,6 +198,8 @@ def test_tune_sweeps_each_data_set_then_runs_the_splits_with_its_choice(tmp_path
         tuned = result["datasets"][name]["tuned"]
         assert tuned["trials"] == 3 and tuned["splits"] == [0] and tuned["validation_fraction"] == 0.2
         assert set(tuned["params"]) == {"inference.lr", "prior.scale"}
+        edge = load_space(str(space)).dimensions["inference.lr"].edge(tuned["params"]["inference.lr"])
+        assert tuned["at_edge"] == (["inference.lr"] if edge else [])  # what the JSON records, the sweep found
         sweep_trials = json.loads((runs / "sweeps" / name / "sweep.json").read_text())["trials"]
         assert {t["number"] for t in sweep_trials} == {0, 1, 2}
         for split in (0, 1):  # the test splits ran with the sweep's choice, on the test rows

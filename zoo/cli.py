@@ -218,6 +218,8 @@ def _print_trials(result, limit: int | None = None) -> None:
     for row in shown:
         table.add_row(*(escape(cell) for cell in row))
     console.print(table)
+    for line in result.edges.values():
+        console.print(f"note: {line}", soft_wrap=True, markup=False)
 
 
 def cmd_report(args: argparse.Namespace) -> None:

@@ -55,6 +55,9 @@ HISTORY_PLOT = "trials.png"
 REPORTS_PER_TRIAL = 10  # intermediate validation scores per fit, what the pruner compares
 PRUNER_STARTUP_TRIALS = 5  # finished trials before any is pruned
 PRUNER_WARMUP_REPORTS = 3  # no trial is pruned on its first 3 scores (early validation scores are noisy)
+# A best value in the outer 5% of its range (log-scaled where the range is) sits at the range's edge: the search was
+# cut off there, and a better setting may lie beyond it.
+EDGE_SHARE = 0.05
 # Spec keys a sweep holds fixed: the data (its validation rows are what every trial is scored on) and the seed.
 FIXED_KEYS = ("data", "seed")
 
@@ -105,6 +108,16 @@ class Dimension(BaseModel):
         """The values every trial's spec must accept: both ends of a range, every choice."""
         return list(self.choices) if self.choices is not None else [self.low, self.high]
 
+    def edge(self, value: Any) -> str | None:
+        """``"low"`` or ``"high"`` when ``value`` lies in the outer :data:`EDGE_SHARE` of the range at that end (on
+        the log scale for a log range), else None; choices have no edge."""
+        if self.choices is not None or not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        scale = math.log if self.log else float
+        low, high, at = scale(self.low), scale(self.high), scale(value)
+        share = (at - low) / (high - low)
+        return "low" if share <= EDGE_SHARE else "high" if share >= 1 - EDGE_SHARE else None
+
     def suggest(self, trial, key: str) -> Any:
         """The trial's value for ``key`` (choices that are sections travel through Optuna as one-line YAML)."""
         if self.choices is not None:
@@ -137,6 +150,19 @@ class SearchSpace:
     def as_dict(self) -> dict[str, Any]:
         """The space as its YAML file gives it (what ``sweep.json`` records)."""
         return {k: d.model_dump(exclude_defaults=True) for k, d in self.dimensions.items()}
+
+    def edges(self, params: dict[str, Any]) -> dict[str, str]:
+        """The keys whose value in ``params`` sits at an edge of its range, each with a sentence saying which and
+        what to do (a sweep's best trial at an edge means the range cut the search short)."""
+        found = {}
+        for key, value in params.items():
+            dim = self.dimensions.get(key)
+            side = dim.edge(value) if dim is not None else None
+            if side is not None:
+                found[key] = (f"the best {key} ({_format_param(value)}) is at the {side} end of its range "
+                              f"[{_format_param(dim.low)}, {_format_param(dim.high)}]; a better value may lie beyond "
+                              f"it: {'lower low' if side == 'low' else 'raise high'} in the space file and sweep again")
+        return found
 
 
 def load_space(source: str | Path | dict) -> SearchSpace:
@@ -442,6 +468,7 @@ class SweepResult:
     best: TrialRow | None
     wall_seconds: float
     files: dict[str, Path] = field(default_factory=dict)
+    edges: dict[str, str] = field(default_factory=dict)  # best settings at an edge of their range: SearchSpace.edges
 
 
 def _trial_rows(study) -> list[TrialRow]:
@@ -666,15 +693,17 @@ def _finish(setup: SweepSetup, study, out: Path, wall: float) -> SweepResult:
     """Write best.yaml and the plot; the result."""
     rows = _trial_rows(study)
     best = _best(rows, setup.direction)
-    result = SweepResult(out, setup.metric, setup.direction, rows, best, wall)
+    space = load_space(setup.space)
+    result = SweepResult(out, setup.metric, setup.direction, rows, best, wall,
+                         edges={} if best is None else space.edges(best.params))
     result.files["sweep"] = out / SWEEP_FILE
     if best is not None:
-        chosen = trial_spec(setup.tree, best_params(study, best.number, load_space(setup.space)))
+        chosen = trial_spec(setup.tree, best_params(study, best.number, space))
         chosen = load_spec(chosen, "data.validation_fraction=0")
         header = (f"# The best of {len([r for r in rows if r.state == 'complete'])} complete trials of the sweep in "
                   f"{out}: trial {best.number}, validation {setup.metric} {best.value:.6g}.\n"
                   "# data.validation_fraction is set back to 0: train on every training row, evaluate on the test "
-                  "split.\n")
+                  "split.\n" + "".join(f"# Note: {line}.\n" for line in result.edges.values()))
         result.files["best"] = write_text(out / BEST_SPEC_FILE, header + spec_to_yaml(chosen))
     result.files["plot"] = plot_history(rows, setup.metric, setup.direction, out / HISTORY_PLOT)
     return result
@@ -736,8 +765,9 @@ def read_sweep(sweep_dir: str | Path) -> SweepResult:
     except KeyError:
         raise ZooInputError("SWEEP_DIR", str(sweep_dir), f"no study '{record['study']}' in {storage}") from None
     rows = _trial_rows(study)
-    return SweepResult(sweep_dir, record["metric"], record["direction"], rows, _best(rows, record["direction"]),
-                       record.get("wall_seconds") or 0.0)
+    best = _best(rows, record["direction"])
+    return SweepResult(sweep_dir, record["metric"], record["direction"], rows, best, record.get("wall_seconds") or 0.0,
+                       edges={} if best is None else load_space(record["space"]).edges(best.params))
 
 
 def trials_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
