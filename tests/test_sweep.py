@@ -318,6 +318,17 @@ def test_a_sweep_says_when_its_best_setting_is_at_an_edge(tmp_path, capsys):
     assert main(["report", str(out), "--out", str(tmp_path / "trials.md")]) == 0
     assert "note: the best inference.num_steps" in capsys.readouterr().out
 
+    # Several sweeps: one row each, with the keys at an edge.
+    other = tmp_path / "other"
+    assert main(["sweep", str(spec), "--space", str(space), "--trials", "2", "--out", str(other), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out), str(other), "--out", str(tmp_path / "sweeps.md")]) == 0
+    assert "2 sweeps; 2 chose a setting at an edge of its range" in capsys.readouterr().out
+    table = (tmp_path / "sweeps.md").read_text().splitlines()
+    assert table[0] == "| sweep | trials | pruned | failed | best | settings | at edge | seconds |"
+    assert [row.split(" | ")[0] for row in table[2:]] == [f"| {out}", f"| {other}"]
+    assert all("inference.num_steps" in row.split(" | ")[6] for row in table[2:])
+
 
 def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"

@@ -222,19 +222,38 @@ def _print_trials(result, limit: int | None = None) -> None:
         console.print(f"note: {line}", soft_wrap=True, markup=False)
 
 
+def _print_sweeps(results) -> None:
+    """Several sweeps, one row each, and how many chose a setting at an edge of its range."""
+    from zoo.sweep import sweeps_table
+
+    header, rows = sweeps_table(results)
+    edged = sum(bool(r.edges) for r in results)
+    table = Table(title=f"{len(results)} sweeps; {edged} chose a setting at an edge of its range",
+                  title_justify="left")
+    for name in header:
+        table.add_column(escape(name), justify="right" if name in ("trials", "pruned", "failed", "seconds") else "left")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     """Gather many runs' metrics (and diagnostics) into one table; write it as Markdown, CSV and a plot. A sweep's
-    directory gives its trials instead."""
+    directory gives its trials instead, several sweeps' directories one row per sweep."""
     from zoo.report import rich_tables, write_report
-    from zoo.sweep import is_sweep_directory, write_trials_report
+    from zoo.sweep import is_sweep_directory, write_sweeps_report, write_trials_report
 
     sweeps = [d for d in args.run_dirs if is_sweep_directory(d)]
     if sweeps:
-        if len(args.run_dirs) > 1:
-            raise ZooInputError("RUN_DIR", sweeps[0], "a sweep directory is reported on its own (its trials); "
-                                "give it alone, or the run directories of its trials/ folder")
-        result, files = write_trials_report(sweeps[0], args.out)
-        _print_trials(result)
+        if len(sweeps) < len(args.run_dirs):
+            raise ZooInputError("RUN_DIR", sweeps[0], "sweep directories are reported among themselves (their trials, "
+                                "or one row per sweep); give only sweeps, or the run directories of a trials/ folder")
+        if len(sweeps) == 1:
+            result, files = write_trials_report(sweeps[0], args.out)
+            _print_trials(result)
+        else:
+            results, files = write_sweeps_report(sweeps, args.out)
+            _print_sweeps(results)
         console.print(f"written: {', '.join(str(f) for f in files.values())}", soft_wrap=True, markup=False)
         return
 

@@ -799,19 +799,43 @@ def _format_param(value: Any) -> str:
 
 def write_trials_report(sweep_dir: str | Path, out: str | Path) -> tuple[SweepResult, dict[str, Path]]:
     """``zoo report SWEEP_DIR``: the trials as Markdown and CSV, and the score-per-trial plot beside them."""
+    result = read_sweep(sweep_dir)
+    out = Path(out)
+    files = {**_markdown_and_csv(*trials_table(result), out),
+             "plot": plot_history(result.trials, result.metric, result.direction, out.with_suffix(".png"))}
+    return result, files
+
+
+def sweeps_table(results: list[SweepResult]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row per sweep: its trials, best score and settings, and the keys whose best value sits at an
+    edge of the range (a range that cut the search short)."""
+    header = ["sweep", "trials", "pruned", "failed", "best", "settings", "at edge", "seconds"]
+    rows = []
+    for r in results:
+        states = [t.state for t in r.trials]
+        rows.append([str(r.out), str(len(states)), str(states.count("pruned")), str(states.count("fail")),
+                     "—" if r.best is None else f"{r.metric} {r.best.value:.4g}",
+                     "—" if r.best is None else ", ".join(f"{k}={_format_param(v)}" for k, v in r.best.params.items()),
+                     ", ".join(r.edges) or "—", f"{r.wall_seconds:.0f}"])
+    return header, rows
+
+
+def _markdown_and_csv(header: list[str], rows: list[list[str]], out: Path) -> dict[str, Path]:
     import csv
     import io
 
-    result = read_sweep(sweep_dir)
-    header, rows = trials_table(result)
-    out = Path(out)
     markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                          *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
+                          *("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows)]) + "\n"
     buffer = io.StringIO()
     csv.writer(buffer).writerows([header, *rows])
-    files = {"markdown": write_text(out, markdown), "csv": write_text(out.with_suffix(".csv"), buffer.getvalue()),
-             "plot": plot_history(result.trials, result.metric, result.direction, out.with_suffix(".png"))}
-    return result, files
+    return {"markdown": write_text(out, markdown), "csv": write_text(out.with_suffix(".csv"), buffer.getvalue())}
+
+
+def write_sweeps_report(sweep_dirs: list[str | Path], out: str | Path
+                        ) -> tuple[list[SweepResult], dict[str, Path]]:
+    """``zoo report SWEEP_DIR SWEEP_DIR ...``: one row per sweep (:func:`sweeps_table`) as Markdown and CSV."""
+    results = [read_sweep(d) for d in sweep_dirs]
+    return results, _markdown_and_csv(*sweeps_table(results), Path(out))
 
 
 def parse_repeat(text: str) -> tuple[str, list[Any]]:
