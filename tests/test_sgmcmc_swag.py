@@ -15,7 +15,14 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference import minibatch, sgmcmc, swag
 from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, initial_points
 from zoo.inference.minibatch import MinibatchPotential
-from zoo.inference.sgmcmc import PRECONDITIONER_FLOOR, fit_sgmcmc, inverse_mass, kept_steps, step_size
+from zoo.inference.sgmcmc import (
+    PRECONDITIONER_FLOOR,
+    fit_sgmcmc,
+    inverse_mass,
+    kept_steps,
+    step_size,
+    stray_chains,
+)
 from zoo.inference.swag import SWAG_FILE, SWAGPosterior, fit_swag
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import ChainPosterior
@@ -117,7 +124,8 @@ def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, precondit
 
 
 def test_a_diverging_step_size_stops_with_the_step_and_the_last_good_draw(tmp_path):
-    spec = load_spec(linear_spec("sgld", num_chains=2, epochs=400, batch_size=None, lr=1.0, schedule="constant",
+    # one chain: nothing to stray from, so it is the non-finite check that stops it
+    spec = load_spec(linear_spec("sgld", num_chains=1, epochs=400, batch_size=None, lr=1.0, schedule="constant",
                                  burn_in_epochs=0, thin=1))
     data, family, guide, _ = prepare(spec)
     spec.inference.lr = 20 * data.n_train / _largest_curvature(data)  # 10x past SGLD's stability limit (2)
@@ -126,6 +134,61 @@ def test_a_diverging_step_size_stops_with_the_step_and_the_last_good_draw(tmp_pa
         fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     kept = runs.load_torch(tmp_path / SAMPLES_FILE)
     assert not kept["done"] and kept["draws"] and all(torch.isfinite(d[0]).all() for d in kept["draws"])
+
+
+def test_stray_chains_are_those_more_than_five_nats_per_row_above_the_best():
+    energy = torch.tensor([100.0, 100.0 + 5 * 40 - 1, 100.0 + 5 * 40 + 1, 250.0])
+    assert stray_chains(energy, rows=40) == [2]
+    assert stray_chains(energy, rows=40, temperature=0.5) == []  # U holds the likelihood / T: the bar is 5 N / T
+    assert stray_chains(torch.tensor([1e9]), rows=40) == []       # one chain: nothing to compare with
+
+
+@pytest.mark.parametrize("method", ["sgld", "sghmc"])
+def test_a_chain_that_strays_from_the_others_stops_the_run_naming_it(method, tmp_path, monkeypatch):
+    """A chain far from the others (here started 1,000 posterior sd away at a step size too small to come back)
+    stops the run at the first kept draw, naming it, with every earlier draw kept; the same run without it passes."""
+    spec = load_spec(linear_spec(method, num_chains=3, epochs=20, batch_size=10, lr=1e-6, schedule="constant",
+                                 burn_in_epochs=1, thin=2))
+    data, family, guide, _ = prepare(spec)
+    fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)  # no stray: draws as usual
+    real = sgmcmc.initial_points
+
+    def one_far(*args, **kwargs):
+        z = real(*args, **kwargs)
+        z[1] += 1000.0 * closed_form(data, NOISE / data.y_std)[1].diagonal().sqrt()
+        return z
+
+    monkeypatch.setattr(sgmcmc, "initial_points", one_far)
+    with pytest.raises(TrainingDiverged, match=rf"{method} chain\(s\) 1 strayed from the others by step \d+ .*more "
+                       r"than 5 per training row \(40 rows\).*Lower inference.lr"):
+        fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    assert not runs.load_torch(tmp_path / SAMPLES_FILE)["done"]
+
+
+@pytest.mark.parametrize(("spiked_steps", "stops"), [(2, False), (3, True)])
+def test_only_a_run_of_stray_draws_stops_the_run(spiked_steps, stops, monkeypatch):
+    """One chain's potential is lifted 1e6 nats for 2 or 3 kept draws in a row: a spike (minibatch noise, an SGLD
+    jump) is tolerated, a run of STRAY_DRAWS = 3 is not."""
+    spec = load_spec(linear_spec("sgld", num_chains=3, epochs=10, batch_size=10, lr=1e-3, schedule="constant",
+                                 burn_in_epochs=1, thin=1))
+    data, family, guide, _ = prepare(spec)
+    real, calls = MinibatchPotential.value_and_grad, []
+
+    def lifted(self, z, rows):
+        energy, grad = real(self, z, rows)
+        calls.append(None)
+        if 10 <= len(calls) - 1 < 10 + spiked_steps:  # steps 10.. (all kept: burn-in is steps 0-3, thin 1)
+            energy = energy + torch.tensor([0.0, 1e6, 0.0], dtype=energy.dtype)
+        return energy, grad
+
+    monkeypatch.setattr(MinibatchPotential, "value_and_grad", lifted)
+    if stops:
+        with pytest.raises(TrainingDiverged, match=r"chain\(s\) 1 strayed from the others by step 12 .*at 3 kept "
+                           r"draws in a row"):
+            fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+    else:
+        result = fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+        assert result.draws["out.weight"].shape[:2] == (3, 36)
 
 
 def test_an_sgld_run_directory_round_trips_and_is_diagnosed_like_mcmc(tmp_path):
