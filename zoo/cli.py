@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="one table (Markdown, CSV, plot) of many runs' metrics and diagnostics")
+    p = sub.add_parser("report", help="one table (Markdown, CSV, plot) of many runs' metrics and diagnostics; "
+                       "of a sweep directory, its trials; of several, one row per sweep")
     p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
     p.add_argument("--out", required=True, help="Markdown file to write; its .csv and .png go beside it")
     p.add_argument("--group-by", metavar="KEY", help="aggregate runs sharing KEY into mean ± s.e.: label, name, "

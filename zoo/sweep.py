@@ -12,7 +12,8 @@ The sweep directory (``--out``) holds:
   ``postgresql://...`` lets several machines join one sweep, each with its own ``--out``);
 * ``trials/NNNN/``: each trial's run directory (``spec.yaml``, ``metrics.json`` on the validation rows, ...);
 * ``best.yaml``: the spec with the best trial's settings, ``data.validation_fraction`` set back to 0, ready to train
-  on all training rows and evaluate on the test split;
+  on all training rows and evaluate on the test split, with a note for each setting at an edge of its range
+  (:meth:`SearchSpace.edges`: the range may have cut the search short);
 * ``trials.png``: every trial's score and the best so far.
 
 A sweep that is stopped (Ctrl-C, SIGTERM, a killed process) continues where it stopped when the same command runs
