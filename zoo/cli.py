@@ -203,8 +203,18 @@ def cmd_sweep(args: argparse.Namespace) -> None:
                             "run more trials")
 
 
+def _print_table(title: str, header: list[str], rows: list[list[str]], left: tuple[str, ...]) -> None:
+    """A console table of text cells, the ``left`` columns left-aligned and the rest right-aligned."""
+    table = Table(title=title, title_justify="left")
+    for name in header:
+        table.add_column(escape(name), justify="left" if name in left else "right")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
+
+
 def _print_trials(result, limit: int | None = None) -> None:
-    """A sweep's trials, best first, as a console table (the first ``limit``)."""
+    """A sweep's trials, best first, as a console table (the first ``limit``), and its settings at an edge."""
     from zoo.sweep import trials_table
 
     header, rows = trials_table(result)
@@ -212,12 +222,7 @@ def _print_trials(result, limit: int | None = None) -> None:
     title = (f"sweep {result.out}: {len(rows)} trial(s), validation {result.metric} "
              f"({'higher' if result.direction == 'maximize' else 'lower'} is better)"
              + (f"; the best {len(shown)}" if len(shown) < len(rows) else ""))
-    table = Table(title=title, title_justify="left")
-    for name in header:
-        table.add_column(escape(name), justify="left" if name in ("state", "note") else "right")
-    for row in shown:
-        table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
+    _print_table(title, header, shown, left=("state", "note"))
     for line in result.edges.values():
         console.print(f"note: {line}", soft_wrap=True, markup=False)
 
@@ -228,13 +233,8 @@ def _print_sweeps(results) -> None:
 
     header, rows = sweeps_table(results)
     edged = sum(bool(r.edges) for r in results)
-    table = Table(title=f"{len(results)} sweeps; {edged} chose a setting at an edge of its range",
-                  title_justify="left")
-    for name in header:
-        table.add_column(escape(name), justify="right" if name in ("trials", "pruned", "failed", "seconds") else "left")
-    for row in rows:
-        table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
+    _print_table(f"{len(results)} sweeps; {edged} chose a setting at an edge of its range", header, rows,
+                 left=("sweep", "best", "settings", "at edge"))
 
 
 def cmd_report(args: argparse.Namespace) -> None:
