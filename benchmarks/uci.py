@@ -14,7 +14,9 @@ Data directory: ``--data-dir``, else ``$ZOO_DATA_DIR``, else ``../shared/data/uc
 Tuning: ``--tune SPACE.yaml --trials N`` first runs, per data set, a ``zoo sweep`` of SPACE on validation rows carved
 from the TRAINING rows of ``--tune-splits`` (``--tune-validation`` of them, 0.2 by default; with several splits each
 trial is scored by its mean over them), then the splits with the chosen settings (as the published protocols chose
-theirs per data set). By hand, ``--set
+theirs per data set). ``--tune-each-split`` instead sweeps every split on validation rows of its own training rows
+and runs it with its own choice, as Gal & Ghahramani's grid search did: no sweep then scores a row that its split
+tests on, nor any other split's rows. By hand, ``--set
 data.validation_fraction=0.2`` evaluates on those validation rows instead of the test rows (the table then says
 "validation").
 A stopped run continues with the same command plus ``--resume`` (it needs ``--runs-dir``): finished sweeps run no
@@ -277,7 +279,8 @@ def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -
             table.add_section()
         what = f"this spec (n={block['n_splits']})"
         if "tuned" in block:
-            what += f", tuned ({block['tuned']['trials']} trials, {block['tuned']['sweep_seconds']:.0f} s)"
+            each = " per split" if block["tuned"].get("each_split") else ""
+            what += f", tuned{each} ({block['tuned']['trials']} trials, {block['tuned']['sweep_seconds']:.0f} s)"
         strict = [f"{block['converged_splits']}/{block['n_splits']}"] if mcmc else []
         table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
                       _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}", *strict)
@@ -312,42 +315,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", metavar="SPACE", help="per data set, first sweep this space (zoo sweep) on validation "
                    "rows of the training rows, then run the splits with the best settings")
     p.add_argument("--trials", type=int, default=30, help="finished trials per data set's sweep (default 30)")
-    p.add_argument("--tune-splits", default="0", help="the splits whose training rows the sweep carves its "
-                   "validation rows from; several (0-2) score each trial by the mean over them (default 0)")
+    p.add_argument("--tune-splits", help="the splits whose training rows the sweep carves its validation rows "
+                   "from; several (0-2) score each trial by the mean over them (default 0)")
+    p.add_argument("--tune-each-split", action="store_true", help="one sweep per split, on validation rows of that "
+                   "split's own training rows; each split runs with its own choice (Gal & Ghahramani 2016's "
+                   "protocol: --trials fits per split instead of per data set)")
     p.add_argument("--tune-validation", type=float, default=0.2, help="share of those training rows scored by the "
                    "sweep (default 0.2)")
     return p
 
 
-def tune(args: argparse.Namespace, dataset: str, overrides: list[str], console: Console) -> dict:
-    """One data set's sweep (``zoo sweep``) on validation rows of the ``--tune-splits``' training rows: the chosen
-    settings as ``--set`` strings, and what the sweep cost."""
+def tune(args: argparse.Namespace, name: str, splits: list[int], overrides: list[str], console: Console) -> dict:
+    """One sweep (``zoo sweep``) on validation rows of ``splits``' training rows, kept as ``sweeps/<name>``: the
+    chosen settings as ``--set`` strings, and what the sweep cost."""
     import yaml
 
     from zoo.sweep import sweep
 
-    where = Path(args.runs_dir) / "sweeps" / dataset if args.runs_dir else None
-    splits = parse_splits(args.tune_splits)
+    where = Path(args.runs_dir) / "sweeps" / name if args.runs_dir else None
     with tempfile.TemporaryDirectory(prefix="zoo-uci-sweep-") as tmp:
         result = sweep(args.spec, args.tune, args.trials, where or Path(tmp) / "sweep",
                        [*overrides, f"data.split={splits[0]}", f"data.validation_fraction={args.tune_validation}"],
                        workers=args.workers, threads=args.threads, progress=True, echo=None,
                        repeat=("data.split", splits) if len(splits) > 1 else None)
     if result.best is None:
-        raise TrainingDiverged(f"{dataset}: no trial of the sweep completed; widen the space in {args.tune}")
+        raise TrainingDiverged(f"{name}: no trial of the sweep completed; widen the space in {args.tune}")
     states = [t.state for t in result.trials]
     chosen = dict(result.best.params)
-    console.print(f"{dataset}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
+    console.print(f"{name}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
                   f"{result.wall_seconds:.0f} s; validation {result.metric} {result.best.value:.3f} with "
                   + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)
     for line in result.edges.values():
-        console.print(f"{dataset}: note: {line}", soft_wrap=True, markup=False)
+        console.print(f"{name}: note: {line}", soft_wrap=True, markup=False)
     return {"params": chosen, "validation": result.best.value, "metric": result.metric,
             "sweep_seconds": result.wall_seconds, "trials": len(states), "pruned": states.count("pruned"),
             "failed": states.count("fail"), "splits": splits, "validation_fraction": args.tune_validation,
             "sweep_dir": str(where) if where else None, "at_edge": sorted(result.edges),
             "overrides": [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                           for k, v in chosen.items()]}
+
+
+def per_split_summary(each: dict[int, dict]) -> dict:
+    """One data set's ``--tune-each-split`` sweeps as one JSON block: totals, and every split's own choice."""
+    return {"each_split": True, "per_split": {str(split): block for split, block in each.items()},
+            "trials": sum(b["trials"] for b in each.values()), "pruned": sum(b["pruned"] for b in each.values()),
+            "failed": sum(b["failed"] for b in each.values()),
+            "sweep_seconds": sum(b["sweep_seconds"] for b in each.values()), "splits": sorted(each),
+            "validation_fraction": next(iter(each.values()))["validation_fraction"],
+            "at_edge": sorted({key for b in each.values() for key in b["at_edge"]})}
 
 
 def _short(value) -> str:
@@ -382,13 +397,19 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if args.trials < 1:
             raise ZooInputError("--trials", args.trials, "run at least one trial per sweep")
         check_space(load_space(args.tune), spec_tree(args.spec, args.set))  # fail early on a bad space
+    if args.tune_each_split and not args.tune:
+        raise ZooInputError("--tune-each-split", True, "sweeps a space: give it with --tune SPACE.yaml")
+    if args.tune_each_split and args.tune_splits is not None:
+        raise ZooInputError("--tune-splits", args.tune_splits, "with --tune-each-split every split is tuned on its "
+                            "own training rows; leave --tune-splits out")
+    tune_splits = parse_splits(args.tune_splits or "0")
     for dataset in datasets:
         count = n_splits(dataset, str(data_dir))
         bad = [s for s in splits if s >= count]
         if bad:
             raise ZooInputError("--splits", args.splits, f"{dataset} has {count} splits (0..{count - 1}); "
                                 f"no split {bad[0]}")
-        if args.tune and max(parse_splits(args.tune_splits)) >= count:
+        if args.tune and not args.tune_each_split and max(tune_splits) >= count:
             raise ZooInputError("--tune-splits", args.tune_splits, f"{dataset} has {count} splits (0..{count - 1})")
         protocol[dataset] = uci_protocol(dataset, str(data_dir)).get("n_hidden")
     if args.resume and not args.runs_dir:
@@ -400,16 +421,24 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                                 "or pass --resume to continue a stopped run of the same command")
     started = time.perf_counter()  # the wall time counts the sweeps
     for dataset in datasets:
-        if args.tune:
-            tuned[dataset] = tune(args, dataset, split_overrides(args.set + per_dataset[dataset], dataset, 0,
-                                                                 data_dir, protocol[dataset], depth), console)
+        def overrides_of(split: int, extra: tuple[str, ...] | list[str] = (), dataset: str = dataset) -> list[str]:
+            return split_overrides([*args.set, *per_dataset[dataset], *extra], dataset, split, data_dir,
+                                   protocol[dataset], depth)
+
+        chosen: dict[int, list[str]] = {split: [] for split in splits}
+        if args.tune and args.tune_each_split:
+            each = {split: tune(args, f"{dataset}-split{split:02d}", [split], overrides_of(split), console)
+                    for split in splits}
+            tuned[dataset] = per_split_summary(each)
+            chosen = {split: block["overrides"] for split, block in each.items()}
+        elif args.tune:
+            tuned[dataset] = tune(args, dataset, tune_splits, overrides_of(tune_splits[0]), console)
             per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]
         for split in splits:
-            jobs.append((dataset, split, split_overrides(args.set + per_dataset[dataset], dataset, split, data_dir,
-                                                         protocol[dataset], depth),
+            jobs.append((dataset, split, overrides_of(split, chosen[split]),
                          split_run_dir(args.runs_dir, dataset, split)))
-    for dataset in datasets:  # the per-split and per-data-set overrides validate too
-        load_spec(args.spec, next(o for d, _, o, _ in jobs if d == dataset))
+    for _, _, overrides, _ in jobs:  # the per-split, per-data-set and tuned overrides validate too
+        load_spec(args.spec, overrides)
 
     results: dict[str, dict[int, dict[str, float]]] = {d: {} for d in datasets}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -442,9 +471,10 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     evaluated_on = "validation" if base_spec.data.validation_fraction > 0 else "test"
     console.print(results_table(summary, evaluated_on, Path(args.spec).name))
     tuning = sum(t["sweep_seconds"] for t in tuned.values())
+    n_sweeps = sum(len(t.get("per_split", [None])) for t in tuned.values())
     reused = sum(block["reused_splits"] for block in summary.values())
     console.print(f"{len(jobs)} runs" + (f" ({reused} read back from an earlier process)" if reused else "")
-                  + (f" and {len(tuned)} sweeps ({tuning:.0f} s)" if tuned else "")
+                  + (f" and {n_sweeps} sweeps ({tuning:.0f} s)" if tuned else "")
                   + f" in {wall:.1f} s wall{' (this process)' if args.resume else ''} ({args.workers} worker(s) x "
                   f"{args.threads} thread(s)); "
                   f"evaluated on {evaluated_on} rows")
@@ -458,6 +488,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "threads": args.threads,
         "wall_seconds": wall, "resumed": bool(args.resume), "datasets": summary, "tune_space": args.tune,
         "tune_trials": args.trials if args.tune else None, "tune_seconds": tuning if tuned else None,
+        "tune_each_split": bool(args.tune_each_split),
         "se_definition": "population std over splits / sqrt(n)",
     }
     if args.json:

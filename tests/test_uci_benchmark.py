@@ -226,6 +226,35 @@ def test_tune_on_several_splits_scores_the_mean(tmp_path, capsys):
             for r in (0, 1)] == [0, 1]
 
 
+def test_tune_each_split_sweeps_every_split_on_its_own_rows_and_runs_it_with_its_own_choice(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40, n_splits=3)
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\n")
+    out_json, runs = tmp_path / "out.json", tmp_path / "runs"
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "1-2", "--data-dir", str(root),
+                     "--json", str(out_json), "--tune", str(space), "--trials", "2", "--tune-each-split",
+                     "--runs-dir", str(runs), *TINY_SETS]) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the table wraps its cells
+    assert "tiny-split01: sweep of 2 trials" in printed and "tiny-split02: sweep of 2 trials" in printed
+    assert "2 runs and 2 sweeps" in printed and "tuned per" in printed and "(4 trials" in printed
+    result = json.loads(out_json.read_text())
+    tuned = result["datasets"]["tiny"]["tuned"]
+    assert result["tune_each_split"] and tuned["each_split"] and tuned["splits"] == [1, 2] and tuned["trials"] == 4
+    assert tuned["sweep_seconds"] == pytest.approx(sum(b["sweep_seconds"] for b in tuned["per_split"].values()))
+    for split in (1, 2):
+        own = tuned["per_split"][str(split)]
+        assert own["splits"] == [split]  # the sweep scored validation rows of this split's training rows only
+        trial = load_spec(runs / "sweeps" / f"tiny-split{split:02d}" / "trials" / "0000" / "spec.yaml")
+        assert trial.data.split == split and trial.data.validation_fraction == 0.2
+        spec = load_spec(runs / f"tiny-split{split:02d}" / "spec.yaml")  # the test run took its own sweep's choice
+        assert spec.inference.lr == pytest.approx(own["params"]["inference.lr"])
+        assert spec.data.split == split and spec.data.validation_fraction == 0.0
+    # each sweep scored its own split's validation rows (the same seeded candidates, other rows)
+    assert tuned["per_split"]["1"]["validation"] != tuned["per_split"]["2"]["validation"]
+    assert not (runs / "sweeps" / "tiny").exists()
+
+
 def test_tune_refuses_bad_input(tmp_path, capsys):
     root = tmp_path / "uci"
     write_folder(root, "tiny")
@@ -239,6 +268,10 @@ def test_tune_refuses_bad_input(tmp_path, capsys):
     assert "leave it at 0" in capsys.readouterr().err
     assert uci.main([*args, "--tune-splits", "0-7"]) == 2
     assert "--tune-splits" in capsys.readouterr().err
+    assert uci.main([*args, "--tune-splits", "0", "--tune-each-split"]) == 2
+    assert "leave --tune-splits out" in capsys.readouterr().err
+    assert uci.main([a for a in args if a not in ("--tune", str(space))] + ["--tune-each-split"]) == 2
+    assert "--tune SPACE.yaml" in capsys.readouterr().err
 
 
 def test_resume_reads_back_finished_splits_continues_the_rest_and_keeps_the_sweep_time(tmp_path, capsys):
