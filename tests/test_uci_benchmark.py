@@ -210,16 +210,22 @@ def test_tune_sweeps_each_data_set_then_runs_the_splits_with_its_choice(tmp_path
     assert result["evaluated_on"] == "test" and result["tune_trials"] == 3
 
 
-def test_tune_on_several_splits_scores_the_mean(tmp_path, capsys):
+def tune_tiny_lr(tmp_path, splits: str, *flags: str) -> tuple[dict, Path]:
+    """``--tune`` of the learning rate alone, 2 trials, on a 3-split data set "tiny": the JSON and the runs dir."""
     root = tmp_path / "uci"
     write_folder(root, "tiny", n_rows=40, n_splits=3)
     space = tmp_path / "space.yaml"
     space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\n")
     out_json, runs = tmp_path / "out.json", tmp_path / "runs"
-    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "2", "--data-dir", str(root),
-                     "--json", str(out_json), "--tune", str(space), "--trials", "2", "--tune-splits", "0-1",
+    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", splits, "--data-dir", str(root),
+                     "--json", str(out_json), "--tune", str(space), "--trials", "2", *flags,
                      "--runs-dir", str(runs), *TINY_SETS]) == 0
-    assert json.loads(out_json.read_text())["datasets"]["tiny"]["tuned"]["splits"] == [0, 1]
+    return json.loads(out_json.read_text()), runs
+
+
+def test_tune_on_several_splits_scores_the_mean(tmp_path):
+    result, runs = tune_tiny_lr(tmp_path, "2", "--tune-splits", "0-1")
+    assert result["datasets"]["tiny"]["tuned"]["splits"] == [0, 1]
     record = json.loads((runs / "sweeps" / "tiny" / "sweep.json").read_text())
     assert record["repeat"] == {"data.split": [0, 1]}
     assert [load_spec(runs / "sweeps" / "tiny" / "trials" / "0000" / f"repeat{r}" / "spec.yaml").data.split
@@ -227,18 +233,10 @@ def test_tune_on_several_splits_scores_the_mean(tmp_path, capsys):
 
 
 def test_tune_each_split_sweeps_every_split_on_its_own_rows_and_runs_it_with_its_own_choice(tmp_path, capsys):
-    root = tmp_path / "uci"
-    write_folder(root, "tiny", n_rows=40, n_splits=3)
-    space = tmp_path / "space.yaml"
-    space.write_text("inference.lr: {low: 0.001, high: 0.1, log: true}\n")
-    out_json, runs = tmp_path / "out.json", tmp_path / "runs"
-    assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "1-2", "--data-dir", str(root),
-                     "--json", str(out_json), "--tune", str(space), "--trials", "2", "--tune-each-split",
-                     "--runs-dir", str(runs), *TINY_SETS]) == 0
+    result, runs = tune_tiny_lr(tmp_path, "1-2", "--tune-each-split")
     printed = " ".join(capsys.readouterr().out.split())  # the table wraps its cells
     assert "tiny-split01: sweep of 2 trials" in printed and "tiny-split02: sweep of 2 trials" in printed
     assert "2 runs and 2 sweeps" in printed and "tuned per" in printed and "(4 trials" in printed
-    result = json.loads(out_json.read_text())
     tuned = result["datasets"]["tiny"]["tuned"]
     assert result["tune_each_split"] and tuned["each_split"] and tuned["splits"] == [1, 2] and tuned["trials"] == 4
     assert tuned["sweep_seconds"] == pytest.approx(sum(b["sweep_seconds"] for b in tuned["per_split"].values()))
