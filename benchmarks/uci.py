@@ -419,23 +419,24 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if kept:
             raise ZooInputError("--runs-dir", args.runs_dir, f"{kept[0]} already holds files; pick a new --runs-dir, "
                                 "or pass --resume to continue a stopped run of the same command")
+    def overrides_of(dataset: str, split: int, chosen: list[str]) -> list[str]:
+        """Every --set for one run: the command's, the data set's, a sweep's choice, then the split's own."""
+        return split_overrides([*args.set, *per_dataset[dataset], *chosen], dataset, split, data_dir,
+                               protocol[dataset], depth)
+
     started = time.perf_counter()  # the wall time counts the sweeps
     for dataset in datasets:
-        def overrides_of(split: int, extra: tuple[str, ...] | list[str] = (), dataset: str = dataset) -> list[str]:
-            return split_overrides([*args.set, *per_dataset[dataset], *extra], dataset, split, data_dir,
-                                   protocol[dataset], depth)
-
         chosen: dict[int, list[str]] = {split: [] for split in splits}
         if args.tune and args.tune_each_split:
-            each = {split: tune(args, f"{dataset}-split{split:02d}", [split], overrides_of(split), console)
-                    for split in splits}
+            each = {split: tune(args, f"{dataset}-split{split:02d}", [split], overrides_of(dataset, split, []),
+                                console) for split in splits}
             tuned[dataset] = per_split_summary(each)
             chosen = {split: block["overrides"] for split, block in each.items()}
         elif args.tune:
-            tuned[dataset] = tune(args, dataset, tune_splits, overrides_of(tune_splits[0]), console)
-            per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]
+            tuned[dataset] = tune(args, dataset, tune_splits, overrides_of(dataset, tune_splits[0], []), console)
+            per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]  # in the JSON too
         for split in splits:
-            jobs.append((dataset, split, overrides_of(split, chosen[split]),
+            jobs.append((dataset, split, overrides_of(dataset, split, chosen[split]),
                          split_run_dir(args.runs_dir, dataset, split)))
     for _, _, overrides, _ in jobs:  # the per-split, per-data-set and tuned overrides validate too
         load_spec(args.spec, overrides)
