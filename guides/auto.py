@@ -23,11 +23,24 @@ from pyro.poutine.util import site_is_subsample
 from torch import nn
 from torch.distributions import biject_to
 
+from guides.base import ExactDrawMultivariateNormal
 from zoo.errors import ZooInputError
 from zoo.sections import GuideSpec, softplus
 from zoo.sites import LatentSite
 
 LBFGS_MAX_ITER = 2000  # laplace_approximation: the most L-BFGS iterations polishing the MAP point into the mode
+
+class AutoMultivariateNormal(autoguide.AutoMultivariateNormal):
+    """Pyro's AutoMultivariateNormal, its posterior scoring its own draws without a triangular solve.
+
+    Same parameters, same ELBO; only log q at the guide's draw is computed from the noise that made it
+    (:class:`~guides.base.ExactDrawMultivariateNormal`): its unit-triangular factor is free to become so
+    ill-conditioned that float32 round-off makes Pyro's log q meaningless and the fit diverge.
+    """
+
+    def get_posterior(self, *args, **kwargs) -> ExactDrawMultivariateNormal:
+        return ExactDrawMultivariateNormal(self.loc, scale_tril=self.scale[..., None] * self.scale_tril)
+
 
 # guide.auto -> (Pyro's autoguide, what it is)
 KINDS = {
@@ -35,7 +48,7 @@ KINDS = {
                "reparameterisation)"),
     "low_rank_mvn": (autoguide.AutoLowRankMultivariateNormal, "AutoLowRankMultivariateNormal: diagonal + rank "
                      "guide.rank covariance over all latents"),
-    "mvn": (autoguide.AutoMultivariateNormal, "AutoMultivariateNormal: a full-covariance Gaussian over all latents "
+    "mvn": (AutoMultivariateNormal, "AutoMultivariateNormal: a full-covariance Gaussian over all latents "
             "(D^2 parameters)"),
     "iaf": (autoguide.AutoIAFNormal, "AutoIAFNormal: a normalising flow of guide.flows inverse autoregressive "
             "transforms (Pyro's default 3 D + 1 hidden units each)"),

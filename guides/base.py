@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro import poutine
 from torch import nn
@@ -10,6 +13,34 @@ from torch.distributions import biject_to
 
 from zoo.sections import GuideSpec
 from zoo.sites import LatentSite
+
+
+class ExactDrawMultivariateNormal(dist.MultivariateNormal):
+    """N(loc, L Lᵀ) that scores its own reparameterised draw from the noise that made it, not by solving L.
+
+    The ELBO's Monte Carlo KL needs log q at the draw z = loc + L ε. Solving L for ε again is exact in theory,
+    but a trained Cholesky factor can be so ill-conditioned that float32 round-off in z, amplified by L⁻¹,
+    swamps the answer: Pyro's AutoMultivariateNormal on bostonHousing reached entries of 4.6e9 in L⁻¹ after
+    2,000 steps, its log q came out between -2.5e8 and -5e5 where float64 gives about -3,400, and the run
+    diverged six steps later. Scored from ε the value is log N(ε; 0, I) - log|det L|: the same function of
+    the parameters, so the same ELBO and gradient, with no solve. Any other value is scored as usual.
+    """
+
+    _draw: tuple[torch.Tensor, torch.Tensor] | None = None  # (the last rsample's value, its standard-normal noise)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        # the same draw as torch's rsample (same random stream), keeping its noise
+        noise = torch.empty(self._extended_shape(sample_shape), dtype=self.loc.dtype, device=self.loc.device).normal_()
+        value = self.loc + (self._unbroadcasted_scale_tril @ noise.unsqueeze(-1)).squeeze(-1)
+        self._draw = (value, noise)
+        return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._draw is None or value is not self._draw[0]:
+            return super().log_prob(value)
+        noise = self._draw[1]
+        half_log_det = self._unbroadcasted_scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (self.event_shape[0] * math.log(2 * math.pi) + noise.pow(2).sum(-1)) - half_log_det
 
 
 def _key(site: str) -> str:

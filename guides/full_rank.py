@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import constraints
 
-from guides.base import _key
+from guides.base import ExactDrawMultivariateNormal, _key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.errors import ZooInputError
 from zoo.sections import GuideSpec
@@ -57,5 +57,5 @@ class FullRankGuide(MeanFieldNormalGuide):
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mu, L Lᵀ) for vector weight sites; the mean-field guide's distribution for the rest."""
         if self._full(name):
-            return dist.MultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril(name))
+            return ExactDrawMultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril(name))
         return super().distribution(name)

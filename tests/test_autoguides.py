@@ -10,6 +10,8 @@ import torch
 from pyro import poutine
 
 from guides.auto import AutoGuide
+from guides.base import ExactDrawMultivariateNormal
+from guides.full_rank import FullRankGuide
 from tests.test_mcmc import NOISE, closed_form, linear_spec
 from zoo.errors import ZooInputError
 from zoo.inference.svi import fit_svi
@@ -66,6 +68,47 @@ def test_joint_autoguides_score_their_draws_with_the_density_they_sampled_from(k
         traces = [poutine.trace(guide).get_trace() for _ in range(5)]
     draws = {n: torch.stack([t.nodes[n]["value"] for t in traces]) for n in guide.sites}
     torch.testing.assert_close(guide.log_density(draws), torch.stack([t.log_prob_sum() for t in traces]))
+
+
+def _ill_conditioned_factor(dim: int = 200, seed: int = 0) -> torch.Tensor:
+    """0.01 x a unit lower-triangular matrix whose inverse has entries of about 5e7 (float64)."""
+    generator = torch.Generator().manual_seed(seed)
+    unit = torch.eye(dim, dtype=torch.float64) + (0.5 * torch.randn(dim, dim, generator=generator,
+                                                                  dtype=torch.float64)).tril(-1)
+    assert torch.linalg.inv(unit).abs().max() > 1e7
+    return 0.01 * unit
+
+
+def test_a_gaussian_scores_its_own_draw_from_its_noise_where_float32_solves_fail():
+    factor = _ill_conditioned_factor()
+    loc = torch.ones(len(factor), dtype=torch.float64)
+    # float64: the noise path and torch's triangular solve agree, so the formula is torch's density
+    q64 = ExactDrawMultivariateNormal(loc, scale_tril=factor)
+    draw = q64.rsample()
+    torch.testing.assert_close(q64.log_prob(draw), dist.MultivariateNormal(loc, scale_tril=factor).log_prob(draw),
+                               rtol=1e-9, atol=1e-6)
+    # float32: the same draw as torch's (one random stream) and the exact log q of the noise that made it
+    q32 = ExactDrawMultivariateNormal(loc.float(), scale_tril=factor.float())
+    torch.manual_seed(3)
+    draw = q32.rsample()
+    torch.manual_seed(3)
+    noise = torch.empty(len(factor)).normal_().double()
+    torch.manual_seed(3)
+    torch.testing.assert_close(draw, dist.MultivariateNormal(loc.float(), scale_tril=factor.float()).rsample())
+    exact = (-0.5 * (len(factor) * torch.log(torch.tensor(2 * torch.pi, dtype=torch.float64)) + noise.pow(2).sum())
+             - factor.float().double().diagonal().log().sum())
+    torch.testing.assert_close(q32.log_prob(draw).double(), exact, rtol=1e-5, atol=1e-3)
+    solved = dist.MultivariateNormal(loc.float(), scale_tril=factor.float()).log_prob(draw).double()
+    assert not torch.isfinite(solved) or (solved - exact).abs() > 100  # why: the solve amplifies round-off
+    assert q32.log_prob(draw.clone()).item() != q32.log_prob(draw).item()  # any other value: the usual solve
+
+
+def test_the_joint_and_full_rank_gaussians_score_their_draws_from_their_noise():
+    spec = load_spec({**_auto("mvn"), "likelihood": {"noise": "learned"}})
+    _, _, guide, _ = prepare(spec)
+    assert isinstance(guide.auto.get_posterior(), ExactDrawMultivariateNormal)
+    sites = {"w": LatentSite(torch.Size([3]), torch.zeros(3))}
+    assert isinstance(FullRankGuide(sites).distribution("w"), ExactDrawMultivariateNormal)
 
 
 def test_an_autoguide_run_round_trips_and_names_its_autoguide(tmp_path):
