@@ -13,6 +13,7 @@ from guides.auto import AutoGuide
 from guides.base import ExactDrawMultivariateNormal
 from guides.full_rank import FullRankGuide
 from tests.test_mcmc import NOISE, closed_form, linear_spec
+from zoo.diagnostics.checks import pareto_k
 from zoo.errors import ZooInputError
 from zoo.inference.svi import fit_svi
 from zoo.pipeline import load_run, prepare, train
@@ -109,6 +110,17 @@ def test_the_joint_and_full_rank_gaussians_score_their_draws_from_their_noise():
     assert isinstance(guide.auto.get_posterior(), ExactDrawMultivariateNormal)
     sites = {"w": LatentSite(torch.Size([3]), torch.zeros(3))}
     assert isinstance(FullRankGuide(sites).distribution("w"), ExactDrawMultivariateNormal)
+
+
+def test_an_ill_conditioned_full_covariance_autoguide_refuses_to_score_given_draws():
+    spec = load_spec({**_auto("mvn"), "likelihood": {"noise": "learned"}, "dtype": "float32"})
+    _, _, guide, _ = prepare(spec)
+    assert guide.density_unavailable is None
+    with torch.no_grad():  # a unit-triangular factor with L^-1 entries of 1e8: float32 draws lose their noise
+        guide.auto.scale_tril_unconstrained[1, 0] = 1e8
+    reason = guide.density_unavailable
+    assert reason is not None and "ill-conditioned" in reason
+    assert pareto_k(guide, {}, torch.zeros(3))["interpretation"] == f"undefined: {reason}"
 
 
 def test_an_autoguide_run_round_trips_and_names_its_autoguide(tmp_path):
