@@ -21,8 +21,8 @@ class ExactDrawMultivariateNormal(dist.MultivariateNormal):
     The ELBO's Monte Carlo KL needs log q at the draw z = loc + L ε. Solving L for ε again is exact in theory,
     but a trained Cholesky factor can be so ill-conditioned that float32 round-off in z, amplified by L⁻¹,
     swamps the answer: Pyro's AutoMultivariateNormal on bostonHousing reached entries of 4.6e9 in L⁻¹ after
-    2,000 steps, its log q came out between -2.5e8 and -5e5 where float64 gives about -3,400, and the run
-    diverged six steps later. Scored from ε the value is log N(ε; 0, I) - log|det L|: the same function of
+    2,000 steps, the negative ELBO came out between -2.5e8 and -5e5 where float64 gives about 3,400, and the
+    run diverged six steps later. Scored from ε the value is log N(ε; 0, I) - log|det L|: the same function of
     the parameters, so the same ELBO and gradient, with no solve. Any other value is scored as usual.
     """
 
