@@ -38,7 +38,7 @@ def log_q_roundoff(posterior: ExactDrawMultivariateNormal, num_draws: int = 16) 
     exact log q (from the noise that made it), over ``num_draws`` draws (torch's random state is left as it was).
 
     Given draws (a diagnostic's) can only be scored by the solve, and an ill-conditioned factor amplifies their
-    round-off: measured at 0.003 nats on the toy's fit, 0.06 on a bostonHousing fit, 4e23 on a diverging one.
+    round-off: measured at 0.003 nats on the toy's fit, 0.06 on a bostonHousing fit, over 1e23 on a diverging one.
     """
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         errors = []
