@@ -33,6 +33,9 @@ __all__ = [
     "mutual_information",
     "nll",
     "ood_auroc",
+    "ood_detection",
+    "draws_identical",
+    "max_prob_uncertainty",
     "predictive_entropy",
     "predictive_log_probs",
     "regression_metrics",
@@ -246,8 +249,23 @@ def mutual_information(log_probs: Tensor) -> Tensor:
     return (predictive_entropy(log_probs) - expected_entropy(log_probs)).clamp(min=0.0)
 
 
-def ood_auroc(log_probs_in: Tensor, log_probs_out: Tensor) -> dict[str, float]:
-    """AUROC of separating OOD (label 1) from in-distribution (label 0) by predictive entropy (``entropy``) and MI."""
+def max_prob_uncertainty(log_probs: Tensor) -> Tensor:
+    """One minus the predictive's top-class probability: ``[S, B, C] -> [B]`` (the max-softmax baseline score)."""
+    return 1.0 - predictive_log_probs(log_probs).max(dim=-1).values.exp()
+
+
+def draws_identical(log_probs: Tensor) -> bool:
+    """Whether every draw gives the same class probabilities (a point estimate: its mutual information is 0 by
+    construction, so MI-based scores say nothing about it)."""
+    _check_log_probs(log_probs)
+    return bool((log_probs == log_probs[:1]).all())
+
+
+OOD_SCORES = {"max_prob": max_prob_uncertainty, "entropy": predictive_entropy, "mi": mutual_information}
+
+
+def _ood_inputs(log_probs_in: Tensor, log_probs_out: Tensor) -> list[str]:
+    """Check two sets of per-draw log-probabilities; the OOD scores meaningful for them (no MI for identical draws)."""
     _check_log_probs(log_probs_in, "log_probs_in")
     _check_log_probs(log_probs_out, "log_probs_out")
     c_in, c_out = log_probs_in.shape[-1], log_probs_out.shape[-1]
@@ -256,13 +274,46 @@ def ood_auroc(log_probs_in: Tensor, log_probs_out: Tensor) -> dict[str, float]:
     if log_probs_in.shape[1] == 0 or log_probs_out.shape[1] == 0:
         raise ValueError(f"need at least one in-distribution and one OOD point; got B={log_probs_in.shape[1]} and "
                          f"B'={log_probs_out.shape[1]}")
+    point = draws_identical(log_probs_in) and draws_identical(log_probs_out)
+    return [name for name in OOD_SCORES if not (point and name == "mi")]
+
+
+def ood_auroc(log_probs_in: Tensor, log_probs_out: Tensor) -> dict[str, float]:
+    """AUROC of separating OOD (label 1) from in-distribution (label 0) by predictive entropy (``entropy``) and MI;
+    ``mi`` is left out when every draw is the same (a point estimate, whose MI is 0 everywhere)."""
+    scores = [name for name in _ood_inputs(log_probs_in, log_probs_out) if name != "max_prob"]
     from sklearn.metrics import roc_auc_score  # deferred: importing sklearn costs ~1.5 s, only this function needs it
 
     labels = np.concatenate([np.zeros(log_probs_in.shape[1]), np.ones(log_probs_out.shape[1])])
     out: dict[str, float] = {}
-    for key, fn in (("entropy", predictive_entropy), ("mi", mutual_information)):
-        scores = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).numpy()
-        out[key] = float(roc_auc_score(labels, scores))
+    for key in scores:
+        fn = OOD_SCORES[key]
+        values = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).numpy()
+        out[key] = float(roc_auc_score(labels, values))
+    return out
+
+
+def ood_detection(log_probs_in: Tensor, log_probs_out: Tensor, tpr: float = 0.95) -> dict[str, dict[str, float]]:
+    """OOD detection as the field reports it, per uncertainty score (``max_prob``, ``entropy``, ``mi``; ``mi`` left
+    out for identical draws): ``auroc`` (OOD as the positive class), ``aupr_in`` (average precision of finding the
+    in-distribution points by low uncertainty), ``aupr_out`` (of finding the OOD points by high uncertainty) and
+    ``fpr95``: the share of OOD points taken for in-distribution at the threshold that keeps ``tpr`` of the
+    in-distribution points."""
+    if not 0.0 < tpr <= 1.0:
+        raise ValueError(f"tpr must lie in (0, 1]; got {tpr!r}")
+    scores = _ood_inputs(log_probs_in, log_probs_out)
+    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+    is_out = np.concatenate([np.zeros(log_probs_in.shape[1]), np.ones(log_probs_out.shape[1])])
+    out: dict[str, dict[str, float]] = {}
+    for key in scores:
+        fn = OOD_SCORES[key]
+        u = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).numpy()
+        fpr, tpr_in, _ = roc_curve(1 - is_out, -u)  # in-distribution positive, detected by low uncertainty
+        out[key] = {"auroc": float(roc_auc_score(is_out, u)),
+                    "aupr_in": float(average_precision_score(1 - is_out, -u)),
+                    "aupr_out": float(average_precision_score(is_out, u)),
+                    "fpr95": float(fpr[np.searchsorted(tpr_in, tpr - 1e-12)])}
     return out
 
 

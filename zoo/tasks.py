@@ -156,17 +156,19 @@ class Classification(Task):
 
     def evaluate(self, posterior: Posterior, data: Dataset, num_samples: int) -> dict[str, float]:
         """accuracy, nll, ece, brier and, per OOD set, ``ood_auroc_{entropy,mi}_<set>``; the unsuffixed
-        ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set."""
+        ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set.
+        The MI AUROCs are left out for a point estimate (every draw the same: MI is 0 everywhere)."""
         draws = posterior.sample(num_samples)  # shared by the test and the OOD inputs
         pred = posterior.predict(data.x_test, draws=draws)
         out = metrics.classification_metrics(pred.log_probs, data.y_test)
         for name, x_ood in data.x_ood.items():
             auroc = metrics.ood_auroc(pred.log_probs, posterior.predict(x_ood, draws=draws).log_probs)
-            out[f"ood_auroc_entropy_{name}"], out[f"ood_auroc_mi_{name}"] = auroc["entropy"], auroc["mi"]
+            out.update({f"ood_auroc_{score}_{name}": value for score, value in auroc.items()})
         if data.x_ood:
             primary = PRIMARY_OOD if PRIMARY_OOD in data.x_ood else next(iter(data.x_ood))
-            out["ood_auroc_entropy"] = out[f"ood_auroc_entropy_{primary}"]
-            out["ood_auroc_mi"] = out[f"ood_auroc_mi_{primary}"]
+            for score in ("entropy", "mi"):
+                if f"ood_auroc_{score}_{primary}" in out:
+                    out[f"ood_auroc_{score}"] = out[f"ood_auroc_{score}_{primary}"]
         return out
 
     def plot(self, posterior: Posterior, data: Dataset, run_dir: Path, num_samples: int) -> Path | None:
