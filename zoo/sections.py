@@ -39,6 +39,10 @@ class DataSpec(Strict):
         description="tuning mode: > 0 carves this seeded share of the TRAINING rows out as the evaluation set "
         "(reported as 'test'); the real test split is never read and statistics come from the remaining rows",
     )
+    calibration_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="> 0 holds this seeded share of the training rows out of training as calibration rows, "
+        "for post-hoc calibration (zoo eval --temperature-scale); the test split is unchanged")
     target: str | None = Field(None, description="file: the target column")
     task: Literal["regression", "classification"] | None = Field(None, description="file: the task")
     split_column: str | None = Field(None, description="file: column marking test rows (test/1/true)")

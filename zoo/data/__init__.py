@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from zoo.data import digits, mnist1d, mnist5k, table, toy, uci, vision
-from zoo.data.base import Dataset, Loader, carve_validation, make_dataset
+from zoo.data.base import Dataset, Loader, carve_validation, hold_out_calibration, make_dataset
 from zoo.errors import ZooInputError
 from zoo.sections import DataSpec
 
@@ -50,9 +50,13 @@ def check_data_spec(spec: DataSpec) -> str:
 def load_dataset(spec: DataSpec, seed: int) -> Dataset:
     """Load the data set that ``spec`` names, standardised with its training statistics.
 
-    With ``validation_fraction > 0`` the evaluation set is a seeded share of the training rows instead of the
-    test split (see :func:`zoo.data.base.carve_validation`), for every data set alike.
+    With ``calibration_fraction > 0`` a seeded share of the training rows is held out of training as calibration
+    rows (:func:`zoo.data.base.hold_out_calibration`); with ``validation_fraction > 0`` the evaluation set is a
+    seeded share of the training rows instead of the test split (:func:`zoo.data.base.carve_validation`), for
+    every data set alike.
     """
     check_data_spec(spec)
     data = find_loader(spec.name).load(spec, seed)
+    if spec.calibration_fraction > 0:
+        data = hold_out_calibration(data, spec.calibration_fraction, seed)
     return carve_validation(data, spec.validation_fraction, seed) if spec.validation_fraction > 0 else data

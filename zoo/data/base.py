@@ -43,6 +43,10 @@ class Dataset:
     x_mean: torch.Tensor | None = None
     x_std: torch.Tensor | None = None
     training_rows_on_host: bool = False  # set by to(): the training rows stay in host memory (too large for the GPU)
+    image_shape: tuple[int, int, int] | None = None  # image sets: (C, H, W) of a row, channel-major; None: a table
+    pixel_max: float = 255.0  # image sets: the raw value of a full-intensity pixel (the rows' range is 0..pixel_max)
+    x_calibration: torch.Tensor | None = None  # rows held out of training for post-hoc calibration (standardised)
+    y_calibration: torch.Tensor | None = None
 
     @property
     def in_dim(self) -> int:
@@ -88,6 +92,8 @@ class Dataset:
             self, x_train=train(self.x_train), y_train=train(self.y_train), x_test=move(self.x_test),
             y_test=move(self.y_test), x_ood={k: move(v) for k, v in self.x_ood.items()},
             training_rows_on_host=training_rows_on_host,
+            x_calibration=None if self.x_calibration is None else move(self.x_calibration),
+            y_calibration=None if self.y_calibration is None else move(self.y_calibration),
         )
 
     def inputs_in_original_units(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,12 +188,18 @@ def make_dataset(
     class_names: list[str] | None = None,
     feature_names: list[str] | None = None,
     target_name: str | None = None,
+    image_shape: tuple[int, int, int] | None = None,
+    pixel_max: float = 255.0,
 ) -> Dataset:
     """Validate raw arrays and standardise them with training statistics into a :class:`Dataset`.
 
     ``feature_names``/``target_name`` (e.g. a table's columns) name the offender in errors; a column whose
-    statistics or standardised values do not fit float32 is refused (see ``STAT_LIMIT``).
+    statistics or standardised values do not fit float32 is refused (see ``STAT_LIMIT``). Image sets give
+    ``image_shape`` (C, H, W) and ``pixel_max``, which image shifts (:mod:`zoo.data.corruptions`) need.
     """
+    if image_shape is not None and int(np.prod(image_shape)) != np.shape(x_train)[-1]:
+        raise ValueError(f"image_shape {image_shape} holds {int(np.prod(image_shape))} values, not the "
+                         f"{np.shape(x_train)[-1]} of a row")
     x_train = np.asarray(x_train, dtype=np.float64)
     x_test = np.asarray(x_test, dtype=np.float64)
     for arr, what in ((x_train, f"{name} training inputs"), (x_test, f"{name} test inputs")):
@@ -243,10 +255,40 @@ def make_dataset(
         raise ZooInputError(f"{name} labels", f"range {int(y_train_t.min())}..{int(y_train_t.max())}",
                             f"labels must be integers in 0..{n_classes - 1}")
     return Dataset(name, task, x_train_t, y_train_t, x_test_t, y_test_t,
-                   n_classes, 0.0, 1.0, ood, class_names, x_stats[0], x_stats[1])
+                   n_classes, 0.0, 1.0, ood, class_names, x_stats[0], x_stats[1],
+                   image_shape=tuple(image_shape) if image_shape is not None else None, pixel_max=float(pixel_max))
 
 
 VALIDATION_STREAM = 7919  # mixed into the seed so the carve does not reuse any loader's own random stream
+
+
+def _split_training_rows(data: Dataset, fraction: float, seed: int, stream: int, field: str,
+                         what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded indices (kept, held out) of the training rows, holding out ``fraction`` of them."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= float(fraction) < 1.0:
+        raise ZooInputError(field, fraction, f"use a number in [0, 1); 0 means no {what}")
+    n = data.n_train
+    n_held = max(1, int(round(float(fraction) * n)))
+    if n - n_held < 2:
+        raise ZooInputError(field, fraction,
+                            f"only {n} training rows: {n_held} for {what} would leave fewer than 2 to train on")
+    perm = np.random.default_rng(np.random.SeedSequence([int(seed), stream])).permutation(n)
+    return np.sort(perm[n_held:]), np.sort(perm[:n_held])
+
+
+def _raw_inputs(data: Dataset, x: torch.Tensor) -> np.ndarray:
+    """Standardised inputs mapped back to raw units (float64, host)."""
+    x = x.detach().cpu().to(torch.float64)
+    if data.x_std is not None and data.x_mean is not None:
+        x = x * data.x_std.detach().cpu().to(torch.float64) + data.x_mean.detach().cpu().to(torch.float64)
+    return x.numpy()
+
+
+def _raw_targets(data: Dataset, y: torch.Tensor) -> np.ndarray:
+    """Targets in raw units (regression) or as class labels, on the host."""
+    if data.task == "regression":
+        return y.detach().cpu().to(torch.float64).numpy() * data.y_std + data.y_mean
+    return y.detach().cpu().numpy()
 
 
 def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
@@ -257,33 +299,36 @@ def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
     again with the statistics of the remaining training rows only (no statistic of the validation rows leaks
     into training). OOD sets are kept, re-standardised the same way. ``fraction == 0`` returns ``data`` as is.
     """
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= float(fraction) < 1.0:
-        raise ZooInputError("data.validation_fraction", fraction, "use a number in [0, 1); 0 means no validation")
-    if fraction == 0:
+    if fraction == 0 and not isinstance(fraction, bool):
         return data
-    n = data.n_train
-    n_val = max(1, int(round(float(fraction) * n)))
-    if n - n_val < 2:
-        raise ZooInputError("data.validation_fraction", fraction,
-                            f"only {n} training rows: {n_val} for validation would leave fewer than 2 to train on")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), VALIDATION_STREAM]))
-    perm = rng.permutation(n)
-    val, keep = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-
-    def raw_x(x: torch.Tensor) -> np.ndarray:
-        x = x.detach().cpu().to(torch.float64)
-        if data.x_std is not None and data.x_mean is not None:
-            x = x * data.x_std.detach().cpu().to(torch.float64) + data.x_mean.detach().cpu().to(torch.float64)
-        return x.numpy()
-
-    x = raw_x(data.x_train)
-    if data.task == "regression":
-        y = data.y_train.detach().cpu().to(torch.float64).numpy() * data.y_std + data.y_mean
-    else:
-        y = data.y_train.detach().cpu().numpy()
-    ood = {k: raw_x(v) for k, v in data.x_ood.items()}
+    keep, val = _split_training_rows(data, fraction, seed, VALIDATION_STREAM, "data.validation_fraction",
+                                     "validation")
+    x, y = _raw_inputs(data, data.x_train), _raw_targets(data, data.y_train)
+    ood = {k: _raw_inputs(data, v) for k, v in data.x_ood.items()}
     return make_dataset(f"{data.name} (validation)", data.task, x[keep], y[keep], x[val], y[val], x_ood=ood,
-                        n_classes=data.n_classes, class_names=data.class_names)
+                        n_classes=data.n_classes, class_names=data.class_names, image_shape=data.image_shape,
+                        pixel_max=data.pixel_max)
+
+
+CALIBRATION_STREAM = 7927  # the calibration rows' own seed stream, apart from the validation carve's
+
+
+def hold_out_calibration(data: Dataset, fraction: float, seed: int) -> Dataset:
+    """Hold a seeded ``fraction`` of the training rows out of training as calibration rows (``x_calibration``,
+    ``y_calibration``), for post-hoc calibration such as temperature scaling. The test split and OOD sets stay;
+    every set is standardised again with the statistics of the rows that remain for training."""
+    keep, held = _split_training_rows(data, fraction, seed, CALIBRATION_STREAM, "data.calibration_fraction",
+                                      "calibration rows")
+    x, y = _raw_inputs(data, data.x_train), _raw_targets(data, data.y_train)
+    ood = {k: _raw_inputs(data, v) for k, v in data.x_ood.items()}
+    out = make_dataset(data.name, data.task, x[keep], y[keep], _raw_inputs(data, data.x_test),
+                       _raw_targets(data, data.y_test), x_ood=ood, n_classes=data.n_classes,
+                       class_names=data.class_names, image_shape=data.image_shape, pixel_max=data.pixel_max)
+    x_cal = (torch.as_tensor(x[held]) - out.x_mean.double()) / out.x_std.double()
+    out.x_calibration = x_cal.to(torch.float32)
+    out.y_calibration = (torch.as_tensor((y[held] - out.y_mean) / out.y_std, dtype=torch.float32)
+                         if data.task == "regression" else torch.as_tensor(y[held]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ registration

@@ -49,7 +49,8 @@ def load_digits(seed: int, test_fraction: float = 0.2, ood_classes: Sequence[int
     if x_held is not None:
         ood["heldout_classes"] = x_held
     return make_dataset("digits", "classification", x_tr, y_tr, x_te, y_te, x_ood=ood,
-                        n_classes=len(kept), class_names=[str(c) for c in kept])
+                        n_classes=len(kept), class_names=[str(c) for c in kept], image_shape=(1, 8, 8),
+                        pixel_max=16.0)
 
 
 LOADER = Loader("digits", "scikit-learn's 8x8 digits (64 features, 10 classes); OOD: held-out classes, photo patches",

