@@ -65,6 +65,14 @@ def member_overrides(spec_path: str, common: list[str], per_spec: list[str]) -> 
     return ["data.name=mnist5k", "data.ood_classes=[]", *common, *mine]
 
 
+def add_member_options(p: argparse.ArgumentParser) -> None:
+    """The options naming the members and their overrides (read by :func:`member_overrides`)."""
+    p.add_argument("--spec", action="append", required=True, help="a member's YAML spec (repeat for several)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every spec")
+    p.add_argument("--set-for", action="append", default=[], metavar="STEM:KEY=VALUE",
+                   help="override for the spec whose file stem is STEM")
+
+
 def evaluate_run(run_dir: Path, angles: list[float]) -> dict[float, dict[str, float]]:
     """One trained run's metrics on the test images rotated by each angle."""
     from zoo.data import load_dataset
@@ -110,11 +118,8 @@ def plot(results: dict[str, dict], angles: list[float], path: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/rotated_mnist.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--spec", action="append", required=True, help="a member's YAML spec (repeat for several)")
+    add_member_options(p)
     p.add_argument("--angles", default="0-180:15", help="0-180:15 or 0,45,90 (default 0-180:15)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every spec")
-    p.add_argument("--set-for", action="append", default=[], metavar="STEM:KEY=VALUE",
-                   help="override for the spec whose file stem is STEM")
     p.add_argument("--seed", type=int, default=0, help="the runs' seed (default 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--json", help="write the figures to this JSON file")

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rotated_mnist import member_overrides  # noqa: E402 - sibling module of this script
+from rotated_mnist import add_member_options, member_overrides  # noqa: E402 - sibling module of this script
 
 from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
@@ -116,11 +116,8 @@ def tables(results: dict[str, dict]) -> list[Table]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/shift.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--spec", action="append", required=True, help="a member's YAML spec (repeat for several)")
+    add_member_options(p)
     p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default) or 0,3")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every spec")
-    p.add_argument("--set-for", action="append", default=[], metavar="STEM:KEY=VALUE",
-                   help="override for the spec whose file stem is STEM")
     p.add_argument("--temperature-scale", action="append", default=[], metavar="STEM",
                    help="also report member STEM after temperature scaling on its calibration rows")
     p.add_argument("--runs-dir", required=True, metavar="DIR", help="the runs, DIR/<stem>_seed<k> (resumable)")
@@ -149,7 +146,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
     for path, stem in zip(args.spec, stems, strict=True):
-        overrides = [*member_overrides(path, ["data.calibration_fraction=0.1", *args.set], args.set_for)]
+        overrides = member_overrides(path, ["data.calibration_fraction=0.1", *args.set], args.set_for)
         reports, scaled, fit_seconds = [], [], []
         for seed in seeds:
             spec = load_spec(path, [*overrides, f"seed={seed}"])

@@ -134,6 +134,14 @@ def test_calibration_rows_are_held_out_of_training_deterministically():
         hold_out_calibration(data, 1.5, seed=0)
 
 
+def test_calibration_rows_survive_the_validation_carve():
+    both = load_dataset(make_spec("digits", "data.validation_fraction=0.2", "data.calibration_fraction=0.1").data, 0)
+    carved = load_dataset(make_spec("digits", "data.validation_fraction=0.2").data, 0)
+    assert both.x_calibration is not None and len(both.y_calibration) == round(0.1 * carved.n_train)
+    assert both.n_train + len(both.y_calibration) == carved.n_train
+    assert torch.equal(both.y_test, carved.y_test)  # the evaluation rows are the validation rows in both
+
+
 # ------------------------------------------------------------------------------------------ reports end to end
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):

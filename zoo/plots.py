@@ -49,6 +49,21 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
         fig.clear()
 
 
+def _reliability_bars(ax, bins: dict[str, np.ndarray]) -> None:
+    """Accuracy per confidence bin, its gap to the bin's mean confidence, and the diagonal, on (0, 1)^2."""
+    width = bins["upper"][0] - bins["lower"][0]
+    centres = (bins["lower"] + bins["upper"]) / 2
+    nonempty = bins["count"] > 0
+    acc = np.where(nonempty, bins["accuracy"], 0.0)
+    conf = np.where(nonempty, bins["confidence"], 0.0)
+    ax.bar(centres, acc, width=width, edgecolor="black", color="tab:blue", label="accuracy")
+    ax.bar(centres[nonempty], np.abs(conf - acc)[nonempty], bottom=np.minimum(acc, conf)[nonempty], width=width,
+           color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", label="gap to mean confidence")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+
+
 def reliability_diagram(
     log_probs: Tensor, y: Tensor, path: str | os.PathLike, n_bins: int = 15, title: str = ""
 ) -> Path:
@@ -61,16 +76,7 @@ def reliability_diagram(
     ax, ax_hist = axes[0, 0], axes[1, 0]
     width = 1.0 / n_bins
     centres = (bins["lower"] + bins["upper"]) / 2
-    nonempty = bins["count"] > 0
-    acc = np.where(nonempty, bins["accuracy"], 0.0)
-    conf = np.where(nonempty, bins["confidence"], 0.0)
-    ax.bar(centres, acc, width=width, edgecolor="black", color="tab:blue", label="accuracy")
-    gap_bottom = np.minimum(acc, conf)
-    ax.bar(centres[nonempty], np.abs(conf - acc)[nonempty], bottom=gap_bottom[nonempty], width=width,
-           color="tab:red", alpha=0.3, edgecolor="tab:red", hatch="//", label="gap to mean confidence")
-    ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    _reliability_bars(ax, bins)
     ax.set_ylabel("accuracy")
     ax.legend(loc="upper left", fontsize="small")
     heading = f"{title} (ECE = {ece_value:.3f})" if title else f"ECE = {ece_value:.3f}"
@@ -181,16 +187,9 @@ def reliability_by_severity(confidence: Mapping[float, ArrayLike], correct: Mapp
     """One reliability diagram per severity (clean first), each pooling every corruption type at that severity."""
     levels = sorted(confidence)
     fig, axes = new_figure(1, len(levels), (3.0 * len(levels), 3.2), sharey=True)
-    width = 1.0 / n_bins
     for ax, level in zip(axes[0], levels, strict=True):
         conf, hits = torch.as_tensor(_np(confidence[level])), torch.as_tensor(np.asarray(correct[level]), dtype=bool)
-        bins = reliability_bins(conf, hits, n_bins)
-        nonempty = bins["count"] > 0
-        centres = (bins["lower"] + bins["upper"]) / 2
-        ax.bar(centres, np.where(nonempty, bins["accuracy"], 0.0), width=width, edgecolor="black", color="tab:blue")
-        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+        _reliability_bars(ax, reliability_bins(conf, hits, n_bins))
         ece_value = expected_calibration_error(conf, hits, n_bins)
         ax.set_title(f"{'clean' if level == 0 else f'{level_name} {level:g}'}\nECE {ece_value:.3f}", fontsize="small")
         ax.set_xlabel("confidence")

@@ -19,6 +19,7 @@ calibration rows (``data.calibration_fraction``), never on test rows.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -140,14 +141,13 @@ def _labels(data: Dataset, labels: np.ndarray) -> torch.Tensor:
 
 def shifted_sets(data: Dataset, suite: str, seed: int) -> Iterator[ShiftedSet]:
     """The suite's shifted sets (see the module docstring for the names)."""
+    check_suite(suite)
     if suite in GENERATED:
         return generated_suite(data, seed)
     if suite == "rotation":
         return rotation_suite(data)
-    if Path(suite).is_dir():
-        _check_images(data)
-        return published_suite(data, Path(suite))
-    raise ZooInputError("--shift", suite, f"use {SUITE_HELP}")
+    _check_images(data)
+    return published_suite(data, Path(suite))
 
 
 # ------------------------------------------------------------------------------------------ temperature scaling
@@ -177,10 +177,6 @@ def temperature_scaled(log_probs: torch.Tensor, temperature: float) -> torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ the report
-def _scores(log_probs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    return metrics.classification_metrics(log_probs, y)
-
-
 def _confidence(log_probs: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     top, pred = metrics.predictive_log_probs(log_probs).max(dim=-1)
     return top.exp().double().cpu().numpy(), (pred == y).cpu().numpy()
@@ -220,12 +216,12 @@ def shift_report(posterior: Posterior, data: Dataset, suite: str | None, num_sam
         return log_probs if temperature is None else temperature_scaled(log_probs, temperature)
 
     clean = scored(data.x_test)
-    rows = [{"corruption": "clean", "severity": 0.0, **_scores(clean, data.y_test)}]
-    confidence, correct = {0.0: [_confidence(clean, data.y_test)[0]]}, {0.0: [_confidence(clean, data.y_test)[1]]}
-    for shifted in shifted_sets(data, suite, seed) if suite is not None else ():
-        log_probs = scored(shifted.x)
+    rows, confidence, correct = [], {}, {}
+    sets = shifted_sets(data, suite, seed) if suite is not None else ()
+    for shifted in itertools.chain([ShiftedSet("clean", 0.0, data.x_test, data.y_test)], sets):  # one set at a time
+        log_probs = clean if shifted.corruption == "clean" else scored(shifted.x)
         rows.append({"corruption": shifted.corruption, "severity": float(shifted.severity),
-                     **_scores(log_probs, shifted.y)})
+                     **metrics.classification_metrics(log_probs, shifted.y)})
         conf, hit = _confidence(log_probs, shifted.y)
         confidence.setdefault(float(shifted.severity), []).append(conf)
         correct.setdefault(float(shifted.severity), []).append(hit)

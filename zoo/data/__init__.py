@@ -50,13 +50,15 @@ def check_data_spec(spec: DataSpec) -> str:
 def load_dataset(spec: DataSpec, seed: int) -> Dataset:
     """Load the data set that ``spec`` names, standardised with its training statistics.
 
-    With ``calibration_fraction > 0`` a seeded share of the training rows is held out of training as calibration
-    rows (:func:`zoo.data.base.hold_out_calibration`); with ``validation_fraction > 0`` the evaluation set is a
-    seeded share of the training rows instead of the test split (:func:`zoo.data.base.carve_validation`), for
-    every data set alike.
+    With ``validation_fraction > 0`` the evaluation set is a seeded share of the training rows instead of the test
+    split (:func:`zoo.data.base.carve_validation`); with ``calibration_fraction > 0`` a seeded share of the
+    remaining training rows is held out of training as calibration rows
+    (:func:`zoo.data.base.hold_out_calibration`), for every data set alike.
     """
     check_data_spec(spec)
     data = find_loader(spec.name).load(spec, seed)
-    if spec.calibration_fraction > 0:
+    if spec.validation_fraction > 0:
+        data = carve_validation(data, spec.validation_fraction, seed)
+    if spec.calibration_fraction > 0:  # after the carve, which rebuilds the data set: the calibration rows survive
         data = hold_out_calibration(data, spec.calibration_fraction, seed)
-    return carve_validation(data, spec.validation_fraction, seed) if spec.validation_fraction > 0 else data
+    return data

@@ -265,8 +265,9 @@ def corrupt_images(images: np.ndarray, name: str, severity: int, seed: int) -> n
 
 def rotate_images(images: np.ndarray, degrees: float) -> np.ndarray:
     """``images`` ``[N, H, W, C]`` rotated anticlockwise by ``degrees`` about their centres (bilinear, black
-    outside): the rotated-MNIST shift."""
+    outside), kept inside the input's own range: the rotated-MNIST shift, in any pixel units."""
+    images = np.asarray(images, dtype=np.float64)
     if degrees % 360 == 0:
-        return np.array(images, dtype=np.float64)
-    return np.clip(ndimage.rotate(np.asarray(images, dtype=np.float64), float(degrees), axes=(2, 1), reshape=False,
-                                  order=1, mode="constant", cval=0.0), 0.0, 1.0)
+        return images.copy()
+    turned = ndimage.rotate(images, float(degrees), axes=(2, 1), reshape=False, order=1, mode="constant", cval=0.0)
+    return np.clip(turned, images.min(), images.max())

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from zoo.data import corruptions
 from zoo.data.base import Dataset, Loader, check_ood_classes, hold_out_classes, make_dataset
 from zoo.errors import ZooInputError
 
@@ -55,13 +56,7 @@ def fixed_split(y: np.ndarray, train_per_class: int = TRAIN_PER_CLASS) -> np.nda
 
 def rotate_images(x: np.ndarray, degrees: float) -> np.ndarray:
     """Rows of 28x28 images rotated anticlockwise by ``degrees`` about their centre (bilinear, black outside)."""
-    if degrees % 360 == 0:
-        return x.copy()
-    from scipy.ndimage import rotate
-
-    images = x.reshape(-1, SIDE, SIDE)
-    turned = rotate(images, float(degrees), axes=(2, 1), reshape=False, order=1, mode="constant", cval=0.0)
-    return np.clip(turned, x.min(), x.max()).reshape(len(x), SIDE * SIDE)
+    return corruptions.rotate_images(x.reshape(-1, SIDE, SIDE, 1), degrees).reshape(len(x), SIDE * SIDE)
 
 
 DIGITS_BOX = 20  # MNIST centres each digit in a 20x20 box inside the 28x28 frame
