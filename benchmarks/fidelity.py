@@ -76,7 +76,9 @@ Where each member's settings come from (nothing was tuned on test inputs; the SV
 Two columns keep every row honest: ``same posterior as the reference`` (``no: net`` etc. when a member's data,
 net, prior or likelihood differ from the reference's, so it approximates another posterior) and ``reference
 passes --strict`` (``zoo diagnose --strict`` on the reference: function-space R-hat <= 1.01, bulk/tail ESS >= 400,
-no divergences, BFMI >= 0.3; ``NO`` means every figure carries the reference's own Monte Carlo error).
+no divergences, BFMI >= 0.3). A reference that fails it, or is not NUTS/HMC draws, is refused before any member
+trains; ``--allow-unconverged`` goes on with it, the column then saying ``NO``: every figure carries the reference's
+own Monte Carlo error.
 
 ``--steps N`` replaces every member's SVI step count (and the subnetwork's MAP step count) -- for smoke tests; it
 changes the specs, so such runs never reuse full-size ones.
@@ -100,7 +102,14 @@ from rich.console import Console
 from rich.table import Table
 
 from zoo.cli import exit_code
-from zoo.diagnostics import COMPARE_DRAWS, RunPredictive, compare_predictives, diagnose, jsonable, run_predictive
+from zoo.diagnostics import (
+    COMPARE_DRAWS,
+    RunPredictive,
+    compare_predictives,
+    jsonable,
+    run_predictive,
+    trusted_reference,
+)
 from zoo.errors import ZooInputError
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics
 from zoo.pipeline import load_run, train
@@ -360,12 +369,6 @@ def posterior_differences(reference: RunSpec, spec: RunSpec) -> list[str]:
     return [part for part in POSTERIOR_PARTS if getattr(spec, part) != getattr(reference, part)]
 
 
-def reference_verdict(reference: Path) -> dict[str, Any]:
-    """Whether the reference passes ``zoo diagnose --strict`` (function-space R-hat, ESS, divergences, BFMI)."""
-    result = diagnose(reference, plots=False)
-    return {"passes_strict": not result["warnings"], "warnings": result["warnings"]}
-
-
 def _fmt(key: str, value: float | None) -> str:
     if value is None:  # e.g. the sd ratio of a point estimate: 0 / 0
         return "-"
@@ -411,17 +414,16 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     start = time.perf_counter()
     if not _finished(reference):
         raise ZooInputError("--reference", str(reference), "not a finished run directory (spec.yaml, metrics.json)")
+    standing = trusted_reference(reference, args.allow_unconverged, field="--reference")  # before any training
     ref_spec, ref_data, _ = load_run(reference)
-    if ref_spec.inference.method not in ("nuts", "hmc"):
-        raise ZooInputError("--reference", str(reference), "the reference must be an MCMC run (nuts or hmc)")
     task = ref_data.task
     topic = topic_of(ref_spec, task)
     runs_dir = Path(args.runs_dir) if args.runs_dir else Path("runs") / "fidelity" / topic
     if topic in REAL_DATA_TOPICS or several:  # one folder of members per data set and split (or seed)
         runs_dir = runs_dir / replicate_of(ref_spec, topic)
-    reference_check = reference_verdict(reference)
-    if not reference_check["passes_strict"]:
-        echo(f"{reference} fails zoo diagnose --strict: {'; '.join(reference_check['warnings'])}")
+    reference_check = {"passes_strict": standing.trusted, "warnings": standing.problems}
+    if not standing.trusted:
+        echo(f"{reference} {standing.column()} (kept by --allow-unconverged)")
     members: list[tuple[str, Path, str, float]] = []
     specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
@@ -507,6 +509,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--samples", type=int, default=COMPARE_DRAWS, help="posterior draws per run")
     parser.add_argument("--steps", type=int, help="every member's SVI / MAP step count (smoke tests)")
+    parser.add_argument("--allow-unconverged", action="store_true", help="go on with a reference that fails zoo "
+                        "diagnose --strict (its rows then say NO under 'reference passes --strict'); without it such "
+                        "a reference is refused before any member trains")
     args = parser.parse_args(argv)
     if args.threads < 1:
         raise ZooInputError("--threads", args.threads, "use 1 or more")

@@ -28,6 +28,7 @@ from zoo.diagnostics import (
     guide_log_density,
     khat_interpretation,
     pareto_k,
+    reference_standing,
     run_predictive,
     save_inference_data,
     site_dims,
@@ -305,8 +306,9 @@ def test_pareto_k_of_a_vi_run(vi_dir):
 
 # ------------------------------------------------------------------------------------------ compare
 def test_compare_a_regression_run_with_itself_and_with_hmc(vi_dir, hmc_dir, tmp_path):
-    rows = compare(vi_dir, [vi_dir, hmc_dir], num_samples=50, out_dir=tmp_path)
+    rows = compare(vi_dir, [vi_dir, hmc_dir], num_samples=50, out_dir=tmp_path, allow_unconverged=True)
     reference, itself, hmc = rows
+    assert all(r["reference_check"].startswith("FAILS: svi/mean_field is not an exact sampler") for r in rows)
     assert reference["reference"] and not itself["reference"]
     for row in (reference, itself):
         assert row["w1"] == 0.0  # the same draws
@@ -330,7 +332,7 @@ def test_coverage_measures_reference_mass_inside_the_interval():
 
 
 def test_compare_a_classification_run_with_itself(moons_dir, tmp_path):
-    rows = compare(moons_dir, [moons_dir], num_samples=20, out_dir=tmp_path)
+    rows = compare(moons_dir, [moons_dir], num_samples=20, out_dir=tmp_path, allow_unconverged=True)
     assert [r["agreement"] for r in rows] == [1.0, 1.0] and [r["tv"] for r in rows] == [0.0, 0.0]
     assert {"accuracy", "nll", "ece"} <= set(rows[1])
     assert (tmp_path / "compare.png").is_file()
@@ -338,17 +340,66 @@ def test_compare_a_classification_run_with_itself(moons_dir, tmp_path):
 
 def test_compare_refuses_runs_on_different_data(moons_dir, vi_dir):
     with pytest.raises(ZooInputError, match="different data"):
-        compare(moons_dir, [vi_dir], num_samples=5)
+        compare(moons_dir, [vi_dir], num_samples=5, allow_unconverged=True)
+
+
+@pytest.fixture(scope="module")
+def converged_dir(hmc_dir, hmc, tmp_path_factory):
+    """An HMC run directory whose draws pass every ``--strict`` check: 4 chains of 500 independent draws around the
+    tiny HMC run's mean (what a long, well-mixed run looks like to the checks), energies iid, no divergences."""
+    _, _, result, _ = hmc
+    run = tmp_path_factory.mktemp("diag") / "converged"
+    run.mkdir()
+    for name in (SPEC_FILE, METRICS_FILE):
+        shutil.copy(hmc_dir / name, run / name)
+    gen = torch.Generator().manual_seed(1)
+    draws = {k: v.mean((0, 1)) + 0.05 * torch.randn(4, 500, *v.shape[2:], generator=gen, dtype=v.dtype)
+             for k, v in result.draws.items()}
+    stats = {"energy": torch.randn(4, 500, generator=gen), "diverging": torch.zeros(4, 500, dtype=torch.bool)}
+    save_torch(run / SAMPLES_FILE, {"z0": None, "method": "hmc", "done": True, "draws": draws, "stats": stats,
+                                    "seconds": 0.0, "settings": {}})
+    return run
+
+
+def test_a_converged_exact_sampler_is_a_trusted_reference(converged_dir, vi_dir):
+    standing = reference_standing(converged_dir)
+    assert standing.trusted and standing.method == "hmc" and standing.column() == "passes --strict"
+    rows = compare(converged_dir, [vi_dir], num_samples=20)
+    assert [r["reference_check"] for r in rows] == ["passes --strict"] * 2
+    assert not any((converged_dir / name).exists() for name in ("posterior.nc", "diagnostics.json"))  # read only
+
+
+@pytest.mark.parametrize(("reference", "fragment"), [
+    ("vi_dir", "svi/mean_field is not an exact sampler; a reference must be draws of nuts or hmc"),
+    ("hmc_dir", "R-hat > 1.01"),  # 2 chains x 30 draws: too short to converge
+    ("stuck_dir", "divergent transitions"),
+])
+def test_compare_refuses_a_reference_that_is_not_one(request, reference, fragment, vi_dir, tmp_path, capsys):
+    ref = request.getfixturevalue(reference)
+    before = sorted(p.name for p in ref.iterdir())
+    code = main(["compare", str(ref), str(vi_dir), "--samples", "5", "--out", str(tmp_path / "out")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and err.startswith("error: REFERENCE_RUN") and "Traceback" not in err
+    assert fragment in err and "--allow-unconverged" in err
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in ref.iterdir()) == before  # nothing written
+    with pytest.raises(ZooInputError, match="cannot be trusted as a reference"):
+        compare(ref, [vi_dir], num_samples=5)
+
+
+def test_compare_refuses_a_single_path_for_the_runs(converged_dir, vi_dir):
+    with pytest.raises(TypeError, match=r"run_dirs is a list of run directories.*compare\("):
+        compare(converged_dir, str(vi_dir))
 
 
 # ------------------------------------------------------------------------------------------ CLI
 def test_compare_cli_writes_plot_and_json(hmc_dir, vi_dir, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["compare", str(hmc_dir), str(vi_dir), "--samples", "20", "--out", str(out), "--json",
-                 str(tmp_path / "rows.json")])
+                 str(tmp_path / "rows.json"), "--allow-unconverged"])
     assert code == 0
     text = capsys.readouterr().out
     assert "coverage_95" in text and "w1" in text and "(reference)" in text
+    assert "REFERENCE FAILS: R-hat" in " ".join(text.split())  # the tiny HMC run is marked, loudly
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["run"] for r in rows] == [str(hmc_dir), str(vi_dir)] and rows[0]["w1"] == 0.0
     assert (out / "compare.png").is_file()
@@ -379,5 +430,5 @@ def test_cli_bad_input_exits_2(tmp_path, vi_dir, capsys, argv, fragment):
 
 
 def test_compare_cli_on_different_data_exits_2(moons_dir, vi_dir, capsys):
-    assert main(["compare", str(moons_dir), str(vi_dir)]) == 2
+    assert main(["compare", str(moons_dir), str(vi_dir), "--allow-unconverged"]) == 2
     assert "different data" in capsys.readouterr().err

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fidelity  # noqa: E402
 
+from zoo.errors import ZooInputError  # noqa: E402
 from zoo.pipeline import train  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 
@@ -50,8 +51,11 @@ def _cells(line: str) -> list[str]:
 def test_tiny_run_table_json_and_resume(reference, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # rich: no wrapped cells
     out, runs = tmp_path / "fidelity.json", tmp_path / "runs"
-    argv = ["--reference", str(reference), "--members", "mean_field,map", "--runs-dir", str(runs),
-            "--steps", "20", "--samples", "40", "--json", str(out)]
+    argv = ["--reference", str(reference), "--allow-unconverged", "--members", "mean_field,map", "--runs-dir",
+            str(runs), "--steps", "20", "--samples", "40", "--json", str(out)]
+    with pytest.raises(ZooInputError, match="cannot be trusted as a reference: R-hat"):
+        fidelity.main([a for a in argv if a != "--allow-unconverged"])  # refused before any member trains
+    assert not runs.exists()
     figures = fidelity.main(argv)
     printed = capsys.readouterr().out
     saved = json.loads(out.read_text())
@@ -118,11 +122,11 @@ def uci_references(tmp_path_factory) -> list[Path]:
 
 
 def test_each_topic_has_the_member_configs_that_ship():
-    """Every member has a UCI config but the float64 Laplace autoguide; on digits BatchEnsemble and the two
-    full-covariance autoguides have none, so a config that goes missing shows here, not as a skipped row."""
+    """Every member has a UCI config but the float64 Laplace autoguide; on digits the two full-covariance
+    autoguides have none, so a config that goes missing shows here, not as a skipped row."""
     assert set(fidelity.MEMBERS) - set(fidelity.member_configs("uci")) == {"auto_laplace_approximation"}
     assert set(fidelity.MEMBERS) - set(fidelity.member_configs("digits")) == {
-        "batch_ensemble", "auto_mvn", "auto_laplace_approximation"}
+        "auto_mvn", "auto_laplace_approximation"}
     assert fidelity.member_configs("digits")["rank1"] == "rank1_cauchy_digits.yaml"
 
 
@@ -143,7 +147,7 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
     out = tmp_path / "fidelity.json"
     result = fidelity.main(["--reference", *map(str, uci_references), "--members",
                             "map,mean_field,auto_laplace_approximation", "--runs-dir", str(tmp_path / "runs"),
-                            "--steps", "20", "--samples", "20", "--json", str(out)])
+                            "--steps", "20", "--samples", "20", "--json", str(out), "--allow-unconverged"])
     printed = capsys.readouterr().out
     assert "auto_laplace_approximation: no uci config" in printed  # a member without one is skipped
     saved = json.loads(out.read_text())
@@ -198,10 +202,11 @@ def test_digits_members_are_their_digits_configs_on_the_references_data(digits_r
         assert spec.inference == own.inference and spec.guide == own.guide and spec.prior == own.prior
         assert config in fidelity.member_label(name, "classification", "digits")
     assert fidelity.posterior_differences(ref, fidelity.member_spec(ref, "map", "classification")) == []
-    result = fidelity.main(["--reference", str(digits_reference), "--members", "map,batch_ensemble", "--steps", "3",
+    result = fidelity.main(["--reference", str(digits_reference), "--allow-unconverged", "--members",
+                            "map,auto_mvn", "--steps", "3",
                             "--runs-dir", str(tmp_path / "runs"), "--samples", "10"])
     assert result["topic"] == "digits" and result["columns"] == fidelity.COLUMNS["classification"]
-    hmc, map_row = result["rows"]  # batch_ensemble has no digits config: skipped
+    hmc, map_row = result["rows"]  # auto_mvn has no digits config: skipped
     assert hmc["agreement"] == 1 and hmc["tv"] == 0
     assert 0 <= map_row["agreement"] <= 1 and 0 < map_row["tv"] <= 1 and map_row["label"] == "MAP (map_digits.yaml)"
     assert Path(map_row["run"]).parent == tmp_path / "runs" / "digits-seed01"

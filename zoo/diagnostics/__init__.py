@@ -18,6 +18,7 @@ from zoo.diagnostics.checks import (
     check,
     diagnose,
     diagnose_report,
+    diagnosis,
     guide_log_density,
     jsonable,
     khat_interpretation,
@@ -27,11 +28,14 @@ from zoo.diagnostics.checks import (
 )
 from zoo.diagnostics.comparison import (
     COMPARE_DRAWS,
+    ReferenceStanding,
     RunPredictive,
     compare,
     compare_predictives,
     compare_table,
+    reference_standing,
     run_predictive,
+    trusted_reference,
 )
 from zoo.diagnostics.inference_data import (
     INFERENCE_DATA_FILE,
@@ -45,8 +49,9 @@ from zoo.diagnostics.inference_data import (
 
 __all__ = [
     "BFMI_MIN", "COMPARE_DRAWS", "DIAGNOSTICS_FILE", "ESS_MIN", "INFERENCE_DATA_FILE", "KHAT_MAX", "RHAT_MAX",
-    "SUMMARY_FILE", "VI_DRAWS", "RunPredictive", "check", "compare", "compare_predictives", "compare_table",
-    "diagnose", "diagnose_report", "guide_log_density", "jsonable", "khat_interpretation", "log_joint",
-    "pareto_k", "pointwise_log_likelihood", "run_predictive", "sampler_checks",
-    "save_inference_data", "site_dims", "to_inference_data", "verdict",
+    "SUMMARY_FILE", "VI_DRAWS", "ReferenceStanding", "RunPredictive", "check", "compare", "compare_predictives",
+    "compare_table", "diagnose", "diagnose_report", "diagnosis", "guide_log_density", "jsonable",
+    "khat_interpretation", "log_joint", "pareto_k", "pointwise_log_likelihood", "reference_standing",
+    "run_predictive", "sampler_checks", "save_inference_data", "site_dims", "to_inference_data", "trusted_reference",
+    "verdict",
 ]

@@ -142,6 +142,27 @@ def _function_rows(post: xr.Dataset, with_rhat: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _per_chain_rows(post: xr.Dataset) -> list[dict[str, Any]]:
+    """Each chain on its own: mean and sd of ``lp``, its within-chain bulk ESS, and how far the chain's mean of
+    each ``f_test`` element sits from the pooled mean, in pooled posterior sd (the largest over test points).
+
+    How SG-MCMC chains are read (Zhang et al. 2020; Izmailov et al. 2021): each chain explores its own mode, and
+    what matters is whether they agree in function space, not whether R-hat pools them into one distribution.
+    """
+    lp, f = post["lp"].values, post["f_test"].values  # [C, S] and [C, S, T]
+    pooled_mean = f.reshape(-1, f.shape[-1]).mean(0)
+    pooled_sd = f.reshape(-1, f.shape[-1]).std(0)
+    rows = []
+    for chain in range(lp.shape[0]):
+        ess = _quiet(lambda c=chain: az.ess(lp[c][None], method="bulk")) if lp.shape[1] > 3 else math.nan
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shift = np.abs(f[chain].mean(0) - pooled_mean) / pooled_sd
+        shift = shift[np.isfinite(shift)]
+        rows.append({"chain": chain, "lp_mean": float(lp[chain].mean()), "lp_sd": float(lp[chain].std()),
+                     "lp_ess_bulk": _float(ess), "f_test_max_shift_sd": float(shift.max()) if shift.size else None})
+    return rows
+
+
 def _stat_quantiles(values: np.ndarray) -> dict[str, float | None]:
     """min/5%/50%/95%/max of the defined values (an interpolation between two infinite R-hats stays infinite)."""
     defined = values[~np.isnan(values)]
@@ -246,6 +267,8 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
             f"ESS {value:.1f} < {ESS_MIN:.0f} at {low['variable']}: too few effective draws for reliable "
             "summaries; draw more")
         result["weights"] = _weight_summary(post, with_rhat)
+        if n_chains >= 2:
+            result["per_chain"] = _per_chain_rows(post)
         w = result["weights"]
         if with_rhat and w["r_hat_quantiles"]["max"] is not None and w["n_r_hat_over"]:
             top = w["worst"][0]
@@ -291,7 +314,11 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
 
 
 def verdict(result: dict[str, Any]) -> str:
-    """One line on whether MCMC draws passed every check of :func:`check` (what ``zoo train`` ends with)."""
+    """One line on whether MCMC draws passed every check of :func:`check` (what ``zoo train`` ends with).
+
+    For a sampler that is not exact (SG-MCMC: no Metropolis correction, chains in separate modes) the same figures
+    are read as warnings: the line says so and points at the per-chain table.
+    """
     rows = result["function_space"]
     r_hats = [r["r_hat"] for r in rows if r["r_hat"] is not None]
     ess = min(min(r["ess_bulk"], r["ess_tail"]) for r in rows)
@@ -300,6 +327,11 @@ def verdict(result: dict[str, Any]) -> str:
                f"ESS {fmt(ess, 0)} (>= {ESS_MIN:.0f}), {divergences} divergences")
     if not result["warnings"]:
         return f"converged: {figures}"
+    if not result.get("exact_sampler", True):
+        return (f"warning: {figures}; {len(result['warnings'])} exact-sampler check(s) not met (above). These chains "
+                f"come from {result.get('method', 'a sampler')} without a Metropolis correction, so they are judged "
+                "chain by chain and in function space (the per-chain table), not as one converged MCMC run; they "
+                "are never a reference for zoo compare. zoo train --strict exits 3 on this")
     return (f"NOT CONVERGED: {figures}; {len(result['warnings'])} check(s) failed (above). Do not use these draws as "
             "a reference: run more warm-up and draws (or more chains) and check again with zoo diagnose --strict")
 
@@ -369,12 +401,11 @@ def method_label(spec) -> str:
     return f"{spec.inference.method}/{registry.guide_label(spec)}" if fitted_guide else spec.inference.method
 
 
-def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = True) -> dict[str, Any]:
-    """Check a run directory's posterior; write posterior.nc, diagnostics.json, summary.csv and plots into it.
+def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict[str, Any], az.InferenceData]:
+    """:func:`diagnose`'s checks of a run directory and the InferenceData they were made on, writing nothing.
 
-    MCMC runs: R-hat, bulk/tail ESS, divergences, BFMI per chain, on every stored draw (``num_samples`` thins
-    each chain; divergences and BFMI are still counted on all stored draws). Guide (VI) runs: ``num_samples``
-    (default 200) iid draws of q and the PSIS Pareto k-hat of q against the model's log joint.
+    ``exact_sampler`` in the result says whether the run's method is an exact (Metropolis-corrected) sampler,
+    whose failed checks make its draws unusable; for the others (SG-MCMC, VI) they are warnings about the draws.
     """
     run = Path(run_dir)
     spec, data, posterior = load_run(run)
@@ -396,8 +427,19 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
         lp = torch.tensor(idata.posterior["lp"].values[0])
         pareto = pareto_k(density, draws, lp)
     out = check(idata, pareto, full_stats)
-    out = {"run_dir": str(run), "method": attrs["method"], "family": attrs["family"], "data": data.name, **out}
+    return {"run_dir": str(run), "method": attrs["method"], "family": attrs["family"], "data": data.name,
+            "exact_sampler": registry.method_of(spec).exact, **out}, idata
 
+
+def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = True) -> dict[str, Any]:
+    """Check a run directory's posterior; write posterior.nc, diagnostics.json, summary.csv and plots into it.
+
+    MCMC runs: R-hat, bulk/tail ESS, divergences, BFMI per chain, on every stored draw (``num_samples`` thins
+    each chain; divergences and BFMI are still counted on all stored draws). Guide (VI) runs: ``num_samples``
+    (default 200) iid draws of q and the PSIS Pareto k-hat of q against the model's log joint.
+    """
+    run = Path(run_dir)
+    out, idata = diagnosis(run, num_samples)
     files = {"inference_data": str(save_inference_data(idata, run))}
     files["summary"] = str(write_text(run / SUMMARY_FILE, _csv(out["function_space"])))
     if plots:
@@ -450,6 +492,16 @@ def diagnose_report(result: dict[str, Any]) -> list[RenderableType]:
                 table.add_row(escape(w["site"]), escape(str(w["index"])), fmt(r_hat), fmt(w["ess_bulk"], 1),
                               style="red" if r_hat is None or r_hat > RHAT_MAX else None)
             out.append(table)
+
+    if result.get("per_chain"):
+        table = Table(title="per chain (f_test shift: largest |chain mean - pooled mean| over test points, in "
+                      "pooled sd)", title_justify="left")
+        for key in ("chain", "lp mean", "lp sd", "lp bulk ESS", "f_test shift (sd)"):
+            table.add_column(key, justify="right")
+        for row in result["per_chain"]:
+            table.add_row(str(row["chain"]), fmt(row["lp_mean"], 2), fmt(row["lp_sd"], 2),
+                          fmt(row["lp_ess_bulk"], 1), fmt(row["f_test_max_shift_sd"], 2))
+        out.append(table)
 
     table = Table(title="checks", title_justify="left")
     for key in ("check", "value", "threshold", "status"):

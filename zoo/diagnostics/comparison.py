@@ -17,15 +17,16 @@ import torch
 from rich.markup import escape
 from rich.table import Table
 
+from zoo import registry
 from zoo.data.base import Dataset
-from zoo.diagnostics.checks import fmt, jsonable, method_label
+from zoo.diagnostics.checks import diagnosis, fmt, jsonable, method_label
 from zoo.diagnostics.inference_data import as_numpy
 from zoo.errors import ZooInputError
 from zoo.likelihoods import PredictiveDraws
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import Posterior
-from zoo.runs import METRICS_FILE
+from zoo.runs import METRICS_FILE, SPEC_FILE
 from zoo.tasks import TASKS, Classification, task_of
 
 COMPARE_PLOT = "compare.png"
@@ -63,6 +64,53 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
                          task_of(data).comparison_draws(pred, data, spec.seed + 2))
 
 
+@dataclass
+class ReferenceStanding:
+    """Whether a run can serve as a reference: an exact sampler's draws (NUTS/HMC) that pass ``zoo diagnose
+    --strict``. ``problems`` says why not, one reason per line; empty when it can."""
+
+    run_dir: Path
+    method: str
+    problems: list[str]
+
+    @property
+    def trusted(self) -> bool:
+        return not self.problems
+
+    def column(self) -> str:
+        """The reference's standing as a table cell: ``passes --strict`` or ``FAILS: ...``."""
+        return "passes --strict" if self.trusted else "FAILS: " + "; ".join(self.problems)
+
+
+def reference_standing(run_dir: str | Path) -> ReferenceStanding:
+    """Check that ``run_dir`` is a reference a comparison may trust: an exact sampler's draws (not SVI, SWAG,
+    SG-MCMC or Laplace, whose own error is what a comparison measures) that pass every ``zoo diagnose --strict``
+    check (function-space R-hat, bulk/tail ESS, divergences, BFMI). Writes nothing into the run."""
+    run = Path(run_dir)
+    spec, _, _ = load_run(run)
+    method = registry.method_of(spec)
+    label = method_label(spec)
+    if not method.exact:
+        exact = [name for m in dict.fromkeys(registry.METHODS.values()) if m.exact for name in m.names]
+        return ReferenceStanding(run, label, [f"{label} is not an exact sampler; a reference must be draws of "
+                                              f"{' or '.join(exact)}"])
+    result, _ = diagnosis(run)
+    return ReferenceStanding(run, label, list(result["warnings"]))
+
+
+def trusted_reference(run_dir: str | Path, allow_unconverged: bool = False, field: str = "REFERENCE_RUN"
+                      ) -> ReferenceStanding:
+    """:func:`reference_standing`, refused (exit 2) unless trusted or ``allow_unconverged`` is given."""
+    standing = reference_standing(run_dir)
+    if not standing.trusted and not allow_unconverged:
+        raise ZooInputError(field, str(run_dir), "", message=(
+            f"{field} {run_dir} cannot be trusted as a reference: {'; '.join(standing.problems)}. Train an exact "
+            "sampler (nuts or hmc) with more warm-up, draws or chains until zoo diagnose --strict passes, or pass "
+            "--allow-unconverged (Python: allow_unconverged=True) to compare anyway, the reference marked as "
+            "failing"))
+    return standing
+
+
 def _same_data(reference: RunPredictive, run: RunPredictive) -> None:
     a, b = reference.data, run.data
     same = (a.task == b.task and a.x_test.shape == b.x_test.shape and a.y_test.shape == b.y_test.shape
@@ -75,8 +123,12 @@ def _same_data(reference: RunPredictive, run: RunPredictive) -> None:
 
 
 def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_samples: int = COMPARE_DRAWS,
-            out_dir: str | Path | None = None) -> list[dict[str, Any]]:
+            out_dir: str | Path | None = None, allow_unconverged: bool = False) -> list[dict[str, Any]]:
     """Rows comparing runs' test-set predictives with a reference run's (the first row is the reference itself).
+
+    The reference must be an exact sampler's draws that pass ``zoo diagnose --strict``
+    (:func:`reference_standing`); any other is refused, unless ``allow_unconverged``, when every row carries
+    ``reference_check: "FAILS: ..."``.
 
     Classification: ``agreement`` (argmax of the mean predictive matches the reference's) and ``tv`` (mean total
     variation between mean predictive class distributions). Regression: ``coverage_95`` (reference predictive mass
@@ -84,6 +136,17 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
     distance between predictive marginals of y, original units). Each row also has the run's stored test metrics.
     With ``out_dir``, a plot is written to ``out_dir/compare.png`` (``rows[0]["plot"]``).
     """
+    if isinstance(run_dirs, str | Path):
+        raise TypeError(f"compare(reference_dir, run_dirs): run_dirs is a list of run directories, got the single "
+                        f"path {str(run_dirs)!r}; call compare({str(reference_dir)!r}, [{str(run_dirs)!r}])")
+    for path in [reference_dir, *run_dirs]:
+        if not isinstance(path, str | Path):
+            raise TypeError(f"compare: a run directory is a str or Path, got {type(path).__name__}")
+        if not (Path(path) / SPEC_FILE).is_file():  # before the reference's checks, which take a while
+            raise ZooInputError("RUN", str(path), "not a run directory (it has no spec.yaml)")
+    if num_samples < 1:
+        raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    standing = trusted_reference(reference_dir, allow_unconverged)
     cache: dict[Path, RunPredictive] = {}
 
     def get(path: str | Path) -> RunPredictive:
@@ -92,7 +155,8 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
             cache[key] = run_predictive(path, num_samples)
         return cache[key]
 
-    return compare_predictives(get(reference_dir), [get(p) for p in run_dirs], out_dir)
+    rows = compare_predictives(get(reference_dir), [get(p) for p in run_dirs], out_dir)
+    return [{**row, "reference_check": standing.column()} for row in rows]
 
 
 def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
@@ -173,7 +237,11 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
     """A rich table of :func:`compare` rows (the reference first)."""
     keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
     keys += [k for k in METRIC_KEYS if any(k in r for r in rows)]
-    table = Table(title=escape(f"against {rows[0]['label']} (test inputs)"), title_justify="left")
+    check = rows[0].get("reference_check", "")
+    failing = check.startswith("FAILS")
+    caption = f"REFERENCE {escape(check)}: every figure carries its error" if failing else None
+    table = Table(title=escape(f"against {rows[0]['label']} (test inputs)"), title_justify="left",
+                  caption=caption, caption_style="bold red", caption_justify="left")
     table.add_column("run")
     for key in keys:
         table.add_column(key, justify="right")

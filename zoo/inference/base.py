@@ -48,6 +48,12 @@ class InferenceMethod(ABC):
     summary: ClassVar[str]  # one line for ``zoo list``
     own_guide: ClassVar[str | None] = None  # the guide this method builds itself (the spec may only name that one)
     fits_guide: ClassVar[bool] = True  # fits the guide the spec names (MCMC ignores it; Laplace builds its own)
+    # Its draws converge to the exact posterior (Metropolis-corrected MCMC): only such a run can be a reference for
+    # ``zoo compare``, and only its convergence checks decide ``zoo train``'s exit code without ``--strict``
+    exact: ClassVar[bool] = False
+    # What the processes of ``zoo train --nproc N`` share, by method name (e.g. each global minibatch); a method
+    # left out would run its whole fit in every process, so ``--nproc`` is refused for it
+    shared_work: ClassVar[dict[str, str]] = {}
 
     def describe(self, spec: Any) -> str:
         """What the run's ``inference`` section does, in a phrase: ``sampled by hmc``."""
@@ -55,6 +61,11 @@ class InferenceMethod(ABC):
 
     def start_from(self, spec: Any) -> Path | None:
         """A run directory whose posterior this fit starts from (handed to ``fit``/``load`` as ``start``), or None."""
+        return None
+
+    def check_processes(self, spec: Any, nproc: int) -> None:
+        """Refuse an ``inference`` section that ``nproc`` processes cannot share (e.g. chains that do not divide);
+        every share works unless a method says otherwise."""
         return None
 
     def check(self, run_spec: Any) -> list[ZooInputError]:
