@@ -1,11 +1,12 @@
 """Run directories that cannot be mixed up or lost: the writer's lock, SIGTERM, corrupt files, OS errors, file modes.
 
-The CLI's exits are checked in subprocesses where a second process or a real signal is the point, in-process where
-the exit code and message are.
+The CLI's exits are checked in subprocesses where a second process or the process's own end is the point, in-process
+where the exit code and message are (a real signal then comes from a watcher thread, :func:`signal_when`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -13,8 +14,10 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ from tests.conftest import interrupt_at, sigterm_ends_cleanly, tiny_hmc
 from zoo.cli import main
 from zoo.errors import ZooInputError, ZooWarning
 from zoo.inference.mcmc import SAMPLES_FILE
+from zoo.inference.swag import SWAG_FILE
+from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.runs import (
     CHECKPOINT_FILE,
     LOCK_FILE,
@@ -36,6 +41,7 @@ from zoo.runs import (
     previous_version,
     save_checkpoint,
 )
+from zoo.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -188,6 +194,141 @@ def test_an_interrupt_after_a_checkpoint_prints_the_resume_command(tmp_path, cap
     assert code == 130 and f"continue it with: zoo train {spec} --out {out} --set seed=3 --resume" in err
     monkeypatch.undo()
     assert main(train_argv(spec, out, "--set", "seed=3", "--resume")) == 0
+
+
+# Every inference method of the registry (and the deep ensemble, SVI's K members, and MultiSWAG, SWAG's), from its
+# toy config with a fit of a few seconds: the file its first checkpoint lands in (the sign that the fit is under way)
+# and the file that says the fit is done. MAP_CHECKPOINT: subnetwork Laplace spends its time fitting the MAP net.
+MAP_CHECKPOINT = f"map/{CHECKPOINT_FILE}"
+SIGNAL_CASES = {
+    "svi": ("mean_field_toy", CHECKPOINT_FILE, CHECKPOINT_FILE,
+            ["inference.num_steps=800", "inference.checkpoint_every=200", "inference.predictive_samples=5"]),
+    "deep_ensemble": ("mean_field_toy", CHECKPOINT_FILE, CHECKPOINT_FILE,
+                      ["model={family: deep_ensemble, members: 2}", "guide={name: delta}", "inference.num_steps=800",
+                       "inference.checkpoint_every=200", "inference.predictive_samples=1"]),
+    "swag": ("swag_toy", SWAG_FILE, SWAG_FILE,
+             ["inference.pretrain_epochs=150", "inference.epochs=20", "inference.rank=2",
+              "inference.checkpoint_every=200", "inference.predictive_samples=5"]),
+    "multiswag": ("multiswag_toy", SWAG_FILE, SWAG_FILE,
+                  ["inference.pretrain_epochs=150", "inference.epochs=20", "inference.rank=2",
+                   "inference.checkpoint_every=200", "inference.predictive_samples=5"]),
+    "sgld": ("sgld_toy", SAMPLES_FILE, SAMPLES_FILE,
+             ["inference.epochs=1000", "inference.burn_in_epochs=500", "inference.thin=100",
+              "inference.checkpoint_every=200", "inference.predictive_samples=5"]),
+    "sghmc": ("sghmc_toy", SAMPLES_FILE, SAMPLES_FILE,
+              ["inference.epochs=1000", "inference.burn_in_epochs=500", "inference.thin=100",
+               "inference.checkpoint_every=200", "inference.predictive_samples=5"]),
+    "hmc": ("hmc_toy", SAMPLES_FILE, SAMPLES_FILE,
+            ["inference.compile=false", "inference.num_chains=4", "inference.warmup_steps=30",
+             "inference.num_samples=20", "inference.max_leapfrog_steps=16", "inference.checkpoint_every=10",
+             "inference.predictive_samples=5"]),
+    "nuts": ("nuts_toy", SAMPLES_FILE, SAMPLES_FILE,
+             ["inference.compile=false", "inference.num_chains=2", "inference.warmup_steps=30",
+              "inference.num_samples=20", "inference.max_tree_depth=5", "inference.checkpoint_every=10",
+              "inference.predictive_samples=5"]),
+    "laplace": ("subnet_laplace_toy", MAP_CHECKPOINT, CHECKPOINT_FILE,
+                ["model.map.num_steps=800", "model.map.checkpoint_every=200"]),
+}
+
+
+def test_every_inference_method_has_a_sigterm_case():
+    from zoo.registry import METHODS
+
+    covered = {load_spec(REPO / "configs" / f"{config}.yaml", sets).inference.method
+               for config, _, _, sets in SIGNAL_CASES.values()}
+    assert covered == set(METHODS)
+
+
+@contextlib.contextmanager
+def signal_when(ready, signum: int) -> Iterator[None]:
+    """Within the block a watcher thread sends this process ``signum`` as soon as ``ready()`` holds (e.g. a fit's
+    first checkpoint is on disk): a real signal, taken by whatever handler the code under test has installed. One
+    that lands after that code has restored the handlers is caught here, so it never ends the test run itself."""
+    previous = signal.signal(signum, lambda *_: None)
+    done = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while not ready():
+            if done.is_set() or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        os.kill(os.getpid(), signum)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        signal.signal(signum, previous)
+
+
+@pytest.mark.parametrize("case", list(SIGNAL_CASES))
+def test_sigterm_mid_fit_exits_143_naming_it_and_resume_finishes_the_run(tmp_path, capsys, case):
+    """Issue 39: SIGTERM during SWAG, MultiSWAG, SGLD and SGHMC said "interrupted by SIGINT" and exited 130. Every
+    method's own loop stops, saves its state and exits 143 naming SIGTERM; ``--resume`` then finishes the run."""
+    config, ready, finished, sets = SIGNAL_CASES[case]
+    spec, out = REPO / "configs" / f"{config}.yaml", tmp_path / "run"
+    argv = train_argv(spec, out, *(a for s in sets for a in ("--set", s)))
+    with signal_when(lambda: (out / ready).exists(), signal.SIGTERM):
+        code, err = exit_and_error(capsys, argv)
+    assert code == 143 and "interrupted by SIGTERM" in err, err
+    assert f"the run is checkpointed in {out}; continue it with: zoo train {spec} --out {out}" in err
+    assert not load_checkpoint(out / ready)["done"]  # stopped mid-fit ...
+    assert "interrupted " in (out / "train.log").read_text()  # ... by the fit's own loop, which saved its state
+    code, err = exit_and_error(capsys, [*argv, "--resume"])
+    # 3: a finished MCMC run whose (tiny) chains fail the convergence checks; its run directory is complete
+    assert code == 0 or (code == 3 and case in ("hmc", "nuts")), err
+    assert load_checkpoint(out / finished)["done"] and (out / METRICS_FILE).exists()
+
+
+def test_a_signal_that_stops_a_loop_is_named_whatever_the_loop_raises():
+    """The root cause of issue 39: a loop that saw the signal raised a bare KeyboardInterrupt, reported as Ctrl-C."""
+    with pytest.raises(KeyboardInterrupt) as stopped, deferred_interrupt() as signalled:
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: signalled(), "the signal")
+        raise KeyboardInterrupt
+    assert isinstance(stopped.value, Interrupted) and stopped.value.signum == signal.SIGTERM
+    assert stopped.value.exit_code == 143 and str(stopped.value) == "interrupted by SIGTERM"
+    with pytest.raises(KeyboardInterrupt) as plain, deferred_interrupt():
+        raise KeyboardInterrupt  # no signal: a KeyboardInterrupt of the code's own stays what it is
+    assert not isinstance(plain.value, Interrupted)
+
+
+def test_ctrl_c_stops_nuts_inside_a_draw_and_resume_gives_the_uninterrupted_chains(tmp_path, capsys, monkeypatch):
+    """Issue 39: NUTS took signals only between chains, tens of minutes apart on the README's toy. Ctrl-C (as SIGTERM)
+    now stops it inside the draw in progress, which is given up; the chain's state is saved and resumes bit for bit."""
+    from zoo.inference import mcmc
+
+    spec = write_spec(tmp_path / "spec.yaml", tiny_hmc(method="nuts", warmup_steps=30, num_samples=20,
+                                                       max_tree_depth=5, checkpoint_every=1000))
+    pipeline.train(load_spec(spec), tmp_path / "whole", progress=False, echo=None)  # no verdict: only the draws
+    real_build_tree, kernels, drawing = mcmc.RecordingNUTS._build_tree, [], []
+
+    def build_tree(self, *args):
+        if self not in kernels:
+            kernels.append(self)
+        # inside a subtree of draw 36 of the second chain (in warm-up), once
+        if len(kernels) == 2 and self._t >= 35 and self._nesting > 0 and not drawing:
+            drawing.append(self._t)  # the draws finished before this one
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_build_tree(self, *args)
+
+    monkeypatch.setattr(mcmc.RecordingNUTS, "_build_tree", build_tree)
+    out = tmp_path / "cut"
+    code, err = exit_and_error(capsys, train_argv(spec, out))
+    assert code == 130 and "interrupted by SIGINT" in err
+    monkeypatch.undo()
+    state = load_checkpoint(out / SAMPLES_FILE)
+    assert [c["chain"] for c in state["chains"]] == [0] and list(state["unfinished"]) == [1]
+    assert state["unfinished"][1]["iteration"] == drawing[0]  # the draw in progress was given up, not finished
+    capsys.readouterr()
+    assert main(train_argv(spec, out, "--resume")) in (0, 3)
+    whole, resumed = (load_checkpoint(d / SAMPLES_FILE) for d in (tmp_path / "whole", out))
+    assert all(torch.equal(whole["draws"][k], resumed["draws"][k]) for k in whole["draws"])
+    assert all(torch.equal(whole["stats"][k], resumed["stats"][k]) for k in whole["stats"])
 
 
 # ------------------------------------------------------------------------- 4. corrupt checkpoints and draws
@@ -385,6 +526,15 @@ def test_a_draw_count_below_one_is_refused(finished_svi_run, capsys, command, sa
     run = str(finished_svi_run[1])
     code, err = exit_and_error(capsys, [command, run, *([run] if command == "compare" else []), "--samples", samples])
     assert code == 2 and f"--samples: got {samples}; use a positive number of posterior draws" in err
+
+
+def test_draws_that_cannot_fit_in_memory_are_refused_up_front_with_the_estimate(finished_svi_run, capsys):
+    run = str(finished_svi_run[1])
+    code, err = exit_and_error(capsys, ["eval", run, "--samples", "100000000000"])
+    assert code == 2 and "--samples: got 100000000000; 100,000,000,000 draws would take about" in err
+    assert "GiB available: use --samples" in err and "or fewer" in err
+    fits = int(err.split("use --samples ")[1].split(" or fewer")[0].replace(",", ""))
+    assert 1 <= fits < 100_000_000_000
 
 
 # ------------------------------------------------------------------------- 9. the NaN diagnosis

@@ -65,8 +65,9 @@ def deferred_interrupt() -> Iterator[Callable[[], int]]:
     """Turn SIGINT and SIGTERM into a flag checked between steps, so a step is never cut in half (main thread only).
 
     Yields a function returning the signal received (0 if none). A loop that sees it saves its state and raises
-    :class:`Interrupted`; if the block ends with a signal pending and no exception, it raises one itself so the
-    signal is never lost. The previous handlers are restored on exit.
+    :class:`Interrupted` (or a bare ``KeyboardInterrupt``: leaving the block, that becomes :class:`Interrupted` with
+    the signal received, so SIGTERM is never reported as Ctrl-C); if the block ends with a signal pending and no
+    exception, it raises one itself so the signal is never lost. The previous handlers are restored on exit.
     """
     if not _in_main_thread():
         yield lambda: 0
@@ -75,6 +76,10 @@ def deferred_interrupt() -> Iterator[Callable[[], int]]:
     previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in HANDLED}
     try:
         yield lambda: received[0] if received else 0
+    except KeyboardInterrupt as err:
+        if received and not isinstance(err, Interrupted):  # the loop stopped for the signal: name it
+            raise Interrupted(received[0]) from None
+        raise
     finally:
         for s, handler in previous.items():
             _restore(s, handler)

@@ -7,7 +7,8 @@ site's prior, with its plate scale), the likelihood from the family's batched ``
 it is checked against the model itself, traced at each point, and that exact (slower) evaluation is used
 whenever the two disagree.
 
-``nuts`` runs Pyro's NUTS kernel chain after chain (step size and diagonal mass matrix adapted in warm-up).
+``nuts`` runs Pyro's NUTS kernel chain after chain (step size and diagonal mass matrix adapted in warm-up), one
+draw at a time under the zoo's own loop, so that a chain can be checkpointed between draws and stopped within one.
 ``hmc`` runs all chains in lockstep (Hoffman, Radul & Sountsov 2021, "An adaptive MCMC scheme for setting
 trajectory lengths in HMC"), so each leapfrog step is one batched gradient for all chains. Warm-up adapts, shared
 by all chains: the step size (dual averaging on the chains' mean acceptance; sampling uses the iterates' geometric
@@ -22,8 +23,10 @@ slowest weight direction. The sampling phase uses a running average of log T sin
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -32,7 +35,6 @@ import pyro
 import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from pyro import poutine
-from pyro.infer.mcmc import MCMC as PyroMCMC
 from pyro.infer.mcmc import NUTS
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
@@ -93,7 +95,8 @@ class MCMCSpec(Tempered):
     init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
                       "chains start at its draws")
     max_weights: PositiveInt = Field(20_000, description="refuse models with more latent dimensions than this")
-    checkpoint_every: PositiveInt = Field(100, description="hmc: iterations between checkpoints")
+    checkpoint_every: PositiveInt = Field(100, description="iterations between checkpoints (nuts: within a chain, "
+                                          "in a one-process run)")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
 
@@ -318,10 +321,12 @@ def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str 
 
 
 def sampling_progress(state: dict) -> str:
-    """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chains finished`` (NUTS)."""
+    """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chain(s) finished; chain 2 at
+    iteration 300/1000`` (NUTS)."""
     if "sampler" in state:
         return f"iteration {state['sampler']['iteration']}"
-    return f"{len(state.get('chains', []))} chain(s) finished"
+    running = [f"chain {c} at iteration {u['iteration']}" for c, u in sorted(state.get("unfinished", {}).items())]
+    return "; ".join([f"{len(state.get('chains', []))} chain(s) finished", *running])
 
 
 # ------------------------------------------------------------------------------------------ starting points
@@ -388,15 +393,28 @@ def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
 
 
 # ------------------------------------------------------------------------------------------ NUTS (Pyro)
-class RecordingNUTS(NUTS):
-    """Pyro's NUTS kernel, also recording per draw: energy, tree depth, acceptance, divergence, step size."""
+class DrawStopped(Exception):
+    """A NUTS draw given up part-way because a signal arrived (the kernel is back where the draw started)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+
+class RecordingNUTS(NUTS):
+    """Pyro's NUTS kernel, also recording per draw: energy, tree depth, acceptance, divergence, step size.
+
+    ``stop`` is asked before every subtree (down to single leapfrog steps); when it answers a signal, the draw is
+    abandoned with :class:`DrawStopped`. Pyro's kernel changes its state only at the end of a draw, except the point
+    it caches when a subtree is accepted: that cache and the random stream are put back, so the chain goes on from
+    :meth:`state_dict` exactly as if the draw had never started.
+    """
+
+    def __init__(self, *args, stop: Callable[[], int] = lambda: 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.stop = stop
         self.records: list[tuple[float, int, float, bool, float]] = []
         self._nesting = 0
 
     def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
+        if self.stop():
+            raise DrawStopped
         top = self._nesting == 0
         self._nesting += 1
         try:
@@ -415,7 +433,14 @@ class RecordingNUTS(NUTS):
     def sample(self, params):
         self._draw = {"energy": float("nan"), "depth": 0, "accept": 0.0, "proposals": 0, "diverging": False}
         step_size = self.step_size
-        out = super().sample(params)
+        device = self._potential_energy_last.device
+        before = _rng_state(device), self._z_last, self._potential_energy_last, self._z_grads_last
+        try:
+            out = super().sample(params)
+        except DrawStopped:
+            _set_rng_state(before[0], device)
+            self._cache(*before[1:])
+            raise
         d = self._draw
         self.records.append((d["energy"], d["depth"], d["accept"] / max(d["proposals"], 1), d["diverging"],
                              step_size))
@@ -426,6 +451,65 @@ class RecordingNUTS(NUTS):
         info["divergences"] = str(len(self._divergences))
         return info
 
+    def state_dict(self) -> dict:
+        """What this kernel carries from one draw to the next (step-size and mass-matrix adaptation, the cached
+        point, divergences, the records), as plain values: with :meth:`load_state_dict` a chain goes on exactly."""
+        return _attributes(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` into a kernel set up (``setup``) for the same chain and warm-up length."""
+        _restore_attributes(self, state)
+
+
+# not state: the adapter's warm-up windows (setup() rebuilds them alike) and the kernel's stop question
+_NOT_STATE = frozenset({"_adaptation_schedule", "stop"})
+
+
+def _is_object(value: object) -> bool:
+    return hasattr(value, "__dict__") and not isinstance(value, torch.Tensor) and not callable(value)
+
+
+def _attributes(obj: object) -> dict:
+    """``obj``'s data attributes, nested objects (and dicts of them) as their own attributes; functions left out."""
+    state = {}
+    for name, value in vars(obj).items():
+        if callable(value) or name in _NOT_STATE:
+            continue
+        if _is_object(value):
+            state[name] = _attributes(value)
+        elif isinstance(value, dict) and value and all(_is_object(v) for v in value.values()):
+            state[name] = {key: _attributes(v) for key, v in value.items()}
+        else:
+            state[name] = copy.deepcopy(value)
+    return state
+
+
+def _restore_attributes(obj: object, state: dict) -> None:
+    """Set :func:`_attributes`' ``state`` back into ``obj`` (whose nested objects exist already)."""
+    for name, saved in state.items():
+        current = getattr(obj, name, None)
+        if _is_object(current):
+            _restore_attributes(current, saved)
+        elif isinstance(current, dict) and current and all(_is_object(v) for v in current.values()):
+            for key, part in saved.items():
+                _restore_attributes(current[key], part)
+        else:
+            setattr(obj, name, saved)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The random streams NUTS draws from: torch's CPU one, and the device's where the chain lives on a GPU."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"].cpu())
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
 
 def chain_seed(seed: int, chain: int) -> int:
     """The seed of NUTS chain ``chain`` of a run seeded ``seed``: its own stream, apart from the one that drew the
@@ -434,26 +518,73 @@ def chain_seed(seed: int, chain: int) -> int:
 
 
 def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
-              done: list[dict], save, team: World) -> None:
+              done: list[dict], unfinished: dict[int, dict], save, team: World) -> None:
     """Chain after chain with Pyro's NUTS, each chain seeded by :func:`chain_seed`; ``done`` gathers finished chains (in
-    chain order) and ``save`` stores them. Several processes run the remaining chains in rounds, one chain each,
-    and every process gathers each round's chains, so a chain is the same whichever process ran it."""
+    chain order), ``unfinished`` the saved state of chains stopped part-way (by chain), and ``save`` stores both.
+
+    Ctrl-C and SIGTERM stop a chain within a leapfrog step (the draw in progress is given up, see
+    :class:`RecordingNUTS`): its state joins ``unfinished``, is saved, and :class:`Interrupted` is raised; a chain
+    found in ``unfinished`` goes on from there, exactly as if it had never stopped. In one process a running chain is
+    also saved every ``checkpoint_every`` iterations. Several processes run the remaining chains in rounds, one chain
+    each, and every process gathers each round's chains (finished or stopped), so a chain is the same whichever
+    process ran it.
+    """
+    device = z0.device
+    total = spec.warmup_steps + spec.num_samples
 
     def potential_fn(params: dict[str, torch.Tensor]) -> torch.Tensor:
         return potential.energy(params["z"].unsqueeze(0))[0]
 
-    def run_chain(chain: int) -> dict:
+    def run_chain(chain: int, signalled: Callable[[], int]) -> dict:
+        """Chain ``chain`` from its start (or its state in ``unfinished``) to its end, or until a signal: then its
+        state before the draw in progress, marked ``"unfinished"``."""
         pyro.set_rng_seed(chain_seed(seed, chain))
         kernel = RecordingNUTS(potential_fn=potential_fn, step_size=spec.step_size,
                                target_accept_prob=spec.target_accept_prob, max_tree_depth=spec.max_tree_depth,
-                               adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False)
-        mcmc = PyroMCMC(kernel, num_samples=spec.num_samples, warmup_steps=spec.warmup_steps,
-                    initial_params={"z": z0[chain]}, num_chains=1, disable_progbar=not progress)
+                               adapt_mass_matrix=spec.adapt_mass_matrix, full_mass=False, stop=signalled)
+        kernel.initial_params = {"z": z0[chain]}
+        with poutine.block():  # as Pyro's MCMC.run: the kernel's own sample sites reach no outer handler
+            kernel.setup(spec.warmup_steps)
+        params, kept, iteration, seconds = kernel.initial_params, [], 0, 0.0
+        saved = unfinished.get(chain)
+        if saved is not None:
+            kernel.load_state_dict(saved["kernel"])
+            params, kept = {"z": saved["z"]}, list(saved["kept"])
+            iteration, seconds = saved["iteration"], saved["seconds"]
+            _set_rng_state(saved["rng"], device)
+            log(f"chain {chain}: resumed at iteration {iteration}/{total}")
+        bar = tqdm(total=total, initial=iteration, disable=not progress, desc=f"NUTS chain {chain}", mininterval=0.5,
+                   leave=False)
         started = time.perf_counter()
-        mcmc.run()
+
+        def state() -> dict:
+            return {"chain": chain, "unfinished": True, "iteration": iteration, "z": params["z"].detach().clone(),
+                    "kept": torch.stack(kept) if kept else z0.new_zeros(0, z0.shape[1]),
+                    "kernel": kernel.state_dict(), "rng": _rng_state(device),
+                    "seconds": seconds + time.perf_counter() - started}
+
+        try:
+            while iteration < total:
+                if signalled():
+                    return state()
+                try:
+                    with poutine.block():
+                        params = kernel.sample(params)
+                except DrawStopped:
+                    return state()
+                iteration += 1
+                if iteration > spec.warmup_steps:
+                    kept.append(params["z"].detach().clone())
+                bar.update(1)
+                if team.size == 1 and iteration % spec.checkpoint_every == 0 and iteration < total:
+                    unfinished[chain] = state()
+                    save()
+        finally:
+            bar.close()
+        kernel.cleanup()
         energy, depth, accept, diverging, step = map(torch.tensor, zip(*kernel.records[-spec.num_samples:],
                                                                       strict=True))
-        return {"chain": chain, "z": mcmc.get_samples()["z"].detach(), "seconds": time.perf_counter() - started,
+        return {"chain": chain, "z": torch.stack(kept), "seconds": seconds + time.perf_counter() - started,
                 "stats": {"energy": energy, "tree_depth": depth, "acceptance_rate": accept,
                           "diverging": diverging, "step_size": step},
                 "settings": {"step_size": float(kernel.step_size)}}
@@ -463,10 +594,16 @@ def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int,
     with deferred_interrupt() as signalled:
         for first in range(0, len(todo), team.size):
             this_round = todo[first:first + team.size]
-            mine = run_chain(this_round[team.rank]) if team.rank < len(this_round) else None
+            mine = run_chain(this_round[team.rank], signalled) if team.rank < len(this_round) else None
+            stopped = []
             for result in team.every_object(mine):
                 if result is None:
                     continue
+                if result.get("unfinished"):
+                    unfinished[result["chain"]] = result
+                    stopped.append(f"chain {result['chain']} at iteration {result['iteration']}/{total}")
+                    continue
+                unfinished.pop(result["chain"], None)
                 done.append(result)
                 accept, depth = result["stats"]["acceptance_rate"], result["stats"]["tree_depth"]
                 log(f"chain {result['chain']}: {int(result['stats']['diverging'].sum())} divergences, mean "
@@ -475,8 +612,10 @@ def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int,
             done.sort(key=lambda c: c.get("chain", 0))
             save()
             stop = team.agreed_signal(signalled())
-            if stop and first + team.size < len(todo):
-                log(f"interrupted after {len(done)} chains; finished chains are saved, continue with --resume")
+            if stop and (stopped or first + team.size < len(todo)):
+                where = f"; {', '.join(stopped)}" if stopped else ""
+                log(f"interrupted with {len(done)} of {spec.num_chains} chains finished{where}; state saved, "
+                    "continue with --resume")
                 raise Interrupted(stop)
 
 
@@ -792,9 +931,10 @@ def fit_mcmc(
 ) -> MCMCResult:
     """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
 
-    Finished NUTS chains, and the HMC state every ``checkpoint_every`` iterations, are saved atomically to
-    ``run_dir/samples.pt``; ``resume=True`` continues from there. Under ``torchrun`` the processes share the
-    chains (see :mod:`zoo.distributed`) and every process returns all of them. ``start`` is the posterior of the
+    Finished NUTS chains, and the state of the running chain (NUTS) or of all chains (HMC) every
+    ``checkpoint_every`` iterations and on Ctrl-C or SIGTERM, are saved atomically to ``run_dir/samples.pt``;
+    ``resume=True`` continues from there. Under ``torchrun`` the processes share the chains (see
+    :mod:`zoo.distributed`) and every process returns all of them. ``start`` is the posterior of the
     run ``inference.init`` names (the pipeline loads it): the chains start at its draws.
     """
     log = log or RunLog(None, echo=None)
@@ -847,7 +987,9 @@ def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, s
     (the chains shared by ``team``'s processes)."""
     if spec.method == "nuts":
         chains: list[dict] = state["chains"] if state is not None else []
-        _run_nuts(potential, z0, spec, seed, progress, log, chains, lambda: write({"chains": chains}), team)
+        unfinished: dict[int, dict] = state.get("unfinished", {}) if state is not None else {}
+        _run_nuts(potential, z0, spec, seed, progress, log, chains, unfinished,
+                  lambda: write({"chains": chains, "unfinished": unfinished}), team)
         z = torch.stack([c["z"] for c in chains])
         stats = {k: torch.stack([c["stats"][k] for c in chains]) for k in chains[0]["stats"]}
         seconds = sum(c["seconds"] for c in chains)
@@ -882,10 +1024,16 @@ class MCMC(StoredDraws):
 
     names = ("nuts", "hmc")
     spec = MCMCSpec
+    exact = True
+    shared_work = {"nuts": "the chains, one per process at a time", "hmc": "the chains, num_chains / N each"}
     fitter = staticmethod(fit_mcmc)
     summary = ("nuts: Pyro's NUTS on the family's model, chain after chain (the gold standard); hmc: all chains as "
                "one tensor computation, ChEES-tuned trajectory length")
 
     def describe(self, spec: MCMCSpec) -> str:
         return f"sampled by {spec.method}"
+
+    def check_processes(self, spec: MCMCSpec, nproc: int) -> None:
+        if spec.method == "hmc":  # every process steps an equal share of the chains; NUTS deals them out in rounds
+            distributed.check_chains(spec.num_chains, nproc)
 
