@@ -4,7 +4,7 @@ corruptions x 5 severities: cNLL, cAcc, cECE, cBrier), on rotated test images (1
 digits (scikit-learn's, enlarged to MNIST's frame: AUROC and FPR95 by max-probability, entropy and MI).
 
     python benchmarks/shift.py --spec configs/map_digits.yaml --spec configs/mc_dropout_digits.yaml \\
-        [--set 'net={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
+        [--set 'net:={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
         --runs-dir runs/shift [--threads 1] [--json PATH] [--plot PATH]
 
 Every member gets ``data.name=mnist5k``, ``data.ood_classes=[]`` and ``data.calibration_fraction=0.1`` (the

@@ -73,6 +73,21 @@ KINDS = {
 }
 
 
+def latent_dim(trace: poutine.Trace) -> int:
+    """Dimensions of the unconstrained latent that an autoguide over ``trace``'s latent sites covers."""
+    return sum(biject_to(site["fn"].support).inv(site["value"]).numel() for site in trace.nodes.values()
+               if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site))
+
+
+def check_rank(rank: int, dim: int) -> None:
+    """Refuse a low-rank covariance part with more columns than the latent has dimensions (before any allocation:
+    its D x rank factor and its rank x rank capacitance grow with the rank for no gain beyond D)."""
+    if rank > dim:
+        raise ZooInputError("guide.rank", rank, f"this model's latent has {dim} dimensions, which bounds the rank of "
+                            f"the covariance's low-rank part: use guide.rank: {dim} or less (guide.auto: mvn is the "
+                            "full covariance)")
+
+
 class AutoGuide(nn.Module):
     """One of Pyro's autoguides (``guide.auto``) over the family's own model."""
 
@@ -101,6 +116,8 @@ class AutoGuide(nn.Module):
                     and getattr(site["fn"], "has_enumerate_support", False)):
                 raise ZooInputError("guide.auto", self.spec.auto, f"site {name!r} is discrete, and Pyro's autoguides "
                                     "need continuous latents: use the zoo's own guides for this family")
+        if self.spec.auto == "low_rank_mvn":
+            check_rank(self.spec.rank, latent_dim(trace))
         values = {n: s.init for n, s in self.sites.items()} | dict(init or {})
         options: dict = {"init_loc_fn": init_to_value(values=values)}
         if self.spec.auto in ("normal", "low_rank_mvn", "mvn"):

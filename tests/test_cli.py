@@ -188,6 +188,17 @@ def test_list_prints_every_registered_name(capsys):
         assert name in out
 
 
+def test_list_descriptions_are_whole_sentences():
+    """A docstring's first line is often cut mid-sentence by wrapping: zoo list takes the first sentence."""
+    assert registry.summary_of("First part of a\n    wrapped sentence (e.g. this). Second one.") == \
+        "First part of a wrapped sentence (e.g. this)."
+    for title, table in registry.TABLES.items():
+        for name, text in table.items():
+            assert text.count("(") == text.count(")"), (title, name, text)
+            assert not text.rstrip().endswith((",", ";", ":", " and", " or", " of", " the")), (title, name, text)
+            assert "``" not in text, (title, name, text)
+
+
 def test_train_prints_run_directory_and_plot(tmp_path, capsys):
     spec = write_spec(tmp_path / "spec.yaml")
     out_dir = tmp_path / ("a_long_run_directory_name_" + "x" * 60) / "[run]"

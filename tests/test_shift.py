@@ -146,7 +146,7 @@ def test_calibration_rows_survive_the_validation_carve():
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
     """A MAP fit of the tiny digits net with 10 % of its training rows held out for calibration."""
-    spec = make_spec("digits", "guide.name=delta", "prior={name: normal}", "inference.local_reparam=false",
+    spec = make_spec("digits", "guide.name=delta", "prior:={name: normal}", "inference.local_reparam=false",
                      "inference.predictive_samples=1", "data.calibration_fraction=0.1")
     return train(spec, tmp_path_factory.mktemp("shift") / "run", progress=False, echo=None)
 

@@ -17,6 +17,7 @@ from zoo.spec import (
     load_spec,
     parse_overrides,
     spec_to_yaml,
+    spec_tree,
 )
 
 BASE = {"data": {"name": "toy_gap"}}
@@ -91,11 +92,27 @@ def test_nested_prior_form_is_accepted_too():
 
 def test_parse_overrides_reads_yaml_values():
     assert parse_overrides(["data.split=3", "net.hidden=[20,20]", "inference.local_reparam=true",
-                            "inference.batch_size=null", "likelihood.noise=learned", "data.dir=", "a.b= 0.5 "]) == [
-        ("data.split", 3), ("net.hidden", [20, 20]), ("inference.local_reparam", True),
-        ("inference.batch_size", None), ("likelihood.noise", "learned"), ("data.dir", None), ("a.b", 0.5)]
+                            "inference.batch_size=null", "likelihood.noise=learned", "data.dir=", "a.b= 0.5 ",
+                            "net:={name: cnn}"]) == [
+        ("data.split", 3, False), ("net.hidden", [20, 20], False), ("inference.local_reparam", True, False),
+        ("inference.batch_size", None, False), ("likelihood.noise", "learned", False), ("data.dir", None, False),
+        ("a.b", 0.5, False), ("net", {"name": "cnn"}, True)]
     # only the first '=' separates key from value
-    assert parse_overrides(["data.name=file:/tmp/a=b.csv"]) == [("data.name", "file:/tmp/a=b.csv")]
+    assert parse_overrides(["data.name=file:/tmp/a=b.csv"]) == [("data.name", "file:/tmp/a=b.csv", False)]
+
+
+def test_a_mapping_override_merges_and_colon_equals_replaces():
+    tree = {**BASE, "net": {"hidden": [50], "activation": "tanh"},
+            "prior": {"name": "normal", "sites": {"*.bias": {"scale": 2.0}, "out.*": {"name": "cauchy"}}}}
+    merged = spec_tree(tree, ['prior.sites={"out.*": {scale: 0.3}, "hidden0.*": {name: laplace}}', "net={hidden: [8]}"])
+    assert merged["prior"]["sites"] == {"*.bias": {"scale": 2.0}, "out.*": {"name": "cauchy", "scale": 0.3},
+                                        "hidden0.*": {"name": "laplace"}}  # new keys after the old: first match wins
+    assert merged["net"] == {"hidden": [8], "activation": "tanh"}
+    replaced = spec_tree(tree, ['prior.sites:={"out.*": {scale: 0.3}}', "net:={hidden: [8]}"])
+    assert replaced["prior"]["sites"] == {"out.*": {"scale": 0.3}} and replaced["net"] == {"hidden": [8]}
+    assert tree["net"] == {"hidden": [50], "activation": "tanh"}  # the source is not touched
+    assert load_spec(tree, "net={hidden: [8]}").net.activation == "tanh"
+    assert load_spec(tree, "net:={hidden: [8]}").net.activation == "relu"
 
 
 def test_overrides_apply_to_a_yaml_file(tmp_path):

@@ -237,9 +237,9 @@ def test_reload_gives_the_same_predictions(tmp_path):
 
 
 def test_same_model_by_nuts_and_by_full_rank_svi(tmp_path):
-    nuts = train(spec(TOY, "inference={method: nuts, num_chains: 1, warmup_steps: 30, num_samples: 20, "
+    nuts = train(spec(TOY, "inference:={method: nuts, num_chains: 1, warmup_steps: 30, num_samples: 20, "
                       "max_tree_depth: 4, predictive_samples: 20}"), tmp_path / "nuts", progress=False, echo=None)
-    svi = train(spec(TOY, "inference={method: svi, num_steps: 50, batch_size: null, lr: 0.01}",
+    svi = train(spec(TOY, "inference:={method: svi, num_steps: 50, batch_size: null, lr: 0.01}",
                      "guide.name=full_rank"), tmp_path / "svi", progress=False, echo=None)
     for summary in (nuts, svi):
         assert math.isfinite(summary.metrics["test_ll"])
@@ -282,7 +282,7 @@ def test_selections_pick_what_they_say(tmp_path):
     (["prior.name=cauchy"], "zero-mean Normal prior"),
     (["prior.scale=0"], "greater than 0"),
     (["guide.name=mean_field"], "laplace guide"),
-    (["model={family: mean_field}"], "use model.family: subnetwork"),
+    (["model:={family: mean_field}"], "use model.family: subnetwork"),
 ])
 def test_bad_input_exits_2_with_a_hint(overrides, message, tmp_path, capsys):
     assert message in assert_input_error(TOY, overrides, [], tmp_path, capsys)

@@ -9,6 +9,7 @@ summation order. Rank 0 alone writes the run directory. Gloo on CPU, NCCL on CUD
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -144,8 +146,18 @@ def launched_by_torchrun() -> bool:
 
 
 def timeout() -> timedelta:
-    """How long a collective may wait for the other ranks (``$ZOO_DIST_TIMEOUT`` seconds, default 300)."""
-    return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)))
+    """How long a collective may wait for the other ranks (``$ZOO_DIST_TIMEOUT`` seconds, default 300); a value
+    that is not a positive number of seconds is refused."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip() or str(DEFAULT_TIMEOUT)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ZooInputError(TIMEOUT_ENV, os.environ.get(TIMEOUT_ENV), "set the environment variable to a positive "
+                            f"number of seconds, e.g. {TIMEOUT_ENV}=600, or unset it for the default "
+                            f"{DEFAULT_TIMEOUT}")
+    return timedelta(seconds=seconds)
 
 
 def join(device: torch.device) -> World:
@@ -158,11 +170,12 @@ def join(device: torch.device) -> World:
     if exit_file:  # under launch(): say where this rank is, so that the launcher can hand it a signal
         with open(os.path.join(os.path.dirname(exit_file), f"rank{os.environ.get('RANK', 0)}.pid"), "w") as h:
             h.write(str(os.getpid()))
+    wait = timeout()
     try:
-        dist.init_process_group(backend, timeout=timeout())
+        dist.init_process_group(backend, timeout=wait)
     except Exception as err:  # noqa: BLE001 (any failure to reach the rendezvous is reported the same way)
         raise ZooInputError("rendezvous", where, "", message=f"rank {os.environ.get('RANK')} could not join the job "
-                            f"at {where} within {timeout().total_seconds():.0f} s ({type(err).__name__}: {err}); "
+                            f"at {where} within {wait.total_seconds():.0f} s ({type(err).__name__}: {err}); "
                             "check MASTER_ADDR/MASTER_PORT and that every node can reach it") from None
     return world()
 
@@ -227,6 +240,25 @@ def check_chains(num_chains: int, world_size: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the launcher
+def check_launch(nproc: int, device: str, inference: Any, shared_work: dict[str, str]) -> None:
+    """Refuse, before any process starts, a ``--nproc`` run of a spec (its ``device`` and ``inference`` section)
+    that cannot work: fewer than one process, a bad ``$ZOO_DIST_TIMEOUT``, a method that does not share its work,
+    more processes than the machine can run, or a minibatch the processes cannot share evenly. ``shared_work``:
+    what the processes share, by method name, for every method that splits its work by :func:`world` (the
+    methods' ``shared_work``; any other method would run its whole fit in every process)."""
+    if nproc < 1:
+        raise ZooInputError("--nproc", nproc, "give 1 or more processes")
+    timeout()
+    method = inference.method
+    if method not in shared_work:
+        shared = "; ".join(f"{name} ({what})" for name, what in shared_work.items())
+        raise ZooInputError("--nproc", nproc, f"inference.method {method} does not split its work across processes, "
+                            "so each would run the whole fit (the same result for N times the work): drop --nproc, or "
+                            f"use a method whose processes share the work: {shared}")
+    check_nproc(nproc, device)
+    check_global_batch(getattr(inference, "batch_size", None), nproc)
+
+
 def check_nproc(nproc: int, device: str) -> None:
     """Refuse a process count the machine cannot run: beyond its GPUs (CUDA) or its CPU cores."""
     if nproc < 1:

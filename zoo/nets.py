@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import inspect
 import math
+import textwrap
 from collections import OrderedDict
 from collections.abc import Iterator
 from itertools import pairwise
@@ -297,8 +298,65 @@ def check_net_settings(spec: NetSpec) -> None:
                             f"{', '.join(k for k in accepted if k not in ('in_dim', 'out_dim'))}")
 
 
-def build_net(spec: NetSpec, in_dim: int, out_dim: int) -> nn.Module:
-    """The spec's net for the data's widths; each builder receives the spec fields its signature names."""
-    check_net_settings(spec)
+def _construct(spec: NetSpec, in_dim: int, out_dim: int) -> nn.Module:
+    """The named net for these widths; each builder receives the spec fields its signature names."""
     accepted = inspect.signature(NETS[spec.name]).parameters
     return NETS[spec.name](in_dim, out_dim, **{k: v for k, v in spec.model_dump().items() if k in accepted})
+
+
+def _runs_on(spec: NetSpec, in_dim: int) -> bool:
+    """Whether the named net builds and runs on rows of ``in_dim`` inputs (a dry run on one blank row)."""
+    try:
+        net = _construct(spec, in_dim, 2)
+        with torch.no_grad(), evaluation_mode(net):
+            net(torch.zeros(1, in_dim))
+    except (ZooInputError, RuntimeError):
+        return False
+    return True
+
+
+def _misfit(spec: NetSpec, in_dim: int, shape: tuple[int, ...] | None, data_name: str, err: Exception) -> str:
+    """What to change when the net cannot run on the data's rows: the zoo's nets that can, and the smallest square
+    images the net can read (its other settings kept)."""
+    what = f"{'x'.join(map(str, shape))} images" if shape is not None else f"rows of {in_dim} inputs"
+    fitting = [name for name in NETS if name not in (spec.name, "torchvision")
+               and _runs_on(NetSpec(name=name, activation=spec.activation, in_channels=spec.in_channels), in_dim)]
+    channels = shape[0] if shape is not None else spec.in_channels
+    larger = ""
+    low, high = math.isqrt(in_dim // channels), 256  # the net fails at low; bisect for the smallest side it reads
+    if low < high and _runs_on(spec, channels * high * high):
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if _runs_on(spec, channels * middle * middle) else (middle, high)
+        larger = f" or a data set of images at least {channels}x{high}x{high}"
+    detail = textwrap.shorten(str(err).splitlines()[0] if str(err) else "", 90, placeholder=" ...")
+    return (f"net {spec.name!r} cannot read the {what} of {data_name} ({type(err).__name__}: {detail}); use a net "
+            f"that fits them (net.name: {', '.join(fitting)}){larger}")
+
+
+def build_net(spec: NetSpec, in_dim: int, out_dim: int, image_shape: tuple[int, int, int] | None = None,
+              data_name: str = "the data") -> nn.Module:
+    """The spec's net for the data's widths, refused where it does not fit the data: an image net reading rows
+    as other images than the data's ``image_shape`` (C, H, W), or a net that fails on one blank row (e.g. LeNet-5's
+    5x5 convolutions on 8x8 digits)."""
+    check_net_settings(spec)
+
+    def misfit(err: RuntimeError, reads: tuple[int, ...] | None) -> ZooInputError:
+        why = _misfit(spec, in_dim, image_shape or reads, data_name, err)
+        return ZooInputError("net.name", spec.name, why, message=f"net.name: {why}")
+
+    try:  # a builder may run its layers once to size the dense ones
+        net = _construct(spec, in_dim, out_dim)
+    except RuntimeError as err:
+        raise misfit(err, None) from None
+    reads = input_image_shape(net)
+    if image_shape is not None and reads is not None and tuple(reads) != tuple(image_shape):
+        raise ZooInputError("net.in_channels", spec.in_channels, f"net {spec.name!r} would read each row of "
+                            f"{data_name} as {'x'.join(map(str, reads))} images, but they are "
+                            f"{'x'.join(map(str, image_shape))}: set net.in_channels: {image_shape[0]}")
+    try:
+        with torch.no_grad(), evaluation_mode(net):
+            net(torch.zeros(1, in_dim))
+    except RuntimeError as err:
+        raise misfit(err, reads) from None
+    return net

@@ -86,7 +86,7 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     """
     pyro.set_rng_seed(spec.seed)
     likelihood = build_likelihood(spec.likelihood, data)
-    net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim))
+    net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim), data.image_shape, data.name)
     family_cls = registry.FAMILIES[spec.model.family]
     priors = assign_priors(spec.prior, family_cls.prior_sites(net))
     family = family_cls.from_spec(net, priors, likelihood, spec.model)
@@ -105,9 +105,22 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     return family, guide
 
 
-def prepare(spec: RunSpec, run_dir: Path | None = None, log: RunLog | None = None,
+def as_spec(spec: RunSpec | dict | str | Path, caller: str) -> RunSpec:
+    """``spec`` itself, or the RunSpec that :func:`zoo.spec.load_spec` reads from a dict or a YAML path; anything
+    else is a TypeError naming ``caller`` (``train(spec, out_dir)``) and load_spec."""
+    if isinstance(spec, RunSpec):
+        return spec
+    if not isinstance(spec, dict | str | os.PathLike):
+        raise TypeError(f"zoo.pipeline.{caller}: spec is a RunSpec, a dict of sections or the path of a YAML spec, "
+                        f"not {type(spec).__name__}; build one with zoo.spec.load_spec")
+    return load_spec(spec)
+
+
+def prepare(spec: RunSpec | dict | str | Path, run_dir: Path | None = None, log: RunLog | None = None,
             progress: bool = False) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
-    """Load the data and build the family and guide on the spec's device and dtype."""
+    """Load the data and build the family and guide on the spec's device and dtype (``spec`` as for
+    :func:`train`)."""
+    spec = as_spec(spec, "prepare(spec)")
     device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
     data = load_dataset(spec.data, spec.seed)
     on_host = training_rows_stay_on_host(data, device, dtype)
@@ -165,15 +178,19 @@ class RunSummary:
     chains: bool = False  # the posterior is draws stored chain by chain (MCMC): convergence can be checked
 
 
-def train(spec: RunSpec, out_dir: str | Path, resume: bool = False, progress: bool = True, echo=print,
-          monitor: ValidationMonitor | None = None) -> RunSummary:
+def train(spec: RunSpec | dict | str | Path, out_dir: str | Path, resume: bool = False, progress: bool = True,
+          echo=print, monitor: ValidationMonitor | None = None) -> RunSummary:
     """Fit ``spec``, evaluate it on the test set, and write spec, checkpoint, metrics and a plot to ``out_dir``.
+
+    ``spec`` is a :class:`~zoo.spec.RunSpec`, or a dict of sections or the path of a YAML spec, read by
+    :func:`zoo.spec.load_spec`.
 
     The run directory is claimed for the whole fit (see :func:`zoo.runs.claimed_run_directory`): a second writer, a
     directory of someone else's files, or an unwritable path is refused before anything is written. Under
     ``torchrun`` every process fits (see :mod:`zoo.distributed`) and rank 0 alone claims, evaluates and writes.
     ``monitor`` scores the fit on its evaluation rows as it goes (see :class:`zoo.evaluate.ValidationMonitor`).
     """
+    spec = as_spec(spec, "train(spec, out_dir)")
     with distributed.joined(resolve_device(spec.device)) as team, (
             claimed_run_directory(Path(out_dir), resume) if team.is_writer else contextlib.nullcontext(Path(out_dir))
     ) as out:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import get_args
 
 from guides.auto import KINDS as AUTOGUIDES
@@ -46,20 +47,31 @@ FAMILY_GUIDES = {"mean_field": ("mean_field", "delta", "dropout", "auto"),
 METHODS: dict[str, InferenceMethod] = {name: method
                                        for method in (SVI(), MCMC(), Laplace(), SGMCMC(), SWAG())
                                        for name in method.names}
+# What the processes of ``zoo train --nproc N`` share, for every method that splits its work (zoo.distributed)
+SHARED_WORK = {name: what for method in dict.fromkeys(METHODS.values()) for name, what in method.shared_work.items()}
+
+def summary_of(obj: object) -> str:
+    """The first sentence of ``obj``'s docstring (or of ``obj``, a string), unwrapped: ``zoo list``'s description
+    of a part, with double backquotes dropped; the whole first paragraph when it has no sentence end."""
+    doc = obj if isinstance(obj, str) else obj.__doc__ or ""
+    paragraph = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
+    sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z(])", paragraph, maxsplit=1)[0]
+    return sentence.replace("``", "")
+
 
 TABLES = {
     "data sets": DATASETS,
-    "nets": {name: fn.__doc__.splitlines()[0] for name, fn in NETS.items()},
+    "nets": {name: summary_of(fn) for name, fn in NETS.items()},
     "activations": {name: cls.__name__ for name, cls in ACTIVATIONS.items()},
-    "priors": {name: cls.__doc__.splitlines()[0] for name, cls in PRIORS.items()},
-    "families": {name: cls.__doc__.splitlines()[0] for name, cls in FAMILIES.items()},
-    "guides": {name: cls.__doc__.splitlines()[0] for name, cls in GUIDES.items()},
+    "priors": {name: summary_of(cls) for name, cls in PRIORS.items()},
+    "families": {name: summary_of(cls) for name, cls in FAMILIES.items()},
+    "guides": {name: summary_of(cls) for name, cls in GUIDES.items()},
     "autoguides (guide.auto)": {name: about for name, (_, about) in AUTOGUIDES.items()},
-    "likelihoods": {name: cls.__doc__.splitlines()[0] for name, cls in LIKELIHOODS.items()},
+    "likelihoods": {name: summary_of(cls) for name, cls in LIKELIHOODS.items()},
     "elbos": {"trace_mean_field": "analytic KL where registered, Monte Carlo elsewhere (default)",
               "trace": "Monte Carlo KL everywhere"},
     "inference": {" | ".join(method.names): method.summary for method in dict.fromkeys(METHODS.values())},
-    "subnetwork selections": {name: doc.splitlines()[0] for name, doc in SELECTIONS.items()},
+    "subnetwork selections": {name: summary_of(doc) for name, doc in SELECTIONS.items()},
 }
 assert set(TABLES["elbos"]) == set(ELBOS)
 

@@ -22,7 +22,10 @@ from pydantic import (
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A spec section: unknown keys are refused, and so is inf or NaN in any float field (no scale, rate,
+    temperature or bound of the zoo means anything there)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataSpec(Strict):
@@ -236,9 +239,10 @@ class GuideSpec(Strict):
     """The variational family and its initialisation."""
 
     name: str = "mean_field"
-    init_rho: float = Field(-5.0, description=f"initial rho of sigma = softplus(rho), in [{INIT_RHO_MIN:g}, "
-                            f"{INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. {softplus(INIT_RHO_MAX):.3g}):"
-                            " below, sigma^2 leaves float32's normal range; above, the initial noise swamps the means")
+    init_rho: float = Field(-5.0, allow_inf_nan=True, description=f"initial rho of sigma = softplus(rho), in "
+                            f"[{INIT_RHO_MIN:g}, {INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. "
+                            f"{softplus(INIT_RHO_MAX):.3g}): below, sigma^2 leaves float32's normal range; above, the "
+                            "initial noise swamps the means")
     init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
     component: Literal["normal", "cauchy"] = Field("normal", description="mixture: family of each component")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description="mixture/batch_ensemble: P(+1) of the factor "
@@ -259,7 +263,7 @@ class GuideSpec(Strict):
     rank: PositiveInt = Field(10, description="auto (low_rank_mvn): the rank of the covariance's low-rank part")
     flows: PositiveInt = Field(2, description="auto (iaf): number of inverse autoregressive transforms")
 
-    @field_validator("init_rho")
+    @field_validator("init_rho")  # inf/NaN reach it (allow_inf_nan above), to be refused with the range
     @classmethod
     def _sane_rho(cls, v: float) -> float:
         if INIT_RHO_MIN <= v <= INIT_RHO_MAX:

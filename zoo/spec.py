@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
@@ -147,9 +148,14 @@ class _SpecProblems(ValueError):
 
 
 # --------------------------------------------------------------------------------------- load / dump
+# pydantic's names for the members of a plain union (``float | Literal[...]``, ``int | float``) in an error's loc:
+# not fields, so they are dropped, and the members' messages for one field joined on one line
+_MEMBER_TAG = re.compile(r"^(int|float|str|bool|none|(literal|list|dict|tuple)\[.*\])$")
+
+
 def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
     """(dotted field, given value, message line) for every problem in ``err``, in pydantic's order."""
-    out = []
+    out: list[tuple[str, Any, str]] = []
     for e in err.errors():
         cause = (e.get("ctx") or {}).get("error")
         causes = cause.problems if isinstance(cause, _SpecProblems) else [cause]
@@ -159,14 +165,19 @@ def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
                 out.append((c.field, c.value, text if c.field in text else f"{c.field}: {text}"))
             continue
         loc = ".".join(str(p) for p in e["loc"]
-                       if not str(p).startswith(("function-", "tagged-union")) and p not in _UNION_TAGS)
+                       if not str(p).startswith(("function-", "tagged-union")) and p not in _UNION_TAGS
+                       and not _MEMBER_TAG.match(str(p))) or "spec"
         given = e.get("input")
         given_txt = "" if isinstance(given, dict) else f"got {given!r}; "
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             owners = _owners(str(e["loc"][-1]))
             msg = "unknown setting here" + (f"; it belongs to: {', '.join(owners)}" if owners else " (a typo?)")
-        out.append((loc or "spec", given, f"{loc or 'spec'}: {given_txt}{msg}"))
+        if out and out[-1][0] == loc and out[-1][1] is given:  # another member of the same union field
+            if msg not in out[-1][2]:
+                out[-1] = (loc, given, f"{out[-1][2]}, or {msg[0].lower()}{msg[1:]}")
+            continue
+        out.append((loc, given, f"{loc}: {given_txt}{msg}"))
     return out
 
 
@@ -175,25 +186,51 @@ def _format_pydantic_error(err: ValidationError) -> str:
     return "\n".join(f"  {line}" for _, _, line in _spec_problems(err))
 
 
-def set_path(tree: dict, dotted: str, value: Any) -> None:
-    """Set ``tree['a']['b'] = value`` for ``dotted='a.b'``, creating dicts on the way."""
+def _merge(into: dict, mapping: dict) -> bool:
+    """Deep-merge ``mapping`` into ``into`` (its keys win, nested mappings merge); whether ``into`` kept a key."""
+    kept = bool(set(into) - set(mapping))
+    for key, value in mapping.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            kept = _merge(into[key], dict(value)) or kept
+        else:
+            into[key] = copy.deepcopy(value)
+    return kept
+
+
+def set_path(tree: dict, dotted: str, value: Any, merge: bool = False) -> bool:
+    """Set ``tree['a']['b'] = value`` for ``dotted='a.b'``, creating dicts on the way. With ``merge``, a mapping
+    ``value`` merges into a mapping already there (see :func:`spec_tree`); returns whether a merge kept keys that
+    ``value`` does not name."""
     keys = dotted.split(".")
     node = tree
     for k in keys[:-1]:
         if not isinstance(node.get(k, {}), dict):
             raise ZooInputError("--set", dotted, f"'{k}' is not a section, so it has no key '{keys[-1]}'")
         node = node.setdefault(k, {})
-    node[keys[-1]] = value
+    if merge and isinstance(value, Mapping) and isinstance(node.get(keys[-1]), dict):
+        return _merge(node[keys[-1]], dict(value))
+    node[keys[-1]] = copy.deepcopy(value)
+    return False
 
 
-def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
-    """Parse ``key.path=value`` strings; values are read as YAML (numbers, lists, booleans, null)."""
+def parse_overrides(pairs: list[str]) -> list[tuple[str, Any, bool]]:
+    """Parse ``key.path=value`` (merge a mapping value into the spec's) and ``key.path:=value`` (replace) strings
+    into (key, value, replace); values are read as YAML (numbers, lists, mappings, booleans, null)."""
     out = []
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
+        replace = key.rstrip().endswith(":")
+        key = key.rstrip().removesuffix(":").strip()
+        if not sep or not key:
             raise ZooInputError("--set", pair, "write overrides as key.path=value, e.g. --set data.split=3")
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else None))
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            where = f" (column {exc.problem_mark.column + 1})" if getattr(exc, "problem_mark", None) else ""
+            raise ZooInputError("--set", pair, "", message=f"--set {pair}: the value is not valid YAML: "
+                                f"{getattr(exc, 'problem', None) or exc}{where}; quote it for the shell, e.g. "
+                                "--set 'net={name: mlp, hidden: [20]}'") from None
+        out.append((key, value, replace))
     return out
 
 
@@ -212,41 +249,65 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
-def spec_tree(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> dict:
-    """The spec as written (a YAML file, a dict or a RunSpec's fields) with ``--set`` overrides applied, before
-    validation: where further ``key.path=value`` settings go exactly as ``--set`` would put them."""
-    overrides = _override_list(overrides)
+def _read_tree(source: str | Path | dict | RunSpec) -> dict:
+    """The spec as written: a YAML file's mapping, a copy of a dict, or a RunSpec's fields."""
     if isinstance(source, RunSpec):
-        tree = source.model_dump(mode="json")
-    elif isinstance(source, Mapping):
-        tree = copy.deepcopy(dict(source))
-    elif isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if not path.is_file():
-            raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
-        try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ZooInputError("spec", str(path), f"is not valid YAML: {exc}") from None
-        if not isinstance(tree, dict):
-            raise ZooInputError("spec", str(path), "the top level must be a mapping of sections (data, net, ...)")
-    else:
+        return source.model_dump(mode="json")
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source))
+    if not isinstance(source, str | os.PathLike):
         raise ZooInputError("spec", source, "pass the path of a YAML spec file (a str or pathlib.Path), a dict of "
                             "sections (data, net, ...) or a RunSpec")
-    for key, value in parse_overrides(overrides):
-        set_path(tree, key, value)
+    path = Path(source)
+    if not path.is_file():
+        raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ZooInputError("spec", str(path), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                            f"{exc.start}); save the spec as UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise ZooInputError("spec", str(path), f"is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ZooInputError("spec", str(path), "the top level must be a mapping of sections (data, net, ...)")
+    return tree
+
+
+def _apply_overrides(tree: dict, overrides: str | list[str] | None) -> list[str]:
+    """Apply ``--set`` overrides to ``tree`` in order; the keys where a mapping merged into one that kept keys."""
+    merged = []
+    for key, value, replace in parse_overrides(_override_list(overrides)):
+        if set_path(tree, key, value, merge=not replace):
+            merged.append(key)
+    return merged
+
+
+def spec_tree(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> dict:
+    """The spec as written (a YAML file, a dict or a RunSpec's fields) with ``--set`` overrides applied, before
+    validation: where further ``key.path=value`` settings go exactly as ``--set`` would put them.
+
+    ``key=VALUE`` sets the key; a mapping VALUE merges into a mapping already at the key (its keys win, the others
+    stay). ``key:=VALUE`` replaces whatever is at the key with VALUE."""
+    tree = _read_tree(source)
+    _apply_overrides(tree, overrides)
     return tree
 
 
 def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> RunSpec:
     """Read a spec from a YAML file, a dict or a RunSpec, apply ``--set`` overrides (one ``key.path=value``
-    string or a list of them), and validate it."""
-    tree = spec_tree(source, overrides)
+    string or a list of them; see :func:`spec_tree`), and validate it."""
+    tree = _read_tree(source)
+    merged = _apply_overrides(tree, overrides)
     try:
         return RunSpec.model_validate(tree)
     except ValidationError as exc:
         problems = _spec_problems(exc)
-        text = "\n".join(f"  {line}" for _, _, line in problems)
+        lines = [line for _, _, line in problems]
+        for key in merged:
+            if any(f == key or f.startswith(f"{key}.") for f, _, _ in problems):
+                lines.append(f"(--set {key}=... merged into the spec's {key}, keeping its other keys; write "
+                             f"--set {key}:=... to replace it)")
+        text = "\n".join(f"  {line}" for line in lines)
         field, value, _ = problems[0]
         raise ZooInputError(field, value, text, message=f"invalid spec; fix these fields:\n{text}") from None
 

@@ -6,6 +6,7 @@ Owns reading the columns, validating them cell by cell, encoding class labels an
 from __future__ import annotations
 
 import csv
+import io
 import warnings
 from pathlib import Path
 
@@ -20,7 +21,14 @@ TASKS = ("regression", "classification")
 
 def _read_csv(path: Path) -> dict[str, list[str]]:
     """Columns of a comma-separated file with a header row, as stripped strings."""
-    with path.open(newline="", encoding="utf-8-sig") as fh:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ZooInputError(str(path), f"byte 0x{raw[err.start]:02x} on line {line}", "a .csv must be UTF-8 text: "
+                            "save it as UTF-8 (a spreadsheet's 'CSV UTF-8'; or iconv -f latin1 -t utf-8)") from None
+    with io.StringIO(text, newline="") as fh:
         reader = csv.reader(fh)
         header = None
         columns: list[list[str]] = []
