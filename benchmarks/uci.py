@@ -22,18 +22,27 @@ data.validation_fraction=0.2`` evaluates on those validation rows instead of the
 A stopped run continues with the same command plus ``--resume`` (it needs ``--runs-dir``): finished sweeps run no
 trial again (their wall time is kept), finished splits are read back and cut-off ones continue from their checkpoint.
 Standard errors are std / sqrt(n) with the population std (ddof=0), as in the PBP / MC-dropout benchmark code.
+
+A split whose fit diverges (or ends with a non-finite RMSE or test LL), and every split of a data set whose sweep
+completed no trial, is a failed split: the other splits still run, the table's row says "n=18, 2 failed" and lists
+each failure with its reason below the table, the JSON gives it under the data set's ``failed_splits`` (and in the
+top-level ``failed`` list), and the means are over the splits that finished. Exit status: 0 when every split ran;
+1 when one failed, after the table and the JSON are written (so that a script notices an incomplete benchmark
+without losing the finished splits); 2 on bad input, before anything runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import re
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +51,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.exits import exit_code
 from zoo.metrics import mean_and_standard_error
 
@@ -235,25 +244,30 @@ def split_overrides(base: list[str], dataset: str, split: int, data_dir: Path, n
 
 
 # ------------------------------------------------------------------------------------------------ summary
-def summarise(dataset: str, splits: list[int], results: dict[int, dict[str, float]], n_hidden: int | None) -> dict:
-    """Per-dataset JSON block: means, standard errors, per-split lists, timings and the published figures."""
+def summarise(dataset: str, splits: list[int], results: dict[int, dict], n_hidden: int | None) -> dict:
+    """Per-dataset JSON block: means, standard errors, per-split lists, timings and the published figures, over the
+    splits that finished; ``failed_splits`` gives each failed split's reason (a result ``{"failed": reason}``)."""
+    failed = {str(s): results[s]["failed"] for s in splits if "failed" in results[s]}
+    splits = [s for s in splits if "failed" not in results[s]]
     rmse = [results[s]["rmse"] for s in splits]
     ll = [results[s]["test_ll"] for s in splits]
     seconds = [results[s]["seconds"] for s in splits]
-    (rmse_mean, rmse_se), (ll_mean, ll_se) = mean_and_standard_error(rmse), mean_and_standard_error(ll)
+    (rmse_mean, rmse_se), (ll_mean, ll_se) = ((mean_and_standard_error(rmse), mean_and_standard_error(ll)) if splits
+                                              else ((None, None), (None, None)))
     published = {m: {"rmse": list(v["rmse"]), "test_ll": list(v["test_ll"]), "spread": SPREAD[m]}
                  for m, v in PUBLISHED.get(dataset, {}).items()}
     return {
         "n_splits": len(splits), "splits": splits, "n_hidden": n_hidden,
+        "failed_splits": failed,
         "rmse_mean": rmse_mean, "rmse_se": rmse_se, "test_ll_mean": ll_mean, "test_ll_se": ll_se,
         "rmse": rmse, "test_ll": ll, "seconds": seconds,
         "train_seconds": [results[s]["train_seconds"] for s in splits],
-        "seconds_mean": sum(seconds) / len(seconds), "seconds_total": sum(seconds),
+        "seconds_mean": sum(seconds) / len(seconds) if seconds else None, "seconds_total": sum(seconds),
         # --resume: splits read back from an earlier process (their seconds are their training time)
         "reused_splits": sum(bool(results[s].get("reused")) for s in splits),
         "published": published,
         # MCMC: how many splits' draws pass zoo diagnose --strict (None for the other methods)
-        "converged_splits": (None if any(results[s].get("converged") is None for s in splits)
+        "converged_splits": (None if not splits or any(results[s].get("converged") is None for s in splits)
                              else sum(bool(results[s]["converged"]) for s in splits)),
     }
 
@@ -277,13 +291,18 @@ def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -
     for i, (dataset, block) in enumerate(summary.items()):
         if i:
             table.add_section()
-        what = f"this spec (n={block['n_splits']})"
+        failed = len(block.get("failed_splits") or {})
+        what = f"this spec (n={block['n_splits']}" + (f", {failed} failed" if failed else "") + ")"
         if "tuned" in block:
             each = " per split" if block["tuned"].get("each_split") else ""
             what += f", tuned{each} ({block['tuned']['trials']} trials, {block['tuned']['sweep_seconds']:.0f} s)"
-        strict = [f"{block['converged_splits']}/{block['n_splits']}"] if mcmc else []
-        table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
-                      _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}", *strict)
+        strict = ([f"{block['converged_splits']}/{block['n_splits']}" if block["converged_splits"] is not None
+                   else "-"] if mcmc else [])
+        if block["n_splits"]:
+            table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
+                          _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}", *strict)
+        else:
+            table.add_row(dataset, what, "failed", "failed", "", *strict)
         blank = [""] if mcmc else []
         for method, figs in PUBLISHED.get(dataset, {}).items():
             table.add_row("", METHOD_NAMES[method], _pm(*figs["rmse"]), _pm(*figs["test_ll"]), "", *blank)
@@ -333,23 +352,36 @@ def tune(args: argparse.Namespace, name: str, splits: list[int], overrides: list
     from zoo.sweep import sweep
 
     where = Path(args.runs_dir) / "sweeps" / name if args.runs_dir else None
-    with tempfile.TemporaryDirectory(prefix="zoo-uci-sweep-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="zoo-uci-sweep-") as tmp, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", ZooWarning)  # printed after it, each once, marked with the data set
         result = sweep(args.spec, args.tune, args.trials, where or Path(tmp) / "sweep",
                        [*overrides, f"data.split={splits[0]}", f"data.validation_fraction={args.tune_validation}"],
                        workers=args.workers, threads=args.threads, progress=True, echo=None,
                        repeat=("data.split", splits) if len(splits) > 1 else None)
+    counts = result.counts
+    outcome = (f"{len(result.trials)} trials ({counts['complete']} complete, {counts['pruned']} pruned, "
+               f"{counts['failed']} failed)")
+    kept = "" if where else " (the sweep's directory was temporary: --runs-dir DIR keeps it as DIR/sweeps/)"
+    for warning in said:
+        if issubclass(warning.category, ZooWarning):
+            console.print(f"{name}: warning: {warning.message}" + (kept if "zoo report" in str(warning.message)
+                                                                   else ""), soft_wrap=True, markup=False)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     if result.best is None:
-        raise TrainingDiverged(f"{name}: no trial of the sweep completed; widen the space in {args.tune}")
-    states = [t.state for t in result.trials]
+        raise TrainingDiverged(f"{name}: no trial of the sweep completed: {outcome}; each failure's reason is in "
+                               f"its trials table{kept}; move the space in {args.tune} away from the failing "
+                               "settings")
     chosen = dict(result.best.params)
-    console.print(f"{name}: sweep of {len(states)} trials ({states.count('pruned')} pruned) in "
-                  f"{result.wall_seconds:.0f} s; validation {result.metric} {result.best.value:.3f} with "
-                  + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()), soft_wrap=True, markup=False)
+    console.print(f"{name}: sweep of {outcome} in {result.wall_seconds:.0f} s; validation {result.metric} "
+                  f"{result.best.value:.3f} with " + ", ".join(f"{k}={_short(v)}" for k, v in chosen.items()),
+                  soft_wrap=True, markup=False)
     for line in result.edges.values():
         console.print(f"{name}: note: {line}", soft_wrap=True, markup=False)
     return {"params": chosen, "validation": result.best.value, "metric": result.metric,
-            "sweep_seconds": result.wall_seconds, "trials": len(states), "pruned": states.count("pruned"),
-            "failed": states.count("fail"), "splits": splits, "validation_fraction": args.tune_validation,
+            "sweep_seconds": result.wall_seconds, "trials": len(result.trials), "complete": counts["complete"],
+            "pruned": counts["pruned"], "failed": counts["failed"], "caveats": list(result.caveats),
+            "splits": splits, "validation_fraction": args.tune_validation,
             "sweep_dir": str(where) if where else None, "at_edge": sorted(result.edges),
             "overrides": [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                           for k, v in chosen.items()]}
@@ -359,7 +391,8 @@ def per_split_summary(each: dict[int, dict]) -> dict:
     """One data set's ``--tune-each-split`` sweeps as one JSON block: totals, and every split's own choice."""
     return {"each_split": True, "per_split": {str(split): block for split, block in each.items()},
             "trials": sum(b["trials"] for b in each.values()), "pruned": sum(b["pruned"] for b in each.values()),
-            "failed": sum(b["failed"] for b in each.values()),
+            "complete": sum(b["complete"] for b in each.values()), "failed": sum(b["failed"] for b in each.values()),
+            "caveats": [f"split {split}: {line}" for split, b in each.items() for line in b["caveats"]],
             "sweep_seconds": sum(b["sweep_seconds"] for b in each.values()), "splits": sorted(each),
             "validation_fraction": next(iter(each.values()))["validation_fraction"],
             "at_edge": sorted({key for b in each.values() for key in b["at_edge"]})}
@@ -424,24 +457,35 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         return split_overrides([*args.set, *per_dataset[dataset], *chosen], dataset, split, data_dir,
                                protocol[dataset], depth)
 
+    results: dict[str, dict[int, dict]] = {d: {} for d in datasets}  # a split's figures, or {"failed": reason}
     started = time.perf_counter()  # the wall time counts the sweeps
     for dataset in datasets:
         chosen: dict[int, list[str]] = {split: [] for split in splits}
         if args.tune and args.tune_each_split:
-            each = {split: tune(args, f"{dataset}-split{split:02d}", [split], overrides_of(dataset, split, []),
-                                console) for split in splits}
-            tuned[dataset] = per_split_summary(each)
+            each = {}
+            for split in splits:
+                try:
+                    each[split] = tune(args, f"{dataset}-split{split:02d}", [split],
+                                       overrides_of(dataset, split, []), console)
+                except TrainingDiverged as err:  # this split has no settings to run with: a failed split
+                    results[dataset][split] = {"failed": str(err)}
+            if each:
+                tuned[dataset] = per_split_summary(each)
             chosen = {split: block["overrides"] for split, block in each.items()}
         elif args.tune:
-            tuned[dataset] = tune(args, dataset, tune_splits, overrides_of(dataset, tune_splits[0], []), console)
-            per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]  # in the JSON too
+            try:
+                tuned[dataset] = tune(args, dataset, tune_splits, overrides_of(dataset, tune_splits[0], []), console)
+            except TrainingDiverged as err:  # no settings for any split of this data set
+                results[dataset] = {split: {"failed": str(err)} for split in splits}
+            else:
+                per_dataset[dataset] = per_dataset[dataset] + tuned[dataset]["overrides"]  # in the JSON too
         for split in splits:
-            jobs.append((dataset, split, overrides_of(dataset, split, chosen[split]),
-                         split_run_dir(args.runs_dir, dataset, split)))
+            if split not in results[dataset]:
+                jobs.append((dataset, split, overrides_of(dataset, split, chosen[split]),
+                             split_run_dir(args.runs_dir, dataset, split)))
     for _, _, overrides, _ in jobs:  # the per-split, per-data-set and tuned overrides validate too
         load_spec(args.spec, overrides)
 
-    results: dict[str, dict[int, dict[str, float]]] = {d: {} for d in datasets}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     with progress:
@@ -449,9 +493,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         if args.workers == 1:
             for dataset, split, overrides, keep in jobs:
                 progress.update(task, description=f"{dataset} split {split}")
-                results[dataset][split] = _checked(dataset, split,
-                                                   lambda o=overrides, k=keep: run_split(args.spec, o, args.threads, k,
-                                                                                         args.resume))
+                results[dataset][split] = _outcome(lambda o=overrides, k=keep: run_split(args.spec, o, args.threads,
+                                                                                         k, args.resume))
                 progress.advance(task)
         else:
             context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
@@ -461,7 +504,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                            for d, s, o, k in jobs}
                 for future in as_completed(futures):
                     dataset, split = futures[future]
-                    results[dataset][split] = _checked(dataset, split, future.result)
+                    results[dataset][split] = _outcome(future.result)
                     progress.update(task, description=f"{dataset} split {split} done")
                     progress.advance(task)
     wall = time.perf_counter() - started
@@ -471,10 +514,15 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         summary[dataset]["tuned"] = chosen
     evaluated_on = "validation" if base_spec.data.validation_fraction > 0 else "test"
     console.print(results_table(summary, evaluated_on, Path(args.spec).name))
+    failed = [{"dataset": d, "split": int(split), "reason": reason}
+              for d in datasets for split, reason in summary[d]["failed_splits"].items()]
+    for f in failed:
+        console.print(f"failed: {f['dataset']} split {f['split']}: {f['reason']}", soft_wrap=True, markup=False)
     tuning = sum(t["sweep_seconds"] for t in tuned.values())
     n_sweeps = sum(len(t.get("per_split", [None])) for t in tuned.values())
     reused = sum(block["reused_splits"] for block in summary.values())
     console.print(f"{len(jobs)} runs" + (f" ({reused} read back from an earlier process)" if reused else "")
+                  + (f", {len(failed)} failed split(s)" if failed else "")
                   + (f" and {n_sweeps} sweeps ({tuning:.0f} s)" if tuned else "")
                   + f" in {wall:.1f} s wall{' (this process)' if args.resume else ''} ({args.workers} worker(s) x "
                   f"{args.threads} thread(s)); "
@@ -491,22 +539,34 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         "tune_trials": args.trials if args.tune else None, "tune_seconds": tuning if tuned else None,
         "tune_each_split": bool(args.tune_each_split),
         "se_definition": "population std over splits / sqrt(n)",
+        "failed": failed,
     }
     if args.json:
         write_json(Path(args.json), out)
         console.print(f"written: {args.json}")
+    if failed:  # after everything is written: the exit status says the benchmark is incomplete
+        ran = sum(len(block["splits"]) for block in summary.values())
+        raise TrainingDiverged(f"{len(failed)} of {ran + len(failed)} split(s) failed (listed after the table, each "
+                               "with its reason); " + (f"the table{f' and {args.json}' if args.json else ''} hold the "
+                                                       f"figures of the {ran} that finished" if ran else
+                                                       "no split finished"))
     return out
 
 
-def _checked(dataset: str, split: int, call) -> dict[str, float]:
+def _outcome(call) -> dict:
+    """A split's figures from ``call()``, or ``{"failed": reason}`` when its fit diverged or its RMSE or test LL is
+    not finite (the other splits go on)."""
     try:
-        return call()
+        result = call()
     except TrainingDiverged as err:
-        raise TrainingDiverged(f"{dataset} split {split}: {err}") from None
+        return {"failed": f"TrainingDiverged: {err}"}
+    bad = [k for k in ("rmse", "test_ll") if not math.isfinite(result[k])]
+    return {"failed": f"{' and '.join(bad)} not finite"} if bad else result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: 0 on success, 2 on bad input, 1 if a fit diverged."""
+    """Entry point: 0 when every split ran, 1 when one failed (after the table and the JSON are written), 2 on bad
+    input."""
     args = build_parser().parse_args(argv)
     return exit_code(lambda: run(args, Console()))
 

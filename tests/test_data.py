@@ -279,6 +279,24 @@ def test_uci_index_out_of_range(tmp_path, features, target, train, test, match):
         load_uci("idx", 0, str(tmp_path))
 
 
+@pytest.mark.parametrize("features,target,train,test,match", [
+    ([0, 1], 2, [0, 1, 3], [3], r"index_train_0.txt: got '1 rows also in the test split \(first: row 3\)'"),
+    ([0, 1, 2], 2, [0, 1], [3], r"index_features.txt: got 'column 2'; is the target column"),
+])
+def test_uci_leaks_are_refused(tmp_path, features, target, train, test, match):
+    """A split that trains on its test rows, or features that include the target, would score a leak."""
+    write_uci(tmp_path, "leak", ["1 2 3", "4 5 6", "7 8 9", "1 1 1"], features, target, [(train, test)])
+    with pytest.raises(ZooInputError, match=match):
+        load_uci("leak", 0, str(tmp_path))
+
+
+def test_uci_non_utf8_file_is_refused_with_its_name(tmp_path):
+    folder = write_uci(tmp_path, "latin", ["1 2 3", "4 5 6", "1 1 1"], [0, 1], 2, [([0, 1], [2])])
+    (folder / "data.txt").write_bytes("1 2 3\n4 5 6\n1 1 1 \xe9\n".encode("latin-1"))
+    with pytest.raises(ZooInputError, match=r"data.txt: got 'byte 18 is not UTF-8 text'"):
+        load_uci("latin", 0, str(tmp_path))
+
+
 def test_uci_real_boston_housing():
     root = Path(os.environ["ZOO_DATA_DIR"]) if os.environ.get("ZOO_DATA_DIR") else SHARED_UCI
     if not (root / "bostonHousing").is_dir():

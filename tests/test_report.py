@@ -12,7 +12,16 @@ import pytest
 
 from zoo.cli import main
 from zoo.errors import ZooInputError
-from zoo.report import MISSING, RunRecord, build_report, diagnostic_metrics, group_value, run_label, write_report
+from zoo.report import (
+    MISSING,
+    REPORT_MARK,
+    RunRecord,
+    build_report,
+    diagnostic_metrics,
+    group_value,
+    run_label,
+    write_report,
+)
 from zoo.spec import load_spec, spec_to_yaml
 
 MEAN_FIELD_UCI = {"data": {"name": "uci:bostonHousing"}, "net": {"hidden": [50]}, "device": "cpu"}
@@ -192,6 +201,43 @@ def test_bad_options_exit_2(runs, tmp_path, capsys, argv, fragment):
 def test_out_must_be_markdown(runs, tmp_path, capsys):
     assert main(["report", str(runs[0]), "--out", str(tmp_path / "r.csv")]) == 2
     assert ".md" in capsys.readouterr().err
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("case", "fragment"), [
+    ("users_csv", "data.csv exists and was not written by zoo report"),  # the user's data beside --out data.md
+    ("users_png", "data.png exists and was not written by zoo report"),
+    ("users_md", "data.md exists and was not written by zoo report"),
+    ("inside_run", "is a run directory; write the report outside it"),  # would replace zoo diagnose's summary.csv
+    ("inside_sweep", "is a sweep directory; write the report outside it"),
+])
+def test_report_never_overwrites_what_it_did_not_write(runs, tmp_path, capsys, case, fragment):
+    user = tmp_path / "user"
+    user.mkdir()
+    out = user / "data.md"
+    if case.startswith("users_"):
+        out.with_suffix("." + case.split("_")[1]).write_text("x,y\n1,2\n")
+    elif case == "inside_run":
+        out = runs[0] / "summary.md"
+        (runs[0] / "summary.csv").write_text("variable,mean\n")
+    else:
+        (user / ".zoo-sweep").write_text("{}")
+    before = {"user": _tree(user), "run": _tree(runs[0])}
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("error: --out") and fragment in err and "Traceback" not in err
+    assert {"user": _tree(user), "run": _tree(runs[0])} == before  # nothing written, nothing replaced
+
+
+def test_a_report_overwrites_its_own_earlier_files(runs, tmp_path):
+    out = tmp_path / "r.md"
+    for _ in range(2):
+        assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    assert out.read_text().splitlines()[0] == REPORT_MARK
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix) == ["r.csv", "r.md", "r.png"]
 
 
 def fake_train(spec, out_dir, **_):

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import warnings
 
 import pyro
 import pytest
@@ -225,6 +226,59 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, spec_factory):
 
 
 # ---------------------------------------------------------------------------------------- divergence
+class _Terms:
+    last_terms = {"obs": torch.tensor(-5e9), "out.weight": torch.tensor(3e3)}
+
+
+def _watch(losses_per_row: list[float], rows: int = 100) -> list[str]:
+    """Feed a loss curve (per row) step by step to a DivergenceWatch; the warnings it gave."""
+    watch = svi.DivergenceWatch(rows, len(losses_per_row))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for step in range(1, len(losses_per_row) + 1):
+            watch([v * rows for v in losses_per_row[:step]], step, _Terms(), ["lower inference.lr"], None)
+    return [str(w.message) for w in record]
+
+
+def test_divergence_watch_lets_annealing_and_single_spikes_pass():
+    annealing = [0.1 + 300.0 * min(1.0, t / 500) for t in range(1000)]  # the KL (300 nats per row) warmed up
+    spikes = [5.0 if t % 37 else 5e6 for t in range(1000)]  # isolated spikes: the window's median ignores them
+    for curve in (annealing, spikes):
+        assert [w for w in _watch(curve) if "rose from" in w] == []
+
+
+def test_divergence_watch_warns_then_stops_a_loss_that_stays_blown_up():
+    curve = [4.0] * 100 + [4.0 * 10 ** (t / 20) for t in range(1, 400)]  # finite, but orders of magnitude up
+    watch = svi.DivergenceWatch(100, len(curve), patience=50)
+    with pytest.warns(ZooWarning, match=r"rose from 4 \(its best, by step 20\) to .* by step \d+, over 100x") as record:
+        with pytest.raises(TrainingDiverged) as info:
+            for step in range(1, len(curve) + 1):
+                watch([v * 100 for v in curve[:step]], step, _Terms(), ["lower inference.lr"], None)
+    first = int(str(record[0].message).split(" by step ")[2].split(",")[0])
+    msg = str(info.value)
+    assert f"stayed there since step {first}" in msg and f"by step {first + 50}," in msg
+    assert "largest ELBO terms at the last step: obs -5e+09, out.weight 3e+03" in msg
+    assert "Try: lower inference.lr" in msg and "No checkpoint was written yet" in msg
+    # a blow-up that comes back under the line within the patience only warns
+    recovered = [4.0] * 100 + [4e4] * 30 + [4.0] * 200
+    watch = svi.DivergenceWatch(100, len(recovered), patience=50)
+    with pytest.warns(ZooWarning, match="may be diverging"):
+        for step in range(1, len(recovered) + 1):
+            watch([v * 100 for v in recovered[:step]], step, _Terms(), ["lower inference.lr"], None)
+
+
+def test_a_finite_runaway_elbo_stops_the_cli_with_exit_1(tmp_path, capsys):
+    from zoo.cli import main
+
+    code = main(["train", "configs/auto_normal_toy.yaml", "--out", str(tmp_path / "iaf"), "--no-progress",
+                 "--set", "guide.auto=iaf", "--set", "inference.lr=0.2", "--set", "inference.num_steps=400",
+                 "--set", "inference.checkpoint_every=100"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 1 and "Traceback" not in err
+    assert "warning: the SVI loss per training row rose from" in err
+    assert "training stopped: diverged:" in err and "Try: lower inference.lr (now 0.2), e.g. to 0.02" in err
+
+
 def test_nan_elbo_stops_with_the_step_and_the_sites(tmp_path, spec_factory, guide_hook):
     def poison(guide, call):
         if call == 15:  # before step 15 samples: out.bias becomes NaN

@@ -315,16 +315,16 @@ def test_a_sweep_says_when_its_best_setting_is_at_an_edge(tmp_path, capsys):
     assert "note: the best inference.num_steps" in said and "in the space file and sweep again" in said
     assert "# Note: the best inference.num_steps" in (out / BEST_SPEC_FILE).read_text()
     assert "inference.num_steps" in read_sweep(out).edges
-    assert main(["report", str(out), "--out", str(tmp_path / "trials.md")]) == 0
+    assert main(["report", str(out), "--out", str(tmp_path / "reports" / "trials.md")]) == 0
     assert "note: the best inference.num_steps" in capsys.readouterr().out
 
     # Several sweeps: one row each, with the keys at an edge.
     other = tmp_path / "other"
     assert main(["sweep", str(spec), "--space", str(space), "--trials", "2", "--out", str(other), "--no-progress"]) == 0
     capsys.readouterr()
-    assert main(["report", str(out), str(other), "--out", str(tmp_path / "sweeps.md")]) == 0
+    assert main(["report", str(out), str(other), "--out", str(tmp_path / "reports" / "sweeps.md")]) == 0
     assert "2 sweeps; 2 chose a setting at an edge of its range" in capsys.readouterr().out
-    table = (tmp_path / "sweeps.md").read_text().splitlines()
+    table = [line for line in (tmp_path / "reports" / "sweeps.md").read_text().splitlines() if line.startswith("|")]
     assert table[0] == "| sweep | trials | pruned | failed | best | settings | at edge | seconds |"
     assert [row.split(" | ")[0] for row in table[2:]] == [f"| {out}", f"| {other}"]
     assert all("inference.num_steps" in row.split(" | ")[6] for row in table[2:])
@@ -344,12 +344,13 @@ def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     assert {t.params["prior.scale"] for t in result.trials} <= {0.3, 1.0, 3.0}
     assert len({os.path.basename(str(t.number)) for t in result.trials}) == len(result.trials)
     capsys.readouterr()
-    assert main(["report", str(out), "--out", str(tmp_path / "trials.md")]) == 0
-    table = (tmp_path / "trials.md").read_text().splitlines()
+    reports = tmp_path / "reports"
+    assert main(["report", str(out), "--out", str(reports / "trials.md")]) == 0
+    table = [line for line in (reports / "trials.md").read_text().splitlines() if line.startswith("|")]
     assert table[0].startswith("| trial | state | test_ll | inference.lr | prior.scale |")
     assert "(best)" in table[2]
-    assert (tmp_path / "trials.csv").exists() and (tmp_path / "trials.png").exists()
-    assert main(["report", str(out), str(out / TRIALS_DIR / "0000"), "--out", str(tmp_path / "x.md")]) == 2
+    assert (reports / "trials.csv").exists() and (reports / "trials.png").exists()
+    assert main(["report", str(out), str(out / TRIALS_DIR / "0000"), "--out", str(reports / "x.md")]) == 2
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
@@ -383,3 +384,307 @@ def test_workers_stop_when_the_sweep_process_is_killed(tmp_path):
         time.sleep(0.5)
     assert not any(Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text()
                    .lower() for w in workers)
+
+
+# ------------------------------------------------------------------------------------------------ issue 39
+# SGLD on the toy, fast: a burn-in longer than its 10 epochs leaves no draw to keep, which the fit refuses
+# (a ZooInputError raised while the trial fits, not by the spec: the space check lets those values through).
+SGLD_TOY = {**copy.deepcopy(TOY), "inference": {"method": "sgld", "num_chains": 2, "epochs": 10, "batch_size": 32,
+                                                 "lr": 0.01, "burn_in_epochs": 2.0, "thin": 1,
+                                                 "predictive_samples": 10}}
+
+
+def test_fit_time_refusals_are_failed_trials_counted_and_a_lone_survivor_is_flagged(tmp_path, capsys):
+    spec, space, out = tmp_path / "spec.yaml", tmp_path / "space.yaml", tmp_path / "sweep"
+    spec.write_text(yaml.safe_dump(SGLD_TOY))
+    space.write_text("inference.burn_in_epochs: [0.0, 100.0, 200.0, 300.0]\n")
+    code = main(["sweep", str(spec), "--space", str(space), "--trials", "5", "--out", str(out), "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 0, said.err  # the refusals did not stop the sweep
+    rows = read_sweep(out).trials
+    refused = [t for t in rows if t.params["inference.burn_in_epochs"] >= 10]
+    assert len(rows) == 5 and all(t.state == "fail" and "leaves no draw to keep" in t.note for t in refused)
+    complete = [t for t in rows if t.state == "complete"]
+    assert len(complete) == 1 and len(refused) == 4  # the scenario: one survivor of four failures
+    assert f"5 trial(s): 1 complete, 0 pruned, {len(refused)} failed ({len(refused)} refused while fitting)" in said.out
+    assert f"warning: the best trial ({complete[0].number}) is the only one of 5 finished trials" in said.err
+    assert "not the best of a search" in (out / BEST_SPEC_FILE).read_text().split("\ndata:")[0]
+    record = json.loads((out / SWEEP_FILE).read_text())
+    assert record["counts"]["complete"] == 1 and record["counts"]["failed"] == 4
+    assert record["failures"] == {"refused while fitting": 4}
+    assert any("only one of 5 finished trials" in c for c in record["caveats"])
+
+
+def test_a_sweep_without_failures_raises_no_caveat(tmp_path):
+    result = run_sweep(tmp_path / "sweep", trials=2)
+    assert result.counts["complete"] == 2 and result.counts["failed"] == 0 and result.caveats == []
+    assert "# Note" not in (tmp_path / "sweep" / BEST_SPEC_FILE).read_text()
+
+
+@pytest.mark.parametrize("env, torch_threads, flag, expected", [
+    ({"OMP_NUM_THREADS": "1"}, 1, None, 1),   # the issue: OMP_NUM_THREADS=1 was overridden by cores / workers
+    ({"OMP_NUM_THREADS": "2"}, 1, None, 2),   # the variable wins over torch's current count
+    ({}, 1, None, 1),                         # torch.set_num_threads(1) in the user's own process
+    ({}, 1, 3, 3),                            # --threads
+])
+def test_the_users_thread_setting_is_kept(env, torch_threads, flag, expected, tmp_path, monkeypatch):
+    from zoo import pipeline
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # a machine whose cores would give another count
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    seen, real = [], pipeline.train
+
+    def watched(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "train", watched)
+    torch.set_num_threads(torch_threads)
+    try:
+        run_sweep(tmp_path / "sweep", trials=1, threads=flag)
+        assert torch.get_num_threads() == torch_threads  # the process's own setting is back afterwards
+    finally:
+        torch.set_num_threads(1)
+    assert seen == [expected]
+    assert json.loads((tmp_path / "sweep" / SWEEP_FILE).read_text())["threads"] == expected
+
+
+@pytest.mark.parametrize("env, torch_threads, workers, cores, expected", [
+    ({}, 8, 2, 8, (4, "8 cores / 2 workers")),           # torch's default: the cores are shared
+    ({}, 1, 2, 8, (1, "this process's torch threads")),   # the user's torch.set_num_threads(1)
+    ({"OMP_NUM_THREADS": "3"}, 8, 2, 8, (3, "OMP_NUM_THREADS=3")),
+    ({"MKL_NUM_THREADS": "2"}, 8, 4, 8, (2, "MKL_NUM_THREADS=2")),
+])
+def test_threads_for_several_workers(env, torch_threads, workers, cores, expected, monkeypatch):
+    from zoo.sweep import choose_threads
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    torch.set_num_threads(torch_threads)
+    try:
+        assert choose_threads(None, workers, cores) == expected
+        assert choose_threads(5, workers, cores) == (5, "--threads")
+    finally:
+        torch.set_num_threads(1)
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("asked, left, cores, memory, per_worker, used, reason", [
+    (24, 2, 16, 64 * GIB, GIB // 2, 2, "only 2 trial(s) are left to run"),
+    (24, 100, 16, 64 * GIB, GIB // 2, 16, "gives the sweep 16 core(s)"),
+    (24, 100, 64, 9 * GIB, GIB, 9, "9.0 GiB of memory is available and each worker takes about 1.0 GiB"),
+    (24, 2, 2, 9 * GIB, GIB, 2, "only 2 trial(s) are left to run; this machine gives the sweep 2 core(s)"),
+    (4, 0, 8, None, GIB, 1, "no trial is left to run"),
+    (2, 5, 8, None, GIB, 2, None),  # nothing to cap; unknown memory caps nothing
+])
+def test_workers_are_capped_by_trials_cores_and_memory(asked, left, cores, memory, per_worker, used, reason):
+    from zoo.sweep import cap_workers
+
+    n, why = cap_workers(asked, left, cores, memory, per_worker)
+    assert n == used
+    assert (why is None) if reason is None else (reason in why and why.startswith(f"--workers {asked}: starting"))
+
+
+def test_workers_beyond_the_trials_left_are_not_started(tmp_path, capsys):
+    """The issue: --workers 24 for 2 trials started 24 processes. One trial left: one worker, in this process."""
+    spec, space, out = tmp_path / "spec.yaml", tmp_path / "space.yaml", tmp_path / "sweep"
+    spec.write_text(yaml.safe_dump(TOY))
+    space.write_text(yaml.safe_dump(SPACE))
+    code = main(["sweep", str(spec), "--space", str(space), "--trials", "1", "--out", str(out), "--workers", "24",
+                 "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "warning: --workers 24: starting 1 worker(s), as only 1 trial(s) are left to run" in said.err
+    assert "1 worker(s) x" in said.out
+    assert json.loads((out / SWEEP_FILE).read_text())["workers"] == 1
+
+
+def test_with_a_shared_storage_best_yaml_comes_from_the_whole_study_and_running_trials_are_named(tmp_path):
+    """The issue: the sweep that ended first wrote best.yaml while a better trial still ran. Here another machine's
+    trial completed with a better score, and another one still runs, when this sweep ends."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from zoo.errors import ZooWarning
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = run_sweep(tmp_path / "a", trials=2, storage=url, study_name="shared")
+    study = optuna.load_study(study_name="shared", storage=url)
+    dists = {"inference.lr": FloatDistribution(0.001, 0.05, log=True),
+             "prior.scale": CategoricalDistribution([0.3, 1.0, 3.0])}
+    better = max(t.value for t in first.trials) + 1.0
+    study.add_trial(optuna.trial.create_trial(params={"inference.lr": 0.0123, "prior.scale": 3.0},
+                                              distributions=dists, value=better,
+                                              user_attrs={"out": "/elsewhere/b", "host": "other-machine"}))
+    running = study.ask(dists)
+    running.set_user_attr("host", "other-machine")
+    with pytest.warns(ZooWarning, match=r"1 trial\(s\) of study 'shared' are still running"):
+        result = run_sweep(tmp_path / "c", trials=3, storage=url, study_name="shared")
+    assert result.best.number == 2 and result.best.value == pytest.approx(better)
+    best = (tmp_path / "c" / BEST_SPEC_FILE).read_text()
+    assert load_spec(tmp_path / "c" / BEST_SPEC_FILE).inference.lr == pytest.approx(0.0123)
+    assert f"# The best of 3 complete trials of study 'shared' in {url}: trial 2" in best
+    assert "# Note: 1 trial(s) of study 'shared' are still running" in best and "run the same command again" in best
+    record = json.loads((tmp_path / "c" / SWEEP_FILE).read_text())
+    assert record["counts"]["running"] == 1 and record["counts"]["complete"] == 3
+    assert not (tmp_path / "c" / TRIALS_DIR).exists()  # the study had its trials: this process ran none
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-trial sweep (made by the zoo command in a process of its own, so that its trials' process is
+    gone, as after any real sweep) and a finished run, made once; each case works on a copy."""
+    root = tmp_path_factory.mktemp("finished")
+    (root / "in").mkdir()
+    (root / "in" / "spec.yaml").write_text(yaml.safe_dump(TOY))
+    (root / "in" / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    subprocess.run([sys.executable, "-m", "zoo.cli", "sweep", str(root / "in" / "spec.yaml"), "--space",
+                    str(root / "in" / "space.yaml"), "--trials", "2", "--out", str(root / "sweep"), "--no-progress"],
+                   check=True, capture_output=True, cwd=Path(__file__).resolve().parents[1],
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    train(load_spec(TOY, "data.validation_fraction=0"), root / "run", progress=False, echo=None)
+    return root
+
+
+def _journal_lines(root: Path) -> list[bytes]:
+    return (root / "sweep" / "study.log").read_bytes().splitlines(keepends=True)
+
+
+def _cut_off(root: Path) -> None:
+    """The journal as a crash leaves it: its last record half written."""
+    log = root / "sweep" / "study.log"
+    os.truncate(log, log.stat().st_size - 10)
+
+
+def _corrupt(root: Path) -> None:
+    lines = _journal_lines(root)
+    (root / "sweep" / "study.log").write_bytes(b"".join([*lines[:2], b"this is not a record\n", *lines[3:]]))
+
+
+def _cut_short(root: Path) -> None:
+    """The journal cut back to before the second trial's first record: trials/0001 is a run it does not know."""
+    lines = _journal_lines(root)
+    second = [i for i, line in enumerate(lines) if json.loads(line)["op_code"] == 4][1]  # 4: create a trial
+    (root / "sweep" / "study.log").write_bytes(b"".join(lines[:second]))
+
+
+def _space(text: bytes):
+    def prepare(root: Path) -> None:
+        (root / "in" / "space.yaml").write_bytes(text)
+    return prepare
+
+
+def _sweep_to(out: str, trials: int = 3) -> list[str]:
+    return ["sweep", "{in}/spec.yaml", "--space", "{in}/space.yaml", "--trials", str(trials), "--out", out,
+            "--no-progress"]
+
+
+REFUSALS = {  # case: (prepare the copy, the command, what the message says)
+    "space range with an infinite end": (_space(b"inference.lr: {low: 0.001, high: .inf, log: true}\n"),
+                                         _sweep_to("{root}/new"), ["space: inference.lr", "high is inf", "finite"]),
+    "space range wider than a float": (_space(b"inference.lr: {low: -1.0e+308, high: 1.0e+308}\n"),
+                                       _sweep_to("{root}/new"), ["space: inference.lr", "wider than a float"]),
+    "float ends on an integer key": (_space(b"inference.num_steps: {low: 10.0, high: 60.0}\n"),
+                                     _sweep_to("{root}/new"),
+                                     ["space: inference.num_steps", "whole numbers", "low: 10, high: 60"]),
+    "space file not UTF-8": (_space(b"# caf\xe9\ninference.lr: {low: 0.001, high: 0.1}\n"), _sweep_to("{root}/new"),
+                             ["--space", "space.yaml", "is not UTF-8", "save it as UTF-8"]),
+    "sweep into a run": (None, _sweep_to("{root}/run"), ["holds a run", "spec.yaml", "never share a directory"]),
+    "sweep inside a run": (None, _sweep_to("{root}/run/sweep"), ["lies inside the run directory", "never share"]),
+    "sweep into a folder with a sweep.json of the user's": (
+        lambda root: (root / "mine").mkdir() or (root / "mine" / "sweep.json").write_text("{}"),
+        _sweep_to("{root}/mine"), ["holds files that are not a zoo sweep (sweep.json)"]),
+    "run into a sweep": (None, ["train", "{in}/spec.yaml", "--out", "{root}/sweep", "--no-progress"],
+                         ["is the sweep directory", "never share a directory"]),
+    "run inside a sweep": (None, ["train", "{in}/spec.yaml", "--out", "{root}/sweep/best", "--no-progress"],
+                           ["lies inside the sweep directory", "never share a directory"]),
+    "study.log cut off": (_cut_off, _sweep_to("{root}/sweep"),
+                          ["study.log ends in a cut-off record", "truncate -s", "no --resume"]),
+    "study.log corrupt": (_corrupt, _sweep_to("{root}/sweep"),
+                          ["study.log is corrupt: line 3", "from a backup", "no --resume"]),
+    "study.log lost": (lambda root: (root / "sweep" / "study.log").unlink(), _sweep_to("{root}/sweep"),
+                       ["holds no study 'zoo-sweep'", "lost or was replaced", "no --resume", "new --out"]),
+    "study.log cut short": (_cut_short, _sweep_to("{root}/sweep"),
+                            ["holds the runs of trial(s) 0001", "does not record", "0001.lost", "no --resume"]),
+    "report of a corrupt study": (_corrupt, ["report", "{root}/sweep", "--out", "{root}/reports/trials.md"],
+                                  ["study.log is corrupt: line 3"]),
+}
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a folder), less the OS lock files (which hold a pid)."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(root.rglob("*")) if not p.name.endswith(".lock")}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals_exit_2_naming_the_fix_and_touch_nothing(case, finished, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "w"
+    shutil.copytree(finished, root, symlinks=True)
+    prepare, argv, patterns = REFUSALS[case]
+    if prepare is not None:
+        prepare(root)
+    before = _tree(root)
+    code = main([a.replace("{in}", str(root / "in")).replace("{root}", str(root)) for a in argv])
+    said = capsys.readouterr()
+    assert code == 2, said
+    err = " ".join(said.err.split())  # one paragraph, however the console wrapped it
+    assert err.startswith("error: ") and "Traceback" not in said.out + said.err
+    for pattern in patterns:
+        assert pattern in err, (pattern, err)
+    assert _tree(root) == before  # nothing written, created or removed
+
+
+def test_the_advised_fixes_let_a_cut_off_or_cut_short_sweep_go_on(finished, tmp_path, capsys):
+    import re
+    import shutil
+
+    root = tmp_path / "w"
+    shutil.copytree(finished, root, symlinks=True)
+    argv = [a.replace("{in}", str(root / "in")).replace("{root}", str(root)) for a in _sweep_to("{root}/sweep", 3)]
+    _cut_off(root)  # the last record (trial 1 completing) is half written
+    assert main(argv) == 2
+    size, path = re.search(r"truncate -s (\d+) (\S+);", " ".join(capsys.readouterr().err.split())).groups()
+    os.truncate(path, int(size))
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = read_sweep(root / "sweep").trials
+    assert any("reruns trial 1" in t.note for t in rows)  # the trial whose end was lost ran again
+    assert [t.state for t in rows].count("complete") == 3
+
+    shutil.rmtree(root)
+    shutil.copytree(finished, root, symlinks=True)
+    _cut_short(root)
+    assert main(argv) == 2
+    moved = re.search(r"mv (\S+) (\S+)\)", " ".join(capsys.readouterr().err.split())).groups()
+    os.rename(*moved)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert [t.state for t in read_sweep(root / "sweep").trials] == ["complete"] * 3
+
+
+def test_a_sweep_from_before_its_marker_continues_and_is_then_refused_as_a_run(finished, tmp_path):
+    """Sweeps used to be claimed as runs (the run marker beside sweep.json): such a sweep continues, and from then on
+    carries the sweep marker, so that zoo train (the CLI or the Python API) refuses its directory."""
+    import shutil
+
+    from zoo.runs import MARKER_FILE, SWEEP_MARKER
+
+    out = tmp_path / "sweep"
+    shutil.copytree(finished / "sweep", out)
+    (out / SWEEP_MARKER).unlink()
+    (out / MARKER_FILE).write_text('{"zoo_run": 1}')
+    with pytest.raises(ZooInputError, match="not a zoo run"):  # the API's claim: its files are no run's
+        train(load_spec(TOY), out / TRIALS_DIR, progress=False, echo=None)
+    again = sweep(finished / "in" / "spec.yaml", finished / "in" / "space.yaml", 2, out, progress=False, echo=None)
+    assert len(again.trials) == 2  # the same command: the sweep had finished, so no trial ran
+    assert (out / SWEEP_MARKER).is_file() and not (out / MARKER_FILE).exists()
+    with pytest.raises(ZooInputError, match="not a zoo run"):
+        train(load_spec(TOY), out, progress=False, echo=None)

@@ -314,3 +314,85 @@ def test_resume_refuses_a_run_dir_of_another_spec(tmp_path, capsys):
     assert uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root),
                      "--resume"]) == 2
     assert "give the same --runs-dir" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ failed splits
+def test_a_diverging_split_is_recorded_and_the_finished_splits_kept(tmp_path, capsys, monkeypatch):
+    """Issue 39: one split that diverged ended the benchmark with exit 1 and no JSON, losing the finished splits."""
+    from zoo.errors import TrainingDiverged
+
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_splits=3)
+    real = uci.run_split
+
+    def split_1_diverges(spec, overrides, *args, **kwargs):
+        if "data.split=1" in overrides:
+            raise TrainingDiverged("ELBO is not finite at step 2")
+        return real(spec, overrides, *args, **kwargs)
+
+    monkeypatch.setattr(uci, "run_split", split_1_diverges)
+    monkeypatch.chdir(tmp_path)
+    out_json = tmp_path / "res" / "out.json"
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0-2", "--data-dir", str(root),
+                     "--json", str(out_json), *TINY_SETS])
+    said = capsys.readouterr()
+    assert code == 1  # the benchmark is incomplete, and says so only after writing everything
+    assert "Traceback" not in said.out + said.err
+    assert "1 of 3 split(s) failed" in said.err and "figures of the 2 that finished" in said.err
+    printed = " ".join(said.out.split())
+    assert "this spec (n=2, 1 failed)" in printed
+    assert "failed: tiny split 1: TrainingDiverged: ELBO is not finite at step 2" in printed
+    result = json.loads(out_json.read_text())
+    block = result["datasets"]["tiny"]
+    assert block["splits"] == [0, 2] and block["n_splits"] == 2 and len(block["rmse"]) == 2
+    assert block["failed_splits"] == {"1": "TrainingDiverged: ELBO is not finite at step 2"}
+    assert block["rmse_mean"] == pytest.approx(sum(block["rmse"]) / 2)
+    assert result["failed"] == [{"dataset": "tiny", "split": 1,
+                                 "reason": "TrainingDiverged: ELBO is not finite at step 2"}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res", "uci"]
+
+
+def test_every_split_diverging_still_writes_the_table_and_the_json(tmp_path, capsys):
+    root = tmp_path / "uci"
+    write_folder(root, "tiny")
+    out_json = tmp_path / "out.json"
+    code = uci.main(["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0-1", "--data-dir", str(root),
+                     "--json", str(out_json), *TINY_SETS, "--set", "inference.lr=1.0e+6"])
+    said = capsys.readouterr()
+    assert code == 1 and "Traceback" not in said.out + said.err
+    assert "2 of 2 split(s) failed" in said.err and "no split finished" in said.err
+    block = json.loads(out_json.read_text())["datasets"]["tiny"]
+    assert block["n_splits"] == 0 and block["rmse_mean"] is None and block["splits"] == []
+    assert set(block["failed_splits"]) == {"0", "1"}
+    assert all(reason.startswith("TrainingDiverged: ") for reason in block["failed_splits"].values())
+    assert "this spec (n=0, 2 failed)" in " ".join(said.out.split())
+
+
+def test_tune_counts_failed_trials_and_says_when_the_best_is_a_lone_survivor(tmp_path, capsys):
+    """Issue 39: a sweep where most trials failed printed "N trials (0 pruned)" and went on with the survivor."""
+    root = tmp_path / "uci"
+    write_folder(root, "tiny", n_rows=40)
+    space = tmp_path / "space.yaml"
+    space.write_text("inference.lr: [0.01, 1.0e+6, 1.0e+7, 1.0e+8]\n")  # the three large ones fail
+    out_json = tmp_path / "out.json"
+    args = ["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--data-dir", str(root), "--json",
+            str(out_json), "--tune", str(space), *TINY_SETS]
+    assert uci.main([*args, "--trials", "4"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    tuned = json.loads(out_json.read_text())["datasets"]["tiny"]["tuned"]
+    assert tuned["trials"] == 4 and tuned["complete"] + tuned["failed"] + tuned["pruned"] == 4
+    assert tuned["complete"] == 1 and tuned["params"]["inference.lr"] == 0.01  # the scenario: one survivor
+    assert f"tiny: sweep of 4 trials (1 complete, 0 pruned, {tuned['failed']} failed)" in printed
+    assert "tiny: warning: the best trial" in printed and "not the best of a search" in printed
+    assert "--runs-dir DIR keeps it" in printed  # its sweep directory was a temporary one
+    assert len(tuned["caveats"]) == 1 and "only one of 4 finished trials" in tuned["caveats"][0]
+
+    # A sweep with no complete trial fails its data set's splits; the JSON is still written.
+    space.write_text("inference.lr: [1.0e+6, 1.0e+7]\n")
+    assert uci.main([*args, "--trials", "2"]) == 1
+    said = capsys.readouterr()
+    assert "Traceback" not in said.out + said.err
+    result = json.loads(out_json.read_text())
+    assert [f["split"] for f in result["failed"]] == [0]
+    assert result["failed"][0]["reason"].startswith("tiny: no trial of the sweep completed: 2 trials (0 complete")
+    assert result["datasets"]["tiny"]["n_splits"] == 0 and "tuned" not in result["datasets"]["tiny"]

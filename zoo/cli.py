@@ -55,7 +55,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.data_dir:
         overrides.append(f"data.dir={args.data_dir}")
     spec = load_spec(args.spec, overrides)
-    if args.nproc > 1:
+    from zoo.sweep import refuse_run_in_sweep
+
+    refuse_run_in_sweep(args.out)  # a run and a sweep never share a directory
+    if args.nproc != 1:
         return _launch(args, spec)
     try:
         summary = train(spec, args.out, resume=args.resume, progress=not args.no_progress,
@@ -69,16 +72,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary.plot is not None:
         console.print(f"plot: {summary.plot}", soft_wrap=True, markup=False)
     if summary.chains:
-        return _convergence_verdict(summary.run_dir)
+        return _convergence_verdict(summary.run_dir, args.strict)
     return 0
 
 
 def _launch(args: argparse.Namespace, spec) -> int:
     """``zoo train --nproc N``: the same command in N processes under ``torchrun`` (input checked here first)."""
-    from zoo.distributed import check_global_batch, check_nproc, launch
+    from zoo import registry
+    from zoo.distributed import check_launch, launch
 
-    check_nproc(args.nproc, spec.device)
-    check_global_batch(getattr(spec.inference, "batch_size", None), args.nproc)
+    check_launch(args.nproc, spec.device, spec.inference, registry.SHARED_WORK)
+    registry.method_of(spec).check_processes(spec.inference, args.nproc)
     return launch(args.nproc, without_nproc(args.argv))
 
 
@@ -118,14 +122,17 @@ def _diagnose_and_print(run_dir: str | Path, num_samples: int | None = None) -> 
     return result
 
 
-def _convergence_verdict(run_dir: Path) -> int:
-    """Diagnose a run's chains (as ``zoo diagnose``), print the checks and one verdict line; 3 if any failed."""
+def _convergence_verdict(run_dir: Path, strict: bool = False) -> int:
+    """Diagnose a run's chains (as ``zoo diagnose``), print the checks and one verdict line; 3 if a check failed
+    for an exact sampler's draws (for SG-MCMC only with ``strict``: its verdict is a warning)."""
     from zoo.diagnostics import verdict
 
     result = _diagnose_and_print(run_dir)
     line = verdict(result)
-    console.print(line, style="bold red" if result["warnings"] else "bold green", soft_wrap=True, markup=False)
-    return STRICT_EXIT if result["warnings"] else 0
+    fails = bool(result["warnings"]) and (result["exact_sampler"] or strict)
+    style = "bold red" if fails else ("bold yellow" if result["warnings"] else "bold green")
+    console.print(line, style=style, soft_wrap=True, markup=False)
+    return STRICT_EXIT if fails else 0
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -223,7 +230,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     from zoo.runs import write_json
 
     rows = compare(args.reference, args.runs, num_samples=COMPARE_DRAWS if args.samples is None else args.samples,
-                   out_dir=args.out)
+                   out_dir=args.out, allow_unconverged=args.allow_unconverged)
     console.print(compare_table(rows))
     written = [rows[0]["plot"]]
     if args.json:
@@ -287,9 +294,10 @@ def _print_sweeps(results) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     """Gather many runs' metrics (and diagnostics) into one table; write it as Markdown, CSV and a plot. A sweep's
     directory gives its trials instead, several sweeps' directories one row per sweep."""
-    from zoo.report import rich_tables, write_report
+    from zoo.report import report_outputs, rich_tables, write_report
     from zoo.sweep import is_sweep_directory, write_sweeps_report, write_trials_report
 
+    report_outputs(args.out)  # before anything is read: where the report may go
     sweeps = [d for d in args.run_dirs if is_sweep_directory(d)]
     if sweeps:
         if len(sweeps) < len(args.run_dirs):
@@ -332,15 +340,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="fit a spec and write a run directory (MCMC: ends with the convergence "
-                       f"verdict, exit {STRICT_EXIT} if a check failed)")
+                       f"verdict, exit {STRICT_EXIT} if a check of an exact sampler's draws failed)")
     p.add_argument("spec", help="YAML spec (see configs/)")
     p.add_argument("--out", required=True, help="run directory to write")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field, e.g. data.split=3")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field, e.g. data.split=3 "
+                   "(the value is YAML); a mapping merges into the spec's mapping at KEY, e.g. net='{hidden: [20]}' "
+                   "keeps the net's other keys; KEY:=VALUE replaces it whole, e.g. net:='{name: lenet5}'")
     p.add_argument("--data-dir", help="data directory (UCI folders); default $ZOO_DATA_DIR")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--strict", action="store_true", help=f"exit {STRICT_EXIT} when a check of stored chains fails "
+                   "also for samplers that are not exact (SG-MCMC); exact samplers (nuts, hmc) always do")
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes on this node (torchrun): SVI "
-                   "shares each global minibatch, MCMC its chains; one per GPU on CUDA")
+                   "shares each global minibatch, MCMC (nuts, hmc) its chains; other methods are refused; one per "
+                   "GPU on CUDA")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="re-evaluate a run directory")
@@ -370,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, help="posterior draws per run (default 200)")
     p.add_argument("--out", default=".", help="directory for compare.png (default: the current directory)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--allow-unconverged", action="store_true", help="compare against a reference that fails zoo "
+                   "diagnose --strict or is not an exact sampler's (nuts, hmc) draws, marked FAILS in the table; "
+                   "without it such a reference is refused")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("sweep", help="hyperparameter search (Optuna TPE, pruning) over spec keys, scored on "
@@ -380,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "sweep continues to N)")
     p.add_argument("--out", required=True, help="sweep directory (study, trials/, best.yaml, trials.png)")
     p.add_argument("--workers", type=int, default=1, metavar="W", help="trials run side by side (default 1)")
-    p.add_argument("--threads", type=int, help="torch threads per worker (default: cores / workers)")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: OMP_NUM_THREADS as set, else "
+                   "torch's threads up to each worker's share of the cores, else cores / workers)")
     p.add_argument("--storage", metavar="URL", help="Optuna storage: an RDB URL (e.g. postgresql://..., shared by "
                    "several machines) or a journal file path (default: OUT/study.log)")
     p.add_argument("--study", metavar="NAME", help="study name in the storage (default zoo-sweep)")

@@ -13,6 +13,7 @@ import torch
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.posterior import MaskedPosterior, Posterior
+from zoo.runs import available_memory
 from zoo.tasks import task_of
 
 
@@ -24,8 +25,30 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    check_draws_fit(posterior, data, num_samples)
     pyro.set_rng_seed(seed + 1)
     return task_of(data).evaluate(posterior, data, num_samples)
+
+
+def draws_memory(posterior: Posterior, data: Dataset, num_samples: int) -> int:
+    """Bytes that ``num_samples`` draws take while the test and OOD inputs are scored: every latent element of
+    each draw, and three copies of its outputs (the net's output, the predictive's log-probabilities, a working
+    copy) on every input scored, at the data's precision."""
+    latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
+    rows = len(data.x_test) + sum(len(x) for x in data.x_ood.values())
+    return num_samples * (latent + 3 * rows * max(data.out_dim, 1)) * data.x_test.element_size()
+
+
+def check_draws_fit(posterior: Posterior, data: Dataset, num_samples: int, field: str = "--samples") -> None:
+    """Refuse, before any draw, a number of draws whose scoring would take more than half the memory available
+    (:func:`draws_memory`), with the estimate and the largest count that fits."""
+    free = available_memory()
+    need = draws_memory(posterior, data, num_samples)
+    if free is not None and need > free / 2:
+        fits = max(1, int(num_samples * (free / 2) / need))
+        raise ZooInputError(field, num_samples, f"{num_samples:,} draws would take about {need / 2**30:.1f} GiB to "
+                            f"score ({need // num_samples:,} bytes each), more than half the {free / 2**30:.1f} GiB "
+                            f"available: use {field} {fits:,} or fewer")
 
 
 class ValidationMonitor:

@@ -29,10 +29,12 @@ from zoo.errors import ZooInputError
 from zoo.metrics import mean_and_standard_error
 from zoo.pipeline import describe
 from zoo.plots import new_figure, save_figure
-from zoo.runs import METRICS_FILE, SPEC_FILE, write_text
+from zoo.runs import MARKER_FILE, METRICS_FILE, SPEC_FILE, SWEEP_MARKER, write_text
 from zoo.spec import RunSpec, load_spec
 
 MISSING = "—"
+# The first line of every Markdown file zoo report writes: what lets a rerun overwrite it (and its .csv, .png)
+REPORT_MARK = "<!-- written by zoo report -->"
 # Where the usual metrics.json keys go in the table; any other numeric key follows them, alphabetically.
 LEADING_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "test_ll")
 TRAILING_METRICS = ("train_seconds",)
@@ -315,7 +317,7 @@ def to_markdown(report: Report) -> str:
         what = (f"{sum(r.n for r in report.rows)} run(s) grouped by `{report.group_by}`: mean ± standard error "
                 "(population std / sqrt(n)) over each group's n runs (a group of one shows its value); (n=k) marks a "
                 "metric only k of them recorded.")
-    lines = ["# zoo report", "", f"{what} {MISSING} = not recorded by the run(s).", "",
+    lines = [REPORT_MARK, "# zoo report", "", f"{what} {MISSING} = not recorded by the run(s).", "",
              line(header), line(["---"] * len(header)), *(line(r) for r in table_rows(report)), ""]
     if "plot" in report.files:
         lines += [f"![metrics]({report.files['plot'].name})", ""]
@@ -423,13 +425,40 @@ def rich_tables(report: Report, width: int = 120, title: str = "zoo report") -> 
     return tables
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path, group_by: str | None = None,
-                 metrics: Sequence[str] | None = None) -> Report:
-    """Build the report of ``run_dirs`` and write ``out`` (Markdown) with a CSV and a PNG of the same stem beside it."""
+def report_outputs(out: str | Path, suffixes: Sequence[str] = (".csv", ".png")) -> Path:
+    """Check that ``zoo report --out`` may write ``out`` (Markdown) and its ``suffixes`` beside it; ``out`` as a Path.
+
+    Refused: a name not ending in .md; a folder that is a run or a sweep directory (the report would mix with, or
+    replace, what ``zoo train``/``zoo diagnose``/``zoo sweep`` wrote there); and any of the files that already
+    exists while ``out`` is not an earlier report (its first line is :data:`REPORT_MARK`): the user's own data.
+    """
     out = Path(out)
     if out.suffix.lower() != ".md":
         raise ZooInputError("--out", str(out), "give a Markdown file name ending in .md (the .csv and .png of the "
                             "same name are written beside it)")
+    folder = out.parent
+    if any((folder / name).is_file() for name in (SPEC_FILE, MARKER_FILE, SWEEP_MARKER)):
+        kind = "sweep" if (folder / SWEEP_MARKER).is_file() else "run"
+        raise ZooInputError("--out", str(out), f"{folder} is a {kind} directory; write the report outside it (e.g. "
+                            f"--out {folder.parent / (folder.name + '_report.md')})")
+    ours = out.is_file() and _first_line(out) == REPORT_MARK
+    for path in (out, *(out.with_suffix(s) for s in suffixes)):
+        if path.exists() and not ours:
+            raise ZooInputError("--out", str(out), f"{path} exists and was not written by zoo report; choose another "
+                                "--out name (a report writes its .md, .csv and .png and overwrites only its own)")
+    return out
+
+
+def _first_line(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return handle.readline().decode("utf-8", "replace").rstrip("\r\n")
+
+
+def write_report(run_dirs: Sequence[str | Path], out: str | Path, group_by: str | None = None,
+                 metrics: Sequence[str] | None = None) -> Report:
+    """Build the report of ``run_dirs`` and write ``out`` (Markdown) with a CSV and a PNG of the same stem beside it
+    (:func:`report_outputs` says where it may)."""
+    out = report_outputs(out)
     report = build_report(run_dirs, group_by, metrics)
     report.files["csv"] = write_text(out.with_suffix(".csv"), to_csv(report))
     report.files["plot"] = plot_report(report, out.with_suffix(".png"))

@@ -32,6 +32,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 POINT_ESTIMATE_FILE = "point_estimate.pt"  # a fit's point values by site name (guide.init_from reads it)
 LOG_FILE = "train.log"
 MARKER_FILE = ".zoo-run"  # written when a run directory is claimed: what tells a zoo run from the user's files
+SWEEP_MARKER = ".zoo-sweep"  # written when a sweep directory is claimed: what tells a sweep from a run
 LOCK_FILE = ".zoo-run.lock"  # holds an OS lock while a process writes the run, and that process's pid
 
 
@@ -170,7 +171,33 @@ def checkpoint_exists(path: Path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ claiming a run directory
-def _check_writable_directory(out: Path) -> None:
+def available_memory() -> int | None:
+    """Bytes of memory that new processes can still take: the kernel's MemAvailable (or free pages), lowered to
+    what the cgroup's limit leaves; None where neither is known."""
+    found: int | None = None
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    found = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if found is None:
+        try:
+            found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            left = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            found = left if found is None else min(found, left)
+    except (OSError, ValueError):
+        pass
+    return None if found is None else max(0, found)
+
+
+def check_writable_directory(out: Path) -> None:
     """Refuse an --out that is a file, lies under a file, or cannot be created or written, before anything runs."""
     if out.exists() and not out.is_dir():
         raise ZooInputError("--out", str(out), "is a file; give a directory for the run")
@@ -221,24 +248,32 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
     another live process is writing (naming its pid). The lock is an OS lock, so a process that dies releases it.
     """
     out = Path(out)
-    _check_writable_directory(out)
+    check_writable_directory(out)
     foreign = _foreign_files(out)
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise ZooInputError("--resume" if resume else "--out", str(out), f"holds files that are not a zoo run "
                             f"({shown}); pick a new or empty directory")
-    lock_path = out / LOCK_FILE
-    handle = open(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666), "rb+")
+    with locked_directory(out, "run", MARKER_FILE):
+        yield out
+
+
+@contextlib.contextmanager
+def locked_directory(out: Path, what: str, marker: str) -> Iterator[Path]:
+    """Hold the OS lock of ``out`` (a ``what``: run or sweep directory) for the block, with this process's pid in
+    :data:`LOCK_FILE`, and mark it with ``marker``; refused (exit 2, naming the holder's pid) while another live
+    process holds it. A process that dies releases the lock."""
+    handle = open(os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666), "rb+")
     try:
         if not _try_lock(handle):
             holder = handle.read().decode(errors="replace").strip() or "unknown"
-            raise ZooInputError("--out", str(out), f"another zoo process (pid {holder}) is writing this run "
+            raise ZooInputError("--out", str(out), f"another zoo process (pid {holder}) is writing this {what} "
                                 "directory; wait for it to end or pick another --out")
         handle.truncate(0)
         handle.write(str(os.getpid()).encode())
         handle.flush()
-        if not (out / MARKER_FILE).exists():
-            write_json(out / MARKER_FILE, {"zoo_run": 1})
+        if not (out / marker).exists():
+            write_json(out / marker, {f"zoo_{what}": 1})
         yield out
     finally:
         handle.close()  # closing the descriptor releases the lock

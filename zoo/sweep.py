@@ -14,10 +14,21 @@ The sweep directory (``--out``) holds:
 * ``best.yaml``: the spec with the best trial's settings, ``data.validation_fraction`` set back to 0, ready to train
   on all training rows and evaluate on the test split, with a note for each setting at an edge of its range
   (:meth:`SearchSpace.edges`: the range may have cut the search short);
-* ``trials.png``: every trial's score and the best so far.
+* ``trials.png``: every trial's score and the best so far;
+* ``.zoo-sweep``: the marker that tells a sweep's directory from a run's: ``zoo sweep`` refuses a directory that holds
+  a run (or lies inside one), and ``zoo train`` one that is (or lies inside) a sweep's.
+
+A trial that diverges (or ends in a predictive its metrics refuse), or whose settings are refused while it fits (a
+:class:`ZooInputError` from the spec or the fit), is a failed trial with its reason, and the sweep goes on. The sweep
+says how many trials completed, were pruned and failed, and warns when the best trial is the only survivor of many
+failures (its settings were then not chosen by a search). With a shared ``--storage`` the best is taken over every
+complete trial of the study, and the sweep says when trials of other processes were still running as it wrote
+``best.yaml``.
 
 A sweep that is stopped (Ctrl-C, SIGTERM, a killed process) continues where it stopped when the same command runs
-again: the interrupted trials run again with their settings, and the study goes on to ``--trials`` finished ones.
+again (``zoo sweep`` has no ``--resume``): the interrupted trials run again with their settings, and the study goes on
+to ``--trials`` finished ones. A study file that is missing, cut off or corrupt is refused, naming the file and what
+to do, before anything is written.
 """
 
 from __future__ import annotations
@@ -28,11 +39,13 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +54,24 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.exits import exit_code
 from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
-from zoo.runs import claimed_run_directory, write_json, write_text
+from zoo.report import REPORT_MARK
+from zoo.runs import (
+    CHECKPOINT_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    MARKER_FILE,
+    METRICS_FILE,
+    SPEC_FILE,
+    SWEEP_MARKER,
+    available_memory,
+    check_writable_directory,
+    locked_directory,
+    write_json,
+    write_text,
+)
 from zoo.spec import RunSpec, load_spec, set_path, spec_to_yaml, spec_tree
 from zoo.tasks import task_of
 
@@ -61,6 +88,12 @@ PRUNER_WARMUP_REPORTS = 3  # no trial is pruned on its first 3 scores (early val
 EDGE_SHARE = 0.05
 # Spec keys a sweep holds fixed: the data (its validation rows are what every trial is scored on) and the seed.
 FIXED_KEYS = ("data", "seed")
+# The least memory a spawned worker takes (a Python process with torch, Pyro and Optuna imported): with the sweep
+# process's own resident memory, what caps --workers by the memory available.
+WORKER_MEMORY_FLOOR = 256 * 2**20
+# An inner point of a float range that no spec value is likely to sit at (the golden section): a probe that finds a
+# key taking only whole numbers (a range written 10.0 .. 60.0 on inference.num_steps) before a trial does.
+INNER_PROBE = 0.381966
 
 
 # ------------------------------------------------------------------------------------------------ the space
@@ -89,6 +122,11 @@ class Dimension(BaseModel):
             return self
         if self.low is None or self.high is None:
             raise ValueError("a range needs both low and high (or give choices: [...])")
+        for name, value in (("low", self.low), ("high", self.high), ("step", self.step)):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} is {value}; the ends and step of a range are finite numbers")
+        if not math.isfinite(float(self.high) - float(self.low)):
+            raise ValueError(f"the range from {self.low} to {self.high} is wider than a float holds; narrow it")
         if not self.low < self.high:
             raise ValueError(f"the range is empty or inverted (low {self.low} >= high {self.high}); use low < high")
         if self.log and self.low <= 0:
@@ -108,6 +146,20 @@ class Dimension(BaseModel):
     def probes(self) -> list[Any]:
         """The values every trial's spec must accept: both ends of a range, every choice."""
         return list(self.choices) if self.choices is not None else [self.low, self.high]
+
+    def inner_probe(self) -> float | None:
+        """A value inside a float range (on its step grid, if any) that is not a whole number where the range allows
+        one, for the spec to accept before any trial draws such a value; None for choices and integer ranges."""
+        if self.choices is not None or self.integer:
+            return None
+        low, high = float(self.low), float(self.high)
+        if self.log:
+            value = math.exp(math.log(low) + INNER_PROBE * (math.log(high) - math.log(low)))
+        else:
+            value = low + INNER_PROBE * (high - low)
+        if self.step is not None:
+            value = low + round((value - low) / self.step) * self.step
+        return value
 
     def edge(self, value: Any) -> str | None:
         """``"low"`` or ``"high"`` when ``value`` lies in the outer :data:`EDGE_SHARE` of the range at that end (on
@@ -175,7 +227,10 @@ def load_space(source: str | Path | dict) -> SearchSpace:
         if not path.is_file():
             raise ZooInputError("--space", str(path), "no such file; pass a YAML file of spec keys and their ranges")
         try:
-            tree = yaml.safe_load(path.read_text())
+            tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ZooInputError("--space", str(path), f"is not UTF-8 text (byte {exc.start} is "
+                                f"{exc.object[exc.start]:#x}); save it as UTF-8 and run the command again") from None
         except yaml.YAMLError as exc:
             raise ZooInputError("--space", str(path), f"is not valid YAML: {exc}") from None
         where = str(path)
@@ -211,15 +266,26 @@ def _reason(error: dict) -> str:
 
 def check_space(space: SearchSpace, tree: dict) -> None:
     """Refuse a key that is not a spec field, or a range end / choice the spec (``tree``, as written) does not
-    accept, naming it."""
+    accept, naming it; and a float range whose inner values it refuses (float ends on a key that takes integers),
+    which would otherwise stop the sweep at its first trial."""
     for key, dim in space.dimensions.items():
         for value in dim.probes():
-            trial_tree = copy.deepcopy(tree)
             try:
-                set_path(trial_tree, key, value)
-                load_spec(trial_tree)
+                trial_spec(tree, {key: value})
             except ZooInputError as err:
                 raise ZooInputError(f"space: {key}", value, f"the spec refuses this value: {err}") from None
+        inner = dim.inner_probe()
+        if inner is None:
+            continue
+        try:
+            trial_spec(tree, {key: inner})
+        except ZooInputError as err:
+            whole = all(float(v).is_integer() for v in (dim.low, dim.high, dim.step) if v is not None)
+            hint = (f"the key takes whole numbers: write the ends as integers (low: {int(dim.low)}, high: "
+                    f"{int(dim.high)}, no decimal point) so that the range is searched over integers" if whole else
+                    f"the spec accepts both ends but refuses {inner:.6g} inside the range ({err}); narrow the range "
+                    "or give choices")
+            raise ZooInputError(f"space: {key}", dim.model_dump(exclude_defaults=True), hint) from None
 
 
 def trial_spec(tree: dict, params: dict[str, Any]) -> RunSpec:
@@ -255,10 +321,52 @@ def open_storage(url: str | None, out: Path):
                 return optuna.storages.RDBStorage(target, heartbeat_interval=60, grace_period=180,
                                                   heartbeat_stale_trial_callback=retry)
         Path(target).parent.mkdir(parents=True, exist_ok=True)
+        check_journal(Path(target))
         return optuna.storages.JournalStorage(JournalFileBackend(target))
+    except ZooInputError:
+        raise
     except Exception as exc:  # a driver that is not installed, a server that does not answer, a bad path
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ZooInputError("--storage", target, f"cannot be opened: {detail}") from None
+
+
+def shown_storage(url: str) -> str:
+    """A storage URL as best.yaml and the messages show it: a password in it replaced by ``***``."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def check_journal(path: Path) -> None:
+    """Refuse a journal file (``study.log``) that a crash cut off or that holds a line that is no journal record,
+    naming the file, the line and what to do. Optuna reads past a cut-off last record but its next write joins that
+    record into a corrupt line, so the check comes before any write; it holds the journal's own lock, so that a write
+    another process has under way is not taken for a cut-off one."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+    finally:
+        lock.release()
+    again = "run the same command again (zoo sweep has no --resume: the same command continues a sweep)"
+    kept = 0
+    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+        if not line.endswith(b"\n"):
+            raise ZooInputError(str(path), "cut off", "", message=f"{path} ends in a cut-off record (line {number}, "
+                                f"{len(line)} bytes with no line end: a crash or a full disk stopped a write); the "
+                                f"{number - 1} records before it are whole. Keep a copy, drop the cut-off record "
+                                f"with: truncate -s {kept} {path}; then {again}")
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not (isinstance(record, dict) and "op_code" in record):
+            raise ZooInputError(str(path), "corrupt", "", message=f"{path} is corrupt: line {number} is not an "
+                                "Optuna journal record. Restore the file from a backup and " + again + ", or start "
+                                "a new sweep with a new --out")
+        kept += len(line)
 
 
 @dataclass
@@ -284,6 +392,60 @@ def tally(study) -> Tally:
     return out
 
 
+STATES = ("complete", "pruned", "failed", "interrupted", "running", "waiting")
+
+
+def state_counts(study) -> dict[str, int]:
+    """How many of a study's trials are in each of :data:`STATES`: a failed trial failed for a reason of its own
+    (diverged, or refused while it fit); an interrupted one was stopped and runs again."""
+    out = dict.fromkeys(STATES, 0)
+    for t in study.get_trials(deepcopy=False):
+        state = t.state.name.lower()
+        if state == "fail":
+            state = "failed" if "failure" in t.user_attrs else "interrupted"
+        out[state] = out.get(state, 0) + 1
+    return out
+
+
+FAILURE_KINDS = {"TrainingDiverged": "diverged", "ZooInputError": "refused while fitting",
+                 "ValueError": "ended in an invalid predictive"}
+
+
+def failure_kinds(study) -> dict[str, int]:
+    """The failed trials by why they failed (``diverged``, ``refused while fitting``), most common first."""
+    kinds = Counter(FAILURE_KINDS.get(t.user_attrs["failure"].split(":", 1)[0], "failed")
+                    for t in study.get_trials(deepcopy=False) if "failure" in t.user_attrs)
+    return dict(kinds.most_common())
+
+
+def outcome_line(counts: dict[str, int], kinds: dict[str, int]) -> str:
+    """One line on how a sweep's trials ended: ``20 trials: 1 complete, 0 pruned, 19 failed (19 diverged)``."""
+    total = sum(counts.values())
+    line = (f"{total} trial(s): {counts['complete']} complete, {counts['pruned']} pruned, {counts['failed']} failed"
+            + (f" ({', '.join(f'{n} {kind}' for kind, n in kinds.items())})" if kinds else ""))
+    extra = [f"{counts[s]} {s}" for s in ("interrupted", "running", "waiting") if counts[s]]
+    return line + (f", {', '.join(extra)}" if extra else "")
+
+
+def survival_note(counts: dict[str, int], kinds: dict[str, int], best: TrialRow | None, out: str | Path) -> str | None:
+    """A warning when the best trial was not chosen by a search: it is the only complete one among failures, or
+    failed trials are half or more of the finished ones; None otherwise."""
+    if best is None or not counts["failed"]:
+        return None
+    finished = counts["complete"] + counts["pruned"] + counts["failed"]
+    failed = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    see = (f"See each failure's reason in the trials table (zoo report {out} --out trials.md), move the space away "
+           "from the failing settings and sweep again")
+    if counts["complete"] == 1:
+        return (f"the best trial ({best.number}) is the only one of {finished} finished trials that completed "
+                f"({failed}, {counts['pruned']} pruned): best.yaml holds the one setting that survived, not the best "
+                f"of a search. {see}")
+    if 2 * counts["failed"] >= finished:
+        return (f"{counts['failed']} of {finished} finished trials failed ({failed}): the best was chosen among only "
+                f"{counts['complete']} complete trial(s). {see}")
+    return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -294,16 +456,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def requeue_interrupted(study, out: Path) -> list[int]:
+def requeue_interrupted(study, out: Path, own_storage: bool = False) -> list[int]:
     """Fail this sweep directory's trials whose process is gone (killed) and queue every interrupted trial's settings
-    once more; returns the numbers requeued. Holding ``out``'s lock, no live sweep of this host writes it."""
+    once more; returns the numbers requeued. Holding ``out``'s lock, no live sweep of this host writes it.
+
+    With ``own_storage`` (the study.log inside ``out``) every trial of this host is this directory's, under whatever
+    path it was run (a sweep directory that was moved or copied)."""
     from optuna.trial import TrialState
 
     here, mine = socket.gethostname(), str(out.resolve())
     retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
     requeued = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("out") != mine or t.user_attrs.get("host") != here:
+        if t.user_attrs.get("host") != here or (not own_storage and t.user_attrs.get("out") != mine):
             continue
         if t.state == TrialState.RUNNING and not _pid_alive(int(t.user_attrs.get("pid", -1))):
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -329,7 +494,8 @@ class SweepSetup:
     study_name: str
     n_trials: int
     seed: int
-    threads: int | None = None
+    threads: int | None = None  # torch threads per worker (see choose_threads)
+    workers: int = 1
     startup_trials: int = 10
     repeat: tuple[str, list[Any]] | None = None  # a spec key and its values: each trial fits once per value
 
@@ -378,13 +544,17 @@ def _objective(setup: SweepSetup, tree: dict, space: SearchSpace) -> Callable:
                 trial.set_user_attr("interrupted", True)
                 raise
             except (TrainingDiverged, ZooInputError) as err:  # these settings cannot be fitted: a finished failure
-                trial.set_user_attr("failure", f"{type(err).__name__}: {err}")
+                trial.set_user_attr("failure", f"{type(err).__name__}: {err}")  # (run_worker goes on to the next)
                 raise
+            except ValueError as err:  # a degenerate fit the trainer did not flag (a predictive scale of 0, NaN
+                # parameters), which torch.distributions or the metrics refuse: these settings failed too
+                trial.set_user_attr("failure", f"ValueError: {err}")
+                raise TrainingDiverged(f"the fit ended in values its predictive refuses: {err}") from err
             finally:
                 trial.set_user_attr("seconds", round(time.perf_counter() - started, 3))
             value = float(summary.metrics[setup.metric])
             if not math.isfinite(value):
-                trial.set_user_attr("failure", f"{setup.metric} is {value}")
+                trial.set_user_attr("failure", f"TrainingDiverged: validation {setup.metric} is {value}")
                 raise TrainingDiverged(f"validation {setup.metric} is {value}")
             scores.append(value)
         trial.set_user_attr("metrics", summary.metrics if len(repeats) == 1 else {setup.metric: scores})
@@ -416,7 +586,8 @@ def run_worker(setup: SweepSetup, index: int = 0, parent: int | None = None,
         count = tally(study)
         if count.finished + count.running >= setup.n_trials:
             return
-        study.optimize(objective, n_trials=1, catch=(TrainingDiverged,), gc_after_trial=False,
+        # a trial that diverged or whose settings were refused while it fit is a failed trial: the sweep goes on
+        study.optimize(objective, n_trials=1, catch=(TrainingDiverged, ZooInputError), gc_after_trial=False,
                        callbacks=[lambda *_: after_trial()] if after_trial is not None else None)
 
 
@@ -470,6 +641,8 @@ class SweepResult:
     wall_seconds: float
     files: dict[str, Path] = field(default_factory=dict)
     edges: dict[str, str] = field(default_factory=dict)  # best settings at an edge of their range: SearchSpace.edges
+    counts: dict[str, int] = field(default_factory=dict)  # trials by state: state_counts
+    caveats: list[str] = field(default_factory=list)  # what makes the best less than a search's best: _caveats
 
 
 def _trial_rows(study) -> list[TrialRow]:
@@ -507,8 +680,10 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
     ``repeat = (key, values)`` fits every trial once per value of a spec key and scores the mean, e.g.
     ``("data.split", [0, 1, 2])``: three splits' validation rows instead of one (a steadier score on small data).
 
-    ``workers`` processes run trials side by side, each with ``threads`` torch threads (default: the cores divided
-    among the workers). Running again with the same arguments continues a stopped sweep.
+    ``workers`` processes run trials side by side (at most one per trial left to run, per core, and per share of
+    the memory available: see :func:`cap_workers`), each with ``threads`` torch threads (default: the user's own
+    setting, else the cores divided among the workers: see :func:`choose_threads`). Running again with the same
+    arguments continues a stopped sweep.
     """
     from zoo.data import load_dataset
 
@@ -516,9 +691,7 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         raise ZooInputError("--trials", n_trials, "run at least one trial")
     if workers < 1:
         raise ZooInputError("--workers", workers, "use 1 or more")
-    cores = os.cpu_count() or 1
-    threads = threads if threads is not None else max(1, cores // workers)
-    if threads < 1:
+    if threads is not None and threads < 1:
         raise ZooInputError("--threads", threads, "use 1 or more")
     tree = spec_tree(spec_source, overrides)
     spec = load_spec(tree)
@@ -534,7 +707,7 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         variant = trial_spec(tree, extra)  # also checks the data and that the carve leaves rows to train on
         task = load_dataset(variant.data, variant.seed).task
     metric, direction = choose_metric(metric, task)
-    with claimed_run_directory(Path(out), resume=True) as out:
+    with claimed_sweep_directory(Path(out)) as out:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -542,33 +715,246 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         setup = SweepSetup(yaml.safe_dump(tree, sort_keys=False), space.as_dict(), metric, direction, str(out),
                            storage, name, n_trials, spec.seed, threads, startup_trials=max(1, min(10, n_trials // 2)),
                            repeat=None if repeat is None else (repeat[0], list(repeat[1])))
-        study = optuna.create_study(storage=open_storage(storage, out), study_name=name, direction=direction,
-                                    load_if_exists=True)
+        study = _open_study(setup, out)
         _check_same_sweep(study, setup, out)
-        requeued = requeue_interrupted(study, out)
+        requeued = requeue_interrupted(study, out, own_storage=storage is None)
+        count = tally(study)
+        cores = available_cores()
+        setup.workers, capped = cap_workers(workers, n_trials - count.finished - count.running, cores,
+                                            available_memory(), max(resident_memory(), WORKER_MEMORY_FLOOR))
+        if capped:
+            warnings.warn(capped, ZooWarning, stacklevel=2)
+        setup.threads, source = choose_threads(threads, setup.workers, cores)
+        if setup.workers > 1 and setup.workers * setup.threads > cores:
+            warnings.warn(f"{setup.workers} workers x {setup.threads} threads ({source}) are more threads than the "
+                          f"{cores} cores: the workers slow each other down; pass --threads "
+                          f"{max(1, cores // setup.workers)}", ZooWarning, stacklevel=2)
         earlier = _earlier_wall_seconds(out)
         write_json(out / SWEEP_FILE, _sweep_record(setup, study, earlier))
-        before = tally(study).finished
         say = echo or (lambda _: None)
         say(f"sweep of {len(space.dimensions)} key(s) on {spec.data.name}'s validation rows "
             f"({spec.data.validation_fraction:g} of the training rows): {metric} ({direction}), "
-            f"{n_trials} trials ({before} finished), {workers} worker(s) x {threads} thread(s)"
+            f"{n_trials} trials ({count.finished} finished), {setup.workers} worker(s) x {setup.threads} "
+            f"thread(s) ({source})"
             + (f", each trial the mean of {len(setup.repeat[1])} fits ({setup.repeat[0]} = "
                f"{', '.join(map(str, setup.repeat[1]))})" if setup.repeat else "")
             + (f"; rerunning interrupted trial(s) {', '.join(map(str, requeued))}" if requeued else ""))
         started = time.perf_counter()
         try:
             with _progress_bar(study, n_trials, progress) as tick:
-                if workers == 1:
+                if setup.workers == 1:
                     _run_here(setup, tick)
                 else:
-                    _run_workers(setup, workers, tick)
+                    _run_workers(setup, setup.workers, tick)
         except KeyboardInterrupt as err:
             raise Interrupted(signal_of(err), f"the study is kept in {storage or out / STUDY_FILE}; run the same "
                               "command again to continue it") from None
         finally:
             write_json(out / SWEEP_FILE, _sweep_record(setup, study, earlier + time.perf_counter() - started))
-        return _finish(setup, study, out, earlier + time.perf_counter() - started)
+        result = _finish(setup, study, out, earlier + time.perf_counter() - started)
+        say(f"sweep {out}: {outcome_line(result.counts, failure_kinds(study))}")
+        for line in result.caveats:
+            warnings.warn(line, ZooWarning, stacklevel=2)
+        return result
+
+
+# ------------------------------------------------------------------------------------------------ its directory
+def _run_files(path: Path) -> list[str]:
+    """The files in ``path`` that show it holds a zoo run (a run's own files, or the run marker of a directory
+    that is no sweep); empty for a sweep, an empty directory or one that does not exist."""
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return []
+    found = sorted(names & {SPEC_FILE, METRICS_FILE, LOG_FILE, CHECKPOINT_FILE})
+    if MARKER_FILE in names and not names & {SWEEP_FILE, SWEEP_MARKER}:
+        found.append(MARKER_FILE)
+    return found
+
+
+def _is_run_directory(path: Path) -> bool:
+    """Whether ``path`` is a zoo run's directory, as :mod:`zoo.runs` tells one (its marker, or spec.yaml with
+    train.log), and no sweep's."""
+    names = set(_run_files(path))
+    return MARKER_FILE in names or {SPEC_FILE, LOG_FILE} <= names
+
+
+def _is_sweep_marked(path: Path) -> bool:
+    """Whether ``path`` is a zoo sweep's directory: its marker, or (a sweep from before the marker) its sweep.json
+    beside the run marker it was claimed with; a sweep.json of the user's own is no zoo sweep."""
+    return (path / SWEEP_MARKER).is_file() or ((path / SWEEP_FILE).is_file() and (path / MARKER_FILE).is_file())
+
+
+def refuse_run_in_sweep(out: str | Path) -> None:
+    """Refuse a run's ``--out`` that is, or lies inside, a sweep's directory: a sweep and a run never share one
+    (the sweep's own trials are written by the sweep, in its trials/)."""
+    out = Path(out)
+    for place in (out.resolve(), *out.resolve().parents):
+        if _is_sweep_marked(place):
+            where = "is" if place == out.resolve() else "lies inside"
+            raise ZooInputError("--out", str(out), f"{where} the sweep directory {place}: a run and a sweep never "
+                                "share a directory; train into a directory outside it (e.g. zoo train "
+                                f"{place / BEST_SPEC_FILE} --out {place.parent / (place.name + '-best')})")
+
+
+@contextlib.contextmanager
+def claimed_sweep_directory(out: Path) -> Iterator[Path]:
+    """Hold ``out`` as this process's sweep directory for the block: one sweep process at a time (the OS lock of
+    :func:`zoo.runs.claimed_run_directory`), never a run's directory nor the user's files.
+
+    Refuses (exit 2) an ``--out`` that holds a run or lies inside a run or another sweep, and a non-empty directory
+    that is not a sweep. The sweep marker (:data:`SWEEP_MARKER`) replaces the run marker that sweeps wrote before
+    it, so that ``zoo train`` refuses the directory.
+    """
+    out = Path(out)
+    for parent in out.resolve().parents:
+        if _is_run_directory(parent) or _is_sweep_marked(parent):
+            what = "run" if _is_run_directory(parent) else "sweep"
+            raise ZooInputError("--out", str(out), f"lies inside the {what} directory {parent}; a sweep and a run "
+                                "never share a directory: pick an --out outside it")
+    check_writable_directory(out)
+    run = _run_files(out)
+    if run:
+        raise ZooInputError("--out", str(out), f"holds a run ({', '.join(run)}); a sweep and a run never share a "
+                            "directory (the sweep's files would mix with the run's): pick a new --out for the sweep")
+    names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not p.name.endswith(".tmp"))
+    if names and not _is_sweep_marked(out):
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ZooInputError("--out", str(out), f"holds files that are not a zoo sweep ({shown}); pick a new or empty "
+                            "directory")
+    with locked_directory(out, "sweep", SWEEP_MARKER):
+        (out / MARKER_FILE).unlink(missing_ok=True)  # a sweep from before its own marker carried the run marker
+        yield out
+
+
+def _trial_directories(out: Path) -> list[int]:
+    """The trial numbers that ``out/trials`` holds a directory for."""
+    folder = out / TRIALS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"\d+", p.name))
+
+
+def _recorded_trials(out: Path, where: str, study_name: str) -> tuple[int, str | None]:
+    """How many trials an earlier process recorded in ``out``'s sweep.json, and where it said the study lives when
+    that is not study ``study_name`` in ``where``."""
+    try:
+        record = json.loads((out / SWEEP_FILE).read_text())
+        ran, storage, name = len(record.get("trials") or []), str(record["storage"]), str(record["study"])
+        if record.get("own_storage"):
+            storage = str(out / STUDY_FILE)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return 0, None
+
+    def same(a: str, b: str) -> bool:
+        return a == b or ("://" not in a + b and Path(a).resolve() == Path(b).resolve())
+
+    return ran, None if same(storage, where) and name == study_name else f"study '{name}' in {storage}"
+
+
+def _open_study(setup: SweepSetup, out: Path):
+    """The sweep's study, created on a first run; refused (naming the study file and what to do) when ``out`` holds
+    trials that the study does not: a study file that was lost, replaced or cut short, or another study."""
+    import optuna
+
+    where = setup.storage or str(out / STUDY_FILE)
+    ran, recorded = _recorded_trials(out, where, setup.study_name)
+    dirs = _trial_directories(out)
+    again = ("zoo sweep has no --resume: a stopped sweep continues when the same command runs again with its "
+             "study")
+    elsewhere = f" (its {SWEEP_FILE} names {recorded})" if recorded else ""
+    restore = (f"restore {where} from a backup" + (" (or pass the --storage and --study that sweep.json names)"
+                                                   if recorded else ""))
+    lost = (f"{out} holds an earlier sweep ({max(ran, len(dirs))} trial(s) in {SWEEP_FILE} and {TRIALS_DIR}/) but "
+            f"{where} holds no study '{setup.study_name}'{elsewhere}: its study file is lost or was replaced, so the "
+            f"sweep cannot continue. {again}: {restore} and run the same command again, or start a new sweep with a "
+            "new --out")
+    if setup.storage is None and (ran or dirs) and not (out / STUDY_FILE).is_file():
+        raise ZooInputError(str(out / STUDY_FILE), "missing", "", message=lost)
+    storage = open_storage(setup.storage, out)
+    try:
+        study = optuna.load_study(study_name=setup.study_name, storage=storage)
+    except KeyError:
+        if ran or dirs:
+            raise ZooInputError(where, "no such study", "", message=lost) from None
+        return optuna.create_study(storage=storage, study_name=setup.study_name, direction=setup.direction)
+    known = {t.number for t in study.get_trials(deepcopy=False)}
+    orphans = [n for n in dirs if n not in known]
+    if orphans:
+        shown = ", ".join(f"{n:04d}" for n in orphans[:5]) + (", ..." if len(orphans) > 5 else "")
+        raise ZooInputError(where, "trials missing", "", message=f"{out / TRIALS_DIR} holds the runs of trial(s) "
+                            f"{shown}, which study '{setup.study_name}' in {where} does not record: the study file "
+                            f"lost them (cut short or replaced){elsewhere}, and new trials would be written over "
+                            f"them. {again}: {restore} and run the same command again; or move those runs aside "
+                            f"(e.g. mv {out / TRIALS_DIR / f'{orphans[0]:04d}'} "
+                            f"{out / TRIALS_DIR / f'{orphans[0]:04d}.lost'}) and run it again, to go on from the "
+                            "trials the study holds; or start a new sweep with a new --out")
+    return study
+
+
+# ------------------------------------------------------------------------------------------------ workers and threads
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it, else every core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resident_memory() -> int:
+    """Bytes of memory this process holds now (a spawned worker, which imports the same and loads the same data,
+    takes about as much)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def cap_workers(asked: int, left: int, cores: int, memory: int | None, per_worker: int) -> tuple[int, str | None]:
+    """The workers to start for ``--workers asked``: no more than the trials ``left`` to run, the ``cores``, and the
+    workers of ``per_worker`` bytes that the ``memory`` available holds (unknown memory caps nothing); with a
+    sentence saying why when that is fewer than asked."""
+    limits = {"trials": max(1, left), "cores": max(1, cores)}
+    if memory is not None:
+        limits["memory"] = max(1, memory // max(1, per_worker))
+    used = min(asked, *limits.values())
+    if used == asked:
+        return asked, None
+    gib = 2**30
+    why = {"trials": (f"only {left} trial(s) are left to run" if left > 0 else "no trial is left to run"),
+           "cores": f"this machine gives the sweep {cores} core(s)",
+           "memory": (f"{(memory or 0) / gib:.1f} GiB of memory is available and each worker takes about "
+                      f"{per_worker / gib:.1f} GiB")}
+    reasons = [why[k] for k, n in limits.items() if n < asked]
+    return used, f"--workers {asked}: starting {used} worker(s), as " + "; ".join(reasons)
+
+
+def choose_threads(threads: int | None, workers: int, cores: int) -> tuple[int, str]:
+    """Torch threads per worker, and where that number comes from.
+
+    ``--threads`` when given; else the user's own setting, kept as it is: ``OMP_NUM_THREADS`` (or
+    ``MKL_NUM_THREADS``), or this process's torch threads (``torch.set_num_threads``, else torch's default) when
+    they are no more than each worker's share of the cores; else that share (``cores // workers``).
+    """
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise ZooInputError("--threads", threads, "use 1 or more")
+        return threads, "--threads"
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value), f"{var}={value}"
+    own = torch.get_num_threads()
+    share = max(1, cores // workers)
+    if workers == 1 or own <= share:
+        return own, "this process's torch threads"
+    return share, f"{cores} cores / {workers} workers"
 
 
 def _earlier_wall_seconds(out: Path) -> float:
@@ -652,9 +1038,8 @@ def _run_workers(setup: SweepSetup, workers: int, tick: Callable[[], None]) -> N
         code = failed[0][1]
         if code in (130, 143):
             raise Interrupted(code - 128)
-        if code == 2:
-            raise ZooInputError("--space", setup.space, f"worker {failed[0][0]} stopped on bad input (its message "
-                                "is above): a trial's settings were refused")
+        if code == 2:  # a trial's refused settings fail that trial only: this is input every trial shares
+            raise ZooInputError("sweep worker", failed[0][0], "stopped on bad input; its message is above")
         raise RuntimeError(f"sweep worker {failed[0][0]} exited with code {code} (its message is above)")
 
 
@@ -683,28 +1068,51 @@ def _progress_bar(study, n_trials: int, enabled: bool) -> Iterator[Callable[[], 
 def _sweep_record(setup: SweepSetup, study, wall: float | None) -> dict[str, Any]:
     rows = _trial_rows(study)
     best = _best(rows, setup.direction)
+    counts = state_counts(study)
     return {"spec": yaml.safe_load(setup.spec_yaml), "space": setup.space, "metric": setup.metric,
             "direction": setup.direction, "storage": setup.storage or str(Path(setup.out) / STUDY_FILE),
+            "own_storage": setup.storage is None,  # the study.log inside the sweep directory, wherever it is moved
             "study": setup.study_name, "n_trials": setup.n_trials, "wall_seconds": wall,
+            "workers": setup.workers, "threads": setup.threads,
             "repeat": None if setup.repeat is None else {setup.repeat[0]: setup.repeat[1]},
+            "counts": counts, "failures": failure_kinds(study),
+            "caveats": _caveats(study, best, setup.study_name, setup.storage, setup.out),
             "best": None if best is None else best.__dict__, "trials": [r.__dict__ for r in rows]}
 
 
+def _caveats(study, best: TrialRow | None, study_name: str, storage: str | None, where: str | Path) -> list[str]:
+    """What makes the best trial less than the best of a finished search: failures all round it
+    (:func:`survival_note`), or trials of the shared study still running elsewhere."""
+    counts = state_counts(study)
+    out = [note] if (note := survival_note(counts, failure_kinds(study), best, where)) else []
+    if counts["running"] and best is not None:
+        out.append(f"{counts['running']} trial(s) of study '{study_name}' are still running (other sweep processes "
+                   f"share {shown_storage(storage) if storage else 'its storage'}): best.yaml holds the best of "
+                   f"the {counts['complete']} trials complete so far; run the same command again once they have "
+                   "ended to rewrite it from every complete trial of the study")
+    return out
+
+
 def _finish(setup: SweepSetup, study, out: Path, wall: float) -> SweepResult:
-    """Write best.yaml and the plot; the result."""
+    """Write best.yaml (the best of every complete trial in the study, those of other processes sharing its storage
+    included) and the plot; the result."""
     rows = _trial_rows(study)
     best = _best(rows, setup.direction)
     space = load_space(setup.space)
+    counts = state_counts(study)
     result = SweepResult(out, setup.metric, setup.direction, rows, best, wall,
-                         edges={} if best is None else space.edges(best.params))
+                         edges={} if best is None else space.edges(best.params), counts=counts,
+                         caveats=_caveats(study, best, setup.study_name, setup.storage, out))
     result.files["sweep"] = out / SWEEP_FILE
     if best is not None:
         chosen = trial_spec(setup.tree, best_params(study, best.number, space))
         chosen = load_spec(chosen, "data.validation_fraction=0")
-        header = (f"# The best of {len([r for r in rows if r.state == 'complete'])} complete trials of the sweep in "
-                  f"{out}: trial {best.number}, validation {setup.metric} {best.value:.6g}.\n"
+        whose = (f"study '{setup.study_name}' in {shown_storage(setup.storage)}" if setup.storage
+                 else f"the sweep in {out}")
+        header = (f"# The best of {counts['complete']} complete trials of {whose}: trial {best.number}, validation "
+                  f"{setup.metric} {best.value:.6g}.\n"
                   "# data.validation_fraction is set back to 0: train on every training row, evaluate on the test "
-                  "split.\n" + "".join(f"# Note: {line}.\n" for line in result.edges.values()))
+                  "split.\n" + "".join(f"# Note: {line}.\n" for line in [*result.caveats, *result.edges.values()]))
         result.files["best"] = write_text(out / BEST_SPEC_FILE, header + spec_to_yaml(chosen))
     result.files["plot"] = plot_history(rows, setup.metric, setup.direction, out / HISTORY_PLOT)
     return result
@@ -759,16 +1167,20 @@ def read_sweep(sweep_dir: str | Path) -> SweepResult:
     except (OSError, json.JSONDecodeError) as exc:
         raise ZooInputError("SWEEP_DIR", str(sweep_dir), f"its {SWEEP_FILE} cannot be read: {exc}") from None
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    storage = record["storage"]
-    opened = open_storage(None if storage == str(sweep_dir / STUDY_FILE) else storage, sweep_dir)
+    own = record.get("own_storage") or record["storage"] == str(sweep_dir / STUDY_FILE)
+    storage = str(sweep_dir / STUDY_FILE) if own else record["storage"]
+    opened = open_storage(None if own else storage, sweep_dir)
     try:
         study = optuna.load_study(study_name=record["study"], storage=opened)
     except KeyError:
         raise ZooInputError("SWEEP_DIR", str(sweep_dir), f"no study '{record['study']}' in {storage}") from None
     rows = _trial_rows(study)
     best = _best(rows, record["direction"])
+    counts = state_counts(study)
     return SweepResult(sweep_dir, record["metric"], record["direction"], rows, best, record.get("wall_seconds") or 0.0,
-                       edges={} if best is None else load_space(record["space"]).edges(best.params))
+                       edges={} if best is None else load_space(record["space"]).edges(best.params), counts=counts,
+                       caveats=_caveats(study, best, record["study"], None if storage == str(sweep_dir / STUDY_FILE)
+                                        else storage, sweep_dir))
 
 
 def trials_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
@@ -814,7 +1226,8 @@ def sweeps_table(results: list[SweepResult]) -> tuple[list[str], list[list[str]]
     rows = []
     for r in results:
         states = [t.state for t in r.trials]
-        rows.append([str(r.out), str(len(states)), str(states.count("pruned")), str(states.count("fail")),
+        failed = r.counts["failed"] if r.counts else states.count("fail")  # interrupted trials ran again
+        rows.append([str(r.out), str(len(states)), str(states.count("pruned")), str(failed),
                      "—" if r.best is None else f"{r.metric} {r.best.value:.4g}",
                      "—" if r.best is None else ", ".join(f"{k}={_format_param(v)}" for k, v in r.best.params.items()),
                      ", ".join(r.edges) or "—", f"{r.wall_seconds:.0f}"])
@@ -825,7 +1238,7 @@ def _markdown_and_csv(header: list[str], rows: list[list[str]], out: Path) -> di
     import csv
     import io
 
-    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+    markdown = "\n".join([REPORT_MARK, "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
                           *("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows)]) + "\n"
     buffer = io.StringIO()
     csv.writer(buffer).writerows([header, *rows])

@@ -47,11 +47,20 @@ def _folder(folder: str, data_dir: str | None) -> Path:
                         f"no folder {folder!r} with a data.txt in {root}; folders there: {_available(root) or 'none'}")
 
 
+def _text(path: Path) -> str:
+    """A UCI text file's contents; a file that is not text (or not UTF-8) is refused with its name."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ZooInputError(str(path), f"byte {err.start} is not UTF-8 text", "the UCI files are plain text "
+                            "(numbers separated by whitespace); re-save it as UTF-8 or ASCII") from None
+
+
 def _read_ints(path: Path) -> np.ndarray:
     """Whitespace-separated integer indices (written as ints or as floats like ``3.0``)."""
     if not path.is_file():
         raise ZooInputError("uci files", str(path), "file is missing; every folder needs data.txt and index files")
-    tokens = path.read_text().split()
+    tokens = _text(path).split()
     try:
         values = np.array([float(t) for t in tokens], dtype=np.float64)
     except ValueError as err:
@@ -67,24 +76,23 @@ def _read_table(path: Path) -> np.ndarray:
     """data.txt as a float array, refusing ragged rows, non-numbers and NaNs with the offending line."""
     rows: list[list[float]] = []
     width = None
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, start=1):
-            tokens = line.split()
-            if not tokens:
-                continue  # blank lines are skipped, as numpy.loadtxt does
-            if width is None:
-                width = len(tokens)
-            elif len(tokens) != width:
-                raise ZooInputError(str(path), f"line {lineno} has {len(tokens)} values",
-                                    f"every row must have {width} values like the first row (ragged rows)")
-            try:
-                row = [float(t) for t in tokens]
-            except ValueError:
-                raise ZooInputError(str(path), f"line {lineno}: {line.strip()[:60]!r}",
-                                    "rows hold whitespace-separated numbers only") from None
-            if not all(np.isfinite(row)):
-                raise ZooInputError(str(path), f"NaN/inf on line {lineno}", "clean or drop that row")
-            rows.append(row)
+    for lineno, line in enumerate(_text(path).splitlines(), start=1):
+        tokens = line.split()
+        if not tokens:
+            continue  # blank lines are skipped, as numpy.loadtxt does
+        if width is None:
+            width = len(tokens)
+        elif len(tokens) != width:
+            raise ZooInputError(str(path), f"line {lineno} has {len(tokens)} values",
+                                f"every row must have {width} values like the first row (ragged rows)")
+        try:
+            row = [float(t) for t in tokens]
+        except ValueError:
+            raise ZooInputError(str(path), f"line {lineno}: {line.strip()[:60]!r}",
+                                "rows hold whitespace-separated numbers only") from None
+        if not all(np.isfinite(row)):
+            raise ZooInputError(str(path), f"NaN/inf on line {lineno}", "clean or drop that row")
+        rows.append(row)
     if not rows:
         raise ZooInputError(str(path), "no rows", "data.txt must hold one example per line")
     return np.asarray(rows, dtype=np.float64)
@@ -122,6 +130,14 @@ def load_uci(folder: str, split: int, data_dir: str | None) -> Dataset:
     test = _read_ints(base / f"index_test_{split}.txt")
     _check_range(train, n_rows, base / f"index_train_{split}.txt", "row")
     _check_range(test, n_rows, base / f"index_test_{split}.txt", "row")
+    shared = np.intersect1d(train, test)
+    if len(shared):
+        raise ZooInputError(str(base / f"index_train_{split}.txt"), f"{len(shared)} rows also in the test split "
+                            f"(first: row {int(shared[0])})", f"the train and test indices of split {split} must not "
+                            "overlap, or the run is scored on rows it trained on; fix the index files")
+    if int(target[0]) in set(features.tolist()):
+        raise ZooInputError(str(base / "index_features.txt"), f"column {int(target[0])}", "is the target column "
+                            "(index_target.txt); drop it from the features, or the net reads the answer")
     x, y = data[:, features], data[:, int(target[0])]
     return make_dataset(f"uci:{folder}", "regression", x[train], y[train], x[test], y[test])
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from zoo import distributed
 from zoo.data.augment import build_augmentation
 from zoo.data.base import Dataset
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
-from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.evaluate import ValidationMonitor
 from zoo.inference.base import InferenceMethod, load_guide_checkpoint
 from zoo.inference.compiled import TracedCompile
@@ -296,6 +298,63 @@ def _diagnose(elbo: LazyTraceMeanField_ELBO, params: dict[str, torch.Tensor], st
             f"non-finite parameters: {', '.join(bad_params) or 'none'}. {where}. Try: {'; or '.join(remedies)}.")
 
 
+class DivergenceWatch:
+    """Catches an SVI fit whose loss runs away while staying finite (NaN is caught where the loss is read).
+
+    The loss is read per training row, as the median of the last ``window`` steps (a single noisy step moves it
+    little). When that median rises more than ``factor`` x max(|best|, ``floor``) nats per row above the best
+    median so far, the fit is blowing up: a :class:`~zoo.errors.ZooWarning` names the step, the largest ELBO
+    terms and the remedies not yet tried; if it has not come back below that line ``patience`` steps later, the
+    fit stops with :class:`~zoo.errors.TrainingDiverged`. The floor (1,000 nats per row with the defaults) keeps
+    the rise that KL annealing causes, at most the KL per row, from ever counting.
+    """
+
+    def __init__(self, n_rows: int, n_steps: int, window: int = 20, factor: float = 100.0, floor: float = 10.0,
+                 patience: int | None = None) -> None:
+        self.n_rows, self.window, self.factor, self.floor = n_rows, window, factor, floor
+        self.patience = patience if patience is not None else max(100, n_steps // 20)
+        self.best: tuple[float, int] | None = None  # (median loss per row, step)
+        self.since: int | None = None  # the step the loss first went over the line, while it stays there
+
+    def resume(self, losses: list[float], step: int) -> None:
+        """Take the best median of a resumed fit's earlier losses, so the line is where it was before the stop."""
+        for end in range(self.window, len(losses) + 1):
+            median = statistics.median(losses[end - self.window:end]) / self.n_rows
+            if self.best is None or median < self.best[0]:
+                self.best = (median, step - len(losses) + end)
+
+    def line(self) -> float:
+        """The loss per row above which the fit counts as blowing up."""
+        assert self.best is not None
+        return self.best[0] + self.factor * max(abs(self.best[0]), self.floor)
+
+    def __call__(self, losses: list[float], step: int, elbo: LazyTraceMeanField_ELBO, remedies: list[str],
+                 checkpoint: Path | None) -> None:
+        if len(losses) < self.window:
+            return
+        median = statistics.median(losses[-self.window:]) / self.n_rows
+        if self.best is None or median < self.best[0]:
+            self.best = (median, step)
+        if median <= self.line():
+            self.since = None
+            return
+        terms = sorted(elbo.last_terms.items(), key=lambda kv: -abs(float(kv[1].detach().sum())))[:3]
+        largest = ", ".join(f"{name} {float(t.detach().sum()):.3g}" for name, t in terms) or "not recorded"
+        what = (f"the SVI loss per training row rose from {self.best[0]:.4g} (its best, by step {self.best[1]}) to "
+                f"{median:.4g} by step {step}, over {self.factor:g}x its best; largest ELBO terms at the last step: "
+                f"{largest}")
+        if self.since is None:
+            self.since = step
+            warnings.warn(f"{what}. The fit may be diverging; it stops if the loss is not back under "
+                          f"{self.line():.4g} per row within {self.patience} steps. Try: {'; or '.join(remedies)}",
+                          ZooWarning, stacklevel=2)
+        elif step - self.since >= self.patience:
+            where = f"Last checkpoint: {checkpoint}" if checkpoint is not None and checkpoint.exists() else \
+                "No checkpoint was written yet"
+            raise TrainingDiverged(f"diverged: {what}, and it stayed there since step {self.since}. {where}. "
+                                   f"Try: {'; or '.join(remedies)}.")
+
+
 def fit_svi(
     family: ModelFamily,
     guide: torch.nn.Module,
@@ -375,6 +434,8 @@ def fit_svi(
                        rows_on_host=data.training_rows_on_host)  # a data set too large for the GPU (pipeline.prepare)
     bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
     unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
+    watch = DivergenceWatch(n_train, n_steps)
+    watch.resume(result.losses, step)
 
     def read_losses() -> None:
         """One host read of the unread losses (the only device sync of a step): a non-finite one stops the run,
@@ -388,6 +449,7 @@ def fit_svi(
             raise TrainingDiverged(_diagnose(elbo, named, step - len(values) + bad, ckpt_path, remedies,
                                              read_at=step))
         result.losses.extend(values)
+        watch(result.losses, step, elbo, remedies, ckpt_path)
         if read_every > 1 or step % 50 == 0 or step == n_steps:
             recent = result.losses[-50:]
             bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
@@ -461,6 +523,7 @@ class SVI(InferenceMethod):
     """Stochastic variational inference of the spec's guide (:func:`fit_svi`)."""
 
     names = ("svi",)
+    shared_work = {"svi": "each global minibatch"}
     spec = SVISpec
     fitter = staticmethod(fit_svi)
     files = (CHECKPOINT_FILE,)
