@@ -63,14 +63,22 @@ def test_sgmcmc_recovers_the_conjugate_linear_regression_posterior(method, stiff
     assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, progress=False), data)
 
 
+@pytest.mark.parametrize("kind", ["rmsprop", "scale_adapted"])
 @pytest.mark.parametrize("method", ["sgld", "sghmc"])
 def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_frozen_after_burn_in(
-        method, tmp_path, monkeypatch):
+        method, kind, tmp_path, monkeypatch):
     probe = load_spec(linear_spec(method))
     data, _, _, _ = prepare(probe)
-    lr = (0.02 if method == "sgld" else 0.002) * data.n_train / _largest_curvature(data)  # G is below 2 here
+    curvature = _largest_curvature(data)
+    # rmsprop: G is below 2 here, so the step on U is lr / N as unpreconditioned, and lr * curvature / N the bias;
+    # scale_adapted: G is about N / sqrt(curvature) at stationarity (per-row gradients of sqrt(curvature) / N), so the
+    # bias is lr * sqrt(curvature), set larger for SGLD (at 0.02 its 1,000 burn-in steps do not reach the posterior)
+    if kind == "rmsprop":
+        lr = (0.02 if method == "sgld" else 0.002) * data.n_train / curvature
+    else:
+        lr = (0.1 if method == "sgld" else 0.01) / math.sqrt(curvature)
     spec = load_spec(linear_spec(method, num_chains=16, epochs=4000, batch_size=None, lr=lr, schedule="constant",
-                                 burn_in_epochs=1000, thin=20, preconditioner="rmsprop", checkpoint_every=500))
+                                 burn_in_epochs=1000, thin=20, preconditioner=kind, checkpoint_every=500))
     data, family, guide, _ = prepare(spec)
     saved, final = record_checkpoints(monkeypatch, minibatch), record_checkpoints(monkeypatch, sgmcmc)
     assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, run_dir=tmp_path,
@@ -79,15 +87,48 @@ def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_
     after = [c["inverse_mass"] for c in saved if c["step"] >= 1000] + [final[-1]["inverse_mass"]]
     assert not torch.equal(during[0], after[0])  # adapted during burn-in
     assert all(torch.equal(g, after[0]) for g in after)  # then frozen
-    torch.testing.assert_close(after[0].mean(-1), torch.ones(16, dtype=torch.float64))
+    if kind == "rmsprop":
+        torch.testing.assert_close(after[0].mean(-1), torch.ones(16, dtype=torch.float64))
     assert not torch.equal(after[0], torch.ones_like(after[0]))
+
+
+def test_the_scale_adapted_metric_follows_the_potential_in_every_exploration_phase_and_is_frozen_while_sampling(
+        tmp_path, monkeypatch):
+    # cyclical, 4 cycles of 100 steps (full batch: one step an epoch): exploration at steps 0-49 of each, draws after
+    spec = load_spec(linear_spec("sghmc", num_chains=2, epochs=400, batch_size=None, lr=0.01, cycles=4,
+                                 exploration=0.5, burn_in_epochs=0, thin=5, preconditioner="scale_adapted",
+                                 checkpoint_every=10))
+    data, family, guide, _ = prepare(spec)
+    saved = record_checkpoints(monkeypatch, minibatch)
+    fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    by_step = {c["step"]: c["inverse_mass"] for c in saved if not c["done"]}
+    frozen = []
+    for start in range(0, 400, 100):
+        sampling = [by_step[t] for t in range(start + 50, start + 100, 10)]
+        assert all(torch.equal(g, sampling[0]) for g in sampling)  # frozen while draws are kept
+        assert not torch.equal(by_step[start + 10], by_step[start + 40])  # adapting while it explores
+        frozen.append(sampling[0])
+    assert all(not torch.equal(a, b) for a, b in zip(frozen, frozen[1:], strict=False))  # re-estimated every cycle
+
+
+def test_the_scale_adapted_metric_scales_with_the_potential_and_rmsprop_keeps_its_mean():
+    # a potential c times larger has c times larger gradients: scale_adapted's G shrinks by c, so a step of lr stays
+    # a step of lr; rmsprop's G is the same (mean 1), so a step on U grows c times
+    square = torch.tensor([[1.0, 4.0, 16.0]], dtype=torch.float64)
+    for c in (10.0, 1e3):
+        torch.testing.assert_close(inverse_mass(square * c**2, 1, 0.9, "scale_adapted"),
+                                   inverse_mass(square, 1, 0.9, "scale_adapted") / c)
+        torch.testing.assert_close(inverse_mass(square * c**2, 1, 0.9), inverse_mass(square, 1, 0.9))
+    roots = (square / (1 - 0.9)).sqrt()
+    torch.testing.assert_close(inverse_mass(square, 1, 0.9, "scale_adapted"),
+                               1 / (roots + PRECONDITIONER_FLOOR["scale_adapted"] * roots.mean(-1, keepdim=True)))
 
 
 def test_the_inverse_mass_is_one_over_the_root_mean_square_gradient_rescaled_to_mean_one():
     square = torch.tensor([[1.0, 4.0, 16.0], [9.0, 9.0, 9.0]], dtype=torch.float64) * (1 - 0.9)  # one step of 0.9
     got = inverse_mass(square, steps=1, decay=0.9)
     roots = torch.tensor([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]], dtype=torch.float64)
-    want = 1 / (roots + PRECONDITIONER_FLOOR * roots.mean(-1, keepdim=True))
+    want = 1 / (roots + PRECONDITIONER_FLOOR["rmsprop"] * roots.mean(-1, keepdim=True))
     torch.testing.assert_close(got, want / want.mean(-1, keepdim=True))
     torch.testing.assert_close(got[1], torch.ones(3, dtype=torch.float64))  # equal gradients: no preconditioning
     assert got[0, 0] > got[0, 1] > got[0, 2]  # the stiffer (larger-gradient) coordinate takes the smaller step
@@ -96,6 +137,10 @@ def test_the_inverse_mass_is_one_over_the_root_mean_square_gradient_rescaled_to_
 def test_a_preconditioner_without_burn_in_is_refused():
     with pytest.raises(Exception, match="the rmsprop preconditioner is estimated during burn-in"):
         load_spec(linear_spec("sghmc", preconditioner="rmsprop", burn_in_epochs=0))
+    with pytest.raises(Exception, match="the scale_adapted preconditioner is estimated during burn-in"):
+        load_spec(linear_spec("sgld", preconditioner="scale_adapted", burn_in_epochs=0))  # polynomial: no exploration
+    # a cyclical schedule's exploration phases estimate it
+    load_spec(linear_spec("sghmc", preconditioner="scale_adapted", burn_in_epochs=0))
 
 
 def test_cyclical_schedule_explores_then_samples_in_every_cycle():
@@ -108,7 +153,7 @@ def test_cyclical_schedule_explores_then_samples_in_every_cycle():
     assert kept_steps(spec.inference, total, per_epoch=1) == [t for t in range(total) if t % 100 >= 50]
 
 
-@pytest.mark.parametrize("preconditioner", ["none", "rmsprop"])
+@pytest.mark.parametrize("preconditioner", ["none", "rmsprop", "scale_adapted"])
 def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, preconditioner):
     # rmsprop: burn-in (and so the preconditioner's estimation) runs to step 100, past the checkpoint at step 80
     spec = load_spec(linear_spec("sgld", num_chains=3, epochs=30, batch_size=10, lr=0.01,

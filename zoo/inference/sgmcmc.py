@@ -10,11 +10,19 @@ their own injected noise.
 * ``sghmc`` (Chen et al. 2014, in the momentum form of Zhang et al. 2020): v <- (1 - a) v - eps grad U_B(z) +
   N(0, 2 a eps), z <- z + v, with a = 1 - momentum the friction.
 
-With ``preconditioner: rmsprop`` both take a diagonal inverse mass G (pSGLD, Li et al. 2016; the scale-adapted
-SGHMC of Springenberg et al. 2016): z <- z - eps/2 G grad U_B + N(0, eps G), and v <- (1 - a) v - eps G grad U_B +
-N(0, 2 a eps G). G is 1 / (sqrt(s) + floor) for s a decaying average of the squared per-row gradients, rescaled to
-mean 1 per chain so that ``lr`` keeps its units; it is estimated during burn-in and then frozen, so the draws come
-from a sampler with a constant metric (a G that kept adapting would bias them unless its drift term were added).
+With a preconditioner both take a diagonal inverse mass G: z <- z - eps/2 G grad U_B + N(0, eps G), and
+v <- (1 - a) v - eps G grad U_B + N(0, 2 a eps G). G is 1 / (sqrt(s) + floor) for s a decaying average of the squared
+per-row gradients. G is frozen whenever draws are kept, so they come from a sampler with a constant metric (a G that
+kept adapting would bias them unless its drift term were added).
+
+* ``rmsprop`` (pSGLD, Li et al. 2016): G rescaled to mean 1 per chain, so that ``lr`` keeps the units of the
+  unpreconditioned sampler; estimated during burn-in, then frozen. It evens out directions of unequal stiffness, not
+  a stiffness that all of them share.
+* ``scale_adapted`` (the scale-adapted SGHMC of Springenberg et al. 2016): G as it is, so a step is about ``lr`` in
+  every coordinate whatever the scale of the potential, and re-estimated in every exploration phase of a cyclical
+  schedule (where no draw is kept) as well as during burn-in. A learned noise scale that shrinks as the fit improves
+  makes the whole likelihood stiffer by 1 / sigma^2 within one run, and a step that was stable in the first cycle
+  diverges at the next restart; this G follows it (measured on UCI energy: docs of configs/sghmc_uci.yaml).
 
 ``lr`` is the learning rate of the per-row loss U/N, the units of SGD (and of the published settings), so the step on
 U is eps = lr / N. Schedules: ``cyclical`` (Zhang et al. 2020, "Cyclical stochastic gradient MCMC for Bayesian deep
@@ -56,9 +64,11 @@ from zoo.sections import Tempered
 class SGMCMCSpec(Tempered):
     """Stochastic-gradient MCMC (SGLD or cyclical SGHMC) on minibatches, several chains at once."""
 
-    method: Literal["sgld", "sghmc"]
-    num_chains: PositiveInt = 4
-    epochs: PositiveInt = 200
+    method: Literal["sgld", "sghmc"] = Field(description=(
+        "sgld (Welling & Teh 2011) or sghmc (cyclical SGHMC, Zhang et al. 2020)"))
+    num_chains: PositiveInt = Field(4, description=(
+        "chains run in lockstep on the same minibatches, each with its own noise"))
+    epochs: PositiveInt = Field(200, description="passes over the training rows")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.1, description="learning rate of the per-row loss U/N (the step on U is lr / N)")
     schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
@@ -69,10 +79,12 @@ class SGMCMCSpec(Tempered):
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sghmc: 1 - friction (the SGD momentum)")
     burn_in_epochs: NonNegativeFloat = Field(50.0, description="epochs before the first kept draw")
     thin: PositiveInt = Field(10, description="keep every thin-th step's state after burn-in")
-    preconditioner: Literal["none", "rmsprop"] = Field(
-        "none", description="rmsprop: a diagonal inverse mass from the burn-in's squared gradients, then frozen "
-        "(pSGLD, Li et al. 2016; scale-adapted SGHMC, Springenberg et al. 2016); for likelihoods stiff in some "
-        "directions only, where one step size cannot fit all")
+    preconditioner: Literal["none", "rmsprop", "scale_adapted"] = Field(
+        "none", description="a diagonal inverse mass from the squared gradients, frozen while draws are kept. "
+        "rmsprop (pSGLD, Li et al. 2016): rescaled to mean 1, estimated in burn-in; for likelihoods stiff in some "
+        "directions only. scale_adapted (Springenberg et al. 2016): unscaled, so lr is a step in each coordinate, "
+        "and re-estimated in every exploration phase; for a stiffness that grows during the run (a learned noise "
+        "that shrinks, as on UCI energy)")
     precondition_decay: float = Field(0.99, gt=0.0, lt=1.0, description="rmsprop: decay per step of the average "
                                       "of squared gradients")
     init: str = Field("net", description="'net' (the net's own initialisation, redrawn per chain), 'prior' (prior "
@@ -84,13 +96,20 @@ class SGMCMCSpec(Tempered):
     def _default_schedule(self) -> SGMCMCSpec:
         if self.schedule is None:
             self.schedule = "cyclical" if self.method == "sghmc" else "polynomial"
-        if self.preconditioner != "none" and self.burn_in_epochs == 0:
-            raise ValueError("inference.burn_in_epochs: got 0; the rmsprop preconditioner is estimated during "
-                             "burn-in and then frozen: give it burn-in epochs (e.g. 50), or preconditioner: none")
+        explores = self.schedule == "cyclical" and self.exploration > 0
+        if self.preconditioner != "none" and self.burn_in_epochs == 0 and not (
+                self.preconditioner == "scale_adapted" and explores):
+            raise ValueError(f"inference.burn_in_epochs: got 0; the {self.preconditioner} preconditioner is estimated "
+                             "during burn-in (scale_adapted: or a cyclical schedule's exploration phases) and frozen "
+                             "while draws are kept: give it burn-in epochs (e.g. 50), or preconditioner: none")
         return self
 
 
-PRECONDITIONER_FLOOR = 0.01  # rmsprop: sqrt(s) is floored at this share of its mean, so G stays below 100x its mean
+# sqrt(s) is floored at this share of its mean, so G stays below 1 / share times its mean: rmsprop's 100x as
+# published; scale_adapted's G is not rescaled, and 10x keeps a coordinate whose gradient vanished at the end of an
+# exploration phase from taking a step that the frozen G cannot pull back (UCI energy: a 100x floor diverged on 1 of 20
+# splits at lr 0.001 and on split 0 at lr 0.002, a 10x floor on neither)
+PRECONDITIONER_FLOOR = {"rmsprop": 0.01, "scale_adapted": 0.1}
 # A chain whose potential exceeds the lowest chain's by more than STRAY_NATS_PER_ROW per training row (on the tempered
 # scale) at STRAY_DRAWS kept draws in a row is not sampling the posterior the others sample: every training row is
 # e^5 times less likely under it, or worse. Such a chain can stay finite (a learned noise scale of 1e15, say), so the
@@ -102,12 +121,14 @@ STRAY_NATS_PER_ROW = 5.0
 STRAY_DRAWS = 3
 
 
-def inverse_mass(square: torch.Tensor, steps: int, decay: float) -> torch.Tensor:
+def inverse_mass(square: torch.Tensor, steps: int, decay: float, kind: str = "rmsprop") -> torch.Tensor:
     """The diagonal inverse mass ``G [C, D]`` from the decaying average ``square`` of squared per-row gradients
-    after ``steps`` updates (bias-corrected as Adam's): ``1 / (sqrt(s) + floor)``, rescaled to mean 1 per chain."""
+    after ``steps`` updates (bias-corrected as Adam's): ``1 / (sqrt(s) + floor)``; ``rmsprop`` rescales it to mean 1
+    per chain, ``scale_adapted`` keeps it as it is."""
     root = (square / (1.0 - decay ** max(steps, 1))).sqrt()
-    inverse = 1.0 / (root + PRECONDITIONER_FLOOR * root.mean(-1, keepdim=True) + torch.finfo(root.dtype).tiny)
-    return inverse / inverse.mean(-1, keepdim=True)
+    floor = PRECONDITIONER_FLOOR[kind] * root.mean(-1, keepdim=True)
+    inverse = 1.0 / (root + floor + torch.finfo(root.dtype).tiny)
+    return inverse / inverse.mean(-1, keepdim=True) if kind == "rmsprop" else inverse
 
 
 def step_size(spec: SGMCMCSpec, step: int, total: int) -> tuple[float, bool]:
@@ -130,6 +151,15 @@ def stray_chains(energy: torch.Tensor, rows: int, temperature: float = 1.0) -> l
         return []
     gap = energy - energy.min()
     return torch.nonzero(gap > STRAY_NATS_PER_ROW * rows / temperature).flatten().tolist()
+
+
+# The remedy a divergence names for each preconditioner not yet tried (scale_adapted: none left)
+PRECONDITION_HINT = {
+    "none": ", or precondition the steps (inference.preconditioner: scale_adapted, with lr about 0.001; it follows a "
+            "stiffness that grows as a learned noise shrinks)",
+    "rmsprop": ", or use inference.preconditioner: scale_adapted (lr about 0.001), which follows a stiffness that "
+               "all coordinates share",
+}
 
 
 def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
@@ -191,10 +221,13 @@ def fit_sgmcmc(
         square, mass = torch.zeros_like(z), torch.ones_like(z)  # rmsprop's average and G (1: no preconditioner)
     strayed = [0] * len(z)  # per chain: kept draws in a row at which it was a stray
     root = mass.sqrt()  # G's square root scales the noise; both change only while the preconditioner adapts
-    adapting = int(spec.burn_in_epochs * loop.per_epoch) if spec.preconditioner == "rmsprop" else 0
+    adapting = int(spec.burn_in_epochs * loop.per_epoch) if spec.preconditioner != "none" else 0
+    readapt = spec.preconditioner == "scale_adapted"  # G also follows the potential in every exploration phase
     log(f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({total:,} steps of {loop.batch} rows, "
         f"{spec.schedule} lr from {spec.lr:g}) over {coords.dim:,} latent dimensions; {len(keep)} draws per chain"
-        + (f"; rmsprop preconditioner estimated over the {adapting:,} burn-in steps, then frozen" if adapting else ""))
+        + (f"; {spec.preconditioner} preconditioner estimated over the {adapting:,} burn-in steps"
+           + (" and every exploration phase, frozen while draws are kept" if readapt else ", then frozen")
+           if spec.preconditioner != "none" else ""))
     loop.state = lambda: {"z": z, "velocity": velocity, "draws": draws, "noise_rng": noise.get_state(),
                           "method": spec.method, "square": square, "inverse_mass": mass}
 
@@ -203,10 +236,10 @@ def fit_sgmcmc(
         lr, sampling = step_size(spec, loop.step, total)
         eps = lr / n
         energy, grad = potential.value_and_grad(z, rows)
-        if loop.step < adapting:
+        if loop.step < adapting or (readapt and not sampling):
             decay = spec.precondition_decay
             square = decay * square + (1.0 - decay) * (grad / n).square()
-            mass = inverse_mass(square, loop.step + 1, decay)
+            mass = inverse_mass(square, loop.step + 1, decay, spec.preconditioner)
             root = mass.sqrt()
             if loop.step + 1 == adapting:
                 log(f"{spec.method}: preconditioner frozen at step {adapting:,}: G from {float(mass.min()):.3g} to "
@@ -230,7 +263,7 @@ def fit_sgmcmc(
                 f"chain's weights or potential became non-finite; the last good draw is {where}"
                 + (f", kept in {path}" if path is not None and last is not None else "")
                 + f". Lower inference.lr (now {spec.lr:g}) or use batch_size: null"
-                + (", or precondition the steps (preconditioner: rmsprop)" if spec.preconditioner == "none" else ""))
+                + PRECONDITION_HINT.get(spec.preconditioner, ""))
         z, velocity = new_z, new_velocity
         if loop.step in keep:
             now = set(stray_chains(energy.detach(), n, spec.temperature))
@@ -245,8 +278,7 @@ def fit_sgmcmc(
                     f"the best chain's, more than {STRAY_NATS_PER_ROW:g} per training row ({n} rows), at "
                     f"{STRAY_DRAWS} kept draws in a row, so they left (or never "
                     f"reached) the posterior the others sample, and their draws would dominate the predictive mean. "
-                    f"Lower inference.lr (now {spec.lr:g})"
-                    + (" or precondition the steps (preconditioner: rmsprop)" if spec.preconditioner == "none" else ""))
+                    f"Lower inference.lr (now {spec.lr:g})" + PRECONDITION_HINT.get(spec.preconditioner, ""))
             draws.append((z.detach().clone(), energy.detach().clone(), lr))
 
     loop.run(total, update)
