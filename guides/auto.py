@@ -21,7 +21,7 @@ from pyro.infer import autoguide
 from pyro.infer.autoguide.initialization import init_to_value
 from pyro.poutine.util import site_is_subsample
 from torch import nn
-from torch.distributions import biject_to
+from torch.distributions import Normal, biject_to
 
 from guides.base import ExactDrawMultivariateNormal
 from zoo.errors import ZooInputError
@@ -238,13 +238,26 @@ class AutoGuide(nn.Module):
         return None
 
     def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """log q(w) at S draws ``{site: [S, ...]}`` ``[S]`` for the autoguides over one joint latent (mvn,
-        low_rank_mvn, iaf): their density over the unconstrained latent, with each site's log|det du/dw|. None for
-        the per-site ones (normal), whose sites a traced, conditioned run scores directly."""
+        """log q(w) at S draws ``{site: [S, ...]}`` ``[S]``: the autoguide's density over the unconstrained latent
+        u(w), with each site's log|det du/dw|. AutoNormal's Gaussian is per site; the others' (mvn, low_rank_mvn,
+        iaf, laplace) is one joint latent. AutoNormal emits each site as the image of an auxiliary draw
+        ``<site>_unconstrained``, so a trace conditioned on the sites' values alone would draw that auxiliary
+        afresh (and take the site for a point mass): its density is computed here from the values instead."""
         guide = self.active
+        total = next(iter(draws.values())).shape[0]
+        if isinstance(guide, autoguide.AutoNormal):
+            log_q = 0.0
+            with torch.no_grad(), pyro.settings.context(module_local_params=True):
+                for name, site in guide.prototype_trace.iter_stochastic_nodes():
+                    transform = biject_to(site["fn"].support)
+                    raw = transform.inv(draws[name])
+                    loc, scale = guide._get_loc_and_scale(name)
+                    log_det = transform.inv.log_abs_det_jacobian(draws[name], raw)
+                    log_q = (log_q + Normal(loc, scale).log_prob(raw).reshape(total, -1).sum(-1)
+                             + log_det.reshape(total, -1).sum(-1))
+            return log_q
         if not isinstance(guide, autoguide.AutoContinuous):
             return None
-        total = next(iter(draws.values())).shape[0]
         parts, log_det = [], 0.0
         with torch.no_grad(), pyro.settings.context(module_local_params=True):
             for name in guide._unconstrained_shapes:

@@ -13,7 +13,7 @@ from guides.auto import AutoGuide
 from guides.base import ExactDrawMultivariateNormal
 from guides.full_rank import FullRankGuide
 from tests.test_mcmc import NOISE, closed_form, linear_spec
-from zoo.diagnostics.checks import pareto_k
+from zoo.diagnostics.checks import guide_log_density, pareto_k
 from zoo.errors import ZooInputError
 from zoo.inference.svi import fit_svi
 from zoo.pipeline import load_run, prepare, train
@@ -60,15 +60,31 @@ def test_autonormal_finds_the_mean_field_optimum():
     torch.testing.assert_close(got_sd, want_sd, rtol=0.1, atol=0.0)
 
 
-@pytest.mark.parametrize("kind", ["mvn", "low_rank_mvn"])
-def test_joint_autoguides_score_their_draws_with_the_density_they_sampled_from(kind):
-    # learned noise: a positive site, so the log|det| of its unconstrained coordinate matters
+@pytest.mark.parametrize("kind", ["mvn", "low_rank_mvn", "normal"])
+def test_autoguides_score_their_draws_with_the_density_they_sampled_from(kind):
+    # learned noise: a positive site, so the log|det| of its unconstrained coordinate matters. The trace's log-prob
+    # sums the auxiliary draw's density and the site's log|det du/dw| (AutoNormal: per site); log_density sees only
+    # the sites' values
     spec = load_spec({**_auto(kind), "likelihood": {"noise": "learned"}}, "guide.rank=2")  # of the 3 dimensions
     _, _, guide, _ = prepare(spec)
     with torch.no_grad():
         traces = [poutine.trace(guide).get_trace() for _ in range(5)]
     draws = {n: torch.stack([t.nodes[n]["value"] for t in traces]) for n in guide.sites}
     torch.testing.assert_close(guide.log_density(draws), torch.stack([t.log_prob_sum() for t in traces]))
+
+
+def test_autonormal_on_the_rank1_family_trains_predicts_and_has_a_pareto_k(tmp_path):
+    # its draws are the model's sites only (not AutoNormal's auxiliary <site>_unconstrained, which the rank-1 family
+    # took for factors), and its density is defined: no site is a point mass
+    spec = load_spec("configs/rank1_toy.yaml", ["guide:={name: auto, auto: normal}", "inference.num_steps=30",
+                                                 "inference.predictive_samples=4"])
+    summary = train(spec, tmp_path / "run", progress=False)
+    assert torch.isfinite(torch.tensor(summary.metrics["test_ll"]))
+    _, _, posterior = load_run(tmp_path / "run")
+    draws = posterior.sample(3)
+    assert set(draws) == set(posterior.family.latent_sites())
+    log_q, point_mass, _ = guide_log_density(posterior.guide, draws)
+    assert point_mass == [] and log_q.shape == (3,) and torch.isfinite(log_q).all()
 
 
 def _ill_conditioned_factor(dim: int = 200, seed: int = 0) -> torch.Tensor:

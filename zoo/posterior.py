@@ -47,13 +47,15 @@ class GuidePosterior(Posterior):
         self.guide = guide
 
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
-        """Run the guide ``num_samples`` times and stack each latent site's values."""
+        """Run the guide ``num_samples`` times and stack each latent site's values (not a guide's auxiliary draws,
+        such as Pyro's AutoNormal's ``<site>_unconstrained``, of which the sites are functions)."""
         runs: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
             for _ in range(num_samples):
                 trace = poutine.trace(self.guide).get_trace()
                 for name, site in trace.nodes.items():
-                    if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
+                    if (site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
+                            and not site["infer"].get("is_auxiliary")):
                         runs.setdefault(name, []).append(site["value"])
         return {name: torch.stack(values) for name, values in runs.items()}
 
