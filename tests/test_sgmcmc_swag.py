@@ -94,7 +94,10 @@ def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_
 
 def test_the_scale_adapted_metric_follows_the_potential_in_every_exploration_phase_and_is_frozen_while_sampling(
         tmp_path, monkeypatch):
-    # cyclical, 4 cycles of 100 steps (full batch: one step an epoch): exploration at steps 0-49 of each, draws after
+    # cyclical, 4 cycles of 100 steps (full batch: one step an epoch): exploration at steps 0-49 of each, draws after.
+    # After the first sampling phase, G is also bounded by the average of the noisy steps' squared gradients: an
+    # exploration phase's gradients vanish as SGD converges, and a G taken from them alone diverged at the first
+    # noisy steps after it (the toy, full batch)
     spec = load_spec(linear_spec("sghmc", num_chains=2, epochs=400, batch_size=None, lr=0.01, cycles=4,
                                  exploration=0.5, burn_in_epochs=0, thin=5, preconditioner="scale_adapted",
                                  checkpoint_every=10))
@@ -108,6 +111,11 @@ def test_the_scale_adapted_metric_follows_the_potential_in_every_exploration_pha
         assert all(torch.equal(g, sampling[0]) for g in sampling)  # frozen while draws are kept
         assert not torch.equal(by_step[start + 10], by_step[start + 40])  # adapting while it explores
         frozen.append(sampling[0])
+        if start:  # bounded by the noisy steps' average so far
+            state = next(c for c in saved if c["step"] == start + 40)
+            bound = inverse_mass(state["noisy_square"], state["noisy_steps"], 0.99, "scale_adapted")
+            assert state["noisy_steps"] == 50 * (start // 100)  # the sampling halves of the cycles before
+            assert (state["inverse_mass"] <= bound * (1 + 1e-12)).all()
     assert all(not torch.equal(a, b) for a, b in zip(frozen, frozen[1:], strict=False))  # re-estimated every cycle
 
 
@@ -151,6 +159,20 @@ def test_cyclical_schedule_explores_then_samples_in_every_cycle():
     assert all(a >= b for a, b in zip(lrs[:100], lrs[1:100], strict=False))  # a cosine down within a cycle
     assert sampling[:50] == (False,) * 50 and sampling[50:100] == (True,) * 50
     assert kept_steps(spec.inference, total, per_epoch=1) == [t for t in range(total) if t % 100 >= 50]
+
+
+def test_cyclical_sghmc_with_the_scale_adapted_metric_resumes_exactly(tmp_path, monkeypatch):
+    # the checkpoint at step 140 falls in the second cycle's exploration, where G is capped by the noisy average
+    spec = load_spec(linear_spec("sghmc", num_chains=2, epochs=300, batch_size=10, lr=0.01, cycles=3,
+                                 burn_in_epochs=0, thin=7, checkpoint_every=35, preconditioner="scale_adapted"))
+    data, family, guide, _ = prepare(spec)
+    saved = record_checkpoints(monkeypatch, minibatch)
+    full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    at = next(s for s in saved if not s["done"] and s["step"] == 140 * 4)
+    runs.save_torch(tmp_path / SAMPLES_FILE, at)  # as if the run had stopped there
+    resumed = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    for name, value in full.draws.items():
+        assert torch.equal(resumed.draws[name], value)
 
 
 @pytest.mark.parametrize("preconditioner", ["none", "rmsprop", "scale_adapted"])

@@ -19,10 +19,13 @@ kept adapting would bias them unless its drift term were added).
   unpreconditioned sampler; estimated during burn-in, then frozen. It evens out directions of unequal stiffness, not
   a stiffness that all of them share.
 * ``scale_adapted`` (the scale-adapted SGHMC of Springenberg et al. 2016): G as it is, so a step is about ``lr`` in
-  every coordinate whatever the scale of the potential, and re-estimated in every exploration phase of a cyclical
-  schedule (where no draw is kept) as well as during burn-in. A learned noise scale that shrinks as the fit improves
-  makes the whole likelihood stiffer by 1 / sigma^2 within one run, and a step that was stable in the first cycle
-  diverges at the next restart; this G follows it (measured on UCI energy: docs of configs/sghmc_uci.yaml).
+  every coordinate whatever the scale of the potential. It is estimated during burn-in and re-estimated in every
+  exploration phase of a cyclical schedule (no draw is kept there). A learned noise scale that shrinks as the fit
+  improves makes the whole likelihood stiffer by 1 / sigma^2 within one run, and a step that was stable in the
+  first cycle diverges at a later restart; this G follows it (UCI energy: configs/sghmc_scale_adapted_uci.yaml).
+  In an exploration phase G is also held below what the sampling steps' own squared gradients give (a second
+  average, over every noisy step so far): without noise the gradients vanish as SGD converges, and a G taken from
+  them alone was so large that the first noisy steps after it diverged (the toy, full batch, at lr 0.001).
 
 ``lr`` is the learning rate of the per-row loss U/N, the units of SGD (and of the published settings), so the step on
 U is eps = lr / N. Schedules: ``cyclical`` (Zhang et al. 2020, "Cyclical stochastic gradient MCMC for Bayesian deep
@@ -83,8 +86,8 @@ class SGMCMCSpec(Tempered):
         "none", description="a diagonal inverse mass from the squared gradients, frozen while draws are kept. "
         "rmsprop (pSGLD, Li et al. 2016): rescaled to mean 1, estimated in burn-in; for likelihoods stiff in some "
         "directions only. scale_adapted (Springenberg et al. 2016): unscaled, so lr is a step in each coordinate, "
-        "and re-estimated in every exploration phase; for a stiffness that grows during the run (a learned noise "
-        "that shrinks, as on UCI energy)")
+        "re-estimated in every exploration phase (held below what the sampling steps' gradients give); for a "
+        "stiffness that grows during the run (a learned noise that shrinks, as on UCI energy)")
     precondition_decay: float = Field(0.99, gt=0.0, lt=1.0, description="rmsprop: decay per step of the average "
                                       "of squared gradients")
     init: str = Field("net", description="'net' (the net's own initialisation, redrawn per chain), 'prior' (prior "
@@ -108,7 +111,7 @@ class SGMCMCSpec(Tempered):
 # sqrt(s) is floored at this share of its mean, so G stays below 1 / share times its mean: rmsprop's 100x as
 # published; scale_adapted's G is not rescaled, and 10x keeps a coordinate whose gradient vanished at the end of an
 # exploration phase from taking a step that the frozen G cannot pull back (UCI energy: a 100x floor diverged on 1 of 20
-# splits at lr 0.001 and on split 0 at lr 0.002, a 10x floor on neither)
+# splits at lr 0.001 and on split 0 at lr 0.002, a 10x floor on neither; measured before the noisy steps' bound)
 PRECONDITIONER_FLOOR = {"rmsprop": 0.01, "scale_adapted": 0.1}
 # A chain whose potential exceeds the lowest chain's by more than STRAY_NATS_PER_ROW per training row (on the tempered
 # scale) at STRAY_DRAWS kept draws in a row is not sampling the posterior the others sample: every training row is
@@ -209,6 +212,7 @@ def fit_sgmcmc(
             return load_samples(run_dir, family, device)
         z, velocity, draws = saved["z"], saved["velocity"], saved["draws"]
         square, mass = saved.get("square", torch.zeros_like(z)), saved.get("inverse_mass", torch.ones_like(z))
+        noisy, noisy_steps = saved.get("noisy_square", torch.zeros_like(z)), saved.get("noisy_steps", 0)
         noise.set_state(saved["noise_rng"].cpu())
         if start is not None:
             copy_point_parameters(family, start, "inference.init")
@@ -219,6 +223,7 @@ def fit_sgmcmc(
         z = initial_points(family, coords, spec.num_chains, data, log, start, spec.init)  # fresh, or draws of start
         velocity, draws = torch.zeros_like(z), []
         square, mass = torch.zeros_like(z), torch.ones_like(z)  # rmsprop's average and G (1: no preconditioner)
+        noisy, noisy_steps = torch.zeros_like(z), 0  # scale_adapted: the average over the sampling steps
     strayed = [0] * len(z)  # per chain: kept draws in a row at which it was a stray
     root = mass.sqrt()  # G's square root scales the noise; both change only while the preconditioner adapts
     adapting = int(spec.burn_in_epochs * loop.per_epoch) if spec.preconditioner != "none" else 0
@@ -229,21 +234,32 @@ def fit_sgmcmc(
            + (" and every exploration phase, frozen while draws are kept" if readapt else ", then frozen")
            if spec.preconditioner != "none" else ""))
     loop.state = lambda: {"z": z, "velocity": velocity, "draws": draws, "noise_rng": noise.get_state(),
-                          "method": spec.method, "square": square, "inverse_mass": mass}
+                          "method": spec.method, "square": square, "inverse_mass": mass, "noisy_square": noisy,
+                          "noisy_steps": noisy_steps}
 
     def update(rows: torch.Tensor | None) -> None:
-        nonlocal z, velocity, square, mass, root
+        nonlocal z, velocity, square, mass, root, noisy, noisy_steps
         lr, sampling = step_size(spec, loop.step, total)
         eps = lr / n
         energy, grad = potential.value_and_grad(z, rows)
-        if loop.step < adapting or (readapt and not sampling):
-            decay = spec.precondition_decay
+        decay = spec.precondition_decay
+        if readapt and sampling:  # the noisy steps' gradients: the posterior's scale, which bounds G
+            noisy = decay * noisy + (1.0 - decay) * (grad / n).square()
+            noisy_steps += 1
+        if loop.step < adapting:
             square = decay * square + (1.0 - decay) * (grad / n).square()
             mass = inverse_mass(square, loop.step + 1, decay, spec.preconditioner)
             root = mass.sqrt()
             if loop.step + 1 == adapting:
                 log(f"{spec.method}: preconditioner frozen at step {adapting:,}: G from {float(mass.min()):.3g} to "
-                    f"{float(mass.max()):.3g} (mean 1 per chain)")
+                    f"{float(mass.max()):.3g}" + (" (re-estimated in every exploration phase)" if readapt
+                                                  else " (mean 1 per chain)"))
+        elif readapt and not sampling:  # an exploration phase: G follows the potential, no larger than the noisy
+            square = decay * square + (1.0 - decay) * (grad / n).square()  # steps' gradients allow
+            mass = inverse_mass(square, loop.step + 1, decay, spec.preconditioner)
+            if noisy_steps:
+                mass = torch.minimum(mass, inverse_mass(noisy, noisy_steps, decay, spec.preconditioner))
+            root = mass.sqrt()
         if spec.method == "sgld":
             new_z, new_velocity = z - eps / 2 * mass * grad, velocity
             if sampling:
@@ -262,7 +278,8 @@ def fit_sgmcmc(
                 f"{spec.method} diverged at step {loop.step} (epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a "
                 f"chain's weights or potential became non-finite; the last good draw is {where}"
                 + (f", kept in {path}" if path is not None and last is not None else "")
-                + f". Lower inference.lr (now {spec.lr:g}) or use batch_size: null"
+                + f". Lower inference.lr (now {spec.lr:g})"
+                + (" or use batch_size: null" if spec.batch_size is not None else "")
                 + PRECONDITION_HINT.get(spec.preconditioner, ""))
         z, velocity = new_z, new_velocity
         if loop.step in keep:
