@@ -220,7 +220,8 @@ def build_torchvision(in_dim: int, out_dim: int, arch: str | None = None, in_cha
         import torchvision.models as tv_models
     except Exception as err:  # ImportError, or a torch/torchvision ABI mismatch raising anything else
         raise ZooInputError("net.name", "torchvision", "needs the optional torchvision extra, built for your torch "
-                            f"(see the README's vision install; {type(err).__name__}: {str(err)[:80]})") from None
+                            "(see the vision install in docs/getting-started.md; "
+                            f"{type(err).__name__}: {str(err)[:80]})") from None
     known = tv_models.list_models(module=tv_models)
     if arch not in known:
         close = difflib.get_close_matches(str(arch), known, n=5, cutoff=0.5)

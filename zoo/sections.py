@@ -82,34 +82,35 @@ class NetSpec(Strict):
 class NormalPrior(Strict):
     """Normal(loc, scale) on every element of the site."""
 
-    name: Literal["normal"] = "normal"
-    loc: float = 0.0
-    scale: PositiveFloat = 1.0
+    name: Literal["normal"] = Field("normal", description="normal")
+    loc: float = Field(0.0, description="mean")
+    scale: PositiveFloat = Field(1.0, description="standard deviation")
 
 
 class LaplacePrior(Strict):
     """Laplace(loc, scale): sparsity-promoting, analytic KL against a Normal guide."""
 
-    name: Literal["laplace"]
-    loc: float = 0.0
-    scale: PositiveFloat = 1.0
+    name: Literal["laplace"] = Field(description="laplace")
+    loc: float = Field(0.0, description="location (the median)")
+    scale: PositiveFloat = Field(1.0, description="scale b (the variance is 2 b^2)")
 
 
 class CauchyPrior(Strict):
     """Cauchy(loc, scale): heavy tails; the KL falls back to Monte Carlo."""
 
-    name: Literal["cauchy"]
-    loc: float = 0.0
-    scale: PositiveFloat = 1.0
+    name: Literal["cauchy"] = Field(description="cauchy")
+    loc: float = Field(0.0, description="location (the median)")
+    scale: PositiveFloat = Field(1.0, description="half width at half maximum")
 
 
 class ScaleMixturePrior(Strict):
     """Bayes-by-Backprop prior pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2); Monte Carlo KL."""
 
-    name: Literal["scale_mixture"]
-    pi: float = Field(0.5, gt=0.0, lt=1.0)
-    sigma1: PositiveFloat = 1.0
-    sigma2: PositiveFloat = 0.0024787521766663585  # e^-6, as in Blundell et al. 2015
+    name: Literal["scale_mixture"] = Field(description="scale_mixture")
+    pi: float = Field(0.5, gt=0.0, lt=1.0, description="weight of the wide component N(0, sigma1^2)")
+    sigma1: PositiveFloat = Field(1.0, description="standard deviation of the wide component")
+    sigma2: PositiveFloat = Field(0.0024787521766663585, description=(
+        "standard deviation of the narrow component (e^-6, as in Blundell et al. 2015)"))
 
 
 class GaussianScaleMixturePrior(Strict):
@@ -118,11 +119,12 @@ class GaussianScaleMixturePrior(Strict):
     LogNormal(log scale, log_scale_sd). On an ``.s`` site the hierarchy runs over the layer's input neurons, on
     an ``.r`` site over its output neurons, on both with a glob matching both."""
 
-    name: Literal["gsm"]
-    loc: float = 1.0
-    scale_prior: Literal["half_cauchy", "log_normal"] = "half_cauchy"
-    scale: PositiveFloat = 0.1
-    log_scale_sd: PositiveFloat = 1.0
+    name: Literal["gsm"] = Field(description="gsm")
+    loc: float = Field(1.0, description="centre of the factors (1: a member starts at the shared weights)")
+    scale_prior: Literal["half_cauchy", "log_normal"] = Field("half_cauchy", description=(
+        "prior of the per-neuron scale tau: half_cauchy(scale) or log_normal(log scale, log_scale_sd)"))
+    scale: PositiveFloat = Field(0.1, description="scale of the per-neuron tau's prior")
+    log_scale_sd: PositiveFloat = Field(1.0, description="log_normal: standard deviation of log tau")
 
 
 PriorConfig = Annotated[
@@ -137,8 +139,10 @@ class PriorSpec(Strict):
     Written flat in YAML (``prior: {name: normal, scale: 1.0, sites: {"*.bias": {...}}}``).
     """
 
-    default: PriorConfig = Field(default_factory=NormalPrior)
-    sites: dict[str, PriorConfig] = Field(default_factory=dict)
+    default: PriorConfig = Field(default_factory=NormalPrior, description=(
+        "the prior of every weight site no glob of sites matches (written flat: prior: {name: normal, ...})"))
+    sites: dict[str, PriorConfig] = Field(default_factory=dict, description=(
+        "overrides by site-name glob, e.g. {'*.bias': {name: normal, scale: 10}}; the first match wins"))
 
     @model_validator(mode="before")
     @classmethod
@@ -161,13 +165,13 @@ class PriorSpec(Strict):
 class MeanFieldModelSpec(Strict):
     """Every weight and bias a latent site (mean-field VI, MAP, HMC)."""
 
-    family: Literal["mean_field"] = "mean_field"
+    family: Literal["mean_field"] = Field("mean_field", description="mean_field: every weight and bias a latent site")
 
 
 class Rank1ModelSpec(Strict):
     """Rank-1 BNN: shared point-estimated weights, rank-1 factors per ensemble member."""
 
-    family: Literal["rank1"]
+    family: Literal["rank1"] = Field(description="rank1: shared point-estimated W, rank-1 factors r, s per member")
     members: PositiveInt = Field(4, description="ensemble members K")
     member_likelihood: Literal["mixture", "average"] = Field(
         "average", description="mean of the members' log-likelihoods (average), or log of their mean "
@@ -178,7 +182,7 @@ class Rank1ModelSpec(Strict):
 class DeepEnsembleModelSpec(Strict):
     """Deep ensemble: K independently initialised copies of the net, each a MAP fit under the prior."""
 
-    family: Literal["deep_ensemble"]
+    family: Literal["deep_ensemble"] = Field(description="deep_ensemble: K independent MAP nets")
     members: PositiveInt = Field(5, description="ensemble members K (each a full copy of the net)")
 
 
@@ -207,8 +211,10 @@ class SubnetSelectionSpec(Strict):
 class SubnetworkModelSpec(Strict):
     """Subnetwork inference: a selected subset of a MAP net's weights is random (one site), the rest fixed."""
 
-    family: Literal["subnetwork"]
-    selection: SubnetSelectionSpec = Field(default_factory=SubnetSelectionSpec)
+    family: Literal["subnetwork"] = Field(description=(
+        "subnetwork: a selected subset of a MAP net's weights gets a full-covariance posterior"))
+    selection: SubnetSelectionSpec = Field(default_factory=SubnetSelectionSpec, description=(
+        "which weights form the subnetwork (section model.selection)"))
     map: SVISpec = Field(default_factory=lambda: SVISpec(epochs=200, lr=1e-2),
                          description="how the MAP net (the linearisation point) is fitted: SVI with a Delta guide")
     map_from: str | None = Field(None, description="reuse a MAP fit instead: a run directory (family mean_field, "
@@ -238,7 +244,9 @@ def softplus(rho: float) -> float:
 class GuideSpec(Strict):
     """The variational family and its initialisation."""
 
-    name: str = "mean_field"
+    name: str = Field("mean_field", description=(
+        "the guide: mean_field, delta, mixture, batch_ensemble, full_rank, dropout, auto, or a method's own "
+        "(laplace); zoo list guides names them all"))
     init_rho: float = Field(-5.0, allow_inf_nan=True, description=f"initial rho of sigma = softplus(rho), in "
                             f"[{INIT_RHO_MIN:g}, {INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. "
                             f"{softplus(INIT_RHO_MAX):.3g}): below, sigma^2 leaves float32's normal range; above, the "
@@ -289,19 +297,21 @@ class GuideSpec(Strict):
 class NoisePrior(Strict):
     """LogNormal(loc, scale) prior on the noise sigma, in standardised target units."""
 
-    loc: float = -1.0
-    scale: PositiveFloat = 1.0
+    loc: float = Field(-1.0, description="mean of log sigma")
+    scale: PositiveFloat = Field(1.0, description="standard deviation of log sigma")
 
 
 class LikelihoodSpec(Strict):
     """Observation model: categorical for classes, Gaussian (fixed or learned noise) for regression."""
 
-    name: Literal["auto", "categorical", "gaussian"] = "auto"
+    name: Literal["auto", "categorical", "gaussian"] = Field("auto", description=(
+        "auto picks the data's task: categorical for classes, gaussian for regression"))
     noise: float | Literal["learned", "heteroscedastic"] = Field(
         "learned", description="fixed sigma in ORIGINAL target units, 'learned' (a latent under noise_prior), or "
         "'heteroscedastic' (the net outputs a mean and sigma(x) = softplus(raw) + min_noise for every input)"
     )
-    noise_prior: NoisePrior = Field(default_factory=NoisePrior)
+    noise_prior: NoisePrior = Field(default_factory=NoisePrior, description=(
+        "noise: learned: the LogNormal prior of sigma, in standardised target units"))
     min_noise: PositiveFloat = Field(1e-3, description="heteroscedastic: the floor of sigma(x), in standardised "
                                      "target units (keeps the density bounded)")
 
@@ -329,24 +339,29 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 class SVISpec(Tempered):
     """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
 
-    method: Literal["svi"] = "svi"
-    elbo: Literal["trace_mean_field", "trace"] = "trace_mean_field"
-    epochs: PositiveInt | None = 100
+    method: Literal["svi"] = Field("svi", description="svi")
+    elbo: Literal["trace_mean_field", "trace"] = Field("trace_mean_field", description=(
+        "trace_mean_field (analytic KL where one exists, Pyro's TraceMeanField_ELBO) or trace (Monte Carlo "
+        "KL, Trace_ELBO)"))
+    epochs: PositiveInt | None = Field(100, description="passes over the training rows (num_steps overrides it)")
     num_steps: PositiveInt | None = Field(None, description="overrides epochs when set")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
-    optimizer: Literal["adam", "clipped_adam"] = "adam"
-    lr: PositiveFloat = 1e-3
-    clip_norm: PositiveFloat = 10.0
+    optimizer: Literal["adam", "clipped_adam"] = Field("adam", description=(
+        "adam, or clipped_adam (gradient clipping at clip_norm and a per-step lr decay)"))
+    lr: PositiveFloat = Field(1e-3, description="the optimiser's learning rate")
+    clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="clipped_adam: per-step lr decay factor")
     lr_decay_to: float | None = Field(
         None, gt=0.0, le=1.0, description="clipped_adam: the share of the lr left at the last step (the per-step "
         "decay follows from the run's length, so it holds when epochs or num_steps change; instead of lr_decay)")
-    num_particles: PositiveInt = 1
+    num_particles: PositiveInt = Field(1, description="Monte Carlo draws of the ELBO per step")
     kl_annealing_steps: NonNegativeInt = Field(0, description="linear warm-up of the KL weight from 0 to 1")
     kl_annealing_fraction: float | None = Field(
         None, gt=0.0, le=1.0, description="warm the KL weight up over this share of the run's steps (instead of "
         "kl_annealing_steps)")
-    local_reparam: bool = False
+    local_reparam: bool = Field(False, description=(
+        "sample the pre-activations instead of the weights (local reparameterisation, Kingma et al. 2015): "
+        "lower-variance gradients for a mean-field guide"))
     augment: Literal["none", "crop_flip"] = Field(
         "none", description="training-time image augmentation of every minibatch: crop_flip = random crop after "
         "4-pixel zero padding and a random horizontal flip (the CIFAR standard); image nets only")
@@ -356,13 +371,14 @@ class SVISpec(Tempered):
         "none", description="bf16: each training step under torch.autocast in bfloat16 (the net's matmuls and "
         "convolutions in bf16; parameters, gradients, the optimiser, the likelihood and every KL in float32); "
         "evaluation stays in the spec's dtype. Not with compile or dtype: float64")
-    checkpoint_every: PositiveInt = 1000
+    checkpoint_every: PositiveInt = Field(1000, description=(
+        "steps between checkpoints (the run resumes from the last one)"))
     read_loss_every: PositiveInt | None = Field(
         None, description="steps between host reads of the loss: 1 checks every loss before its optimiser step (a "
         "non-finite one is never applied); N > 1 lets a GPU queue N steps without waiting for the host, and a "
         "non-finite loss stops the run when it is read (the last checkpoint stays good). Default: 1 on CPU, "
         f"{CUDA_READ_LOSS_EVERY} on CUDA")
-    predictive_samples: PositiveInt = 100
+    predictive_samples: PositiveInt = Field(100, description="posterior draws used for the test metrics")
 
     @model_validator(mode="after")
     def _one_way_per_schedule(self) -> SVISpec:

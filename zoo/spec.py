@@ -7,11 +7,12 @@ import copy
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import Field, NonNegativeInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
 from zoo import registry
 from zoo.data import check_data_spec
@@ -64,16 +65,25 @@ _UNION_TAGS = set(_UNION_MEMBERS)
 class RunSpec(Strict):
     """A whole run: any valid combination of parts is one spec away."""
 
-    data: DataSpec
-    net: NetSpec = Field(default_factory=NetSpec)
-    prior: PriorSpec = Field(default_factory=PriorSpec)
-    model: ModelSpec = Field(default_factory=MeanFieldModelSpec)
-    guide: GuideSpec = Field(default_factory=GuideSpec)
-    likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec)
-    inference: InferenceSpec = Field(default_factory=SVISpec)
-    seed: NonNegativeInt = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "float64"] = "float32"
+    data: DataSpec = Field(description="the data set and its splits (section data)")
+    net: NetSpec = Field(default_factory=NetSpec, description=(
+        "the deterministic architecture the family makes Bayesian (section net)"))
+    prior: PriorSpec = Field(default_factory=PriorSpec, description=(
+        "the prior on the weights: a default plus overrides by site-name glob (section prior)"))
+    model: ModelSpec = Field(default_factory=MeanFieldModelSpec, description=(
+        "the model family, chosen by model.family: mean_field, rank1, deep_ensemble or subnetwork"))
+    guide: GuideSpec = Field(default_factory=GuideSpec, description=(
+        "the variational family (or point estimate) that SVI fits, chosen by guide.name"))
+    likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec, description=(
+        "the observation model: categorical or Gaussian with fixed, learned or heteroscedastic noise"))
+    inference: InferenceSpec = Field(default_factory=SVISpec, description=(
+        "how the posterior is computed, chosen by inference.method (svi, nuts, hmc, laplace, sgld, sghmc, swag)"))
+    seed: NonNegativeInt = Field(0, description=(
+        "seeds torch, Pyro and every sampler of the run; the same seed gives the same run"))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "auto is CUDA when present, else the CPU; cuda without a visible GPU is refused"))
+    dtype: Literal["float32", "float64"] = Field("float32", description=(
+        "the floating-point type of the net, the guide and the data"))
 
     @field_validator("model", mode="before")
     @classmethod
@@ -315,3 +325,43 @@ def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
 def spec_to_yaml(spec: RunSpec) -> str:
     """The fully resolved spec as YAML (what a run directory records)."""
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------------------- the reference
+@dataclass(frozen=True)
+class SectionReference:
+    """One section of the run spec as the documentation lists it: its dotted path, the variant a discriminator
+    selects (``method: svi``; empty for a section of one kind), and its pydantic model."""
+
+    path: str
+    variant: str
+    model: type[BaseModel]
+
+
+def spec_sections() -> list[SectionReference]:
+    """Every section of :class:`RunSpec`, walked from the top: each nested model once, at the first path that
+    reaches it, each member of a discriminated union (priors, families, methods) as its own variant. The docs'
+    spec reference is generated from this, and a test holds every field to a description."""
+    found: list[SectionReference] = []
+    seen: set[type[BaseModel]] = set()
+
+    def models_in(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in get_args(annotation) for m in models_in(arg)]
+
+    def walk(path: str, model: type[BaseModel], variant: str = "") -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        found.append(SectionReference(path, variant, model))
+        for name, field in model.model_fields.items():
+            members = models_in(field.annotation)
+            tag = next((key for key in ("name", "family", "method") if len(members) > 1
+                        and all(key in m.model_fields for m in members)), None)
+            for member in members:
+                label = f"{tag}: {' | '.join(map(str, get_args(member.model_fields[tag].annotation)))}" if tag else ""
+                walk(f"{path}.{name}" if path else name, member, label)
+
+    walk("", RunSpec)
+    return found

@@ -55,7 +55,7 @@ class LaplaceSpec(Tempered):
     model's marginal likelihood, evaluated at the linearised model's own mode.
     """
 
-    method: Literal["laplace"]
+    method: Literal["laplace"] = Field(description="laplace (needs model.family: subnetwork)")
     prior_structure: Literal["scalar", "layer", "parameter"] = Field(
         "layer", description="one prior precision for all, one per layer (module), or one per parameter tensor "
         "(e.g. hidden0.weight and hidden0.bias apart)")

@@ -68,11 +68,13 @@ class MCMCSpec(Tempered):
     default (use many chains, e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
     """
 
-    method: Literal["nuts", "hmc"]
-    num_chains: PositiveInt = 4
-    warmup_steps: PositiveInt = 500
-    num_samples: PositiveInt = 500
-    target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0)
+    method: Literal["nuts", "hmc"] = Field(description=(
+        "nuts (Pyro's NUTS, chain after chain) or hmc (the zoo's many-chain ChEES-HMC)"))
+    num_chains: PositiveInt = Field(4, description="independent chains (hmc: use many, e.g. 64-256)")
+    warmup_steps: PositiveInt = Field(500, description="adaptation steps per chain, discarded")
+    num_samples: PositiveInt = Field(500, description="draws kept per chain")
+    target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0, description=(
+        "the acceptance rate the step-size adaptation aims at"))
     step_size: PositiveFloat = Field(0.01, description="initial step size (adapted during warm-up)")
     max_tree_depth: PositiveInt = Field(10, le=15, description="nuts: at most 2^depth leapfrog steps per draw")
     trajectory_length: PositiveFloat = Field(1.0, description="hmc: integration time until the first mass-matrix "
@@ -83,11 +85,11 @@ class MCMCSpec(Tempered):
         "space, what predictions depend on) or the whitened weights (the original ChEES criterion)")
     max_leapfrog_steps: PositiveInt = Field(
         2048, description="hmc: cap on leapfrog steps per draw, and so on the sampling trajectory length (at 1,024 "
-        "it clamped bostonHousing's ChEES length from 2.26 to 1.60, and min ESS fell 6x; README)")
+        "it clamped bostonHousing's ChEES length from 2.26 to 1.60, and min ESS fell 6x; docs/results/hmc.md)")
     compile: bool = Field(False, description="trace the potential with its gradient into one graph and compile it "
                           "(a one-off compile of a few seconds per chain count); on CPU here ~3.6x faster gradients "
                           "for 64 lockstep HMC chains and ~2x faster NUTS iterations")
-    adapt_mass_matrix: bool = True
+    adapt_mass_matrix: bool = Field(True, description="adapt a diagonal mass matrix during warm-up")
     chain_chunk: PositiveInt | None = Field(
         None, description="hmc: evaluate the potential for at most this many chains per call (None: all at once); "
         "on nets whose activations for all chains outgrow the CPU caches, chunks are faster (benchmarks/"

@@ -42,7 +42,7 @@ SWAG_FILE = "swag.pt"
 class SWAGSpec(Tempered):
     """SWAG (num_models 1) or MultiSWAG (num_models > 1): a Gaussian from SGD iterates."""
 
-    method: Literal["swag"]
+    method: Literal["swag"] = Field(description="swag (num_models > 1: MultiSWAG)")
     num_models: PositiveInt = Field(1, description="independent SWAG fits; > 1 is MultiSWAG (their mixture)")
     epochs: PositiveInt = Field(50, description="SGD epochs at the constant lr that collect iterates")
     pretrain_epochs: NonNegativeInt = Field(100, description="SGD epochs before collecting (0 when init is a MAP "
@@ -50,7 +50,7 @@ class SWAGSpec(Tempered):
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
     pretrain_lr: PositiveFloat = Field(0.05, description="learning rate at the start of pretraining")
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
     rank: PositiveInt = Field(20, ge=2, description="columns of the low-rank covariance (the last rank deviations)")
     collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
                                               "per epoch)")

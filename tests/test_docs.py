@@ -1,0 +1,108 @@
+"""The documentation: the spec reference is generated from the code and complete, the CLI reference covers every
+subcommand, the README stays a front door, and the site check catches what a reader's browser would see broken."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from zoo.cli import build_parser
+from zoo.spec import RunSpec, spec_sections
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", ROOT / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_field_of_every_spec_section_has_a_description():
+    missing = [f"{s.path or 'top level'} ({s.variant or s.model.__name__}).{name}"
+               for s in spec_sections() for name, field in s.model.model_fields.items() if not field.description]
+    assert not missing, f"fields without a description (the docs' spec reference shows it): {missing}"
+
+
+def test_the_sections_cover_the_run_spec_and_every_registered_method():
+    sections = spec_sections()
+    assert sections[0].model is RunSpec
+    paths = {s.path for s in sections}
+    assert {"data", "net", "prior", "model", "guide", "likelihood", "inference", "model.selection"} <= paths
+    methods = " ".join(s.variant for s in sections if s.path == "inference")
+    for method in ("svi", "nuts", "hmc", "laplace", "sgld", "sghmc", "swag"):
+        assert method in methods
+
+
+def test_the_spec_reference_lists_every_field_with_its_description():
+    reference = _load("hooks").spec_reference()
+    for section in spec_sections():
+        for name, field in section.model.model_fields.items():
+            assert f"| `{name}` |" in reference
+            assert field.description.split("|")[0][:40] in reference
+
+
+def test_the_cli_reference_has_every_subcommand_and_the_page_markers_are_replaced():
+    hooks = _load("hooks")
+    reference = hooks.cli_reference()
+    commands = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    for name in commands:
+        assert f"## `zoo {name}`" in reference
+    page = hooks.on_page_markdown("a\n<!-- spec-reference -->\n<!-- cli-reference -->\n<!-- parts-reference -->\n")
+    assert "<!--" not in page and "### `data`" in page and "## `zoo train`" in page
+
+
+def test_the_parts_catalogue_lists_every_registered_name():
+    from zoo.registry import TABLES
+
+    catalogue = _load("hooks").parts_reference()
+    for table in TABLES.values():
+        for name in table:
+            assert f"| `{name}` |" in catalogue
+
+
+def test_the_readme_is_a_front_door_with_the_test_command_and_links_that_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert "make test" in text and "pip install" in text
+    for target, anchor in re.findall(r"\]\(((?!https?:)[^)#]+)(?:#([^)]+))?\)", text):
+        page = ROOT / target
+        assert page.is_file(), f"README links to a missing file: {target}"
+        if anchor:  # a heading's slug, or an explicit { #id }
+            slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).strip().replace(" ", "-")
+                     for h in re.findall(r"^#+ (.*?)(?: \{ #[^}]+ \})?$", page.read_text(), re.M)}
+            assert anchor in slugs | set(re.findall(r"\{ #([\w-]+) \}", page.read_text())), f"{target}#{anchor}"
+
+
+def test_every_headline_figure_of_the_readme_is_on_the_uci_results_page():
+    readme = (ROOT / "README.md").read_text().split("## Headline results", 1)[1]
+    page = (ROOT / "docs" / "results" / "uci.md").read_text().splitlines()
+    rows = [line for line in readme.splitlines() if line.startswith("| ") and "±" in line]
+    assert len(rows) >= 5
+    for row in rows:
+        figures = row.split("|", 2)[2]  # the cells after the member's name
+        assert any(line.endswith(figures) for line in page), f"not on docs/results/uci.md: {row}"
+
+
+@pytest.mark.skipif(not (shutil.which("chromedriver") and shutil.which("chromium")),
+                    reason="needs Debian's chromium and chromium-driver (make docs-check installs them)")
+def test_the_site_check_finds_a_broken_link_a_missing_anchor_and_a_missing_image(tmp_path, capsys):
+    pytest.importorskip("selenium")
+    check_site = _load("check_site")
+    (tmp_path / "tutorials").mkdir()
+    icon = '<link rel="icon" href="data:,">'  # no favicon request (a site's theme links its own)
+    (tmp_path / "index.html").write_text(icon + '<h1 id="top">x</h1><a href="tutorials/hmc_vs_vi_regression.html">'
+                                         't</a><a href="gone.html">g</a><a href="index.html#nowhere">n</a>'
+                                         '<img src="missing.png">')
+    (tmp_path / "tutorials" / "hmc_vs_vi_regression.html").write_text(icon + '<a href="../index.html#top">back</a>')
+    problems = check_site.check(tmp_path, tmp_path / "shots")
+    kinds = sorted(p.split(": ", 1)[1].split(":")[0] for p in problems)
+    # the missing image also logs a failed request (404) in the console
+    assert kinds == ["console error", "image did not load", "link to a missing anchor", "link to a missing page"]
+    assert "index.html: link to a missing page: gone.html" in problems
+    assert (tmp_path / "shots" / "front_page.png").is_file() and (tmp_path / "shots" / "tutorial.png").is_file()
