@@ -24,6 +24,7 @@ NOTEBOOK_OUTPUTS = {
     "autoguides.ipynb": "auto_mvn/posterior.nc",  # diagnose wrote ArviZ's file
     "sgmcmc_swag.ipynb": "sghmc_scale_adapted/samples.pt",
     "swapping_parts.ipynb": "sghmc/samples.pt",  # the inference method swapped by one override
+    "scaling_out.ipynb": "hmc_2/samples.pt",  # written by rank 0 of two processes
 }
 
 
