@@ -244,28 +244,22 @@ class AutoGuide(nn.Module):
         ``<site>_unconstrained``, so a trace conditioned on the sites' values alone would draw that auxiliary
         afresh (and take the site for a point mass): its density is computed here from the values instead."""
         guide = self.active
-        total = next(iter(draws.values())).shape[0]
-        if isinstance(guide, autoguide.AutoNormal):
-            log_q = 0.0
-            with torch.no_grad(), pyro.settings.context(module_local_params=True):
-                for name, site in guide.prototype_trace.iter_stochastic_nodes():
-                    transform = biject_to(site["fn"].support)
-                    raw = transform.inv(draws[name])
-                    loc, scale = guide._get_loc_and_scale(name)
-                    log_det = transform.inv.log_abs_det_jacobian(draws[name], raw)
-                    log_q = (log_q + Normal(loc, scale).log_prob(raw).reshape(total, -1).sum(-1)
-                             + log_det.reshape(total, -1).sum(-1))
-            return log_q
-        if not isinstance(guide, autoguide.AutoContinuous):
+        if not isinstance(guide, autoguide.AutoNormal | autoguide.AutoContinuous):
             return None
-        parts, log_det = [], 0.0
+        total = next(iter(draws.values())).shape[0]
+        raws, log_det = {}, 0.0
         with torch.no_grad(), pyro.settings.context(module_local_params=True):
-            for name in guide._unconstrained_shapes:
-                transform = biject_to(guide.prototype_trace.nodes[name]["fn"].support)
-                raw = transform.inv(draws[name])
-                parts.append(raw.reshape(total, -1))
+            for name, site in guide.prototype_trace.iter_stochastic_nodes():
+                transform = biject_to(site["fn"].support)
+                raws[name] = raw = transform.inv(draws[name])
                 log_det = log_det + transform.inv.log_abs_det_jacobian(draws[name], raw).reshape(total, -1).sum(-1)
-            return guide.get_posterior().log_prob(torch.cat(parts, dim=-1)) + log_det
+            if isinstance(guide, autoguide.AutoNormal):
+                density = sum(Normal(*guide._get_loc_and_scale(name)).log_prob(raw).reshape(total, -1).sum(-1)
+                              for name, raw in raws.items())
+            else:
+                joint = torch.cat([raws[name].reshape(total, -1) for name in guide._unconstrained_shapes], dim=-1)
+                density = guide.get_posterior().log_prob(joint)
+            return density + log_det
 
     def init_from(self, values: dict[str, torch.Tensor]) -> list[str]:
         """Rebuild the autoguide centred at point values (e.g. a MAP fit); returns the sites that were matched."""

@@ -228,11 +228,10 @@ class Rank1BNN:
             return self.net(x.expand(n_members, *x.shape).flatten(0, 1)).unflatten(0, (n_members, -1))
 
     def _member_draws(self, draws: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
-        """S draws of every site as S*K member values (draw-major), with the member biases repeated S times. Draws
-        of sites the model does not have (a Pyro autoguide's auxiliary ``<site>_unconstrained``) are left out."""
+        """S draws of every site as S*K member values (draw-major), with the member biases repeated S times."""
         sites = self.latent_sites()
         members = {n: v.flatten(0, 1) if sites[n].plate is not None else v.repeat_interleave(self.members, dim=0)
-                   for n, v in draws.items() if n in sites}
+                   for n, v in draws.items()}
         n_draws = next(iter(draws.values())).shape[0]
         return members, [b.repeat(n_draws, 1) for b in self.member_bias.values()]
 
