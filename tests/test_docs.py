@@ -1,11 +1,15 @@
 """The documentation: the spec reference is generated from the code and complete, the CLI reference covers every
-subcommand, the README stays a front door, and the site check catches what a reader's browser would see broken."""
+subcommand, the API reference's docstrings state every argument and return value, the README stays a front door,
+and the site check catches what a reader's browser would see broken."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import re
 import shutil
+import typing
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,83 @@ def test_the_site_check_finds_a_broken_link_a_missing_anchor_and_a_missing_image
     assert kinds == ["console error", "image did not load", "link to a missing anchor", "link to a missing page"]
     assert "index.html: link to a missing page: gone.html" in problems
     assert (tmp_path / "shots" / "front_page.png").is_file() and (tmp_path / "shots" / "tutorial.png").is_file()
+
+
+# The modules whose public functions, classes and methods must state their arguments (``:param name:``) and, when
+# they return something, their return value (``:returns:``) in their docstrings: the API reference renders these
+# fields as tables (docs/reference/api.md, Sphinx style). Add a module here when its docstrings follow the style.
+API_MODULES = [
+    "zoo.posterior",
+    "zoo.diagnostics.checks",
+    "zoo.diagnostics.comparison",
+    "zoo.diagnostics.inference_data",
+    "zoo.evaluate",
+    "zoo.metrics",
+    "zoo.report",
+    "zoo.sweep",
+    "zoo.shift",
+    "zoo.runs",
+]
+_DOCUMENTED_PARAM = re.compile(r"^\s*:param\s+\*{0,2}(\w+):", re.M)
+_DOCUMENTED_FIELD = re.compile(r"^\s*:(?:param|ivar)\s+(\w+):", re.M)  # a class's constructor arguments
+_DOCUMENTED_RETURN = re.compile(r"^\s*:returns?:", re.M)
+
+
+def _parameters(callable_) -> list[str]:
+    """The parameter names of a function or a class's constructor, without ``self``/``cls``."""
+    try:
+        signature = inspect.signature(callable_)
+    except (TypeError, ValueError):  # a class whose constructor Python cannot describe takes no arguments of its own
+        return []
+    return [name for name in signature.parameters if name not in ("self", "cls")]
+
+
+def _returns_something(function) -> bool:
+    """Whether the return annotation says the function returns a value (anything but None)."""
+    try:
+        annotation = typing.get_type_hints(function).get("return", inspect.Signature.empty)
+    except Exception:  # noqa: BLE001 - an annotation naming a type only a type checker imports: read it as written
+        annotation = inspect.signature(function).return_annotation
+    return annotation not in (inspect.Signature.empty, None, type(None), "None")
+
+
+def _function_problems(where: str, function) -> list[str]:
+    doc = function.__doc__ or ""
+    documented = set(_DOCUMENTED_PARAM.findall(doc))
+    problems = [f"{where}: no ':param {name}:'" for name in _parameters(function) if name not in documented]
+    if _returns_something(function) and not _DOCUMENTED_RETURN.search(doc):
+        problems.append(f"{where}: no ':returns:'")
+    return problems
+
+
+def _api_problems(module_name: str) -> list[str]:
+    """Every missing ``:param``/``:returns:`` of the public functions, classes and methods defined in a module."""
+    module = importlib.import_module(module_name)
+    problems = []
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
+            continue  # private, or imported from elsewhere
+        where = f"{module_name}.{name}"
+        if inspect.isfunction(obj):
+            problems += _function_problems(where, obj)
+        elif inspect.isclass(obj):
+            documented = set(_DOCUMENTED_FIELD.findall(obj.__doc__ or ""))
+            problems += [f"{where}: no ':param {p}:' (or ':ivar {p}:')" for p in _parameters(obj)
+                         if p not in documented]
+            for method_name, attr in vars(obj).items():
+                if method_name.startswith("_") or isinstance(attr, property):
+                    continue  # private and dunder methods, properties
+                method = attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr
+                if not inspect.isfunction(method):
+                    continue
+                if method.__doc__ is None and inspect.getdoc(getattr(obj, method_name)):
+                    continue  # the docstring is inherited from the method it overrides
+                problems += _function_problems(f"{where}.{method_name}", method)
+    return problems
+
+
+@pytest.mark.parametrize("module_name", API_MODULES)
+def test_the_api_docstrings_state_every_argument_and_the_return_value(module_name):
+    problems = _api_problems(module_name)
+    assert not problems, "docstrings that do not state an argument or the return value (Sphinx fields, rendered " \
+                         "in the API reference):\n" + "\n".join(problems)

@@ -22,6 +22,14 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
 
     Classification: accuracy, nll, ece, brier and OOD AUROCs from one set of draws for test and OOD inputs.
     Regression: rmse and test_ll in original units (from the closed form where the posterior has one).
+
+    :param posterior: the fitted posterior.
+    :param data: the data set whose test (and OOD) inputs are scored.
+    :param num_samples: posterior draws to average over.
+    :param seed: seeds the draws (Pyro's generators are set to ``seed + 1``), so that a run scores the same twice.
+    :returns: the flat metrics of metrics.json, e.g. ``{"accuracy": ..., "nll": ..., "ece": ..., "brier": ...}``.
+    :raises ZooInputError: when ``num_samples`` is below 1, or scoring that many draws would take more than half the
+        memory available (:func:`check_draws_fit`).
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
@@ -33,7 +41,13 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
 def draws_memory(posterior: Posterior, data: Dataset, num_samples: int) -> int:
     """Bytes that ``num_samples`` draws take while the test and OOD inputs are scored: every latent element of
     each draw, and three copies of its outputs (the net's output, the predictive's log-probabilities, a working
-    copy) on every input scored, at the data's precision."""
+    copy) on every input scored, at the data's precision.
+
+    :param posterior: the posterior whose latent sites are drawn.
+    :param data: the data set whose test and OOD inputs are scored.
+    :param num_samples: the number of draws.
+    :returns: the estimate in bytes.
+    """
     latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
     rows = len(data.x_test) + sum(len(x) for x in data.x_ood.values())
     return num_samples * (latent + 3 * rows * max(data.out_dim, 1)) * data.x_test.element_size()
@@ -41,7 +55,15 @@ def draws_memory(posterior: Posterior, data: Dataset, num_samples: int) -> int:
 
 def check_draws_fit(posterior: Posterior, data: Dataset, num_samples: int, field: str = "--samples") -> None:
     """Refuse, before any draw, a number of draws whose scoring would take more than half the memory available
-    (:func:`draws_memory`), with the estimate and the largest count that fits."""
+    (:func:`draws_memory`), with the estimate and the largest count that fits.
+
+    :param posterior: the posterior whose latent sites are drawn.
+    :param data: the data set whose test and OOD inputs are scored.
+    :param num_samples: the number of draws asked for.
+    :param field: the option or setting that asked for them, named in the refusal.
+    :raises ZooInputError: when the draws would take more than half the memory available (never where the memory
+        available is unknown).
+    """
     free = available_memory()
     need = draws_memory(posterior, data, num_samples)
     if free is not None and need > free / 2:
@@ -58,6 +80,13 @@ class ValidationMonitor:
     sweep's pruner does). Scoring draws from its own seeded stream and leaves every random state as it found it, so
     a monitored fit takes exactly the steps an unmonitored one takes. Inference methods without intermediate
     posteriors (MCMC, Laplace) score once, at the end, as report ``reports``.
+
+    :param metric: the key of :func:`evaluate`'s metrics to score, e.g. ``"nll"``.
+    :param on_score: called as ``on_score(k, value)`` with each score.
+    :param num_samples: posterior draws per score.
+    :param seed: seeds each score's draws, as :func:`evaluate`'s ``seed``.
+    :param reports: how many scores over the fit.
+    :raises ZooInputError: when ``reports`` is below 1.
     """
 
     def __init__(self, metric: str, on_score: Callable[[int, float], None], num_samples: int, seed: int = 0,
@@ -69,7 +98,12 @@ class ValidationMonitor:
         self.reported = 0
 
     def due(self, step: int, total_steps: int) -> bool:
-        """Whether ``step`` of ``total_steps`` completes the next report's share of the fit."""
+        """Whether ``step`` of ``total_steps`` completes the next report's share of the fit.
+
+        :param step: the fit's steps done so far.
+        :param total_steps: the fit's steps in all.
+        :returns: True when the next score is due.
+        """
         return step * self.reports // max(total_steps, 1) > self.reported
 
     def __call__(self, step: int, total_steps: int, posterior: Posterior, data: Dataset) -> None:
@@ -90,7 +124,11 @@ class ValidationMonitor:
         self.on_score(k, float(value))
 
     def final(self, posterior: Posterior, data: Dataset) -> None:
-        """Score a finished fit (once, as the last report) unless its last report is already in."""
+        """Score a finished fit (once, as the last report) unless its last report is already in.
+
+        :param posterior: the finished fit's posterior.
+        :param data: the data set whose evaluation rows are scored.
+        """
         if self.reported < self.reports:
             self(self.reports, self.reports, posterior, data)
 
@@ -99,13 +137,28 @@ def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samp
     """The run's picture: an uncertainty band for 1-D regression, a reliability diagram for classification.
 
     Seeded like :func:`evaluate`, so a reliability diagram shows the same draws as metrics.json.
+
+    :param posterior: the fitted posterior.
+    :param data: the run's data set.
+    :param run_dir: the directory the picture is written to (``uncertainty.png`` or ``reliability.png``).
+    :param num_samples: posterior draws to plot.
+    :param seed: seeds the draws, as :func:`evaluate`'s ``seed``.
+    :returns: the picture's path, or None where the task has none for this data (regression with more than one
+        input feature).
     """
     pyro.set_rng_seed(seed + 1)
     return task_of(data).plot(posterior, data, run_dir, num_samples)
 
 
 def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
-    """Fix the ``fraction`` of weights with the lowest signal-to-noise |mu|/sigma at zero (Blundell et al. 2015)."""
+    """Fix the ``fraction`` of weights with the lowest signal-to-noise |mu|/sigma at zero (Blundell et al. 2015).
+
+    :param posterior: a fitted mean-field guide's posterior over individual weights.
+    :param fraction: the share of weights to prune, in ``[0, 1)``.
+    :returns: ``posterior`` with the pruned weights masked to zero.
+    :raises ZooInputError: when the posterior has no mean-field guide over individual weights (e.g. rank-1
+        factors), or ``fraction`` lies outside ``[0, 1)``.
+    """
     guide = getattr(posterior, "guide", None)
     if guide is None or not hasattr(guide, "signal_to_noise") or any(s.plate for s in guide.sites.values()):
         raise ZooInputError("zoo prune", type(guide).__name__,

@@ -153,27 +153,53 @@ def _check_regression(loc: Tensor, scale: Tensor, y: Tensor, y_std: float) -> tu
 
 
 def predictive_log_probs(log_probs: Tensor) -> Tensor:
-    """Log of the posterior predictive (mean over draws of the class probabilities): ``[S, B, C] -> [B, C]``."""
+    """Log of the posterior predictive (mean over draws of the class probabilities): ``[S, B, C] -> [B, C]``.
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: the log predictive probabilities ``[B, C]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     _check_log_probs(log_probs)
     return torch.logsumexp(log_probs, dim=0) - math.log(log_probs.shape[0])
 
 
 def accuracy(log_probs: Tensor, y: Tensor) -> float:
-    """Fraction of points whose predictive argmax class equals the label."""
+    """Fraction of points whose predictive argmax class equals the label.
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param y: integer class labels ``[B]``.
+    :returns: the accuracy, in ``[0, 1]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities or ``y`` not ``B``
+        labels in ``[0, C)``.
+    """
     _check_labels(log_probs, y)
     pred = predictive_log_probs(log_probs).argmax(dim=-1)
     return float((pred == y).double().mean())
 
 
 def nll(log_probs: Tensor, y: Tensor) -> float:
-    """Mean over points of -log p(y | x) under the predictive mixture over draws (not the mean of per-draw NLLs)."""
+    """Mean over points of -log p(y | x) under the predictive mixture over draws (not the mean of per-draw NLLs).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param y: integer class labels ``[B]``.
+    :returns: the mean negative log-likelihood (nats).
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities or ``y`` not ``B``
+        labels in ``[0, C)``.
+    """
     _check_labels(log_probs, y)
     lp = predictive_log_probs(log_probs.double())
     return float(-lp.gather(-1, y.long().unsqueeze(-1)).squeeze(-1).mean())
 
 
 def brier(log_probs: Tensor, y: Tensor) -> float:
-    """Mean over points of the sum over classes of (p_c - onehot_c)^2 for the predictive probabilities."""
+    """Mean over points of the sum over classes of (p_c - onehot_c)^2 for the predictive probabilities.
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param y: integer class labels ``[B]``.
+    :returns: the Brier score, in ``[0, 2]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities or ``y`` not ``B``
+        labels in ``[0, C)``.
+    """
     _check_labels(log_probs, y)
     p = predictive_log_probs(log_probs.double()).exp()
     onehot = torch.nn.functional.one_hot(y.long(), num_classes=p.shape[-1]).double()
@@ -189,7 +215,16 @@ def _bin_index(confidence: Tensor, n_bins: int) -> Tensor:
 
 
 def reliability_bins(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> dict[str, np.ndarray]:
-    """Per-bin arrays ``lower``, ``upper``, ``count``, ``accuracy``, ``confidence`` (NaN for empty bins) on (0, 1]."""
+    """Per-bin statistics of a reliability diagram over ``n_bins`` equal-width bins on (0, 1].
+
+    :param confidence: each point's confidence ``[B]``, in ``[0, 1]``.
+    :param correct: whether each point's prediction was right ``[B]`` (bool, or 0/1 integers).
+    :param n_bins: how many bins.
+    :returns: arrays ``[n_bins]`` by name: ``lower`` and ``upper`` bin edges, ``count``, and the mean ``accuracy``
+        and ``confidence`` in each bin (NaN for empty bins).
+    :raises ValueError: when the two inputs are not ``[B]`` tensors of one length ``B >= 1``, a confidence lies
+        outside ``[0, 1]``, or ``n_bins`` is not a positive int.
+    """
     confidence, correct = _check_confidence(confidence, correct, n_bins)
     idx = _bin_index(confidence, n_bins)
     count = torch.bincount(idx, minlength=n_bins).double()
@@ -208,7 +243,14 @@ def reliability_bins(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> d
 
 
 def expected_calibration_error(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> float:
-    """Count-weighted mean over non-empty equal-width bins on (0, 1] of |accuracy - mean confidence|."""
+    """Count-weighted mean over non-empty equal-width bins on (0, 1] of |accuracy - mean confidence|.
+
+    :param confidence: each point's confidence ``[B]``, in ``[0, 1]``.
+    :param correct: whether each point's prediction was right ``[B]`` (bool, or 0/1 integers).
+    :param n_bins: how many bins.
+    :returns: the expected calibration error, in ``[0, 1]``.
+    :raises ValueError: on inputs that :func:`reliability_bins` refuses.
+    """
     bins = reliability_bins(confidence, correct, n_bins)
     count = bins["count"]
     nonempty = count > 0
@@ -222,7 +264,15 @@ def _confidence_and_correct(log_probs: Tensor, y: Tensor) -> tuple[Tensor, Tenso
 
 
 def ece(log_probs: Tensor, y: Tensor, n_bins: int = 15) -> float:
-    """Expected calibration error of the predictive's top-class probability."""
+    """Expected calibration error of the predictive's top-class probability (:func:`expected_calibration_error`).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param y: integer class labels ``[B]``.
+    :param n_bins: how many equal-width confidence bins.
+    :returns: the expected calibration error, in ``[0, 1]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities or ``y`` not ``B``
+        labels in ``[0, C)``.
+    """
     _check_labels(log_probs, y)
     confidence, correct = _confidence_and_correct(log_probs, y)
     return expected_calibration_error(confidence, correct, n_bins)
@@ -234,29 +284,54 @@ def _neg_plogp(log_p: Tensor) -> Tensor:
 
 
 def predictive_entropy(log_probs: Tensor) -> Tensor:
-    """Entropy (nats) of the predictive mean distribution: ``[S, B, C] -> [B]`` (total uncertainty)."""
+    """Entropy (nats) of the predictive mean distribution: ``[S, B, C] -> [B]`` (total uncertainty).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: each point's predictive entropy ``[B]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     return _neg_plogp(predictive_log_probs(log_probs)).sum(dim=-1)
 
 
 def expected_entropy(log_probs: Tensor) -> Tensor:
-    """Mean over draws of each draw's entropy (nats): ``[S, B, C] -> [B]`` (aleatoric part)."""
+    """Mean over draws of each draw's entropy (nats): ``[S, B, C] -> [B]`` (aleatoric part).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: each point's expected entropy ``[B]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     _check_log_probs(log_probs)
     return _neg_plogp(log_probs).sum(dim=-1).mean(dim=0)
 
 
 def mutual_information(log_probs: Tensor) -> Tensor:
-    """Predictive entropy minus expected entropy, clamped at 0: ``[S, B, C] -> [B]`` (epistemic part, nats)."""
+    """Predictive entropy minus expected entropy, clamped at 0: ``[S, B, C] -> [B]`` (epistemic part, nats).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: each point's mutual information between its label and the weights ``[B]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     return (predictive_entropy(log_probs) - expected_entropy(log_probs)).clamp(min=0.0)
 
 
 def max_prob_uncertainty(log_probs: Tensor) -> Tensor:
-    """One minus the predictive's top-class probability: ``[S, B, C] -> [B]`` (the max-softmax baseline score)."""
+    """One minus the predictive's top-class probability: ``[S, B, C] -> [B]`` (the max-softmax baseline score).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: each point's score ``[B]``, in ``[0, 1 - 1/C]``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     return 1.0 - predictive_log_probs(log_probs).max(dim=-1).values.exp()
 
 
 def draws_identical(log_probs: Tensor) -> bool:
     """Whether every draw gives the same class probabilities (a point estimate: its mutual information is 0 by
-    construction, so MI-based scores say nothing about it)."""
+    construction, so MI-based scores say nothing about it).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :returns: True when all ``S`` draws are identical.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities.
+    """
     _check_log_probs(log_probs)
     return bool((log_probs == log_probs[:1]).all())
 
@@ -280,7 +355,14 @@ def _ood_inputs(log_probs_in: Tensor, log_probs_out: Tensor) -> list[str]:
 
 def ood_auroc(log_probs_in: Tensor, log_probs_out: Tensor) -> dict[str, float]:
     """AUROC of separating OOD (label 1) from in-distribution (label 0) by predictive entropy (``entropy``) and MI;
-    ``mi`` is left out when every draw is the same (a point estimate, whose MI is 0 everywhere)."""
+    ``mi`` is left out when every draw is the same (a point estimate, whose MI is 0 everywhere).
+
+    :param log_probs_in: per-draw log class probabilities on the in-distribution points ``[S, B, C]``.
+    :param log_probs_out: the same draws' log class probabilities on the OOD points ``[S, B', C]``.
+    :returns: the AUROC by score, ``{"entropy": ..., "mi": ...}``.
+    :raises ValueError: when either input is not normalised log-probabilities ``[S, B, C]``, the class counts
+        differ, or either set has no points.
+    """
     scores = [name for name in _ood_inputs(log_probs_in, log_probs_out) if name != "max_prob"]
     from sklearn.metrics import roc_auc_score  # deferred: importing sklearn costs ~1.5 s, only this function needs it
 
@@ -298,7 +380,16 @@ def ood_detection(log_probs_in: Tensor, log_probs_out: Tensor, tpr: float = 0.95
     out for identical draws): ``auroc`` (OOD as the positive class), ``aupr_in`` (average precision of finding the
     in-distribution points by low uncertainty), ``aupr_out`` (of finding the OOD points by high uncertainty) and
     ``fpr95``: the share of OOD points taken for in-distribution at the threshold that keeps ``tpr`` of the
-    in-distribution points."""
+    in-distribution points.
+
+    :param log_probs_in: per-draw log class probabilities on the in-distribution points ``[S, B, C]``.
+    :param log_probs_out: the same draws' log class probabilities on the OOD points ``[S, B', C]``.
+    :param tpr: the share of in-distribution points kept at the ``fpr95`` threshold, in ``(0, 1]``.
+    :returns: by score, its four figures: ``{"max_prob": {"auroc": ..., "aupr_in": ..., "aupr_out": ...,
+        "fpr95": ...}, ...}``.
+    :raises ValueError: when ``tpr`` lies outside ``(0, 1]``, either input is not normalised log-probabilities
+        ``[S, B, C]``, the class counts differ, or either set has no points.
+    """
     if not 0.0 < tpr <= 1.0:
         raise ValueError(f"tpr must lie in (0, 1]; got {tpr!r}")
     scores = _ood_inputs(log_probs_in, log_probs_out)
@@ -318,7 +409,15 @@ def ood_detection(log_probs_in: Tensor, log_probs_out: Tensor, tpr: float = 0.95
 
 
 def classification_metrics(log_probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, float]:
-    """``accuracy``, ``nll``, ``ece`` and ``brier`` of the predictive, as plain floats."""
+    """``accuracy``, ``nll``, ``ece`` and ``brier`` of the predictive, as plain floats.
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param y: integer class labels ``[B]``.
+    :param n_bins: how many equal-width confidence bins the ECE uses.
+    :returns: ``{"accuracy": ..., "nll": ..., "ece": ..., "brier": ...}``.
+    :raises ValueError: when ``log_probs`` is not ``[S, B, C]`` normalised log-probabilities or ``y`` not ``B``
+        labels in ``[0, C)``.
+    """
     return {
         "accuracy": accuracy(log_probs, y),
         "nll": nll(log_probs, y),
@@ -335,7 +434,18 @@ def classification_metrics(log_probs: Tensor, y: Tensor, n_bins: int = 15) -> di
 def regression_metrics(
     loc: Tensor, scale: Tensor, y: Tensor, y_mean: float = 0.0, y_std: float = 1.0
 ) -> dict[str, float]:
-    """``rmse`` of the predictive mean and mixture ``test_ll`` per point, both in original target units."""
+    """``rmse`` of the predictive mean and mixture ``test_ll`` per point, both in original target units.
+
+    :param loc: per-draw Gaussian predictive means ``[S, B]``, standardised target units.
+    :param scale: per-draw predictive standard deviations, broadcasting to ``[S, B]`` (e.g. ``[S, 1]``), standardised
+        units, positive.
+    :param y: the targets ``[B]``, standardised.
+    :param y_mean: the mean that standardised the targets, original units (finite; neither metric depends on it).
+    :param y_std: the standard deviation that standardised the targets: what maps both metrics to original units.
+    :returns: ``{"rmse": ..., "test_ll": ...}``, ``test_ll`` the mean over points of the log predictive density.
+    :raises ValueError: when the shapes do not match, ``scale`` is not positive, ``loc`` or ``y`` holds NaN, or
+        ``y_mean``/``y_std`` is not finite (``y_std`` not positive).
+    """
     loc, scale, y = _check_regression(loc, scale, y, float(y_std))
     if not math.isfinite(float(y_mean)):
         raise ValueError(f"y_mean must be a finite float; got {y_mean!r}")
@@ -348,7 +458,12 @@ def regression_metrics(
 
 
 def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and standard error std / sqrt(n) over runs (population std, as the UCI benchmark code has it)."""
+    """Mean and standard error std / sqrt(n) over runs (population std, as the UCI benchmark code has it).
+
+    :param values: one figure per run.
+    :returns: ``(mean, standard_error)``.
+    :raises ValueError: when ``values`` is empty.
+    """
     n = len(values)
     if n == 0:
         raise ValueError("mean_and_standard_error needs at least one value")
@@ -358,12 +473,22 @@ def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------------ two predictives
 def coverage(run_y: np.ndarray, reference_y: np.ndarray, level: float = 0.95) -> np.ndarray:
-    """Per test input, the reference's predictive mass inside the run's central ``level`` interval ``[B]`` (samples
-    of y ``[R, B]`` from each)."""
+    """Per test input, the reference's predictive mass inside the run's central ``level`` interval.
+
+    :param run_y: samples of y from the run's predictive ``[R, B]``.
+    :param reference_y: samples of y from the reference's predictive ``[R', B]``.
+    :param level: the probability of the run's central interval (its ends are empirical quantiles of ``run_y``).
+    :returns: the share of the reference's samples inside the interval, per test input ``[B]``.
+    """
     lo, hi = np.quantile(run_y, [(1 - level) / 2, (1 + level) / 2], axis=0)
     return ((reference_y >= lo) & (reference_y <= hi)).mean(axis=0)
 
 
 def wasserstein(run_y: np.ndarray, reference_y: np.ndarray) -> np.ndarray:
-    """Per test input, the Wasserstein-1 distance between two sets of predictive samples of y ``[B]``."""
+    """Per test input, the Wasserstein-1 distance between two sets of predictive samples of y.
+
+    :param run_y: samples of y from the run's predictive ``[R, B]``.
+    :param reference_y: samples of y from the reference's predictive ``[R', B]``.
+    :returns: the distance per test input ``[B]``, in the samples' units.
+    """
     return np.array([wasserstein_distance(run_y[:, i], reference_y[:, i]) for i in range(run_y.shape[1])])

@@ -17,20 +17,39 @@ from zoo.models.base import ModelFamily
 
 
 class Posterior(ABC):
-    """Draws of every latent site of ``family``'s model, and predictions from them."""
+    """Draws of every latent site of ``family``'s model, and predictions from them.
+
+    :param family: the model family whose latent sites are drawn and which predicts from the draws.
+    """
 
     def __init__(self, family: ModelFamily) -> None:
         self.family = family
 
     @abstractmethod
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
-        """``num_samples`` joint draws of the latent sites, each ``[S, *site_shape]``."""
+        """``num_samples`` joint draws of the latent sites.
+
+        :param num_samples: how many draws ``S`` to take.
+        :returns: every latent site's draws ``{site: [S, *site_shape]}``.
+        """
 
     def predict(
         self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
         chunk_size: int = 4096,
     ) -> PredictiveDraws:
-        """Per-draw predictive distributions at inputs ``x`` (pass ``draws`` to reuse the same weight draws)."""
+        """Per-draw predictive distributions at inputs ``x`` (pass ``draws`` to reuse the same weight draws).
+
+        The inputs are scored ``chunk_size`` rows at a time, without gradients.
+
+        :param x: inputs ``[B, ...]``, standardised like the training rows.
+        :param num_samples: how many new weight draws to take; ignored when ``draws`` is given.
+        :param draws: weight draws ``{site: [S, ...]}`` to predict with, e.g. those of :meth:`sample` for another
+            set of inputs.
+        :param chunk_size: inputs scored at a time.
+        :returns: one predictive distribution per draw at the ``B`` inputs (``log_probs [S, B, C]``, or ``loc`` and
+            ``scale [S, B]``).
+        :raises ValueError: when neither ``num_samples`` nor ``draws`` is given.
+        """
         if draws is None:
             if num_samples is None:
                 raise ValueError("predict needs num_samples or draws")
@@ -40,7 +59,11 @@ class Posterior(ABC):
 
 
 class GuidePosterior(Posterior):
-    """The posterior approximation of a fitted guide (mean-field, Delta, and any guide to come)."""
+    """The posterior approximation of a fitted guide (mean-field, Delta, and any guide to come).
+
+    :param family: the model family the guide was fitted to.
+    :param guide: the fitted guide, run once per draw.
+    """
 
     def __init__(self, family: ModelFamily, guide: torch.nn.Module) -> None:
         super().__init__(family)
@@ -48,7 +71,11 @@ class GuidePosterior(Posterior):
 
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
         """Run the guide ``num_samples`` times and stack each latent site's values (not a guide's auxiliary draws,
-        such as Pyro's AutoNormal's ``<site>_unconstrained``, of which the sites are functions)."""
+        such as Pyro's AutoNormal's ``<site>_unconstrained``, of which the sites are functions).
+
+        :param num_samples: how many times ``S`` to run the guide.
+        :returns: every latent site's draws ``{site: [S, *site_shape]}``.
+        """
         runs: dict[str, list[torch.Tensor]] = {}
         with torch.no_grad():
             for _ in range(num_samples):
@@ -61,22 +88,35 @@ class GuidePosterior(Posterior):
 
 
 class SamplePosterior(Posterior):
-    """A posterior held as stored draws (e.g. MCMC): ``sample(S)`` returns S of them, evenly thinned."""
+    """A posterior held as stored draws (e.g. MCMC): ``sample(S)`` returns S of them, evenly thinned.
+
+    :param family: the model family the draws belong to.
+    :param draws: the stored draws ``{site: [N, *site_shape]}``.
+    """
 
     def __init__(self, family: ModelFamily, draws: dict[str, torch.Tensor]) -> None:
         super().__init__(family)
         self.draws = draws
 
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
-        """Up to ``num_samples`` stored draws, evenly spaced."""
+        """Up to ``num_samples`` stored draws, evenly spaced.
+
+        :param num_samples: how many draws to return; all ``N`` stored ones when it is ``N`` or more.
+        :returns: the chosen draws ``{site: [min(S, N), *site_shape]}``.
+        """
         total = next(iter(self.draws.values())).shape[0]
         index = torch.linspace(0, total - 1, min(num_samples, total)).round().long()
         return {name: value[index] for name, value in self.draws.items()}
 
 
 class ChainPosterior(SamplePosterior):
-    """Draws stored chain by chain (MCMC, SG-MCMC): ``chains {site: [C, S, ...]}`` with per-draw sampler statistics
-    ``stats {name: [C, S]}``, so that convergence across chains can be checked (R-hat, ESS, divergences)."""
+    """Draws stored chain by chain (MCMC, SG-MCMC), so that convergence across chains can be checked (R-hat, ESS,
+    divergences); :meth:`sample` draws from the chains pooled.
+
+    :param family: the model family the draws belong to.
+    :param chains: the draws of each chain ``{site: [C, S, ...]}``.
+    :param stats: per-draw sampler statistics ``{name: [C, S]}`` (e.g. ``diverging``, ``energy``); none by default.
+    """
 
     def __init__(self, family: ModelFamily, chains: dict[str, torch.Tensor],
                  stats: dict[str, torch.Tensor] | None = None) -> None:
@@ -85,13 +125,21 @@ class ChainPosterior(SamplePosterior):
 
 
 class MaskedPosterior(Posterior):
-    """Another posterior with some weights fixed at zero (pruning): draws are multiplied by 0/1 masks."""
+    """Another posterior with some weights fixed at zero (pruning): draws are multiplied by 0/1 masks.
+
+    :param base: the posterior whose draws are masked.
+    :param masks: 0/1 masks by site name, each shaped like one draw of its site; sites without one are kept whole.
+    """
 
     def __init__(self, base: Posterior, masks: dict[str, torch.Tensor]) -> None:
         super().__init__(base.family)
         self.base, self.masks = base, masks
 
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
-        """The base posterior's draws with masked weights set to zero."""
+        """The base posterior's draws with masked weights set to zero.
+
+        :param num_samples: how many draws ``S`` to take from the base posterior.
+        :returns: the masked draws ``{site: [S, *site_shape]}``.
+        """
         draws = self.base.sample(num_samples)
         return {n: v * self.masks[n].to(v) if n in self.masks else v for n, v in draws.items()}

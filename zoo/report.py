@@ -54,7 +54,14 @@ _CONSOLE_KEY_CHARS = 48  # the first console column is at most this wide
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run directory as the report sees it: where it is, its spec, its label and its numbers."""
+    """One run directory as the report sees it: where it is, its spec, its label and its numbers.
+
+    :param path: the run directory.
+    :param spec: its spec (``spec.yaml``).
+    :param label: its short label (:func:`run_label`).
+    :param metrics: its numbers by name: metrics.json's numeric values and, after ``zoo diagnose``,
+        :func:`diagnostic_metrics`.
+    """
 
     path: Path
     spec: RunSpec
@@ -64,7 +71,12 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class Cell:
-    """One table entry: a run's value (``se`` None), or the mean and standard error over ``n`` runs."""
+    """One table entry: a run's value (``se`` None), or the mean and standard error over ``n`` runs.
+
+    :param mean: the run's value, or the mean over the runs.
+    :param se: the standard error of the mean; None for one run's value.
+    :param n: how many runs the entry is made of.
+    """
 
     mean: float
     se: float | None
@@ -73,7 +85,13 @@ class Cell:
 
 @dataclass
 class ReportRow:
-    """A run (``key`` is its directory) or a group of runs (``key`` is the shared value of the group key)."""
+    """A run (``key`` is its directory) or a group of runs (``key`` is the shared value of the group key).
+
+    :param key: the run directory, or the group's value of the group key.
+    :param label: the run's label (a group's shared one, or how many different labels it has).
+    :param n: how many runs the row is made of.
+    :param cells: the row's entries by metric; a metric no run of the row recorded has none.
+    """
 
     key: str
     label: str
@@ -83,7 +101,13 @@ class ReportRow:
 
 @dataclass
 class Report:
-    """The rows and metric columns of a report, and the files it was written to."""
+    """The rows and metric columns of a report, and the files it was written to.
+
+    :param rows: one per run, or one per group.
+    :param metrics: the metric columns, in order.
+    :param group_by: the group key the rows aggregate by, or None for one row per run.
+    :param files: the files written, by kind (``markdown``, ``csv``, ``plot``); empty until written.
+    """
 
     rows: list[ReportRow]
     metrics: list[str]
@@ -98,7 +122,12 @@ class Report:
 
 # ------------------------------------------------------------------------------------------ reading runs
 def run_label(spec: RunSpec) -> str:
-    """A short description of what a run fits, on what: family, guide or sampler, prior, data set."""
+    """A short description of what a run fits, on what: family, guide or sampler, prior, data set.
+
+    :param spec: the run's spec.
+    :returns: ``family <family>, <guide or method>, prior <prior>, <data set>`` (``[validation]`` after a data set
+        carved into validation rows).
+    """
     prior = spec.prior.default.name
     if spec.prior.sites:
         rules = len(spec.prior.sites)
@@ -121,6 +150,9 @@ def diagnostic_metrics(diagnostics: dict[str, Any]) -> dict[str, float]:
     latent-site elements; ``ess_min``: smallest bulk/tail ESS there (MCMC only); ``divergences``: count;
     ``bfmi_min``: smallest BFMI over chains; ``pareto_k``: PSIS k-hat of a guide; ``diagnostic_warnings``: how
     many checks warned.
+
+    :param diagnostics: the contents of a ``diagnostics.json``.
+    :returns: the headline numbers by the names above.
     """
     out: dict[str, float] = {}
     rows = [r for r in diagnostics.get("function_space") or [] if isinstance(r, dict)]
@@ -160,7 +192,13 @@ def _read_json(path: Path, run: Path) -> dict[str, Any]:
 
 
 def read_run(run_dir: str | Path) -> RunRecord:
-    """Spec, label, metrics.json and (if present) the diagnostics.json numbers of one run directory."""
+    """Spec, label, metrics.json and (if present) the diagnostics.json numbers of one run directory.
+
+    :param run_dir: the run directory.
+    :returns: the run as the report sees it.
+    :raises ZooInputError: when the directory does not exist, is a file, lacks ``spec.yaml`` or ``metrics.json``,
+        or one of its files cannot be read.
+    """
     run = Path(run_dir)
     if not run.exists():
         raise ZooInputError("RUN_DIR", str(run), "no such directory")
@@ -182,7 +220,12 @@ def read_run(run_dir: str | Path) -> RunRecord:
 
 
 def read_runs(run_dirs: Sequence[str | Path]) -> list[RunRecord]:
-    """:func:`read_run` on each directory, in order, each directory once."""
+    """:func:`read_run` on each directory, in order, each directory once.
+
+    :param run_dirs: the run directories.
+    :returns: one record per distinct directory.
+    :raises ZooInputError: when no directory is given, or :func:`read_run` refuses one.
+    """
     if not run_dirs:
         raise ZooInputError("RUN_DIR", [], "name at least one run directory")
     unique = list(dict.fromkeys(Path(d) for d in run_dirs))
@@ -191,14 +234,24 @@ def read_runs(run_dirs: Sequence[str | Path]) -> list[RunRecord]:
 
 # ------------------------------------------------------------------------------------------ table
 def metric_order(names: set[str]) -> list[str]:
-    """The usual metrics first, other metrics.json keys alphabetically, train_seconds, then the diagnostics."""
+    """The usual metrics first, other metrics.json keys alphabetically, train_seconds, then the diagnostics.
+
+    :param names: the metric names to order.
+    :returns: ``names`` in table order.
+    """
     middle = sorted(names - set(LEADING_METRICS) - set(TRAILING_METRICS) - set(DIAGNOSTIC_METRICS))
     order = [*LEADING_METRICS, *middle, *TRAILING_METRICS, *DIAGNOSTIC_METRICS]
     return [m for m in order if m in names]
 
 
 def choose_metrics(records: Sequence[RunRecord], wanted: Sequence[str] | None = None) -> list[str]:
-    """Every metric some run recorded (``wanted`` picks and orders them; a name no run records is refused)."""
+    """Every metric some run recorded (``wanted`` picks and orders them; a name no run records is refused).
+
+    :param records: the runs.
+    :param wanted: the metrics to show, in order; None or empty for every recorded one, in :func:`metric_order`.
+    :returns: the metric columns.
+    :raises ZooInputError: when a wanted metric is recorded by no run.
+    """
     recorded = {m for r in records for m in r.metrics}
     if not wanted:
         return metric_order(recorded)
@@ -210,7 +263,13 @@ def choose_metrics(records: Sequence[RunRecord], wanted: Sequence[str] | None = 
 
 
 def group_value(record: RunRecord, key: str) -> str:
-    """The value of the group key ``key`` for one run (see ``GROUP_HELP``)."""
+    """The value of the group key ``key`` for one run (see ``GROUP_HELP``).
+
+    :param record: the run.
+    :param key: ``label``, ``name``, ``parent``, a shorthand of ``GROUP_ALIASES`` or a dotted spec field.
+    :returns: the value as text (a spec value that is not a string as JSON).
+    :raises ZooInputError: when ``key`` names no spec field.
+    """
     if key == "label":
         return record.label
     if key == "name":
@@ -226,14 +285,26 @@ def group_value(record: RunRecord, key: str) -> str:
 
 
 def run_rows(records: Sequence[RunRecord], metrics: Sequence[str]) -> list[ReportRow]:
-    """One row per run: its own values, no aggregation."""
+    """One row per run: its own values, no aggregation.
+
+    :param records: the runs.
+    :param metrics: the metric columns.
+    :returns: the rows, in the order of ``records``.
+    """
     return [ReportRow(str(r.path), r.label, 1, {m: Cell(r.metrics[m], None, 1) for m in metrics if m in r.metrics})
             for r in records]
 
 
 def group_rows(records: Sequence[RunRecord], metrics: Sequence[str], key: str) -> list[ReportRow]:
     """One row per value of ``key`` (in order of first appearance): mean and standard error of each metric over
-    the group's runs that recorded it."""
+    the group's runs that recorded it.
+
+    :param records: the runs.
+    :param metrics: the metric columns.
+    :param key: the group key (:func:`group_value`).
+    :returns: the rows, one per group.
+    :raises ZooInputError: when ``key`` names no spec field.
+    """
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(group_value(record, key), []).append(record)
@@ -253,7 +324,15 @@ def group_rows(records: Sequence[RunRecord], metrics: Sequence[str], key: str) -
 
 def build_report(run_dirs: Sequence[str | Path], group_by: str | None = None,
                  metrics: Sequence[str] | None = None) -> Report:
-    """Read the run directories and build the rows (one per run, or one per group with ``group_by``)."""
+    """Read the run directories and build the rows (one per run, or one per group with ``group_by``).
+
+    :param run_dirs: the run directories, each read once.
+    :param group_by: the group key (see ``GROUP_HELP``), e.g. ``label`` or ``data.split``; None for one row per run.
+    :param metrics: the metric columns, in order; None for every metric some run recorded.
+    :returns: the report, with no files written.
+    :raises ZooInputError: when no run directory is given, one cannot be read, a metric is recorded by no run, or
+        ``group_by`` names no spec field.
+    """
     records = read_runs(run_dirs)
     chosen = choose_metrics(records, metrics)
     rows = group_rows(records, chosen, group_by) if group_by else run_rows(records, chosen)
@@ -262,7 +341,11 @@ def build_report(run_dirs: Sequence[str | Path], group_by: str | None = None,
 
 # ------------------------------------------------------------------------------------------ rendering
 def format_value(value: float) -> str:
-    """Whole numbers as integers, others to four significant digits (no exponent from 1000 up)."""
+    """Whole numbers as integers, others to four significant digits (no exponent from 1000 up).
+
+    :param value: the number.
+    :returns: its text.
+    """
     if not math.isfinite(value):
         return str(value)
     if value == int(value) and abs(value) < 1e15:
@@ -272,7 +355,12 @@ def format_value(value: float) -> str:
 
 def format_cell(cell: Cell | None, group_n: int | None = None) -> str:
     """``value``, or ``mean ± se`` rounded to the se's second significant digit, plus ``(n=k)`` when only ``k`` of
-    the group's ``group_n`` runs recorded it; "—" when absent."""
+    the group's ``group_n`` runs recorded it; "—" when absent.
+
+    :param cell: the entry, or None when absent.
+    :param group_n: the number of runs in the entry's group; None for a row of one run.
+    :returns: the entry's text.
+    """
     if cell is None:
         return MISSING
     if cell.se is None or cell.n == 1:
@@ -294,7 +382,12 @@ def _header(report: Report) -> list[str]:
 
 
 def table_rows(report: Report) -> list[list[str]]:
-    """The table as text cells, in the order of :func:`_header`."""
+    """The table as text cells: per run its key, label and metrics; per group its key, label (unless the key is
+    the label), ``n`` and metrics.
+
+    :param report: the report.
+    :returns: one list of cells per row.
+    """
     out = []
     for row in report.rows:
         if report.group_by is None:
@@ -306,7 +399,11 @@ def table_rows(report: Report) -> list[list[str]]:
 
 
 def to_markdown(report: Report) -> str:
-    """A Markdown document: what the numbers are, the table, and the plot if written."""
+    """A Markdown document: what the numbers are, the table, and the plot if written.
+
+    :param report: the report (its ``files["plot"]``, if any, is linked).
+    :returns: the document, starting with :data:`REPORT_MARK`.
+    """
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
@@ -326,7 +423,11 @@ def to_markdown(report: Report) -> str:
 
 def to_csv(report: Report) -> str:
     """Full-precision CSV: per run ``run, label, <metric>...``; per group ``<key>, label, n, <metric>_mean,
-    <metric>_se, <metric>_n...``. Absent values are empty."""
+    <metric>_se, <metric>_n...``. Absent values are empty.
+
+    :param report: the report.
+    :returns: the CSV text.
+    """
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if report.group_by is None:
@@ -348,7 +449,11 @@ def to_csv(report: Report) -> str:
 
 
 def plot_labels(report: Report) -> list[str]:
-    """Y-axis labels: run directory names (whole paths where names repeat) or group values, wrapped to 3 lines."""
+    """Y-axis labels: run directory names (whole paths where names repeat) or group values, shortened to 3 lines.
+
+    :param report: the report.
+    :returns: one label per row.
+    """
     keys = [row.key for row in report.rows]
     if report.group_by is None:
         names = [Path(k).name for k in keys]
@@ -357,7 +462,12 @@ def plot_labels(report: Report) -> list[str]:
 
 
 def plot_report(report: Report, path: str | Path) -> Path:
-    """One panel per metric, the runs or groups as points on a shared axis (error bars: ± one standard error)."""
+    """One panel per metric, the runs or groups as points on a shared axis (error bars: ± one standard error).
+
+    :param report: the report.
+    :param path: the image file to write.
+    :returns: the path written.
+    """
     n = len(report.metrics)
     ncols = min(n, 4)
     nrows = math.ceil(n / ncols)
@@ -393,7 +503,13 @@ def plot_report(report: Report, path: str | Path) -> Path:
 
 def rich_tables(report: Report, width: int = 120, title: str = "zoo report") -> list[Table]:
     """The report for the console: the run (or group) with its label underneath in the first column, the metric
-    columns split over as many tables as it takes to fit ``width`` characters."""
+    columns split over as many tables as it takes to fit ``width`` characters.
+
+    :param report: the report.
+    :param width: the console's width in characters.
+    :param title: the tables' title (numbered when there are several).
+    :returns: the tables, to print one after another.
+    """
     grouped = report.group_by is not None
     keys = [(row.key, row.label if report.label_column else None) for row in report.rows]
     cells = [[format_cell(row.cells.get(m), row.n if grouped else None) for m in report.metrics]
@@ -431,6 +547,11 @@ def report_outputs(out: str | Path, suffixes: Sequence[str] = (".csv", ".png")) 
     Refused: a name not ending in .md; a folder that is a run or a sweep directory (the report would mix with, or
     replace, what ``zoo train``/``zoo diagnose``/``zoo sweep`` wrote there); and any of the files that already
     exists while ``out`` is not an earlier report (its first line is :data:`REPORT_MARK`): the user's own data.
+
+    :param out: the Markdown file asked for.
+    :param suffixes: the suffixes of the files written beside it.
+    :returns: ``out`` as a Path.
+    :raises ZooInputError: when ``out`` is refused, saying why.
     """
     out = Path(out)
     if out.suffix.lower() != ".md":
@@ -457,7 +578,15 @@ def _first_line(path: Path) -> str:
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, group_by: str | None = None,
                  metrics: Sequence[str] | None = None) -> Report:
     """Build the report of ``run_dirs`` and write ``out`` (Markdown) with a CSV and a PNG of the same stem beside it
-    (:func:`report_outputs` says where it may)."""
+    (:func:`report_outputs` says where it may).
+
+    :param run_dirs: the run directories, each read once.
+    :param out: the Markdown file to write, ending in ``.md``.
+    :param group_by: the group key (see ``GROUP_HELP``); None for one row per run.
+    :param metrics: the metric columns, in order; None for every metric some run recorded.
+    :returns: the report, its ``files`` naming the Markdown, CSV and plot written.
+    :raises ZooInputError: when ``out`` is refused, or :func:`build_report` refuses its arguments.
+    """
     out = report_outputs(out)
     report = build_report(run_dirs, group_by, metrics)
     report.files["csv"] = write_text(out.with_suffix(".csv"), to_csv(report))

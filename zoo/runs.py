@@ -50,6 +50,12 @@ def write_atomically(path: Path, write_to: Callable[[Path], object], keep_previo
     ``keep_previous``, the file being replaced is first renamed there (the new one is already on disk). An OS error
     (a full disk, permissions) is a :class:`ZooInputError` naming ``path``. In a distributed job only rank 0 writes;
     the other ranks hold the same state and skip the write.
+
+    :param path: the file to write; its folder is made when missing.
+    :param write_to: writes the whole content to the temp file whose path it is given.
+    :param keep_previous: where to keep the file being replaced, if anywhere.
+    :returns: ``path``.
+    :raises ZooInputError: on an OS error while writing.
     """
     path = Path(path)
     if not distributed.world().is_writer:
@@ -86,22 +92,44 @@ def _atomic(path: Path, write: Callable[[BinaryIO], object], keep_previous: Path
 
 
 def write_text(path: Path, text: str) -> Path:
-    """Atomically write a text file."""
+    """Atomically write a text file (:func:`write_atomically`).
+
+    :param path: the file to write.
+    :param text: its content, written as UTF-8.
+    :returns: ``path``.
+    :raises ZooInputError: on an OS error while writing.
+    """
     return _atomic(path, lambda h: h.write(text.encode()))
 
 
 def write_json(path: Path, obj: Any) -> Path:
-    """Atomically write ``obj`` as indented JSON."""
+    """Atomically write ``obj`` as indented JSON, keys sorted.
+
+    :param path: the file to write.
+    :param obj: a JSON-serialisable value.
+    :returns: ``path``.
+    :raises ZooInputError: on an OS error while writing.
+    """
     return write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def save_torch(path: Path, obj: Any) -> Path:
-    """Atomically ``torch.save`` ``obj`` (the previous file stays intact until the new one is complete)."""
+    """Atomically ``torch.save`` ``obj`` (the previous file stays intact until the new one is complete).
+
+    :param path: the file to write.
+    :param obj: anything ``torch.save`` takes.
+    :returns: ``path``.
+    :raises ZooInputError: on an OS error while writing.
+    """
     return _atomic(path, lambda h: torch.save(obj, h))
 
 
 def previous_version(path: Path) -> Path:
-    """Where :func:`save_checkpoint` keeps the version before the current one: ``checkpoint.prev.pt``."""
+    """Where :func:`save_checkpoint` keeps the version before the current one: ``checkpoint.prev.pt``.
+
+    :param path: the checkpoint's path.
+    :returns: the previous version's path beside it (``<stem>.prev<suffix>``).
+    """
     path = Path(path)
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
@@ -111,6 +139,11 @@ def save_checkpoint(path: Path, obj: Any) -> Path:
 
     The new file is complete on disk before either rename; a crash between the two renames leaves only the previous
     version, which :func:`load_checkpoint` then reads.
+
+    :param path: the checkpoint file to write.
+    :param obj: the checkpoint, anything ``torch.save`` takes.
+    :returns: ``path``.
+    :raises ZooInputError: on an OS error while writing.
     """
     return _atomic(Path(path), lambda h: torch.save(obj, h), keep_previous=previous_version(path))
 
@@ -122,6 +155,11 @@ def load_torch(path: Path, device: torch.device | str = "cpu") -> Any:
     arbitrary bytes can fail in any way at all (a ``MemoryError`` from a huge length read from noise, a
     ``KeyError``, a ``struct.error`` ...). For the same reason every failure inside ``torch.load`` of a file
     that passed the zip check counts as an unreadable file.
+
+    :param path: the file to load.
+    :param device: where to put its tensors.
+    :returns: the object the file holds.
+    :raises ZooInputError: when the file is missing, empty, not a zip archive or fails to load.
     """
     path = Path(path)
     if not path.exists():
@@ -144,6 +182,13 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", set_aside: b
 
     ``set_aside=True`` (a resume, about to write new checkpoints) renames an unreadable file to ``*.corrupt``, so
     that the next save does not rotate it over the good previous version.
+
+    :param path: the checkpoint file.
+    :param device: where to put its tensors.
+    :param set_aside: rename an unreadable checkpoint to ``*.corrupt`` when falling back to the previous version.
+    :returns: the checkpoint's dict.
+    :raises ZooInputError: when the checkpoint is unreadable (or holds no dict) and its previous version is missing
+        or unreadable too.
     """
     path = Path(path)
     try:
@@ -166,14 +211,21 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", set_aside: b
 
 
 def checkpoint_exists(path: Path) -> bool:
-    """Whether a checkpoint (or its previous version) is stored at ``path``."""
+    """Whether a checkpoint (or its previous version) is stored at ``path``.
+
+    :param path: the checkpoint's path.
+    :returns: True when either file exists.
+    """
     return Path(path).exists() or previous_version(path).exists()
 
 
 # ------------------------------------------------------------------------------------------ claiming a run directory
 def available_memory() -> int | None:
     """Bytes of memory that new processes can still take: the kernel's MemAvailable (or free pages), lowered to
-    what the cgroup's limit leaves; None where neither is known."""
+    what the cgroup's limit leaves; None where neither is known.
+
+    :returns: the bytes available, or None.
+    """
     found: int | None = None
     try:
         with open("/proc/meminfo") as handle:
@@ -198,7 +250,13 @@ def available_memory() -> int | None:
 
 
 def check_writable_directory(out: Path) -> None:
-    """Refuse an --out that is a file, lies under a file, or cannot be created or written, before anything runs."""
+    """Refuse an --out that is a file, lies under a file, or cannot be created or written, before anything runs.
+
+    Creates the directory (and its parents) when missing.
+
+    :param out: the directory asked for.
+    :raises ZooInputError: when it cannot hold a run, saying why.
+    """
     if out.exists() and not out.is_dir():
         raise ZooInputError("--out", str(out), "is a file; give a directory for the run")
     parent = out
@@ -246,6 +304,12 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
 
     Refuses (exit 2) an --out that is a file or unwritable, a non-empty directory that is not a zoo run, and a run
     another live process is writing (naming its pid). The lock is an OS lock, so a process that dies releases it.
+
+    :param out: the run directory, created when missing.
+    :param resume: whether the run resumes (a refusal of the directory's files then names ``--resume``, not
+        ``--out``).
+    :returns: a context manager that yields ``out`` as a Path.
+    :raises ZooInputError: when the directory is refused.
     """
     out = Path(out)
     check_writable_directory(out)
@@ -262,7 +326,14 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
 def locked_directory(out: Path, what: str, marker: str) -> Iterator[Path]:
     """Hold the OS lock of ``out`` (a ``what``: run or sweep directory) for the block, with this process's pid in
     :data:`LOCK_FILE`, and mark it with ``marker``; refused (exit 2, naming the holder's pid) while another live
-    process holds it. A process that dies releases the lock."""
+    process holds it. A process that dies releases the lock.
+
+    :param out: the directory, which must exist.
+    :param what: what the directory is (``run`` or ``sweep``), for the marker's content and the refusal.
+    :param marker: the marker file's name (:data:`MARKER_FILE` or :data:`SWEEP_MARKER`), written when missing.
+    :returns: a context manager that yields ``out``.
+    :raises ZooInputError: while another live process holds the lock.
+    """
     handle = open(os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666), "rb+")
     try:
         if not _try_lock(handle):
@@ -280,7 +351,11 @@ def locked_directory(out: Path, what: str, marker: str) -> Iterator[Path]:
 
 
 class RunLog:
-    """Appends lines to the run's ``train.log`` and echoes them to the console."""
+    """Appends lines to the run's ``train.log`` and echoes them to the console; call it with each line.
+
+    :param run_dir: the run directory whose ``train.log`` is appended to; None logs to the console only.
+    :param echo: prints each line (e.g. ``print``); None for no console output.
+    """
 
     def __init__(self, run_dir: Path | None, echo=print) -> None:
         self.path = Path(run_dir) / LOG_FILE if run_dir is not None else None
@@ -297,8 +372,13 @@ class RunLog:
 
 
 def load_point_values(source: str, field: str = "guide.init_from") -> dict[str, torch.Tensor]:
-    """Point values by site name from a run directory, a point-estimate file or a plain net ``state_dict``
-    (``field``: the spec setting that named ``source``, for the error message)."""
+    """Point values by site name from a run directory, a point-estimate file or a plain net ``state_dict``.
+
+    :param source: a run directory (its ``point_estimate.pt`` is read) or a ``.pt`` file.
+    :param field: the spec setting that named ``source``, named in a refusal.
+    :returns: the point values ``{site: tensor}``.
+    :raises ZooInputError: when no such file exists, it is unreadable, or it holds no dict of tensors.
+    """
     path = Path(source)
     if path.is_dir():
         path = path / POINT_ESTIMATE_FILE

@@ -43,7 +43,13 @@ SUITE_HELP = ("corruptions (= mnist-c = cifar-c: 14 corruptions x 5 severities g
 
 @dataclass
 class ShiftedSet:
-    """One shifted copy of the test set: its corruption, its severity (or angle) and its standardised rows."""
+    """One shifted copy of the test set: its corruption, its severity (or angle) and its standardised rows.
+
+    :param corruption: the corruption's name (``rotation`` for rotated images, ``clean`` for the test set itself).
+    :param severity: its severity, 1-5 (the angle in degrees for a rotation; 0 for the clean set).
+    :param x: the shifted inputs ``[N, D]``, standardised like the run's training rows.
+    :param y: their class labels ``[N]``.
+    """
 
     corruption: str
     severity: float
@@ -62,14 +68,26 @@ def _check_images(data: Dataset) -> tuple[int, int, int]:
 
 
 def test_images(data: Dataset) -> np.ndarray:
-    """The run's test rows as images ``[N, H, W, C]`` in ``[0, 1]`` (raw pixels over ``data.pixel_max``)."""
+    """The run's test rows as images ``[N, H, W, C]`` in ``[0, 1]`` (raw pixels over ``data.pixel_max``).
+
+    :param data: an image classification data set.
+    :returns: the test images ``[N, H, W, C]``, float64.
+    :raises ZooInputError: when the run is a regression or its data are not images.
+    """
     c, h, w = _check_images(data)
     raw = data.inputs_in_original_units(data.x_test).detach().cpu().double().numpy()
     return np.clip(raw.reshape(-1, c, h, w).transpose(0, 2, 3, 1) / data.pixel_max, 0.0, 1.0)
 
 
 def image_rows(data: Dataset, images: np.ndarray) -> torch.Tensor:
-    """Images ``[N, H, W, C]`` in ``[0, 1]`` as rows standardised like the run's training rows, on its device."""
+    """Images ``[N, H, W, C]`` in ``[0, 1]`` as rows standardised like the run's training rows, on its device.
+
+    :param data: the run's image classification data set.
+    :param images: the images ``[N, H, W, C]`` in ``[0, 1]``.
+    :returns: the rows ``[N, C * H * W]``, in the dtype and on the device of the run's test rows.
+    :raises ZooInputError: when the run is a regression, its data are not images, or the images' shape is not the
+        run's.
+    """
     c, h, w = _check_images(data)
     if tuple(images.shape[1:]) != (h, w, c):
         raise ZooInputError("--shift", f"images of shape {tuple(images.shape[1:])}",
@@ -81,7 +99,15 @@ def image_rows(data: Dataset, images: np.ndarray) -> torch.Tensor:
 
 def generated_suite(data: Dataset, seed: int, corruptions: tuple[str, ...] = tuple(CORRUPTIONS),
                     severities: tuple[int, ...] = SEVERITIES) -> Iterator[ShiftedSet]:
-    """Every corruption at every severity, generated from the test images with ``seed``."""
+    """Every corruption at every severity, generated from the test images with ``seed``.
+
+    :param data: the run's image classification data set.
+    :param seed: seeds the corruptions (the same seed gives the same images).
+    :param corruptions: the corruptions' names (:data:`zoo.data.corruptions.CORRUPTIONS`).
+    :param severities: the severities, 1-5.
+    :returns: the shifted sets, one at a time, corruption by corruption.
+    :raises ZooInputError: when the run is a regression or its data are not images.
+    """
     images = test_images(data)
     for name in corruptions:
         for severity in severities:
@@ -90,7 +116,13 @@ def generated_suite(data: Dataset, seed: int, corruptions: tuple[str, ...] = tup
 
 
 def rotation_suite(data: Dataset, angles: tuple[float, ...] = ROTATION_ANGLES) -> Iterator[ShiftedSet]:
-    """The test images rotated by each angle (anticlockwise, degrees)."""
+    """The test images rotated by each angle (anticlockwise, degrees).
+
+    :param data: the run's image classification data set.
+    :param angles: the angles, in degrees.
+    :returns: one shifted set per angle (its ``severity``), one at a time.
+    :raises ZooInputError: when the run is a regression or its data are not images.
+    """
     images = test_images(data)
     for angle in angles:
         yield ShiftedSet("rotation", float(angle), image_rows(data, rotate_images(images, angle)), data.y_test)
@@ -98,7 +130,13 @@ def rotation_suite(data: Dataset, angles: tuple[float, ...] = ROTATION_ANGLES) -
 
 def published_suite(data: Dataset, directory: Path) -> Iterator[ShiftedSet]:
     """The shifted sets of a CIFAR-10-C-style directory (``<name>.npy`` of ``5 * N`` images + ``labels.npy``) or an
-    MNIST-C-style one (``<name>/test_images.npy`` + ``<name>/test_labels.npy``), in uint8 ``[N, H, W(, C)]``."""
+    MNIST-C-style one (``<name>/test_images.npy`` + ``<name>/test_labels.npy``), in uint8 ``[N, H, W(, C)]``.
+
+    :param data: the run's image classification data set.
+    :param directory: the directory of published files.
+    :returns: the shifted sets, one at a time (five severities per CIFAR-10-C file; severity 1 for MNIST-C).
+    :raises ZooInputError: when the directory holds no shift files, or their images or labels do not fit the run.
+    """
     directory = Path(directory)
     cifar_files = sorted(p for p in directory.glob("*.npy") if p.name != "labels.npy")
     mnist_dirs = sorted(p for p in directory.iterdir() if (p / "test_images.npy").is_file())
@@ -140,7 +178,14 @@ def _labels(data: Dataset, labels: np.ndarray) -> torch.Tensor:
 
 
 def shifted_sets(data: Dataset, suite: str, seed: int) -> Iterator[ShiftedSet]:
-    """The suite's shifted sets (see the module docstring for the names)."""
+    """The suite's shifted sets (see the module docstring for the names).
+
+    :param data: the run's image classification data set.
+    :param suite: ``corruptions`` (or ``mnist-c``, ``cifar-c``), ``rotation``, or a directory of published files.
+    :param seed: seeds generated corruptions.
+    :returns: the shifted sets, one at a time.
+    :raises ZooInputError: when the suite is unknown, or the run's data are not images.
+    """
     check_suite(suite)
     if suite in GENERATED:
         return generated_suite(data, seed)
@@ -153,7 +198,13 @@ def shifted_sets(data: Dataset, suite: str, seed: int) -> Iterator[ShiftedSet]:
 # ------------------------------------------------------------------------------------------ temperature scaling
 def fit_temperature(log_probs: torch.Tensor, y: torch.Tensor) -> float:
     """The temperature T minimising the NLL of ``softmax(log p / T)``, ``p`` the pooled predictive of the per-draw
-    log-probabilities ``[S, B, C]`` on calibration rows (T in [0.01, 100], a bounded 1-D search on log T)."""
+    log-probabilities ``[S, B, C]`` on calibration rows (T in [0.01, 100], a bounded 1-D search on log T).
+
+    :param log_probs: per-draw log class probabilities on the calibration rows ``[S, B, C]``.
+    :param y: the calibration rows' class labels ``[B]``.
+    :returns: the temperature T.
+    :raises ValueError: on inputs that :func:`zoo.metrics.nll` refuses.
+    """
     from scipy.optimize import minimize_scalar
 
     metrics.nll(log_probs, y)  # validates shapes and labels
@@ -171,7 +222,12 @@ def fit_temperature(log_probs: torch.Tensor, y: torch.Tensor) -> float:
 
 def temperature_scaled(log_probs: torch.Tensor, temperature: float) -> torch.Tensor:
     """The pooled predictive of ``[S, B, C]`` log-probabilities sharpened or softened by ``temperature``, as one
-    draw ``[1, B, C]`` (so every metric reads it unchanged)."""
+    draw ``[1, B, C]`` (so every metric reads it unchanged).
+
+    :param log_probs: per-draw log class probabilities ``[S, B, C]``.
+    :param temperature: T; the pooled log-probabilities are divided by it and normalised again.
+    :returns: the scaled predictive's log class probabilities ``[1, B, C]``, in ``log_probs``' dtype.
+    """
     pooled = metrics.predictive_log_probs(log_probs.double())
     return torch.log_softmax(pooled / temperature, dim=-1).to(log_probs.dtype)[None]
 
@@ -192,6 +248,16 @@ def shift_report(posterior: Posterior, data: Dataset, suite: str | None, num_sam
     ``by_severity`` (per severity, the means over corruption types), ``ood`` (per OOD set and score, AUROC,
     AUPR-in/out and FPR95), ``temperature`` (when scaled) and ``reliability`` (per severity, pooled confidences
     and hits, for the plot).
+
+    :param posterior: the fitted posterior; one set of its draws scores every set.
+    :param data: the run's classification data set.
+    :param suite: the shift suite (see :func:`shifted_sets`), or None for the clean and OOD sets only.
+    :param num_samples: posterior draws.
+    :param seed: seeds the draws (Pyro's generators are set to ``seed + 1``) and generated corruptions.
+    :param temperature_scale: also fit a temperature on the calibration rows and score the scaled predictive.
+    :returns: the report, a dict with the keys above, ``suite`` and ``draws``.
+    :raises ZooInputError: when ``num_samples`` is below 1, the run is a regression, the suite is refused, or
+        temperature scaling is asked for without calibration rows.
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
@@ -244,13 +310,21 @@ def shift_report(posterior: Posterior, data: Dataset, suite: str | None, num_sam
 
 
 def suite_label(suite: str | None) -> str:
-    """A file-name-safe label of a suite (a directory's own name; ``clean`` for none)."""
+    """A file-name-safe label of a suite (a directory's own name; ``clean`` for none).
+
+    :param suite: the suite's name or directory, or None.
+    :returns: the label.
+    """
     if suite is None:
         return "clean"
     return suite if suite in GENERATED or suite == "rotation" else Path(suite).name or "files"
 
 
 def check_suite(suite: str | None) -> None:
-    """Refuse an unknown suite name before any work (a directory is checked when it is read)."""
+    """Refuse an unknown suite name before any work (a directory is checked when it is read).
+
+    :param suite: the suite's name or directory; None (no suite) passes.
+    :raises ZooInputError: when it is neither a suite's name nor an existing directory.
+    """
     if suite is not None and suite not in GENERATED and suite != "rotation" and not Path(suite).is_dir():
         raise ZooInputError("--shift", suite, f"use {SUITE_HELP}")

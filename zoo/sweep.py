@@ -102,6 +102,12 @@ class Dimension(BaseModel):
 
     A range whose ends (and step) are integers is searched over integers. Choices may be whole spec sections (e.g.
     priors), not only numbers and names.
+
+    :ivar low: the range's lower end.
+    :ivar high: the range's upper end, above ``low``.
+    :ivar log: search the range on a log scale (``low`` > 0, no ``step``).
+    :ivar step: the spacing of the values searched, in ``(0, high - low]``; None for a continuous range.
+    :ivar choices: the values to choose from, instead of a range.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -144,12 +150,18 @@ class Dimension(BaseModel):
         return self.choices is None and all(isinstance(v, int) and not isinstance(v, bool) for v in ends)
 
     def probes(self) -> list[Any]:
-        """The values every trial's spec must accept: both ends of a range, every choice."""
+        """The values every trial's spec must accept: both ends of a range, every choice.
+
+        :returns: the values.
+        """
         return list(self.choices) if self.choices is not None else [self.low, self.high]
 
     def inner_probe(self) -> float | None:
         """A value inside a float range (on its step grid, if any) that is not a whole number where the range allows
-        one, for the spec to accept before any trial draws such a value; None for choices and integer ranges."""
+        one, for the spec to accept before any trial draws such a value; None for choices and integer ranges.
+
+        :returns: the value, or None.
+        """
         if self.choices is not None or self.integer:
             return None
         low, high = float(self.low), float(self.high)
@@ -163,7 +175,11 @@ class Dimension(BaseModel):
 
     def edge(self, value: Any) -> str | None:
         """``"low"`` or ``"high"`` when ``value`` lies in the outer :data:`EDGE_SHARE` of the range at that end (on
-        the log scale for a log range), else None; choices have no edge."""
+        the log scale for a log range), else None; choices have no edge.
+
+        :param value: a value of the dimension.
+        :returns: ``"low"``, ``"high"`` or None.
+        """
         if self.choices is not None or not isinstance(value, int | float) or isinstance(value, bool):
             return None
         scale = math.log if self.log else float
@@ -172,7 +188,12 @@ class Dimension(BaseModel):
         return "low" if share <= EDGE_SHARE else "high" if share >= 1 - EDGE_SHARE else None
 
     def suggest(self, trial, key: str) -> Any:
-        """The trial's value for ``key`` (choices that are sections travel through Optuna as one-line YAML)."""
+        """The trial's value for ``key`` (choices that are sections travel through Optuna as one-line YAML).
+
+        :param trial: the Optuna trial.
+        :param key: the dotted spec key, the parameter's name in the study.
+        :returns: the value suggested (a section choice read back from its YAML).
+        """
         if self.choices is not None:
             if all(_primitive(c) for c in self.choices):
                 return trial.suggest_categorical(key, self.choices)
@@ -192,21 +213,35 @@ def _one_line(value: Any) -> str:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The swept spec keys (dotted, as ``--set`` writes them) and their dimensions, in file order."""
+    """The swept spec keys (dotted, as ``--set`` writes them) and their dimensions, in file order.
+
+    :param dimensions: each swept key's range or choices.
+    """
 
     dimensions: dict[str, Dimension]
 
     def suggest(self, trial) -> dict[str, Any]:
-        """One value per key for an Optuna trial."""
+        """One value per key for an Optuna trial.
+
+        :param trial: the Optuna trial.
+        :returns: the trial's settings by spec key.
+        """
         return {key: dim.suggest(trial, key) for key, dim in self.dimensions.items()}
 
     def as_dict(self) -> dict[str, Any]:
-        """The space as its YAML file gives it (what ``sweep.json`` records)."""
+        """The space as its YAML file gives it (what ``sweep.json`` records).
+
+        :returns: each key's dimension as a mapping, defaults left out.
+        """
         return {k: d.model_dump(exclude_defaults=True) for k, d in self.dimensions.items()}
 
     def edges(self, params: dict[str, Any]) -> dict[str, str]:
         """The keys whose value in ``params`` sits at an edge of its range, each with a sentence saying which and
-        what to do (a sweep's best trial at an edge means the range cut the search short)."""
+        what to do (a sweep's best trial at an edge means the range cut the search short).
+
+        :param params: settings by spec key, e.g. the best trial's.
+        :returns: the sentence by key, for the keys at an edge only.
+        """
         found = {}
         for key, value in params.items():
             dim = self.dimensions.get(key)
@@ -219,7 +254,13 @@ class SearchSpace:
 
 
 def load_space(source: str | Path | dict) -> SearchSpace:
-    """Read and check a space file: a mapping of dotted spec keys to a range or choices (a bare list is choices)."""
+    """Read and check a space file: a mapping of dotted spec keys to a range or choices (a bare list is choices).
+
+    :param source: a YAML file, or the mapping itself.
+    :returns: the search space.
+    :raises ZooInputError: when the file is missing or not UTF-8 YAML, the space is empty or not a mapping, a key
+        is under ``data`` or ``seed`` (held fixed), or an entry is not a valid range or list of choices.
+    """
     if isinstance(source, dict):
         tree, where = source, "space"
     else:
@@ -267,7 +308,12 @@ def _reason(error: dict) -> str:
 def check_space(space: SearchSpace, tree: dict) -> None:
     """Refuse a key that is not a spec field, or a range end / choice the spec (``tree``, as written) does not
     accept, naming it; and a float range whose inner values it refuses (float ends on a key that takes integers),
-    which would otherwise stop the sweep at its first trial."""
+    which would otherwise stop the sweep at its first trial.
+
+    :param space: the search space.
+    :param tree: the spec as written (:func:`zoo.spec.spec_tree`).
+    :raises ZooInputError: naming the key and the value the spec refuses.
+    """
     for key, dim in space.dimensions.items():
         for value in dim.probes():
             try:
@@ -289,7 +335,13 @@ def check_space(space: SearchSpace, tree: dict) -> None:
 
 
 def trial_spec(tree: dict, params: dict[str, Any]) -> RunSpec:
-    """The spec ``tree`` (as written) with a trial's settings applied as ``--set`` would apply them, validated."""
+    """The spec ``tree`` (as written) with a trial's settings applied as ``--set`` would apply them, validated.
+
+    :param tree: the spec as written (left unchanged).
+    :param params: the trial's settings by dotted spec key.
+    :returns: the trial's spec.
+    :raises ZooInputError: when the spec refuses the settings.
+    """
     tree = copy.deepcopy(tree)
     for key, value in params.items():
         set_path(tree, key, value)
@@ -298,7 +350,13 @@ def trial_spec(tree: dict, params: dict[str, Any]) -> RunSpec:
 
 # ------------------------------------------------------------------------------------------------ the study
 def choose_metric(metric: str | None, task: str) -> tuple[str, str]:
-    """The metric a sweep optimises (default: test_ll for regression, nll for classification) and its direction."""
+    """The metric a sweep optimises (default: test_ll for regression, nll for classification) and its direction.
+
+    :param metric: the metric asked for; None for the task's default.
+    :param task: the data's task, ``regression`` or ``classification``.
+    :returns: ``(metric, direction)``, the direction ``"maximize"`` or ``"minimize"``.
+    :raises ZooInputError: when the task's sweeps cannot optimise the metric.
+    """
     allowed = task_of(task).metrics  # which way is better for each; the first is the default
     name = metric or next(iter(allowed))
     if name not in allowed:
@@ -308,7 +366,14 @@ def choose_metric(metric: str | None, task: str) -> tuple[str, str]:
 
 def open_storage(url: str | None, out: Path):
     """The study's storage: a journal file in ``out`` by default; a path (a journal file elsewhere) or an Optuna
-    RDB URL (``sqlite:///...``, ``postgresql://...``, ``mysql://...``) that several machines can share."""
+    RDB URL (``sqlite:///...``, ``postgresql://...``, ``mysql://...``) that several machines can share.
+
+    :param url: the storage asked for (``--storage``); None for ``out/study.log``.
+    :param out: the sweep directory.
+    :returns: the Optuna storage (a journal storage, or an RDB storage whose stale trials are failed and retried
+        once).
+    :raises ZooInputError: when the storage cannot be opened, or the journal file is cut off or corrupt.
+    """
     import optuna
     from optuna.storages.journal import JournalFileBackend
 
@@ -331,7 +396,11 @@ def open_storage(url: str | None, out: Path):
 
 
 def shown_storage(url: str) -> str:
-    """A storage URL as best.yaml and the messages show it: a password in it replaced by ``***``."""
+    """A storage URL as best.yaml and the messages show it: a password in it replaced by ``***``.
+
+    :param url: the storage URL or path.
+    :returns: the URL to show.
+    """
     return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
 
 
@@ -339,7 +408,11 @@ def check_journal(path: Path) -> None:
     """Refuse a journal file (``study.log``) that a crash cut off or that holds a line that is no journal record,
     naming the file, the line and what to do. Optuna reads past a cut-off last record but its next write joins that
     record into a corrupt line, so the check comes before any write; it holds the journal's own lock, so that a write
-    another process has under way is not taken for a cut-off one."""
+    another process has under way is not taken for a cut-off one.
+
+    :param path: the journal file; a missing or empty one passes.
+    :raises ZooInputError: when the file ends in a cut-off record or holds a line that is no journal record.
+    """
     from optuna.storages.journal import JournalFileSymlinkLock
 
     if not path.is_file() or path.stat().st_size == 0:
@@ -372,14 +445,22 @@ def check_journal(path: Path) -> None:
 @dataclass
 class Tally:
     """How many of a study's trials are finished (complete, pruned, or failed for a reason of their own) and
-    running."""
+    running.
+
+    :param finished: the finished trials.
+    :param running: the running trials.
+    """
 
     finished: int = 0
     running: int = 0
 
 
 def tally(study) -> Tally:
-    """Count a study's trials; a trial that failed because it was interrupted is not finished (it runs again)."""
+    """Count a study's trials; a trial that failed because it was interrupted is not finished (it runs again).
+
+    :param study: the Optuna study.
+    :returns: the finished and running trials.
+    """
     from optuna.trial import TrialState
 
     out = Tally()
@@ -397,7 +478,11 @@ STATES = ("complete", "pruned", "failed", "interrupted", "running", "waiting")
 
 def state_counts(study) -> dict[str, int]:
     """How many of a study's trials are in each of :data:`STATES`: a failed trial failed for a reason of its own
-    (diverged, or refused while it fit); an interrupted one was stopped and runs again."""
+    (diverged, or refused while it fit); an interrupted one was stopped and runs again.
+
+    :param study: the Optuna study.
+    :returns: the count by state, every state present.
+    """
     out = dict.fromkeys(STATES, 0)
     for t in study.get_trials(deepcopy=False):
         state = t.state.name.lower()
@@ -412,14 +497,23 @@ FAILURE_KINDS = {"TrainingDiverged": "diverged", "ZooInputError": "refused while
 
 
 def failure_kinds(study) -> dict[str, int]:
-    """The failed trials by why they failed (``diverged``, ``refused while fitting``), most common first."""
+    """The failed trials by why they failed (``diverged``, ``refused while fitting``), most common first.
+
+    :param study: the Optuna study.
+    :returns: the count by reason.
+    """
     kinds = Counter(FAILURE_KINDS.get(t.user_attrs["failure"].split(":", 1)[0], "failed")
                     for t in study.get_trials(deepcopy=False) if "failure" in t.user_attrs)
     return dict(kinds.most_common())
 
 
 def outcome_line(counts: dict[str, int], kinds: dict[str, int]) -> str:
-    """One line on how a sweep's trials ended: ``20 trials: 1 complete, 0 pruned, 19 failed (19 diverged)``."""
+    """One line on how a sweep's trials ended: ``20 trials: 1 complete, 0 pruned, 19 failed (19 diverged)``.
+
+    :param counts: the trials by state (:func:`state_counts`).
+    :param kinds: the failed trials by reason (:func:`failure_kinds`).
+    :returns: the line.
+    """
     total = sum(counts.values())
     line = (f"{total} trial(s): {counts['complete']} complete, {counts['pruned']} pruned, {counts['failed']} failed"
             + (f" ({', '.join(f'{n} {kind}' for kind, n in kinds.items())})" if kinds else ""))
@@ -429,7 +523,14 @@ def outcome_line(counts: dict[str, int], kinds: dict[str, int]) -> str:
 
 def survival_note(counts: dict[str, int], kinds: dict[str, int], best: TrialRow | None, out: str | Path) -> str | None:
     """A warning when the best trial was not chosen by a search: it is the only complete one among failures, or
-    failed trials are half or more of the finished ones; None otherwise."""
+    failed trials are half or more of the finished ones; None otherwise.
+
+    :param counts: the trials by state (:func:`state_counts`).
+    :param kinds: the failed trials by reason (:func:`failure_kinds`).
+    :param best: the best trial, or None.
+    :param out: the sweep directory, named in the advice.
+    :returns: the warning, or None.
+    """
     if best is None or not counts["failed"]:
         return None
     finished = counts["complete"] + counts["pruned"] + counts["failed"]
@@ -461,7 +562,13 @@ def requeue_interrupted(study, out: Path, own_storage: bool = False) -> list[int
     once more; returns the numbers requeued. Holding ``out``'s lock, no live sweep of this host writes it.
 
     With ``own_storage`` (the study.log inside ``out``) every trial of this host is this directory's, under whatever
-    path it was run (a sweep directory that was moved or copied)."""
+    path it was run (a sweep directory that was moved or copied).
+
+    :param study: the Optuna study.
+    :param out: the sweep directory.
+    :param own_storage: whether the study lives in ``out``'s own study.log.
+    :returns: the numbers of the trials requeued.
+    """
     from optuna.trial import TrialState
 
     here, mine = socket.gethostname(), str(out.resolve())
@@ -483,7 +590,22 @@ def requeue_interrupted(study, out: Path, own_storage: bool = False) -> list[int
 # ------------------------------------------------------------------------------------------------ one trial
 @dataclass
 class SweepSetup:
-    """What every worker of a sweep needs: picklable, so that spawned processes receive it whole."""
+    """What every worker of a sweep needs: picklable, so that spawned processes receive it whole.
+
+    :param spec_yaml: the spec as written, with the user's overrides: where the trials' settings go.
+    :param space: the search space as :meth:`SearchSpace.as_dict` gives it.
+    :param metric: the validation metric optimised.
+    :param direction: ``"maximize"`` or ``"minimize"``.
+    :param out: the sweep directory.
+    :param storage: the study's storage URL or path; None for ``out/study.log``.
+    :param study_name: the study's name in the storage.
+    :param n_trials: the finished trials the study is run to.
+    :param seed: the spec's seed, which seeds each worker's sampler.
+    :param threads: torch threads per worker (see :func:`choose_threads`); None to leave them.
+    :param workers: how many worker processes run trials.
+    :param startup_trials: random trials before the TPE sampler takes over.
+    :param repeat: a spec key and its values: each trial fits once per value; None for one fit.
+    """
 
     spec_yaml: str  # the spec as written, with the user's overrides: where the trials' settings go
     space: dict[str, Any]
@@ -500,7 +622,10 @@ class SweepSetup:
     repeat: tuple[str, list[Any]] | None = None  # a spec key and its values: each trial fits once per value
 
     def repeat_values(self) -> list[dict[str, Any]]:
-        """The extra settings of each of a trial's fits (one empty set without a repeat)."""
+        """The extra settings of each of a trial's fits (one empty set without a repeat).
+
+        :returns: one mapping of spec key to value per fit.
+        """
         return [{}] if self.repeat is None else [{self.repeat[0]: v} for v in self.repeat[1]]
 
     @property
@@ -566,7 +691,14 @@ def _objective(setup: SweepSetup, tree: dict, space: SearchSpace) -> Callable:
 def run_worker(setup: SweepSetup, index: int = 0, parent: int | None = None,
                after_trial: Callable[[], None] | None = None) -> None:
     """Run trials of the study until ``n_trials`` are finished or running (one trial at a time); ``after_trial``
-    is called after each."""
+    is called after each.
+
+    :param setup: the sweep's setup.
+    :param index: the worker's number, which seeds its sampler with the trials already in the study.
+    :param parent: the sweep process's pid: the worker stops after its trial once that is no longer its parent;
+        None to run in the sweep process itself.
+    :param after_trial: called after each trial (e.g. to update a progress bar); None for nothing.
+    """
     import optuna
     import torch
 
@@ -619,7 +751,15 @@ def _worker_main(setup: SweepSetup, index: int, parent: int) -> None:
 # ------------------------------------------------------------------------------------------------ the sweep
 @dataclass
 class TrialRow:
-    """One trial as the report shows it."""
+    """One trial as the report shows it.
+
+    :param number: the trial's number in the study.
+    :param state: its state, e.g. ``complete``, ``pruned``, ``fail`` or ``running``.
+    :param value: its validation score (a pruned trial's last intermediate one), or None.
+    :param params: its settings by spec key.
+    :param seconds: how long its fits took, where recorded.
+    :param note: why it failed, was interrupted or pruned, and which trial it reruns.
+    """
 
     number: int
     state: str
@@ -631,7 +771,19 @@ class TrialRow:
 
 @dataclass
 class SweepResult:
-    """A sweep's trials, its best one and where it wrote."""
+    """A sweep's trials, its best one and where it wrote.
+
+    :param out: the sweep directory.
+    :param metric: the validation metric optimised.
+    :param direction: ``"maximize"`` or ``"minimize"``.
+    :param trials: every trial of the study.
+    :param best: the best complete trial, or None.
+    :param wall_seconds: the sweep's wall time, over every process that ran it.
+    :param files: the files written, by kind (``sweep``, ``best``, ``plot``).
+    :param edges: the best settings at an edge of their range, with advice (:meth:`SearchSpace.edges`).
+    :param counts: the trials by state (:func:`state_counts`).
+    :param caveats: what makes the best less than a search's best.
+    """
 
     out: Path
     metric: str
@@ -684,6 +836,24 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
     the memory available: see :func:`cap_workers`), each with ``threads`` torch threads (default: the user's own
     setting, else the cores divided among the workers: see :func:`choose_threads`). Running again with the same
     arguments continues a stopped sweep.
+
+    :param spec_source: the spec: a YAML file, a dict or a RunSpec; it must set ``data.validation_fraction``.
+    :param space_source: the search space: a YAML file or a mapping (:func:`load_space`).
+    :param n_trials: the finished trials to run the study to.
+    :param out: the sweep directory.
+    :param overrides: ``--set`` overrides of the spec (``key.path=value``).
+    :param workers: processes running trials side by side.
+    :param threads: torch threads per worker; None to choose them.
+    :param storage: a shared study storage (a path or an RDB URL); None for ``out/study.log``.
+    :param study_name: the study's name in the storage; None for ``zoo-sweep``.
+    :param metric: the validation metric to optimise; None for the task's default (:func:`choose_metric`).
+    :param repeat: a spec key and its values to fit every trial once per value; None for one fit per trial.
+    :param progress: show a progress bar of finished trials.
+    :param echo: prints the sweep's opening and closing lines; None for silence.
+    :returns: the trials, the best one, the files written and the caveats.
+    :raises ZooInputError: when an argument, the spec, the space, ``repeat`` or ``out`` is refused (e.g. no
+        validation rows, a key the spec refuses, a directory holding a run), or a worker stops on bad input.
+    :raises Interrupted: when the sweep is stopped (Ctrl-C, SIGTERM); the same command continues it.
     """
     from zoo.data import load_dataset
 
@@ -787,7 +957,11 @@ def _is_sweep_marked(path: Path) -> bool:
 
 def refuse_run_in_sweep(out: str | Path) -> None:
     """Refuse a run's ``--out`` that is, or lies inside, a sweep's directory: a sweep and a run never share one
-    (the sweep's own trials are written by the sweep, in its trials/)."""
+    (the sweep's own trials are written by the sweep, in its trials/).
+
+    :param out: the run's ``--out``.
+    :raises ZooInputError: when ``out`` is or lies inside a sweep's directory.
+    """
     out = Path(out)
     for place in (out.resolve(), *out.resolve().parents):
         if _is_sweep_marked(place):
@@ -805,6 +979,10 @@ def claimed_sweep_directory(out: Path) -> Iterator[Path]:
     Refuses (exit 2) an ``--out`` that holds a run or lies inside a run or another sweep, and a non-empty directory
     that is not a sweep. The sweep marker (:data:`SWEEP_MARKER`) replaces the run marker that sweeps wrote before
     it, so that ``zoo train`` refuses the directory.
+
+    :param out: the sweep directory, created when missing.
+    :returns: a context manager that yields ``out`` as a Path.
+    :raises ZooInputError: when the directory is refused, or another live process holds it.
     """
     out = Path(out)
     for parent in out.resolve().parents:
@@ -894,7 +1072,10 @@ def _open_study(setup: SweepSetup, out: Path):
 
 # ------------------------------------------------------------------------------------------------ workers and threads
 def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS tells it, else every core)."""
+    """The CPU cores this process may run on (its affinity where the OS tells it, else every core).
+
+    :returns: the number of cores, at least 1.
+    """
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -903,7 +1084,10 @@ def available_cores() -> int:
 
 def resident_memory() -> int:
     """Bytes of memory this process holds now (a spawned worker, which imports the same and loads the same data,
-    takes about as much)."""
+    takes about as much).
+
+    :returns: the bytes (the peak so far where the current figure is unknown).
+    """
     try:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE")
@@ -917,7 +1101,15 @@ def resident_memory() -> int:
 def cap_workers(asked: int, left: int, cores: int, memory: int | None, per_worker: int) -> tuple[int, str | None]:
     """The workers to start for ``--workers asked``: no more than the trials ``left`` to run, the ``cores``, and the
     workers of ``per_worker`` bytes that the ``memory`` available holds (unknown memory caps nothing); with a
-    sentence saying why when that is fewer than asked."""
+    sentence saying why when that is fewer than asked.
+
+    :param asked: the workers asked for.
+    :param left: the trials left to run.
+    :param cores: the cores available.
+    :param memory: the bytes of memory available, or None when unknown.
+    :param per_worker: the bytes one worker takes.
+    :returns: ``(workers, why)``, ``why`` None when all asked for start.
+    """
     limits = {"trials": max(1, left), "cores": max(1, cores)}
     if memory is not None:
         limits["memory"] = max(1, memory // max(1, per_worker))
@@ -939,6 +1131,12 @@ def choose_threads(threads: int | None, workers: int, cores: int) -> tuple[int, 
     ``--threads`` when given; else the user's own setting, kept as it is: ``OMP_NUM_THREADS`` (or
     ``MKL_NUM_THREADS``), or this process's torch threads (``torch.set_num_threads``, else torch's default) when
     they are no more than each worker's share of the cores; else that share (``cores // workers``).
+
+    :param threads: ``--threads``, or None.
+    :param workers: the workers started.
+    :param cores: the cores available.
+    :returns: ``(threads, source)``, ``source`` saying where the number comes from.
+    :raises ZooInputError: when ``threads`` is below 1.
     """
     import torch
 
@@ -1119,14 +1317,27 @@ def _finish(setup: SweepSetup, study, out: Path, wall: float) -> SweepResult:
 
 
 def best_params(study, number: int, space: SearchSpace) -> dict[str, Any]:
-    """A trial's settings by spec key, with section choices read back from their one-line YAML."""
+    """A trial's settings by spec key, with section choices read back from their one-line YAML.
+
+    :param study: the Optuna study.
+    :param number: the trial's number.
+    :param space: the search space.
+    :returns: the settings by spec key.
+    """
     params = study.trials[number].params
     return {k: (yaml.safe_load(v) if space.dimensions[k].choices is not None
                 and not all(_primitive(c) for c in space.dimensions[k].choices) else v) for k, v in params.items()}
 
 
 def plot_history(rows: list[TrialRow], metric: str, direction: str, path: Path) -> Path:
-    """Every trial's score by trial number (pruned ones at their last intermediate score) and the best so far."""
+    """Every trial's score by trial number (pruned ones at their last intermediate score) and the best so far.
+
+    :param rows: the trials.
+    :param metric: the validation metric, for the axis label.
+    :param direction: ``"maximize"`` or ``"minimize"``.
+    :param path: the image file to write.
+    :returns: the path written.
+    """
     from zoo.plots import new_figure, save_figure
 
     fig, axes = new_figure(1, 1, (6.0, 3.6))
@@ -1153,12 +1364,22 @@ def plot_history(rows: list[TrialRow], metric: str, direction: str, path: Path) 
 
 # ------------------------------------------------------------------------------------------------ reading a sweep
 def is_sweep_directory(path: str | Path) -> bool:
-    """Whether ``path`` is a sweep's directory (it holds sweep.json)."""
+    """Whether ``path`` is a sweep's directory (it holds sweep.json).
+
+    :param path: the directory.
+    :returns: True when it holds sweep.json.
+    """
     return (Path(path) / SWEEP_FILE).is_file()
 
 
 def read_sweep(sweep_dir: str | Path) -> SweepResult:
-    """A sweep directory's trials as its study holds them now (the storage named in sweep.json)."""
+    """A sweep directory's trials as its study holds them now (the storage named in sweep.json).
+
+    :param sweep_dir: the sweep directory.
+    :returns: its trials, best trial, edges, counts and caveats (no files).
+    :raises ZooInputError: when its sweep.json cannot be read, its storage cannot be opened, or the study is not
+        there.
+    """
     import optuna
 
     sweep_dir = Path(sweep_dir)
@@ -1184,7 +1405,11 @@ def read_sweep(sweep_dir: str | Path) -> SweepResult:
 
 
 def trials_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the trials, best first (complete trials by score, then pruned, failed and running)."""
+    """Header and rows of the trials, best first (complete trials by score, then pruned, failed and running).
+
+    :param result: the sweep.
+    :returns: ``(header, rows)``, every cell text.
+    """
     keys = list(dict.fromkeys(k for r in result.trials for k in r.params))
     order = {"complete": 0, "pruned": 1, "fail": 2, "running": 3, "waiting": 4}
     sign = -1 if result.direction == "maximize" else 1
@@ -1211,7 +1436,13 @@ def _format_param(value: Any) -> str:
 
 
 def write_trials_report(sweep_dir: str | Path, out: str | Path) -> tuple[SweepResult, dict[str, Path]]:
-    """``zoo report SWEEP_DIR``: the trials as Markdown and CSV, and the score-per-trial plot beside them."""
+    """``zoo report SWEEP_DIR``: the trials as Markdown and CSV, and the score-per-trial plot beside them.
+
+    :param sweep_dir: the sweep directory.
+    :param out: the Markdown file to write; the CSV and PNG of the same stem go beside it.
+    :returns: ``(result, files)``: the sweep as :func:`read_sweep` reads it and the files written by kind.
+    :raises ZooInputError: when :func:`read_sweep` refuses the directory.
+    """
     result = read_sweep(sweep_dir)
     out = Path(out)
     files = {**_markdown_and_csv(*trials_table(result), out),
@@ -1221,7 +1452,11 @@ def write_trials_report(sweep_dir: str | Path, out: str | Path) -> tuple[SweepRe
 
 def sweeps_table(results: list[SweepResult]) -> tuple[list[str], list[list[str]]]:
     """Header and one row per sweep: its trials, best score and settings, and the keys whose best value sits at an
-    edge of the range (a range that cut the search short)."""
+    edge of the range (a range that cut the search short).
+
+    :param results: the sweeps.
+    :returns: ``(header, rows)``, every cell text.
+    """
     header = ["sweep", "trials", "pruned", "failed", "best", "settings", "at edge", "seconds"]
     rows = []
     for r in results:
@@ -1247,13 +1482,24 @@ def _markdown_and_csv(header: list[str], rows: list[list[str]], out: Path) -> di
 
 def write_sweeps_report(sweep_dirs: list[str | Path], out: str | Path
                         ) -> tuple[list[SweepResult], dict[str, Path]]:
-    """``zoo report SWEEP_DIR SWEEP_DIR ...``: one row per sweep (:func:`sweeps_table`) as Markdown and CSV."""
+    """``zoo report SWEEP_DIR SWEEP_DIR ...``: one row per sweep (:func:`sweeps_table`) as Markdown and CSV.
+
+    :param sweep_dirs: the sweep directories.
+    :param out: the Markdown file to write; the CSV of the same stem goes beside it.
+    :returns: ``(results, files)``: each sweep as :func:`read_sweep` reads it and the files written by kind.
+    :raises ZooInputError: when :func:`read_sweep` refuses a directory.
+    """
     results = [read_sweep(d) for d in sweep_dirs]
     return results, _markdown_and_csv(*sweeps_table(results), Path(out))
 
 
 def parse_repeat(text: str) -> tuple[str, list[Any]]:
-    """``--repeat KEY=V1,V2,...`` as (key, values), each value read as YAML (``data.split=0,1,2``)."""
+    """``--repeat KEY=V1,V2,...`` as (key, values), each value read as YAML (``data.split=0,1,2``).
+
+    :param text: the option's value.
+    :returns: ``(key, values)``.
+    :raises ZooInputError: when there is no key or fewer than two values.
+    """
     key, sep, raw = str(text).partition("=")
     values = [yaml.safe_load(v) for v in raw.split(",") if v.strip()] if sep else []
     if not key.strip() or len(values) < 2:

@@ -50,7 +50,14 @@ QUANTILES = {"min": 0.0, "5%": 0.05, "50%": 0.5, "95%": 0.95, "max": 1.0}
 def guide_log_density(guide: torch.nn.Module,
                       draws: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[str], list[str]]:
     """log q(w_s) of the guide at each of S draws ``[S]`` (traced, conditioned on each draw, with each site's scale
-    and mask as the guide declares them), its point-mass (Delta) sites, and its sites whose terms are scaled."""
+    and mask as the guide declares them), its point-mass (Delta) sites, and its sites whose terms are scaled.
+
+    A guide with a ``log_density(draws)`` method (a guide over one joint latent) scores the draws itself.
+
+    :param guide: the guide.
+    :param draws: S draws of its latent sites ``{site: [S, ...]}``.
+    :returns: ``(log_q, point_mass_sites, scaled_sites)``: ``log_q`` ``[S]`` and two sorted lists of site names.
+    """
     total = next(iter(draws.values())).shape[0]
     own = getattr(guide, "log_density", None)  # a guide over one joint latent scores its draws itself
     if own is not None and (density := own(draws)) is not None:
@@ -71,7 +78,11 @@ def guide_log_density(guide: torch.nn.Module,
 
 
 def khat_interpretation(k: float) -> str:
-    """The usual reading of a PSIS Pareto k-hat (Vehtari et al.; Yao et al. 2018 for VI)."""
+    """The usual reading of a PSIS Pareto k-hat (Vehtari et al.; Yao et al. 2018 for VI).
+
+    :param k: the k-hat.
+    :returns: its reading: good (below 0.5), ok (up to :data:`KHAT_MAX`), bad (below 1) or very bad.
+    """
     if k < 0.5:
         return "good: q covers the posterior; importance-weighted estimates are reliable"
     if k <= KHAT_MAX:
@@ -83,7 +94,14 @@ def khat_interpretation(k: float) -> str:
 
 def pareto_k(guide: Any, draws: dict[str, torch.Tensor], lp: torch.Tensor) -> dict[str, Any]:
     """PSIS k-hat of a guide (or of anything with ``log_density(draws)``) from S draws of it and the log joint
-    there: log w = log p(w, y | x) - log q(w)."""
+    there: log w = log p(w, y | x) - log q(w).
+
+    :param guide: the guide (or other approximation) the draws come from.
+    :param draws: S iid draws of it ``{site: [S, ...]}``.
+    :param lp: the model's log joint at each draw ``[S]``.
+    :returns: ``k_hat`` (None where q has no density, e.g. point-mass sites; inf for non-finite weights),
+        ``num_draws``, ``interpretation`` and, where the model and q scale some sites' terms, a ``caveat``.
+    """
     unavailable = getattr(guide, "density_unavailable", None)
     if unavailable:
         return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": f"undefined: {unavailable}"}
@@ -175,7 +193,11 @@ def _stat_quantiles(values: np.ndarray) -> dict[str, float | None]:
 
 
 def weight_elements(post: xr.Dataset) -> list[tuple[str, tuple[int, ...]]]:
-    """Every (site, index) element of the latent sites in ``post``, site after site in C order."""
+    """Every (site, index) element of the latent sites in ``post``, site after site in C order.
+
+    :param post: an InferenceData's posterior group (dims ``chain, draw, ...``).
+    :returns: ``(site, index)`` pairs, ``f_test`` and ``lp`` left out.
+    """
     out = []
     for name in post.data_vars:
         if name not in FUNCTION_SUMMARIES:
@@ -209,7 +231,12 @@ def _weight_summary(post: xr.Dataset, with_rhat: bool) -> dict[str, Any]:
 
 
 def sampler_checks(stats: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Divergences (count, fraction) and BFMI per chain from MCMC statistics ``[chains, draws]``."""
+    """Divergences (count, fraction) and BFMI per chain from MCMC statistics ``[chains, draws]``.
+
+    :param stats: sampler statistics by name, ``diverging`` and ``energy`` read where present.
+    :returns: ``divergences`` (``count``, ``fraction``, ``per_chain``) and ``bfmi`` (one per chain; none with a
+        single draw per chain), each only where its statistic was given.
+    """
     out: dict[str, Any] = {}
     if "diverging" in stats:
         diverging = np.asarray(stats["diverging"]).astype(bool)
@@ -222,7 +249,12 @@ def sampler_checks(stats: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
-    """A figure for the console tables: ``-`` when missing, ``inf`` when infinite."""
+    """A figure for the console tables: ``-`` when missing, ``inf`` when infinite.
+
+    :param value: the figure, or None.
+    :param digits: decimals shown.
+    :returns: its text.
+    """
     if value is None:
         return "-"
     if isinstance(value, float) and math.isinf(value):
@@ -236,6 +268,13 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
 
     ``stats`` (all stored MCMC statistics, ``[chains, draws]``) replaces ``idata.sample_stats`` for counting
     divergences and BFMI when the draws in ``idata`` were thinned.
+
+    :param idata: the run's InferenceData (:func:`zoo.diagnostics.to_inference_data`).
+    :param pareto: :func:`pareto_k`'s result for iid draws of an approximation with a density; None without one.
+    :param stats: every stored sampler statistic ``{name: [chains, draws]}``; None to read ``idata.sample_stats``.
+    :returns: the result: ``draws`` (``mcmc`` or ``iid``), ``num_chains``, ``num_draws``, ``function_space`` rows,
+        ``weights`` and ``per_chain`` summaries (MCMC), the sampler's ``divergences`` and ``bfmi``, ``pareto_k``,
+        ``checks`` (each with ``ok``), ``warnings`` and ``notes``.
     """
     post = idata.posterior
     n_chains, n_draws = int(post.sizes["chain"]), int(post.sizes["draw"])
@@ -318,6 +357,9 @@ def verdict(result: dict[str, Any]) -> str:
 
     For a sampler that is not exact (SG-MCMC: no Metropolis correction, chains in separate modes) the same figures
     are read as warnings: the line says so and points at the per-chain table.
+
+    :param result: a :func:`diagnosis` (or :func:`check`) result.
+    :returns: the line: ``converged: ...``, ``warning: ...`` or ``NOT CONVERGED: ...`` with the figures.
     """
     rows = result["function_space"]
     r_hats = [r["r_hat"] for r in rows if r["r_hat"] is not None]
@@ -337,7 +379,12 @@ def verdict(result: dict[str, Any]) -> str:
 
 
 def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
-    """Density and rank bars (MCMC; a plain trace for iid draws) of every function-space summary."""
+    """Density and rank bars (a plain trace for a single chain) of every function-space summary.
+
+    :param idata: the run's InferenceData.
+    :param path: the image file to write.
+    :returns: the path written.
+    """
     rows = int(idata.posterior.sizes["test_point"]) + 1
     fig, axes = new_figure(rows, 2, (10, 1.8 * rows))
     fig.subplots_adjust(hspace=0.9, wspace=0.25, top=1 - 0.4 / rows, bottom=0.3 / rows)
@@ -349,14 +396,25 @@ def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
 
 
 def plot_energy(idata: az.InferenceData, path: str | Path) -> Path:
-    """Marginal energy vs energy transition distributions (MCMC)."""
+    """Marginal energy vs energy transition distributions (MCMC).
+
+    :param idata: the run's InferenceData, with the sampler's ``energy``.
+    :param path: the image file to write.
+    :returns: the path written.
+    """
     fig, axes = new_figure(1, 1, (6, 4))
     _quiet(lambda: az.plot_energy(idata, ax=axes[0, 0]))
     return save_figure(fig, path)
 
 
 def plot_pair(idata: az.InferenceData, elements: list[tuple[str, tuple[int, ...]]], path: str | Path) -> Path | None:
-    """Pair plot of a few latent-site elements (divergent draws marked for MCMC); None with fewer than two."""
+    """Pair plot of a few latent-site elements (divergent draws marked for MCMC); None with fewer than two.
+
+    :param idata: the run's InferenceData.
+    :param elements: the ``(site, index)`` elements to plot (:func:`weight_elements`).
+    :param path: the image file to write.
+    :returns: the path written, or None when nothing was plotted.
+    """
     if len(elements) < 2:
         return None
     post = idata.posterior
@@ -375,7 +433,11 @@ def plot_pair(idata: az.InferenceData, elements: list[tuple[str, tuple[int, ...]
 
 
 def jsonable(obj: Any) -> Any:
-    """Plain JSON values: numpy scalars to floats/ints, NaN and inf to None."""
+    """Plain JSON values: numpy scalars to floats/ints, NaN and inf to None.
+
+    :param obj: a value, walked through dicts (keys made strings), lists and tuples.
+    :returns: the same value made of plain JSON values (tuples as lists).
+    """
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -396,7 +458,11 @@ def _csv(rows: list[dict[str, Any]]) -> str:
 
 
 def method_label(spec) -> str:
-    """``svi/<guide>`` or the sampler's / method's name: how the report names what fitted a run."""
+    """``svi/<guide>`` or the sampler's / method's name: how the report names what fitted a run.
+
+    :param spec: the run's spec (a :class:`zoo.spec.RunSpec`).
+    :returns: the label.
+    """
     fitted_guide = registry.method_of(spec).fits_guide
     return f"{spec.inference.method}/{registry.guide_label(spec)}" if fitted_guide else spec.inference.method
 
@@ -406,6 +472,12 @@ def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict
 
     ``exact_sampler`` in the result says whether the run's method is an exact (Metropolis-corrected) sampler,
     whose failed checks make its draws unusable; for the others (SG-MCMC, VI) they are warnings about the draws.
+
+    :param run_dir: the run directory.
+    :param num_samples: as :func:`diagnose`'s.
+    :returns: ``(result, idata)``: :func:`check`'s result with ``run_dir``, ``method``, ``family``, ``data`` and
+        ``exact_sampler``, and the InferenceData.
+    :raises ZooInputError: when ``run_dir`` holds no run that can be loaded, or ``num_samples`` is below 1.
     """
     run = Path(run_dir)
     spec, data, posterior = load_run(run)
@@ -437,6 +509,14 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
     MCMC runs: R-hat, bulk/tail ESS, divergences, BFMI per chain, on every stored draw (``num_samples`` thins
     each chain; divergences and BFMI are still counted on all stored draws). Guide (VI) runs: ``num_samples``
     (default 200) iid draws of q and the PSIS Pareto k-hat of q against the model's log joint.
+
+    :param run_dir: the run directory.
+    :param num_samples: the draws to check: about this many stored draws, thinned evenly per chain (MCMC), or this
+        many iid draws (default 200) of the approximation; None for every stored draw (MCMC).
+    :param plots: also write ``trace.png``, ``pair.png`` and (MCMC) ``energy.png``.
+    :returns: the checks' result (:func:`check`'s, with the run's ``method``, ``family``, ``data``,
+        ``exact_sampler`` and the ``files`` written), also written to diagnostics.json (NaN and inf as null there).
+    :raises ZooInputError: when ``run_dir`` holds no run that can be loaded, or ``num_samples`` is below 1.
     """
     run = Path(run_dir)
     out, idata = diagnosis(run, num_samples)
@@ -457,7 +537,11 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
 
 
 def diagnose_report(result: dict[str, Any]) -> list[RenderableType]:
-    """Rich tables of a :func:`diagnose` result: summaries, latent-site quantiles and worst ten, checks in red."""
+    """Rich tables of a :func:`diagnose` result: summaries, latent-site quantiles and worst ten, checks in red.
+
+    :param result: a :func:`diagnose` (or :func:`diagnosis`) result.
+    :returns: the tables, notes and warnings, to print one after another.
+    """
     out: list[RenderableType] = []
     title = f"{result.get('run_dir', '')} ({result.get('method', result['draws'])}): {result['num_chains']} " \
             f"chain(s) x {result['num_draws']} draws"

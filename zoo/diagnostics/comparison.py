@@ -38,7 +38,17 @@ METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll")
 class RunPredictive:
     """One run's predictive on its test inputs: what its task compares (:meth:`zoo.tasks.Task.comparison_draws`:
     y samples ``[R, B]`` in original units for regression, the mean class probabilities ``[B, C]`` for
-    classification)."""
+    classification).
+
+    :param run_dir: the run directory.
+    :param label: the run's name in tables and plots: its directory's name and method.
+    :param data: the run's data set.
+    :param metrics: the run's stored test metrics (``accuracy``, ``nll``, ``ece``, ``rmse``, ``test_ll``, where
+        recorded).
+    :param posterior: the run's posterior.
+    :param pred: the per-draw predictive distributions at the test inputs.
+    :param draws: what the task compares, as above.
+    """
 
     run_dir: Path
     label: str
@@ -50,7 +60,13 @@ class RunPredictive:
 
 
 def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> RunPredictive:
-    """The predictive of a run at its test inputs, seeded by the run's seed (the same run gives the same draws)."""
+    """The predictive of a run at its test inputs, seeded by the run's seed (the same run gives the same draws).
+
+    :param run_dir: the run directory.
+    :param num_samples: posterior draws.
+    :returns: the run's predictive and stored metrics.
+    :raises ZooInputError: when ``num_samples`` is below 1, or ``run_dir`` holds no run that can be loaded.
+    """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     run = Path(run_dir)
@@ -67,7 +83,12 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
 @dataclass
 class ReferenceStanding:
     """Whether a run can serve as a reference: an exact sampler's draws (NUTS/HMC) that pass ``zoo diagnose
-    --strict``. ``problems`` says why not, one reason per line; empty when it can."""
+    --strict``. ``problems`` says why not, one reason per line; empty when it can.
+
+    :param run_dir: the run directory.
+    :param method: how the run was fitted (its method label).
+    :param problems: why it cannot serve, one reason each; empty when it can.
+    """
 
     run_dir: Path
     method: str
@@ -78,14 +99,22 @@ class ReferenceStanding:
         return not self.problems
 
     def column(self) -> str:
-        """The reference's standing as a table cell: ``passes --strict`` or ``FAILS: ...``."""
+        """The reference's standing as a table cell.
+
+        :returns: ``passes --strict``, or ``FAILS:`` and the problems.
+        """
         return "passes --strict" if self.trusted else "FAILS: " + "; ".join(self.problems)
 
 
 def reference_standing(run_dir: str | Path) -> ReferenceStanding:
     """Check that ``run_dir`` is a reference a comparison may trust: an exact sampler's draws (not SVI, SWAG,
     SG-MCMC or Laplace, whose own error is what a comparison measures) that pass every ``zoo diagnose --strict``
-    check (function-space R-hat, bulk/tail ESS, divergences, BFMI). Writes nothing into the run."""
+    check (function-space R-hat, bulk/tail ESS, divergences, BFMI). Writes nothing into the run.
+
+    :param run_dir: the run directory.
+    :returns: its standing, with the failed checks (or the reason it is no exact sampler) as ``problems``.
+    :raises ZooInputError: when ``run_dir`` holds no run that can be loaded.
+    """
     run = Path(run_dir)
     spec, _, _ = load_run(run)
     method = registry.method_of(spec)
@@ -100,7 +129,14 @@ def reference_standing(run_dir: str | Path) -> ReferenceStanding:
 
 def trusted_reference(run_dir: str | Path, allow_unconverged: bool = False, field: str = "REFERENCE_RUN"
                       ) -> ReferenceStanding:
-    """:func:`reference_standing`, refused (exit 2) unless trusted or ``allow_unconverged`` is given."""
+    """:func:`reference_standing`, refused (exit 2) unless trusted or ``allow_unconverged`` is given.
+
+    :param run_dir: the reference's run directory.
+    :param allow_unconverged: return the standing of an untrusted reference instead of refusing it.
+    :param field: the argument that named the reference, named in the refusal.
+    :returns: the reference's standing.
+    :raises ZooInputError: when the reference cannot be trusted and ``allow_unconverged`` is False.
+    """
     standing = reference_standing(run_dir)
     if not standing.trusted and not allow_unconverged:
         raise ZooInputError(field, str(run_dir), "", message=(
@@ -135,6 +171,17 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
     inside the run's central 95% interval, averaged over test inputs; 0.95 is ideal) and ``w1`` (mean Wasserstein-1
     distance between predictive marginals of y, original units). Each row also has the run's stored test metrics.
     With ``out_dir``, a plot is written to ``out_dir/compare.png`` (``rows[0]["plot"]``).
+
+    :param reference_dir: the reference's run directory.
+    :param run_dirs: the run directories to compare with it, a list (not a single path).
+    :param num_samples: posterior draws per run, seeded by each run's seed.
+    :param out_dir: where to write ``compare.png``; None for no plot.
+    :param allow_unconverged: compare against a reference that cannot be trusted instead of refusing it.
+    :returns: one row per run, the reference first, each with ``run``, ``label``, ``reference``, the task's
+        figures, the stored metrics and ``reference_check``.
+    :raises TypeError: when ``run_dirs`` is a single path, or a run directory is not a str or Path.
+    :raises ZooInputError: when a directory is not a run, ``num_samples`` is below 1, the reference cannot be
+        trusted (without ``allow_unconverged``), or a run was trained on other data than the reference.
     """
     if isinstance(run_dirs, str | Path):
         raise TypeError(f"compare(reference_dir, run_dirs): run_dirs is a list of run directories, got the single "
@@ -161,7 +208,14 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
 
 def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
                         out_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """:func:`compare` on predictives already drawn (by :func:`run_predictive`)."""
+    """:func:`compare` on predictives already drawn (by :func:`run_predictive`), without the reference's check.
+
+    :param reference: the reference's predictive.
+    :param runs: the predictives to compare with it.
+    :param out_dir: where to write ``compare.png``; None for no plot.
+    :returns: one row per run, the reference first (``reference_check`` not included).
+    :raises ZooInputError: when a run was trained on other data than the reference.
+    """
     runs = list(runs)
     for run in runs:
         _same_data(reference, run)
@@ -181,7 +235,16 @@ def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
 def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list[dict[str, Any]],
                  per_input: list[np.ndarray], path: Path) -> Path:
     """Regression: predictive mean +- 2 sd of each run over a 1-D input (else W1 per test input); classification:
-    agreement and total variation per run."""
+    agreement and total variation per run.
+
+    :param reference: the reference's predictive.
+    :param runs: the compared runs' predictives.
+    :param rows: :func:`compare_predictives`' rows (the reference first).
+    :param per_input: per run, the reference first, the task's figure along the test inputs ``[B]`` (W1 for
+        regression).
+    :param path: the image file to write.
+    :returns: the path written.
+    """
     data = reference.data
     labels = [r["label"] for r in rows]
     if isinstance(task_of(data), Classification):
@@ -234,7 +297,11 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:
-    """A rich table of :func:`compare` rows (the reference first)."""
+    """A rich table of :func:`compare` rows (the reference first).
+
+    :param rows: :func:`compare`'s rows.
+    :returns: the table, captioned in red when the reference fails its checks.
+    """
     keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
     keys += [k for k in METRIC_KEYS if any(k in r for r in rows)]
     check = rows[0].get("reference_check", "")

@@ -36,7 +36,13 @@ VI_DRAWS = 200  # iid draws of a guide when no count is given
 
 
 def site_dims(name: str, site: LatentSite, shape: Sequence[int] | None = None) -> list[str]:
-    """Named dims of a site: ``hidden0.weight`` -> ``hidden0.weight_out, hidden0.weight_in``; a plate dim is shared."""
+    """Named dims of a site: ``hidden0.weight`` -> ``hidden0.weight_out, hidden0.weight_in``; a plate dim is shared.
+
+    :param name: the site's name.
+    :param site: the latent site.
+    :param shape: the shape of one draw of it; None for the site's own shape.
+    :returns: one dim name per axis of ``shape``.
+    """
     shape = list(site.shape if shape is None else shape)
     dims = []
     if site.plate is not None and shape:
@@ -49,7 +55,12 @@ def site_dims(name: str, site: LatentSite, shape: Sequence[int] | None = None) -
 
 
 def pick_test_points(data: Dataset, count: int = 8) -> np.ndarray:
-    """``count`` test-set indices spread over the test set (over the sorted input for 1-D inputs)."""
+    """``count`` test-set indices spread over the test set (over the sorted input for 1-D inputs).
+
+    :param data: the data set.
+    :param count: how many indices (fewer when the test set is smaller).
+    :returns: the test-set indices.
+    """
     n = len(data.x_test)
     order = torch.argsort(data.x_test[:, 0]).cpu().numpy() if data.in_dim == 1 else np.arange(n)
     picks = np.unique(np.linspace(0, n - 1, min(count, n)).round().astype(int))
@@ -63,7 +74,13 @@ def _chunked(fn: Callable[[dict, slice], torch.Tensor], draws: dict[str, torch.T
 
 
 def log_joint(posterior: Posterior, data: Dataset, draws: dict[str, torch.Tensor]) -> torch.Tensor:
-    """log p(w, y | x) of the model on the full training set at S draws ``{site: [S, ...]}``: ``[S]``."""
+    """log p(w, y | x) of the model on the full training set at S draws, in standardised target units.
+
+    :param posterior: the posterior whose model is scored.
+    :param data: the data set whose training rows are scored.
+    :param draws: S draws of the latent sites ``{site: [S, ...]}``.
+    :returns: the log joint at each draw ``[S]``.
+    """
     joint = LogJoint(posterior.family, data.x_train, data.y_train)
     with torch.no_grad(), pyro.validation_enabled(False):
         joint.verify({n: v[:4] for n, v in draws.items()})  # the batched form, checked against the traced model
@@ -72,7 +89,14 @@ def log_joint(posterior: Posterior, data: Dataset, draws: dict[str, torch.Tensor
 
 def pointwise_log_likelihood(posterior: Posterior, data: Dataset, draws: dict[str, torch.Tensor],
                              rows: int = 4096) -> torch.Tensor:
-    """log p(y_i | x_i, w_s) on the training set ``[S, N]``; regression in original units (minus log ``y_std``)."""
+    """log p(y_i | x_i, w_s) on the training set; regression in original units (minus log ``y_std``).
+
+    :param posterior: the posterior whose model is scored.
+    :param data: the data set whose training rows are scored.
+    :param draws: S draws of the latent sites ``{site: [S, ...]}``.
+    :param rows: training rows scored at a time.
+    :returns: the pointwise log-likelihood ``[S, N]``.
+    """
     family = posterior.family
 
     def one(d: dict[str, torch.Tensor], _) -> torch.Tensor:
@@ -94,7 +118,11 @@ def _thin(chains: dict[str, torch.Tensor], num_samples: int | None) -> np.ndarra
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as a NumPy array on the CPU."""
+    """A tensor's values as a NumPy array on the CPU.
+
+    :param t: the tensor (detached first).
+    :returns: its values.
+    """
     return t.detach().cpu().numpy()
 
 
@@ -113,6 +141,19 @@ def to_inference_data(
     ``chains`` are MCMC draws ``{site: [chains, draws, *shape]}`` (``stats``: the sampler's ``[chains, draws]``
     statistics); ``num_samples`` thins each chain evenly (default: keep every draw). Without ``chains``,
     ``num_samples`` (default 200) iid draws of ``posterior`` form one chain. Seeded: same inputs, same draws.
+
+    :param posterior: the posterior whose model predicts and scores the draws (and is drawn from without
+        ``chains``).
+    :param data: the run's data set.
+    :param chains: MCMC draws ``{site: [chains, draws, *shape]}``; None to draw iid from ``posterior``.
+    :param num_samples: about how many draws to keep in all (thinning each chain), or how many iid draws to take.
+    :param stats: the sampler's statistics ``{name: [chains, draws]}`` (e.g. ``diverging``, ``energy``).
+    :param seed: seeds the draws and the posterior predictive's replicates.
+    :param num_test_points: test inputs that ``f_test`` summarises (:func:`pick_test_points`).
+    :param attrs: extra attributes of the posterior group (e.g. the run's ``method`` and ``run_dir``).
+    :returns: the InferenceData, its posterior group's attrs saying how the draws were made (``draws``: ``mcmc``
+        or ``iid``).
+    :raises ZooInputError: when ``num_samples`` is below 1.
     """
     if num_samples is not None and num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
@@ -176,5 +217,11 @@ def to_inference_data(
 
 
 def save_inference_data(idata: az.InferenceData, run_dir: str | Path) -> Path:
-    """Write ``idata`` as netCDF to ``run_dir/posterior.nc`` atomically (temp file, fsync, rename)."""
+    """Write ``idata`` as netCDF to ``run_dir/posterior.nc`` atomically (temp file, fsync, rename).
+
+    :param idata: the InferenceData.
+    :param run_dir: the run directory.
+    :returns: the path written.
+    :raises ZooInputError: on an OS error while writing.
+    """
     return write_atomically(Path(run_dir) / INFERENCE_DATA_FILE, lambda tmp: idata.to_netcdf(tmp, engine="h5netcdf"))
