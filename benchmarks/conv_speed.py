@@ -39,21 +39,22 @@ from zoo.data.base import make_dataset
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import ELBOS
 from zoo.inference.svi import SVIStep, make_optimizer
+from zoo.models import FAMILIES as FAMILY_SECTIONS  # noqa: E402
 from zoo.nets import build_net
 from zoo.pipeline import build
 from zoo.runs import write_json
-from zoo.spec import NetSpec, SVISpec, load_spec
+from zoo.spec import SVISpec, load_spec, net_section
 
 RANK1_TARGET, BAYESIAN_TORCH_TARGET = 1.3, 1.0
 PRIOR_ONE = {"name": "normal", "loc": 1.0, "scale": 1.0}  # rank-1 factors: centred at 1
 # (row label, model/guide/prior/inference overrides, members each example runs through, bayesian-torch estimator)
 FAMILIES = [
-    ("MAP", {"model": {"family": "mean_field"}, "guide": {"name": "delta"}}, 1, None),
-    ("mean-field (weight sample)", {"model": {"family": "mean_field"}, "guide": {"name": "mean_field"}}, 1,
+    ("MAP", {"model": {"family": "all_weights"}, "guide": {"name": "delta"}}, 1, None),
+    ("mean-field (weight sample)", {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"}}, 1,
      "Reparameterization"),
-    ("mean-field (local reparam.)", {"model": {"family": "mean_field"}, "guide": {"name": "mean_field"},
+    ("mean-field (local reparam.)", {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"},
                                      "inference": {"local_reparam": True}}, 1, "Flipout"),
-    ("MC dropout", {"model": {"family": "mean_field"}, "guide": {"name": "dropout"}}, 1, None),
+    ("MC dropout", {"model": {"family": "all_weights"}, "guide": {"name": "dropout"}}, 1, None),
     ("rank-1 (mixture guide)", {"model": {"family": "rank1"}, "guide": {"name": "mixture"}, "prior": PRIOR_ONE},
      "K", None),
     ("BatchEnsemble", {"model": {"family": "rank1"}, "guide": {"name": "batch_ensemble"}, "prior": PRIOR_ONE},
@@ -67,7 +68,7 @@ ADAM = SVISpec(lr=1e-3)  # every side's optimiser: make_optimizer's Adam at the 
 
 def plain_resnet(depth: int) -> torch.nn.Module:
     """The zoo's CIFAR ResNet-``depth`` for 3x32x32 rows and 10 classes, as every side of the comparison builds it."""
-    return build_net(NetSpec(name="resnet", depth=depth, in_channels=3), 3 * 32 * 32, 10)
+    return build_net(net_section(name="resnet", depth=depth, in_channels=3), 3 * 32 * 32, 10)
 
 
 def synthetic_cifar(rows: int, seed: int = 0):
@@ -84,7 +85,7 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
     (``inference.compile`` set to ``compile``)."""
     raw = {"data": {"name": "digits"},  # not read: the family and guide are built on `data` below
            "net": {"name": "resnet", "depth": depth, "in_channels": 3}, "device": "cpu", "seed": 0, **overrides}
-    if raw["model"]["family"] != "mean_field":
+    if "members" in FAMILY_SECTIONS[raw["model"]["family"]].model_fields:  # an ensemble family: K members
         raw["model"] = {**raw["model"], "members": members}
     raw["inference"] = {"batch_size": batch, "lr": ADAM.lr, "compile": compile, **overrides.get("inference", {})}
     spec = load_spec(raw)

@@ -128,17 +128,17 @@ RANK1_MODEL = {"family": "rank1", "members": 4, "member_likelihood": "average", 
 MEMBERS: dict[str, dict[str, Any]] = {
     "mean_field": {
         "label": "mean-field VI",
-        "overrides": {"model": {"family": "mean_field"}, "guide": {"name": "mean_field", "init_rho": -5.0},
+        "overrides": {"model": {"family": "all_weights"}, "guide": {"name": "mean_field", "init_rho": -5.0},
                       "inference": {**SVI, "predictive_samples": 200}},
     },
     "map": {
         "label": "MAP",
-        "overrides": {"model": {"family": "mean_field"}, "guide": {"name": "delta"},
+        "overrides": {"model": {"family": "all_weights"}, "guide": {"name": "delta"},
                       "inference": {**SVI, "predictive_samples": 1}},
     },
     "mc_dropout": {
         "label": "MC dropout",
-        "overrides": {"model": {"family": "mean_field"},
+        "overrides": {"model": {"family": "all_weights"},
                       "guide": {"regression": {"name": "dropout", "dropout_rate": 0.2},
                                 "classification": {"name": "dropout", "dropout_rate": 0.1}},
                       "inference": {**SVI, "predictive_samples": 100}},
@@ -200,18 +200,18 @@ for _name, _label, _config, _moons in (
         ("swag", "SWAG", "swag_toy.yaml", {**MOONS_SWAG, "num_models": 1}),
         ("multiswag", "MultiSWAG (5)", "multiswag_toy.yaml", {**MOONS_SWAG, "num_models": 5})):
     MEMBERS[_name] = {"label": _label, "overrides": {
-        "model": {"family": "mean_field"}, "guide": {},
+        "model": {"family": "all_weights"}, "guide": {},
         "inference": {"regression": _toy_config(_config, "inference"), "classification": _moons}}}
 for _kind, _label in (("normal", "AutoNormal"), ("low_rank_mvn", "AutoLowRankMVN (rank 10)"),
                       ("mvn", "AutoMultivariateNormal")):
     MEMBERS[f"auto_{_kind}"] = {"label": f"Pyro {_label}", "overrides": {
-        "model": {"family": "mean_field"}, "guide": {"name": "auto", "auto": _kind, "init_rho": -5.0, "rank": 10},
+        "model": {"family": "all_weights"}, "guide": {"name": "auto", "auto": _kind, "init_rho": -5.0, "rank": 10},
         "inference": {**SVI, "predictive_samples": 200}}}
 MEMBERS["auto_laplace_approximation"] = {"label": "Pyro AutoLaplaceApproximation (float64)", "overrides": {
-    "model": {"family": "mean_field"}, "guide": {"name": "auto", "auto": "laplace_approximation"},
+    "model": {"family": "all_weights"}, "guide": {"name": "auto", "auto": "laplace_approximation"},
     "inference": {**SVI, "predictive_samples": 200}, "dtype": "float64"}}
 MEMBERS["concrete_dropout"] = {"label": "concrete dropout (learned p)", "overrides": {
-    "model": {"family": "mean_field"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
+    "model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
     "inference": {**SVI, "predictive_samples": 200}}}
 
 # On a reference on real data (a UCI data set, digits) each member is its own config for that data,
@@ -453,7 +453,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
                      "train_seconds": stored.get("train_seconds"),
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
     return jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
-                     "task": task, "topic": topic, "data": ref_data.name, "split": ref_spec.data.split,
+                     "task": task, "topic": topic, "data": ref_data.name, "split": ref_spec.data.model_dump().get("split"),
                      "seed": ref_spec.seed,
                      "num_samples": args.samples, "steps": args.steps, "columns": columns, "rows": rows,
                      "wall_seconds": round(time.perf_counter() - start, 1)})

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from zoo.cli import exit_code
 from zoo.errors import ZooInputError
-from zoo.inference.mcmc import Potential
+from zoo.inference.potential import Potential
 from zoo.pipeline import prepare
 from zoo.runs import write_json
 from zoo.spec import RunSpec, spec_tree
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", category=FutureWarning)
     tree = spec_tree(args.spec, [])
     tree["prior"] = {"name": "normal", "scale": 1.0}
-    tree["model"], tree["guide"] = {"family": "mean_field"}, {"name": "delta"}
+    tree["model"], tree["guide"] = {"family": "all_weights"}, {"name": "delta"}
     tree["inference"] = {"method": "hmc", "num_chains": args.chains}
     data, family, _, _ = prepare(RunSpec.model_validate(tree))
     torch.manual_seed(0)

@@ -34,7 +34,8 @@ import hmc_speed  # noqa: E402 - the benchmark's toy model lives there
 
 from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
-from zoo.inference.mcmc import Coordinates, fit_mcmc  # noqa: E402
+from zoo.inference.mcmc import fit_mcmc  # noqa: E402
+from zoo.inference.potential import Coordinates  # noqa: E402
 from zoo.pipeline import prepare  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
 

@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
                "torch_threads": torch.get_num_threads(), "xla_single_thread": xla_single_thread,
                "versions": versions, "target_ratio": TARGET_RATIO, "zoo": {}, "numpyro": {}, "blackjax": {}}
     if bench is not TOY:  # keys the toy's figures never had (a JSON without bench_model is the toy's)
-        results.update(bench_model=bench.name, split=reference.data.split, x_eval_caption=bench.eval_caption,
+        results.update(bench_model=bench.name, split=reference.data.model_dump().get("split"), x_eval_caption=bench.eval_caption,
                        data_dir=args.data_dir if bench.uci else None)
     for method, chains in zoo_candidates:
         results["zoo"][f"{method}:{chains}"] = run_zoo(method, chains, args, bench)

@@ -3,7 +3,7 @@
 The classification (categorical likelihood) fit of ``zoo/inference/laplace.py`` on a ReLU MLP (784-400-400-10 by
 default, built by ``zoo.nets.build_mlp``), with the pieces it uses: per chunk of rows ``zoo.curvature.LayerFactors``
 (the net's outputs and, per layer, its input and the outputs' Jacobian with respect to its pre-activation), their
-``jacobian`` with respect to the D subnet weights, cast to float64, and ``ggn(J, output_hessian_root(...))``; here
+``jacobian`` with respect to the D subnet weights, cast to float64, and ``ggn(J, categorical_hessian_root(f))``; here
 the GGN is accumulated chunk by chunk (the fit itself keeps every chunk's J and forms the GGN once: the same sum).
 Then, as the fit ends, the guide's scale_tril (the Cholesky factor of the covariance) from GGN + Λ (prior precision
 1) by ``precision_to_scale_tril`` (Cholesky, inverse, Cholesky). Prior tuning by the evidence
@@ -40,8 +40,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from zoo.curvature import LayerFactors, ParameterLayout, ggn, output_hessian_root
+from zoo.curvature import LayerFactors, ParameterLayout, ggn
 from zoo.inference.laplace import precision_to_scale_tril
+from zoo.likelihoods import categorical_hessian_root
 from zoo.models.subnetwork import random_subset
 from zoo.nets import build_mlp
 from zoo.runs import write_json
@@ -127,7 +128,7 @@ def run_size(job: dict) -> dict:
     # a tiny warm-up (2 rows, the first few weights) so one-time library initialisation is neither timed nor counted
     warm = LayerFactors(net, layout, x[:2])
     warm_j = warm.jacobian(layout, indices[:4]).double()
-    _posterior(ggn(warm_j, output_hessian_root("classification", warm.f.double(), None)), clock)
+    _posterior(ggn(warm_j, categorical_hessian_root(warm.f.double())), clock)
     del warm, warm_j
     memory.start()
     factors_s = jacobian_s = ggn_s = 0.0
@@ -142,7 +143,7 @@ def run_size(job: dict) -> dict:
         if job["store_jacobian"]:  # fit_laplace's classification path: keep every chunk's f and J
             stored.append((f, J))
         else:
-            curvature += ggn(J, output_hessian_root("classification", f, None))
+            curvature += ggn(J, categorical_hessian_root(f))
         t3 = clock()
         factors_s, jacobian_s, ggn_s = factors_s + t1 - t0, jacobian_s + t2 - t1, ggn_s + t3 - t2
         del factors, J, f
@@ -150,7 +151,7 @@ def run_size(job: dict) -> dict:
         t0 = clock()
         f_all, J_all = torch.cat([f for f, _ in stored]), torch.cat([J for _, J in stored])
         stored.clear()
-        curvature = ggn(J_all, output_hessian_root("classification", f_all, None))
+        curvature = ggn(J_all, categorical_hessian_root(f_all))
         ggn_s += clock() - t0
     cholesky_s, scale_tril = _posterior(curvature, clock)
     row = {"size": len(indices), "factors_s": factors_s, "jacobian_s": jacobian_s, "ggn_s": ggn_s,

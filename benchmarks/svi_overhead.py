@@ -3,7 +3,7 @@
 Both sides: a factorised Normal posterior (sigma = softplus(rho)) over every weight and bias, Normal(0, 1)
 prior with its closed-form KL, reparameterised weight samples, categorical likelihood scaled by N/B,
 the same fused Adam, the same minibatch order. The zoo side is exactly the step training runs
-(`zoo.inference.svi.SVIStep` on `MeanFieldBNN` + `MeanFieldNormalGuide`). Timings alternate between the two
+(`zoo.inference.svi.SVIStep` on `AllWeightsBNN` + `MeanFieldNormalGuide`). Timings alternate between the two
 in rounds so machine noise hits both alike; the ratio is zoo / hand-written (lower is better), reported as
 the median of the per-round ratios and as the ratio of the best (least disturbed) round of each.
 
@@ -30,11 +30,11 @@ from guides.mean_field import MeanFieldNormalGuide
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.svi import SVIStep, make_optimizer
 from zoo.likelihoods import Categorical
-from zoo.models.mean_field import MeanFieldBNN
+from zoo.models.all_weights import AllWeightsBNN
 from zoo.nets import build_mlp
 from zoo.priors import assign_priors
 from zoo.runs import write_json
-from zoo.spec import GuideSpec, PriorSpec, SVISpec
+from zoo.spec import AutoGuideSpec, PriorSpec, SVISpec
 
 BATCH = 128
 INIT_RHO = -5.0
@@ -46,9 +46,9 @@ def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec, 
     AutoNormal (``guide_name="auto"``)."""
     net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
     names = [n for n, _ in net.named_parameters()]
-    family = MeanFieldBNN(net, assign_priors(PriorSpec(), names), Categorical())
+    family = AllWeightsBNN(net, assign_priors(PriorSpec(), names), Categorical())
     if guide_name == "auto":
-        guide = AutoGuide(family.latent_sites(), GuideSpec(name="auto", auto="normal", init_rho=INIT_RHO))
+        guide = AutoGuide(family.latent_sites(), AutoGuideSpec(name="auto", auto="normal", init_rho=INIT_RHO))
         guide.bind(family.model, x[:2], y[:2])
     else:
         guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import pyro
 import torch
+from pydantic import Field, PositiveInt
 from pyro import poutine
 from pyro.infer import autoguide
 from pyro.infer.autoguide.initialization import init_to_value
@@ -23,9 +25,8 @@ from pyro.poutine.util import site_is_subsample
 from torch import nn
 from torch.distributions import Normal, biject_to
 
-from guides.base import ExactDrawMultivariateNormal
+from guides.base import ExactDrawMultivariateNormal, Guide, GuideSection, InitRho, softplus
 from zoo.errors import ZooInputError
-from zoo.sections import GuideSpec, softplus
 from zoo.sites import LatentSite
 
 LBFGS_MAX_ITER = 2000  # laplace_approximation: the most L-BFGS iterations polishing the MAP point into the mode
@@ -88,10 +89,14 @@ def check_rank(rank: int, dim: int) -> None:
                             "full covariance)")
 
 
-class AutoGuide(nn.Module):
-    """One of Pyro's autoguides (``guide.auto``) over the family's own model."""
+class AutoGuide(Guide):
+    """One of Pyro's autoguides (``guide.auto``) over the family's own model; :meth:`bind` builds it on the model.
 
-    def __init__(self, sites: dict[str, LatentSite], spec: GuideSpec) -> None:
+    :param sites: the family's latent sites (their initial values start the autoguide).
+    :param spec: the guide section (which autoguide, its rank or flows, its initial scale).
+    """
+
+    def __init__(self, sites: dict[str, LatentSite], spec: AutoGuideSpec) -> None:
         super().__init__()
         self.sites, self.spec = dict(sites), spec
         self.auto: nn.Module | None = None
@@ -100,14 +105,15 @@ class AutoGuide(nn.Module):
         self._model: Callable | None = None
         self._example: tuple = ()
 
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> AutoGuide:
-        """An unbound adapter; :meth:`bind` builds the autoguide on the model."""
-        return cls(sites, spec)
-
     def bind(self, model: Callable, *example: torch.Tensor, init: dict[str, torch.Tensor] | None = None) -> None:
         """Build the autoguide on ``model`` (traced once at ``example`` arguments), starting at the sites' initial
-        values or at ``init``; a discrete latent site is refused by name."""
+        values or at ``init``; a discrete latent site is refused by name.
+
+        :param model: the family's Pyro model.
+        :param example: model arguments of a few rows.
+        :param init: values to start at instead of the sites' initial values.
+        :raises ZooInputError: a discrete latent site, or a rank above the latent's dimensions.
+        """
         self._model, self._example = model, example
         with torch.no_grad(), pyro.validation_enabled(False):
             trace = poutine.trace(model).get_trace(*example)
@@ -268,3 +274,31 @@ class AutoGuide(nn.Module):
         if matched:
             self.bind(self._model, *self._example, init=matched)
         return list(matched)
+
+
+class AutoGuideSpec(GuideSection):
+    """One of Pyro's autoguides (pyro.infer.autoguide) wrapping the family's model."""
+
+    name: Literal["auto"] = Field(description="auto")
+    auto: Literal["normal", "low_rank_mvn", "mvn", "iaf", "laplace_approximation"] = Field(
+        "normal", description="which of Pyro's autoguides (AutoNormal, AutoLowRankMultivariateNormal, "
+        "AutoMultivariateNormal, AutoIAFNormal, AutoLaplaceApproximation: a MAP fit, then the inverse Hessian "
+        "there as covariance) wraps the family's model")
+    rank: PositiveInt = Field(10, description="low_rank_mvn: the rank of the covariance's low-rank part")
+    flows: PositiveInt = Field(2, description="iaf: number of inverse autoregressive transforms")
+    init_rho: InitRho
+
+    @property
+    def label(self) -> str:
+        return f"auto:{self.auto}"
+
+    @property
+    def chosen_by(self) -> tuple[str, str]:
+        return "guide.auto", self.auto
+
+    @property
+    def needs_every_row(self) -> bool:
+        return self.auto == "laplace_approximation"  # its Hessian is taken over every training row at once
+
+    def build(self, sites: dict[str, LatentSite]) -> AutoGuide:
+        return AutoGuide(sites, self)

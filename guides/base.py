@@ -1,18 +1,176 @@
-"""What every guide shares: one unconstrained parameter tensor per latent site, keyed by site name."""
+"""What every guide is: the :class:`Guide` interface, the spec's :class:`GuideSection` that names a guide and declares
+what it needs of a family, and :class:`SiteGuide`, one unconstrained parameter tensor per latent site.
+
+A guide is one module holding its class and its section, registered once in :data:`guides.GUIDES`.
+"""
 
 from __future__ import annotations
 
 import math
+from abc import ABCMeta, abstractmethod
+from collections.abc import Callable
+from typing import Annotated, ClassVar
 
 import pyro
 import pyro.distributions as dist
 import torch
+from pydantic import AfterValidator, Field
 from pyro import poutine
 from torch import nn
 from torch.distributions import biject_to
 
-from zoo.sections import GuideSpec
+from zoo.parts import Strict
 from zoo.sites import LatentSite
+
+# guide.init_rho bounds. Low: the Normal's density and its KL against a Normal prior use sigma^2 (and
+# (sigma / prior scale)^2), which must stay a normal float32 number (>= 1.2e-38, i.e. sigma >= 1.1e-19,
+# rho >= -43.6): below it the KL's gradient is -inf (checked: rho -45), below rho -55 sigma^2 is 0 and the KL
+# inf, below rho -104 sigma itself is 0 and Pyro refuses the scale. -30 (sigma 9.4e-14) keeps that
+# true for prior scales up to ~1e5 and is already a point mass: use guide.name: delta for one. float64 could go
+# lower, but gains nothing. High: weights live in standardised units under priors of scale ~1, so an initial
+# sigma above ~5 prior scales drowns the means in noise: each layer's pre-activations grow ~sigma sqrt(fan_in),
+# and rho 1e6 trained to an RMSE of 1e6. 5 gives sigma 5.007.
+INIT_RHO_MIN, INIT_RHO_MAX = -30.0, 5.0
+
+
+def softplus(rho: float) -> float:
+    """log(1 + e^rho) without overflow (the guides' sigma for a given rho).
+
+    :param rho: the unconstrained value.
+    :returns: sigma.
+    """
+    return rho + math.log1p(math.exp(-rho)) if rho > 0 else math.log1p(math.exp(rho))
+
+
+def _sane_rho(v: float) -> float:
+    # inf/NaN reach it (allow_inf_nan on the field), to be refused with the range
+    if INIT_RHO_MIN <= v <= INIT_RHO_MAX:
+        return v
+    if math.isnan(v):
+        why = "rho must be a number"
+    elif v < INIT_RHO_MIN:
+        sigma = softplus(v)
+        why = (f"sigma = softplus(rho) = {sigma:.3g}: " + (
+            "its square is below float32's smallest normal number (1.2e-38), where the KL's gradient is already "
+            "infinite" + (" and sigma itself rounds to 0, a scale Pyro refuses" if sigma < 1.4e-45 else "")
+            if sigma < 1.1e-19
+            else "so small that (sigma / prior scale)^2 nears float32's underflow; it is a point mass already "
+            "(guide.name: delta is one)"))
+    else:
+        why = (f"sigma = softplus(rho) = {softplus(v):.3g}: an initial spread far wider than a prior of scale ~1 "
+               "on standardised weights, which swamps the means")
+    raise ValueError(f"{why}; use a rho in [{INIT_RHO_MIN:g}, "
+                     f"{INIT_RHO_MAX:g}] (sigma {softplus(INIT_RHO_MIN):.1e} .. {softplus(INIT_RHO_MAX):.3g}), "
+                     f"typically -5 (the default, sigma {softplus(-5.0):.4f})")
+
+
+InitRho = Annotated[float, Field(-5.0, allow_inf_nan=True, description=(
+    f"initial rho of sigma = softplus(rho), in [{INIT_RHO_MIN:g}, {INIT_RHO_MAX:g}] (sigma "
+    f"{softplus(INIT_RHO_MIN):.1e} .. {softplus(INIT_RHO_MAX):.3g}): below, sigma^2 leaves float32's normal range; "
+    "above, the initial noise swamps the means")), AfterValidator(_sane_rho)]
+
+
+class Guide(nn.Module, metaclass=ABCMeta):
+    """A guide over a model family's latent sites: what SVI fits, the Posterior draws from, and checkpoints hold.
+
+    The hooks below have defaults for the guides that do not need them; a guide overrides what it has.
+    """
+
+    init_rho: float | None = None  # the initial rho of a softplus-parameterised guide (read by the NaN diagnosis)
+    sites: dict[str, LatentSite]  # the family's latent sites it is a guide over
+
+    @abstractmethod
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Sample every latent site (Pyro's guide call; the model's arguments are passed through).
+
+        :returns: the sampled value of every site.
+        """
+
+    @abstractmethod
+    def point_estimate(self) -> dict[str, torch.Tensor]:
+        """One representative value per site in constrained space.
+
+        :returns: ``{site: value}``.
+        """
+
+    @abstractmethod
+    def init_from(self, values: dict[str, torch.Tensor]) -> list[str]:
+        """Centre the guide at point values (e.g. a MAP fit).
+
+        :param values: ``{site: value}`` in constrained space.
+        :returns: the sites whose name and shape matched.
+        """
+
+    def bind(self, model: Callable, *example: torch.Tensor) -> None:
+        """Build what the guide builds from the model itself (Pyro's autoguides trace it); nothing by default.
+
+        :param model: the family's Pyro model.
+        :param example: model arguments of a few rows.
+        """
+        return None
+
+    def finish(self, *args: torch.Tensor) -> str | None:
+        """Complete the guide after its fit (the Laplace autoguide's Hessian); nothing by default.
+
+        :param args: the model's arguments on every training row.
+        :returns: what it did, for the run's log, or None where it did nothing.
+        """
+        return None
+
+    def signal_to_noise(self) -> dict[str, torch.Tensor] | None:
+        """|mu| / sigma per weight, for signal-to-noise pruning (Blundell et al. 2015).
+
+        :returns: per weight site, or None for a guide without per-weight means and scales.
+        """
+        return None
+
+    @property
+    def density_unavailable(self) -> str | None:
+        """Why log q cannot be evaluated at given draws, or None where it can (the default)."""
+        return None
+
+    def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """log q at S draws where the guide scores them itself (a guide over one joint latent).
+
+        :param draws: ``{site: [S, ...]}``.
+        :returns: ``[S]``, or None where the guide's trace scores them site by site (the default).
+        """
+        return None
+
+
+class GuideSection(Strict):
+    """The spec's ``guide`` section for one guide (``name: Literal[...]``), and what the guide needs of a family.
+
+    The declarations are class-level (or properties of the section's settings); the spec's rules read them.
+    """
+
+    needs: ClassVar[frozenset[str]] = frozenset()  # the kinds of latent sites it needs (see zoo.models.base)
+    point_estimate: ClassVar[bool] = False  # every draw is one point (fits a family of point estimates only)
+
+    init_from: str | None = Field(None, description="run directory or checkpoint whose weights become the means")
+
+    @property
+    def label(self) -> str:
+        """How a run names its guide: ``mean_field``; an autoguide adds which (``auto:low_rank_mvn``)."""
+        return self.name
+
+    @property
+    def chosen_by(self) -> tuple[str, str]:
+        """The spec field that picks this guide and its value (for messages): ``("guide.name", "mean_field")``."""
+        return "guide.name", self.name
+
+    @property
+    def needs_every_row(self) -> bool:
+        """Whether completing the guide takes every training row at once on the device (a Hessian over all rows)."""
+        return False
+
+    @abstractmethod
+    def build(self, sites: dict[str, LatentSite]) -> Guide:
+        """The guide over a family's latent sites with this section's settings.
+
+        :param sites: the family's latent sites.
+        :returns: the guide.
+        """
 
 
 class ExactDrawMultivariateNormal(dist.MultivariateNormal):
@@ -48,8 +206,11 @@ def _key(site: str) -> str:
     return site.replace(".", "/")
 
 
-class SiteGuide(nn.Module):
-    """A guide over a model's latent sites, each sampled from ``self.distribution(name)`` in model order."""
+class SiteGuide(Guide):
+    """A guide over a model's latent sites, each sampled from ``self.distribution(name)`` in model order.
+
+    :param sites: the family's latent sites; every site's location starts at its initial value.
+    """
 
     plated_terms = True  # whether sites inside a plate (ensemble members) contribute their KL terms
 
@@ -59,11 +220,6 @@ class SiteGuide(nn.Module):
         self.loc = nn.ParameterDict(
             {_key(n): nn.Parameter(biject_to(s.support).inv(s.init.detach().clone())) for n, s in sites.items()}
         )
-
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> SiteGuide:
-        """Build the guide for ``sites`` from the spec's guide section."""
-        return cls(sites)
 
     def unconstrained_loc(self, name: str) -> torch.Tensor:
         """The location parameter of site ``name`` in unconstrained space."""
@@ -87,9 +243,13 @@ class SiteGuide(nn.Module):
                 values[name] = pyro.sample(name, self.distribution(name))
         return values
 
-    def distribution(self, name: str) -> pyro.distributions.TorchDistribution:  # pragma: no cover - abstract
-        """q(site) as a distribution whose event is the whole site."""
-        raise NotImplementedError
+    @abstractmethod
+    def distribution(self, name: str) -> pyro.distributions.TorchDistribution:
+        """q(site) as a distribution whose event is the whole site.
+
+        :param name: the site.
+        :returns: its distribution under the guide.
+        """
 
     def point_estimate(self) -> dict[str, torch.Tensor]:
         """One representative value per site in constrained space (the mean of q in unconstrained space)."""

@@ -26,16 +26,17 @@ sets and the ordinary GuidePosterior prediction is the standard T-pass MC-dropou
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import pyro.distributions as dist
 import torch
+from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to
 
-from guides.base import SiteGuide, _key
+from guides.base import GuideSection, SiteGuide, _key
 from zoo.errors import ZooInputError
-from zoo.sections import GuideSpec
-from zoo.sites import LatentSite
+from zoo.sites import WEIGHT_MATRICES, LatentSite
 
 
 def dropped_sites(sites: dict[str, LatentSite], drop_inputs: bool = False) -> list[str]:
@@ -45,18 +46,18 @@ def dropped_sites(sites: dict[str, LatentSite], drop_inputs: bool = False) -> li
     plated = [n for n, s in sites.items() if s.plate is not None]
     if plated:
         raise ZooInputError("guide.name", "dropout", f"needs plain weight sites, but {', '.join(plated)} lie in an "
-                            "ensemble plate; use model.family: mean_field with guide.name: dropout")
+                            "ensemble plate; use model.family: all_weights with guide.name: dropout")
     matrices = [n for n, s in sites.items() if s.is_weight and len(s.shape) >= 2]
     if drop_inputs:
         if not matrices:
             raise ZooInputError("guide.name", "dropout", "drops input units of weight matrices, and this model has "
-                                "none: use model.family: mean_field")
+                                "none: use model.family: all_weights")
         return matrices
     if len(matrices) < 2:
         raise ZooInputError("guide.name", "dropout", f"drops the input units of every weight matrix after the first "
                             f"layer, and this model has {len(matrices)} weight matrix site(s) "
                             f"({', '.join(matrices) or 'none'}): use a net with a hidden layer (net.hidden) and "
-                            "model.family: mean_field, or guide.drop_inputs: true to drop the inputs")
+                            "model.family: all_weights, or guide.drop_inputs: true to drop the inputs")
     return matrices[1:]
 
 
@@ -65,7 +66,13 @@ CONCRETE_TEMPERATURE = 0.1  # Gal, Hron & Kendall 2017
 
 class DropoutGuide(SiteGuide):
     """Dropout VI: Delta draws at M ∘ (input-unit mask) for every weight matrix but the first (MC, Gaussian or
-    concrete dropout)."""
+    concrete dropout).
+
+    :param sites: the family's latent sites (plain weight matrices, no ensemble plate).
+    :param dropout_rate: p, the probability of dropping an input unit (concrete: its initial value).
+    :param mask: ``bernoulli``, ``gaussian`` or ``concrete``.
+    :param drop_inputs: also drop the first layer's input units.
+    """
 
     def __init__(self, sites: dict[str, LatentSite], dropout_rate: float = 0.05, mask: str = "bernoulli",
                  drop_inputs: bool = False) -> None:
@@ -79,11 +86,6 @@ class DropoutGuide(SiteGuide):
         if mask == "concrete":  # one learned rate per dropped layer, as its logit
             logit = math.log(dropout_rate) - math.log1p(-dropout_rate)
             self.rate_logit = nn.ParameterDict({_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
-
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> DropoutGuide:
-        """Build from the spec's guide section (``dropout_rate``, ``dropout``, ``drop_inputs``)."""
-        return cls(sites, spec.dropout_rate, spec.dropout, spec.drop_inputs)
 
     def learned_rate(self, name: str) -> torch.Tensor:
         """Concrete dropout's rate p of site ``name``, learned as its logit."""
@@ -125,3 +127,21 @@ class DropoutGuide(SiteGuide):
         p = self.learned_rate(name).to(value)
         entropy = -(p * torch.log(p) + (1.0 - p) * torch.log1p(-p)) * value.shape[1]
         return dist.Delta(value, log_density=-entropy, event_dim=site.event_dim)
+
+
+class DropoutGuideSpec(GuideSection):
+    """Dropout as variational inference: MC (Bernoulli), Gaussian or concrete dropout masks on the weights."""
+
+    needs = frozenset({WEIGHT_MATRICES})
+
+    name: Literal["dropout"] = Field(description="dropout")
+    dropout_rate: float = Field(0.05, gt=0.0, lt=1.0, description="probability p of dropping an input unit of every "
+                                "weight matrix but the first layer's (the initial p for concrete)")
+    dropout: Literal["bernoulli", "gaussian", "concrete"] = Field(
+        "bernoulli", description="the mask, bernoulli (MC dropout), gaussian (1 + sqrt(p/(1-p)) N(0, 1)) or concrete "
+        "(a rate learned per layer through a relaxed Bernoulli mask)")
+    drop_inputs: bool = Field(False, description="also drop the first layer's input units (the data's features), as "
+                              "Gal & Ghahramani's UCI networks did")
+
+    def build(self, sites: dict[str, LatentSite]) -> DropoutGuide:
+        return DropoutGuide(sites, self.dropout_rate, self.dropout, self.drop_inputs)

@@ -7,21 +7,27 @@ guide's LogNormal.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from torch.distributions import constraints
 
-from guides.base import ExactDrawMultivariateNormal, _key
+from guides.base import ExactDrawMultivariateNormal, GuideSection, InitRho, _key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.errors import ZooInputError
-from zoo.sections import GuideSpec
-from zoo.sites import LatentSite
+from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 
 class FullRankGuide(MeanFieldNormalGuide):
-    """q(w) = N(mu, L Lᵀ) over each vector weight site, L lower-triangular with a softplus diagonal."""
+    """q(w) = N(mu, L Lᵀ) over each vector weight site, L lower-triangular with a softplus diagonal.
+
+    :param sites: the family's latent sites (its weights as vector sites).
+    :param init_rho: the initial rho of the diagonal of L.
+    """
 
     def __init__(self, sites: dict[str, LatentSite], init_rho: float = -5.0) -> None:
         wide = [n for n, s in sites.items() if s.is_weight and s.event_dim > 1]
@@ -32,11 +38,6 @@ class FullRankGuide(MeanFieldNormalGuide):
         self.off_diagonal = nn.ParameterDict({
             _key(n): nn.Parameter(torch.zeros(s.shape[0], s.shape[0])) for n, s in sites.items() if self._full(n)
         })
-
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> FullRankGuide:
-        """Build from the spec's guide section (``init_rho`` sets the initial standard deviations)."""
-        return cls(sites, init_rho=spec.init_rho)
 
     def _full(self, name: str) -> bool:
         site = self.sites[name]
@@ -59,3 +60,15 @@ class FullRankGuide(MeanFieldNormalGuide):
         if self._full(name):
             return ExactDrawMultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril(name))
         return super().distribution(name)
+
+
+class FullRankGuideSpec(GuideSection):
+    """A full-covariance Gaussian over a vector of weights, fitted by SVI (the variational twin of Laplace)."""
+
+    needs = frozenset({WEIGHT_VECTOR})
+
+    name: Literal["full_rank"] = Field(description="full_rank")
+    init_rho: InitRho
+
+    def build(self, sites: dict[str, LatentSite]) -> FullRankGuide:
+        return FullRankGuide(sites, init_rho=self.init_rho)

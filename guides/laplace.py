@@ -7,17 +7,23 @@ Gaussian noise scale tuned by the evidence) are point values. Its state (means, 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyro.distributions as dist
 import torch
+from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import SiteGuide, _key
-from zoo.sites import LatentSite
+from guides.base import GuideSection, SiteGuide, _key
+from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 
 class LaplaceGuide(SiteGuide):
-    """q(w) = N(w_MAP, Σ) on vector weight sites (Σ from the Laplace method); a Delta on every other site."""
+    """q(w) = N(w_MAP, Σ) on vector weight sites (Σ from the Laplace method); a Delta on every other site.
+
+    :param sites: the family's latent sites.
+    """
 
     def __init__(self, sites: dict[str, LatentSite]) -> None:
         super().__init__(sites)
@@ -48,3 +54,14 @@ class LaplaceGuide(SiteGuide):
         if self.is_gaussian(name):
             return dist.MultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril[_key(name)])
         return dist.Delta(biject_to(site.support)(self.loc[_key(name)]), event_dim=site.event_dim)
+
+
+class LaplaceGuideSpec(GuideSection):
+    """The Laplace method's Gaussian: built by inference.method: laplace, not trained (it names it itself)."""
+
+    needs = frozenset({WEIGHT_VECTOR})
+
+    name: Literal["laplace"] = Field(description="laplace")
+
+    def build(self, sites: dict[str, LatentSite]) -> LaplaceGuide:
+        return LaplaceGuide(sites)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import SiteGuide, _key
-from zoo.sections import GuideSpec
+from guides.base import GuideSection, InitRho, SiteGuide, _key
 from zoo.sites import LatentSite
 
 
@@ -33,7 +35,11 @@ class FactorNormal(dist.Normal):
 
 
 class MeanFieldNormalGuide(SiteGuide):
-    """q(w) = prod_i N(mu_i, softplus(rho_i)^2); constrained sites (noise scales) get a Normal in log space."""
+    """q(w) = prod_i N(mu_i, softplus(rho_i)^2); constrained sites (noise scales) get a Normal in log space.
+
+    :param sites: the family's latent sites (the means start at their initial values).
+    :param init_rho: the initial rho of every site.
+    """
 
     def __init__(self, sites: dict[str, LatentSite], init_rho: float = -5.0) -> None:
         super().__init__(sites)
@@ -41,11 +47,6 @@ class MeanFieldNormalGuide(SiteGuide):
         self.rho = nn.ParameterDict(
             {_key(n): nn.Parameter(torch.full_like(self.loc[_key(n)], init_rho)) for n in sites}
         )
-
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> MeanFieldNormalGuide:
-        """Build from the spec's guide section (``init_rho``)."""
-        return cls(sites, init_rho=spec.init_rho)
 
     def scale(self, name: str) -> torch.Tensor:
         """Posterior standard deviation (in unconstrained space) of site ``name``."""
@@ -66,6 +67,19 @@ class MeanFieldNormalGuide(SiteGuide):
         return base.to_event(site.event_dim)
 
     def signal_to_noise(self) -> dict[str, torch.Tensor]:
-        """|mu| / sigma for every weight site: Blundell et al.'s criterion for pruning."""
+        """|mu| / sigma for every weight site: Blundell et al.'s criterion for pruning.
+
+        :returns: per weight site, shaped like the site.
+        """
         with torch.no_grad():
             return {n: self.loc[_key(n)].abs() / self.scale(n) for n, s in self.sites.items() if s.is_weight}
+
+
+class MeanFieldGuideSpec(GuideSection):
+    """Bayes by Backprop: a factorised Normal per weight, sigma = softplus(rho)."""
+
+    name: Literal["mean_field"] = Field("mean_field", description="mean_field")
+    init_rho: InitRho
+
+    def build(self, sites: dict[str, LatentSite]) -> MeanFieldNormalGuide:
+        return MeanFieldNormalGuide(sites, init_rho=self.init_rho)

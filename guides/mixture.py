@@ -8,15 +8,16 @@ Factor means start at random signs ±1 (P(+1) configurable), as in Dusenberry et
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import pyro.distributions as dist
 import torch
+from pydantic import Field, PositiveFloat
 from torch.distributions import biject_to
 
-from guides.base import SiteGuide, _key
+from guides.base import GuideSection, InitRho, SiteGuide, _key
 from guides.mean_field import MeanFieldNormalGuide
-from zoo.sections import GuideSpec
-from zoo.sites import LatentSite
+from zoo.sites import MEMBER_FACTORS, LatentSite
 
 
 def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: float) -> None:
@@ -28,7 +29,14 @@ def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: flo
 
 
 class MixtureGuide(MeanFieldNormalGuide):
-    """q(factors) = (1/K) sum_k prod_i q_k(factor_i): one Normal (or Cauchy) component per member."""
+    """q(factors) = (1/K) sum_k prod_i q_k(factor_i): one Normal (or Cauchy) component per member.
+
+    :param sites: the family's latent sites; those in the members plate are the components' factors.
+    :param component: ``normal`` or ``cauchy``, the family of each component.
+    :param init_sign_prob: P(+1) of the factor means' random-sign initialisation.
+    :param init_scale: the factors' initial standard deviation.
+    :param init_rho: the initial rho of the sites outside the plate.
+    """
 
     def __init__(self, sites: dict[str, LatentSite], component: str = "normal", init_sign_prob: float = 0.5,
                  init_scale: float = 0.03, init_rho: float = -5.0) -> None:
@@ -41,11 +49,6 @@ class MixtureGuide(MeanFieldNormalGuide):
                 if site.plate is not None:
                     self.rho[_key(name)].fill_(rho)
 
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> MixtureGuide:
-        """Build from the spec's guide section (component, init_sign_prob, init_scale, init_rho)."""
-        return cls(sites, spec.component, spec.init_sign_prob, spec.init_scale, spec.init_rho)
-
     def distribution(self, name: str) -> dist.TorchDistribution:
         """Component distributions of a factor site (batch = members), mean-field for the other sites."""
         site = self.sites[name]
@@ -55,7 +58,11 @@ class MixtureGuide(MeanFieldNormalGuide):
 
 
 class BatchEnsembleGuide(SiteGuide):
-    """BatchEnsemble (Wen et al. 2020): every component a Dirac delta, so the factors carry no KL term."""
+    """BatchEnsemble (Wen et al. 2020): every component a Dirac delta, so the factors carry no KL term.
+
+    :param sites: the family's latent sites.
+    :param init_sign_prob: P(+1) of the factors' random-sign initialisation.
+    """
 
     plated_terms = False  # a Dirac has no density against the prior: its sites are masked out of the ELBO
 
@@ -63,12 +70,39 @@ class BatchEnsembleGuide(SiteGuide):
         super().__init__(sites)
         _random_signs(sites, self, init_sign_prob)
 
-    @classmethod
-    def from_spec(cls, sites: dict[str, LatentSite], spec: GuideSpec) -> BatchEnsembleGuide:
-        """Build from the spec's guide section (init_sign_prob)."""
-        return cls(sites, spec.init_sign_prob)
-
     def distribution(self, name: str) -> dist.TorchDistribution:
         """A Dirac at the site's current value."""
         site = self.sites[name]
         return dist.Delta(biject_to(site.support)(self.unconstrained_loc(name)), event_dim=site.event_dim)
+
+
+INIT_SIGN_PROB_DOC = ("P(+1) of the factor means' random-sign initialisation (normal/cauchy/laplace factor priors; a "
+                      "gsm factor's standardised z starts at 0, i.e. every member at factor 1)")
+
+
+class MixtureGuideSpec(GuideSection):
+    """A K-component mixture over the rank-1 factors, one component per ensemble member (Dusenberry et al. 2020)."""
+
+    needs = frozenset({MEMBER_FACTORS})
+
+    name: Literal["mixture"] = Field(description="mixture")
+    component: Literal["normal", "cauchy"] = Field("normal", description="the family of each component")
+    init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
+    init_scale: PositiveFloat = Field(0.03, description="initial standard deviation of the factors")
+    init_rho: InitRho
+
+    def build(self, sites: dict[str, LatentSite]) -> MixtureGuide:
+        return MixtureGuide(sites, self.component, self.init_sign_prob, self.init_scale, self.init_rho)
+
+
+class BatchEnsembleGuideSpec(GuideSection):
+    """BatchEnsemble: the mixture's special case of Dirac components (Wen et al. 2020)."""
+
+    needs = frozenset({MEMBER_FACTORS})
+    point_estimate = True
+
+    name: Literal["batch_ensemble"] = Field(description="batch_ensemble")
+    init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
+
+    def build(self, sites: dict[str, LatentSite]) -> BatchEnsembleGuide:
+        return BatchEnsembleGuide(sites, self.init_sign_prob)

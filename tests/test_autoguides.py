@@ -18,9 +18,8 @@ from zoo.errors import ZooInputError
 from zoo.inference.svi import fit_svi
 from zoo.pipeline import load_run, prepare, train
 from zoo.runs import CHECKPOINT_FILE, load_checkpoint
-from zoo.sections import GuideSpec
 from zoo.sites import LatentSite
-from zoo.spec import load_spec
+from zoo.spec import AutoGuideSpec, load_spec
 
 FIT = {"num_steps": 1500, "batch_size": None, "optimizer": "clipped_adam", "lr": 0.03, "lr_decay": 0.997,
        "num_particles": 4}
@@ -198,7 +197,7 @@ def test_a_laplace_approximation_at_a_point_that_is_not_a_mode_is_refused():
         pyro.factor("double_well", -(w ** 4) / 4 + w ** 2)
 
     sites = {"w": LatentSite(torch.Size([]), torch.zeros(()))}
-    guide = AutoGuide.from_spec(sites, GuideSpec(name="auto", auto="laplace_approximation"))
+    guide = AutoGuide(sites, AutoGuideSpec(name="auto", auto="laplace_approximation"))
     guide.bind(model, torch.zeros(2, 1))
     with pytest.raises(ZooInputError, match="is not positive definite, so the point is not a mode"):
         guide.finish(torch.zeros(2, 1))
@@ -211,7 +210,7 @@ def test_an_autoguide_refuses_a_discrete_latent_site_by_name():
         pyro.sample("w", dist.Normal(0.0, 1.0))
 
     sites = {"w": LatentSite(torch.Size([]), torch.zeros(()))}
-    guide = AutoGuide.from_spec(sites, GuideSpec(name="auto", auto="normal"))
+    guide = AutoGuide(sites, AutoGuideSpec(name="auto", auto="normal"))
     with pytest.raises(ZooInputError, match="site 'switch' is discrete") as err:
         guide.bind(model, torch.zeros(2, 1))
     assert err.value.field == "guide.auto"

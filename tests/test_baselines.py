@@ -23,15 +23,15 @@ from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.likelihoods import Categorical, Gaussian
+from zoo.models.all_weights import AllWeightsBNN
 from zoo.models.deterministic import DeepEnsemble
-from zoo.models.mean_field import MeanFieldBNN
 from zoo.models.rank1 import Rank1BNN
 from zoo.nets import build_mlp
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.priors import assign_priors
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, load_torch
-from zoo.spec import GuideSpec, NormalPrior, PriorSpec, load_spec
+from zoo.spec import DropoutGuideSpec, NormalPrior, PriorSpec, load_spec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -190,9 +190,9 @@ def test_no_point_parameters_and_members_must_be_positive():
 
 
 # ---------------------------------------------------------------------------------------------- dropout
-def tiny_mean_field(likelihood=None, sizes=(3, 8, 6, 1), scale: float = 1.0) -> MeanFieldBNN:
+def tiny_mean_field(likelihood=None, sizes=(3, 8, 6, 1), scale: float = 1.0) -> AllWeightsBNN:
     net = build_mlp(sizes[0], sizes[-1], list(sizes[1:-1]), "tanh")
-    return MeanFieldBNN(net, priors_for(MeanFieldBNN, net, scale), likelihood or Gaussian(0.5))
+    return AllWeightsBNN(net, priors_for(AllWeightsBNN, net, scale), likelihood or Gaussian(0.5))
 
 
 def test_dropout_zeroes_whole_input_units_at_rate_p_and_scales_the_rest():
@@ -236,8 +236,8 @@ def test_drop_inputs_also_drops_the_features_of_the_first_layer_and_allows_a_net
     assert abs(dropped.float().mean().item() - p) < 0.03  # 6,000 features: sd 0.006
     linear = tiny_mean_field(sizes=(3, 1))
     assert DropoutGuide(linear.latent_sites(), drop_inputs=True).dropped == ["out.weight"]
-    spec = GuideSpec(name="dropout", dropout_rate=p, drop_inputs=True)
-    assert DropoutGuide.from_spec(family.latent_sites(), spec).dropped == guide.dropped
+    spec = DropoutGuideSpec(name="dropout", dropout_rate=p, drop_inputs=True)
+    assert spec.build(family.latent_sites()).dropped == guide.dropped
 
 
 def test_dropout_elbo_is_log_lik_plus_log_prior_at_the_masked_weights():
@@ -294,7 +294,7 @@ def test_dropout_guide_refuses_bad_rates_and_sites_without_plain_weight_matrices
     net = build_mlp(3, 2, [4], "tanh")
     rank1 = Rank1BNN(net, assign_priors(PriorSpec(default=NormalPrior(loc=1.0)), Rank1BNN.prior_sites(net)),
                      Categorical(), members=2)
-    with pytest.raises(ZooInputError, match="ensemble plate.*mean_field"):
+    with pytest.raises(ZooInputError, match="ensemble plate.*all_weights"):
         DropoutGuide(rank1.latent_sites())
     with pytest.raises(ZooInputError, match=r"net\.hidden"):
         DropoutGuide(tiny_mean_field(sizes=(3, 1)).latent_sites())
@@ -307,13 +307,13 @@ FAST = {
     "digits": ["data.test_fraction=0.2", "inference.num_steps=40", "inference.batch_size=64", "net.hidden=[16]"],
 }
 BASELINE_CONFIGS = {
-    "map_uci": ("mean_field", "delta"),
-    "map_digits": ("mean_field", "delta"),
+    "map_uci": ("all_weights", "delta"),
+    "map_digits": ("all_weights", "delta"),
     "deep_ensemble_uci": ("deep_ensemble", "delta"),
     "deep_ensemble_hetero_uci": ("deep_ensemble", "delta"),
     "deep_ensemble_digits": ("deep_ensemble", "delta"),
-    "mc_dropout_uci": ("mean_field", "dropout"),
-    "mc_dropout_digits": ("mean_field", "dropout"),
+    "mc_dropout_uci": ("all_weights", "dropout"),
+    "mc_dropout_digits": ("all_weights", "dropout"),
 }
 
 

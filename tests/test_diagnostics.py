@@ -35,7 +35,8 @@ from zoo.diagnostics import (
     to_inference_data,
 )
 from zoo.errors import ZooInputError
-from zoo.inference.mcmc import SAMPLES_FILE, LogJoint, load_samples
+from zoo.inference.draws import SAMPLES_FILE, load_samples
+from zoo.inference.potential import LogJoint
 from zoo.likelihoods import PredictiveDraws
 from zoo.metrics import coverage
 from zoo.pipeline import load_run, train

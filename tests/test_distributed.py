@@ -23,7 +23,7 @@ from tests.conftest import sigterm_ends_cleanly, tiny_hmc
 from zoo.cli import main, without_nproc
 from zoo.distributed import ObservationScale, World, check_chains
 from zoo.errors import ZooInputError
-from zoo.inference.mcmc import SAMPLES_FILE
+from zoo.inference.draws import SAMPLES_FILE
 from zoo.runs import (
     CHECKPOINT_FILE,
     MARKER_FILE,

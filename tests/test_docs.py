@@ -171,8 +171,9 @@ def _api_problems(module_name: str) -> list[str]:
             problems += _function_problems(where, obj)
         elif inspect.isclass(obj):
             documented = set(_DOCUMENTED_FIELD.findall(obj.__doc__ or ""))
-            problems += [f"{where}: no ':param {p}:' (or ':ivar {p}:')" for p in _parameters(obj)
-                         if p not in documented]
+            if not getattr(obj, "_is_protocol", False):  # a typing.Protocol is never constructed
+                problems += [f"{where}: no ':param {p}:' (or ':ivar {p}:')" for p in _parameters(obj)
+                             if p not in documented]
             for method_name, attr in vars(obj).items():
                 if method_name.startswith("_") or isinstance(attr, property):
                     continue  # private and dunder methods, properties

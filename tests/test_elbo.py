@@ -17,7 +17,7 @@ from guides.mean_field import MeanFieldNormalGuide
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.likelihoods import Categorical, Gaussian
-from zoo.models.mean_field import MeanFieldBNN
+from zoo.models.all_weights import AllWeightsBNN
 from zoo.nets import build_mlp
 from zoo.priors import prior_distribution
 from zoo.spec import CauchyPrior, NormalPrior, PriorSpec, ScaleMixturePrior
@@ -34,7 +34,7 @@ def make_family(prior, hidden=(5,), in_dim=3, out_dim=1, noise=None, activation=
     names = [n for n, _ in net.named_parameters()]
     priors = prior if isinstance(prior, dict) else {n: prior for n in names}
     likelihood = Categorical() if out_dim > 1 else Gaussian(noise, prior_loc=-0.5, prior_scale=0.7)
-    return MeanFieldBNN(net, priors, likelihood)
+    return AllWeightsBNN(net, priors, likelihood)
 
 
 def make_data(n=24, in_dim=3, classes=None, seed=1):

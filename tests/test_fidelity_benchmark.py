@@ -35,7 +35,7 @@ def test_member_specs_keep_the_reference_data_net_and_prior(reference):
         assert spec.data == ref.data and spec.likelihood == ref.likelihood and spec.seed == ref.seed
         if name != "subnet_laplace":  # configs/subnet_laplace_toy.yaml's 1-50-50-1 net
             assert spec.net == ref.net
-        if spec.model.family in ("mean_field", "deep_ensemble", "subnetwork"):
+        if spec.model.family in ("all_weights", "deep_ensemble", "subnetwork"):
             assert spec.prior == ref.prior
     assert fidelity.member_spec(ref, "subnet_laplace", "regression").net.hidden == [50, 50]
     assert fidelity.member_spec(ref, "mc_dropout", "classification").guide.dropout_rate == 0.1

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import hmc_speed  # noqa: E402
 
-from zoo.inference.mcmc import Potential  # noqa: E402
+from zoo.inference.potential import Potential  # noqa: E402
 from zoo.pipeline import prepare  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 

@@ -23,7 +23,7 @@ from zoo.inference.svi import SVIStep
 from zoo.nets import build_net, evaluation_mode, has_batch_norm
 from zoo.pipeline import build, load_run, train
 from zoo.runs import CHECKPOINT_FILE, load_torch
-from zoo.spec import NetSpec, load_spec
+from zoo.spec import load_spec, net_section
 
 RESNET8 = {"name": "resnet", "depth": 8}  # 6n + 2 with n = 1: the smallest CIFAR ResNet, same blocks as ResNet-20
 BASE = {
@@ -34,10 +34,10 @@ BASE = {
     "seed": 0,
 }
 FAMILIES = {
-    "map": {"model": {"family": "mean_field"}, "guide": {"name": "delta"}},
-    "mean_field": {"model": {"family": "mean_field"}, "guide": {"name": "mean_field"},
+    "map": {"model": {"family": "all_weights"}, "guide": {"name": "delta"}},
+    "mean_field": {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"},
                    "inference": {"local_reparam": True}},
-    "mc_dropout": {"model": {"family": "mean_field"}, "guide": {"name": "dropout", "dropout_rate": 0.1}},
+    "mc_dropout": {"model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout_rate": 0.1}},
     "deep_ensemble": {"model": {"family": "deep_ensemble", "members": 2}, "guide": {"name": "delta"}},
     "rank1": {"model": {"family": "rank1", "members": 2}, "guide": {"name": "mixture"},
               "prior": {"name": "normal", "loc": 1.0, "scale": 0.5}},
@@ -63,9 +63,9 @@ def n_parameters(net: nn.Module) -> int:
 
 def test_published_sizes_and_output_shapes():
     # LeNet-5 on 28x28: 61,706 weights; ResNet-20: 0.27M (He et al. 2016); WRN-16-2: 0.69M
-    lenet = build_net(NetSpec(name="lenet5"), 784, 10)
-    resnet20 = build_net(NetSpec(name="resnet", in_channels=3), 3 * 32 * 32, 10)
-    wrn = build_net(NetSpec(name="wrn", depth=16, widen=2, in_channels=3), 3 * 32 * 32, 10)
+    lenet = build_net(net_section(name="lenet5"), 784, 10)
+    resnet20 = build_net(net_section(name="resnet", in_channels=3), 3 * 32 * 32, 10)
+    wrn = build_net(net_section(name="wrn", depth=16, widen=2, in_channels=3), 3 * 32 * 32, 10)
     assert n_parameters(lenet) == 61_706
     assert n_parameters(resnet20) == 272_474
     assert n_parameters(wrn) == 691_674
@@ -90,15 +90,15 @@ def test_batch_norm_statistics_are_buffers_not_sites():
     ({"name": "resnet", "depth": 21}, "6n \\+ 2"),
     ({"name": "wrn", "depth": 20}, "6n \\+ 4"),
     ({"name": "resnet", "in_channels": 3}, "not 3 x side x side"),
-    ({"name": "mlp", "depth": 20}, "does not take it"),
+    ({"name": "mlp", "depth": 20}, "net.depth.*unknown setting here; it belongs to: resnet, wrn"),
 ])
 def test_impossible_architectures_are_refused_naming_the_setting(net, message):
     with pytest.raises(ZooInputError, match=message):
-        build_net(NetSpec(**net), 64, 10)
+        build_net(net_section(**net), 64, 10)
 
 
 def test_a_spec_setting_the_net_does_not_take_is_refused_at_validation():
-    with pytest.raises(ZooInputError, match="net.hidden.*'lenet5' does not take it"):
+    with pytest.raises(ZooInputError, match="net.hidden.*unknown setting here; it belongs to: cnn, mlp"):
         load_spec({**BASE, "net": {"name": "lenet5", "hidden": [100]}})
     assert load_spec({**BASE, "net": {"name": "lenet5", "hidden": [50]}}).net.name == "lenet5"  # the default
 
@@ -107,15 +107,15 @@ def test_torchvision_without_the_extra_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)
     monkeypatch.setitem(sys.modules, "torchvision.models", None)
     with pytest.raises(ZooInputError, match="optional torchvision extra"):
-        build_net(NetSpec(name="torchvision", arch="resnet18"), 3 * 32 * 32, 10)
+        build_net(net_section(name="torchvision", arch="resnet18"), 3 * 32 * 32, 10)
 
 
 @pytest.mark.vision
 def test_torchvision_architectures_by_name_and_their_close_names(tmp_path):
     pytest.importorskip("torchvision.models", reason="the vision extra (make test-vision) runs this")
     with pytest.raises(ZooInputError, match="did you mean resnet18"):
-        build_net(NetSpec(name="torchvision", arch="resnet17"), 3 * 32 * 32, 10)
-    net = build_net(NetSpec(name="torchvision", arch="resnet18"), 28 * 28, 10)  # grey images repeated to RGB
+        build_net(net_section(name="torchvision", arch="resnet17"), 3 * 32 * 32, 10)
+    net = build_net(net_section(name="torchvision", arch="resnet18"), 28 * 28, 10)  # grey images repeated to RGB
     assert net(torch.randn(2, 784)).shape == (2, 10)
     # a family trains on it end to end (BatchNorm handled as for the zoo's own ResNets)
     spec = load_spec({**BASE, "net": {"name": "torchvision", "arch": "resnet18", "in_channels": 1},
@@ -127,7 +127,7 @@ def test_torchvision_architectures_by_name_and_their_close_names(tmp_path):
 
 
 def test_evaluation_mode_reads_running_statistics_and_restores_the_mode():
-    net = build_net(NetSpec(**RESNET8), 64, 3)
+    net = build_net(net_section(**RESNET8), 64, 3)
     x = torch.randn(16, 64)
     with evaluation_mode(net):
         assert not net.training
@@ -295,7 +295,7 @@ def test_rank1_conv_members_equal_the_plain_net_with_factored_kernels():
 # ------------------------------------------------------------------------------------------- subnetwork
 def test_subnetwork_jacobian_through_conv_and_batch_norm_matches_autograd():
     torch.manual_seed(0)
-    net = build_net(NetSpec(**RESNET8), 64, 3).double()
+    net = build_net(net_section(**RESNET8), 64, 3).double()
     with torch.no_grad():  # non-trivial running statistics
         for m in net.modules():
             if isinstance(m, nn.BatchNorm2d):
@@ -324,7 +324,7 @@ def test_subnetwork_jacobian_through_conv_and_batch_norm_matches_autograd():
 
 
 def test_subnetwork_never_selects_batch_norm_parameters():
-    net = build_net(NetSpec(**RESNET8), 64, 3)
+    net = build_net(net_section(**RESNET8), 64, 3)
     layout = ParameterLayout(net)
     mask = layout.selectable()
     bn = [s for s in layout.slots if isinstance(s.module, nn.BatchNorm2d)]
@@ -336,7 +336,7 @@ def test_subnetwork_never_selects_batch_norm_parameters():
 
 
 def test_mcmc_on_a_batch_norm_net_is_refused_naming_the_way_out(tmp_path):
-    spec = load_spec({**BASE, "model": {"family": "mean_field"}, "guide": {"name": "delta"},
+    spec = load_spec({**BASE, "model": {"family": "all_weights"}, "guide": {"name": "delta"},
                       "inference": {"method": "hmc", "num_chains": 2, "warmup_steps": 2, "num_samples": 2}})
     with pytest.raises(ZooInputError, match="without BatchNorm"):
         train(spec, tmp_path / "hmc", progress=False, echo=None)

@@ -15,11 +15,11 @@ import yaml
 from torch.distributions import kl_divergence
 
 from guides.mean_field import MeanFieldNormalGuide
-from zoo.data import check_data_spec, load_dataset, make_dataset
+from zoo.data import DATA_SETS, load_dataset, make_dataset
 from zoo.data.base import STAT_LIMIT
 from zoo.data.table import load_table
 from zoo.errors import ZooInputError, ZooWarning
-from zoo.spec import INIT_RHO_MAX, INIT_RHO_MIN, DataSpec, RunSpec, load_spec, softplus
+from zoo.spec import INIT_RHO_MAX, INIT_RHO_MIN, RunSpec, data_section, load_spec, softplus
 
 BASE = {"data": {"name": "toy_gap"}, "device": "cpu"}
 
@@ -111,7 +111,7 @@ def test_feature_near_1e300_is_refused_naming_the_column(tmp_path):
     assert "divide it by 1e300" in msg
     # the same through the spec's data section
     with pytest.raises(ZooInputError) as info:
-        load_dataset(DataSpec(name=f"file:{path}", target="y", task="regression", split_column="fold"), seed=0)
+        load_dataset(data_section(name=f"file:{path}", target="y", task="regression", split_column="fold"), seed=0)
     assert info.value.field == "column 'big'"
 
 
@@ -216,23 +216,24 @@ def test_make_dataset_refuses_fractional_labels_instead_of_truncating():
 
 
 # --------------------------------------------------------------------------------- load_spec up front
-@pytest.mark.parametrize(("data", "value", "hint"), [
-    ({"name": "imagenet"}, "imagenet", "use one of toy_gap, two_moons, digits, mnist1d, mnist5k, mnist, fashion_mnist, "
-                                       "cifar10, cifar100, svhn, uci:<folder>, file:<path>"),
-    ({"name": "uci:"}, "uci:", "name the UCI folder after the prefix, e.g. uci:housing"),
+@pytest.mark.parametrize(("data", "value", "line"), [
+    ({"name": "imagenet"}, "imagenet", "unknown data.name 'imagenet'; use one of: toy_gap, two_moons, digits, "
+                                       "mnist1d, mnist5k, mnist, fashion_mnist, cifar10, cifar100, svhn, uci:<folder>, "
+                                       "file:<path>"),
+    ({"name": "uci:"}, "uci:", "data.name: got 'uci:'; name the UCI folder after the prefix, e.g. uci:housing"),
     ({"name": "file:table.txt", "target": "y", "task": "regression"}, "file:table.txt",
-     "give the path of a .csv or .npz file after the prefix"),
+     "data.name: got 'file:table.txt'; give the path of a .csv or .npz file after the prefix, e.g. "
+     "file:data/table.csv"),
 ])
-def test_unknown_data_name_is_refused_by_load_spec(data, value, hint):
+def test_unknown_data_name_is_refused_by_load_spec(data, value, line):
     err = spec_error([], {"data": data})
     assert err.field == "data.name" and err.value == value
-    assert str(err) == f"invalid spec; fix these fields:\n  data.name: got {value!r}; {hint}" + (
-        ", e.g. file:data/table.csv" if value.startswith("file:") else "")
+    assert str(err) == f"invalid spec; fix these fields:\n  {line}"
 
 
 @pytest.mark.parametrize(("data", "field", "text"), [
-    ({"name": "toy_gap", "ood_classes": [1]}, "data.ood_classes", "'toy_gap' does not use it"),
-    ({"name": "digits", "split": 2}, "data.split", "it applies to ['uci:']"),
+    ({"name": "toy_gap", "ood_classes": [1]}, "data.ood_classes", "unknown setting here; it belongs to: cifar10"),
+    ({"name": "digits", "split": 2}, "data.split", "unknown setting here; it belongs to: uci:<folder>"),
     ({"name": "file:t.csv", "task": "regression"}, "data.target", "a file: data set needs data.target"),
     ({"name": "file:t.csv", "target": "y"}, "data.task", "a file: data set needs data.task"),
 ])
@@ -244,19 +245,20 @@ def test_data_fields_no_loader_uses_are_refused_by_load_spec(data, field, text):
 def test_file_data_is_checked_without_reading_the_file(tmp_path):
     spec = load_spec({"data": {"name": f"file:{tmp_path / 'later.csv'}", "target": "y", "task": "regression"}})
     assert spec.data.name.endswith("later.csv")
-    assert check_data_spec(spec.data) == "file:"
+    assert DATA_SETS.tag(spec.data.name) == "file:"
 
 
 @pytest.mark.parametrize(("overrides", "family", "allowed"), [
-    (["guide.name=mixture"], "mean_field", "mean_field, delta, dropout"),
+    (["guide.name=mixture"], "all_weights", "mean_field, delta, dropout, auto"),
     (["model.family=deep_ensemble"], "deep_ensemble", "delta"),
-    (["model.family=rank1", "prior.loc=1.0", "guide.name=dropout"], "rank1", "mixture, batch_ensemble, mean_field, "
-                                                                              "delta"),
+    (["model.family=rank1", "prior.loc=1.0", "guide.name=dropout"], "rank1", "mean_field, delta, mixture, "
+                                                                              "batch_ensemble, auto"),
 ])
 def test_guide_that_does_not_fit_the_family_is_refused_by_load_spec(overrides, family, allowed):
     err = spec_error(overrides)
     assert err.field == "guide.name"
-    assert f"  guide.name: got {err.value!r}; family '{family}' takes the guides: {allowed}" in str(err)
+    assert f"  guide.name: got {err.value!r}; does not fit family '{family}': " in str(err)
+    assert f"; family '{family}' takes the guides: {allowed}" in str(err)
 
 
 def test_every_cross_field_problem_is_listed_and_the_first_is_the_field():
@@ -264,10 +266,11 @@ def test_every_cross_field_problem_is_listed_and_the_first_is_the_field():
     assert err.field == "data.name" and err.value == "imagenet"
     lines = str(err).splitlines()
     assert lines[0] == "invalid spec; fix these fields:"
-    assert lines[1].startswith("  data.name: got 'imagenet'; use one of toy_gap")
+    assert lines[1].startswith("  unknown data.name 'imagenet'; use one of: toy_gap")
     assert lines[2].startswith("  unknown net.activation 'swish'; use one of: elu, gelu")
-    assert lines[3] == ("  guide.name: got 'mixture'; family 'mean_field' takes the guides: mean_field, delta, "
-                        "dropout, auto")
+    assert lines[3] == ("  guide.name: got 'mixture'; does not fit family 'all_weights': it needs rank-1 factors of "
+                        "ensemble members, and the family has weight matrices; family 'all_weights' takes the guides: "
+                        "mean_field, delta, dropout, auto")
 
 
 def test_laplace_problems_name_their_fields():

@@ -15,7 +15,9 @@ from zoo import runs
 from zoo.errors import ZooInputError
 from zoo.inference import mcmc
 from zoo.inference.compiled import exp_tanh
-from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, DualAveraging, LogJoint, Potential, fit_mcmc, halton
+from zoo.inference.draws import SAMPLES_FILE
+from zoo.inference.mcmc import DualAveraging, fit_mcmc, halton
+from zoo.inference.potential import Coordinates, LogJoint, Potential
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import SamplePosterior
 from zoo.spec import load_spec

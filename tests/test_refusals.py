@@ -81,7 +81,8 @@ CASES = [
                  "--set net={name: lenet5: the value is not valid YAML", {}, id="set-yaml-error"),
     # 5. a mapping merges into the spec's; a refusal the merge caused names the := form
     pytest.param(zoo("map_digits", "--set", "net={name: lenet5}"), 2,
-                 ("net.hidden: got [100]; net 'lenet5' does not take it", "write --set net:=... to replace it"), {},
+                 ("net.hidden: got [100]; unknown setting here; it belongs to: cnn, mlp",
+                  "write --set net:=... to replace it"), {},
                  id="set-mapping-merges"),
     pytest.param(zoo("mean_field_digits", "--set", "prior={name: cauchy}"), 2,
                  ("prior.default.pi", "write --set prior:=... to replace it"), {}, id="set-prior-merges"),

@@ -29,7 +29,7 @@ import zoo.runs as runs
 from tests.conftest import interrupt_at, sigterm_ends_cleanly, tiny_hmc
 from zoo.cli import main
 from zoo.errors import ZooInputError, ZooWarning
-from zoo.inference.mcmc import SAMPLES_FILE
+from zoo.inference.draws import SAMPLES_FILE
 from zoo.inference.swag import SWAG_FILE
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.runs import (

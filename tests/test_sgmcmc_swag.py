@@ -13,9 +13,9 @@ from tests.conftest import record_checkpoints
 from tests.test_mcmc import NOISE, assert_matches_conjugate, closed_form, linear_spec
 from zoo import runs
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.inference import minibatch, sgmcmc, swag
-from zoo.inference.mcmc import SAMPLES_FILE, Coordinates, initial_points
-from zoo.inference.minibatch import MinibatchPotential
+from zoo.inference import loop, sgmcmc, swag
+from zoo.inference.draws import SAMPLES_FILE
+from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points
 from zoo.inference.sgmcmc import (
     PRECONDITIONER_FLOOR,
     fit_sgmcmc,
@@ -80,7 +80,7 @@ def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_
     spec = load_spec(linear_spec(method, num_chains=16, epochs=4000, batch_size=None, lr=lr, schedule="constant",
                                  burn_in_epochs=1000, thin=20, preconditioner=kind, checkpoint_every=500))
     data, family, guide, _ = prepare(spec)
-    saved, final = record_checkpoints(monkeypatch, minibatch), record_checkpoints(monkeypatch, sgmcmc)
+    saved, final = record_checkpoints(monkeypatch, loop), record_checkpoints(monkeypatch, sgmcmc)
     assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, run_dir=tmp_path,
                                         progress=False), data)
     during = [c["inverse_mass"] for c in saved if c["step"] < 1000]
@@ -102,7 +102,7 @@ def test_the_scale_adapted_metric_follows_the_potential_in_every_exploration_pha
                                  exploration=0.5, burn_in_epochs=0, thin=5, preconditioner="scale_adapted",
                                  checkpoint_every=10))
     data, family, guide, _ = prepare(spec)
-    saved = record_checkpoints(monkeypatch, minibatch)
+    saved = record_checkpoints(monkeypatch, loop)
     fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     by_step = {c["step"]: c["inverse_mass"] for c in saved if not c["done"]}
     frozen = []
@@ -166,7 +166,7 @@ def test_cyclical_sghmc_with_the_scale_adapted_metric_resumes_exactly(tmp_path, 
     spec = load_spec(linear_spec("sghmc", num_chains=2, epochs=300, batch_size=10, lr=0.01, cycles=3,
                                  burn_in_epochs=0, thin=7, checkpoint_every=35, preconditioner="scale_adapted"))
     data, family, guide, _ = prepare(spec)
-    saved = record_checkpoints(monkeypatch, minibatch)
+    saved = record_checkpoints(monkeypatch, loop)
     full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at = next(s for s in saved if not s["done"] and s["step"] == 140 * 4)
     runs.save_torch(tmp_path / SAMPLES_FILE, at)  # as if the run had stopped there
@@ -182,7 +182,7 @@ def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, precondit
                                  burn_in_epochs=5 if preconditioner == "none" else 25, thin=7, checkpoint_every=40,
                                  preconditioner=preconditioner))
     data, family, guide, _ = prepare(spec)
-    saved = record_checkpoints(monkeypatch, minibatch)
+    saved = record_checkpoints(monkeypatch, loop)
     full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at_80 = next(s for s in saved if not s["done"] and s["step"] == 80)
     runs.save_torch(tmp_path / SAMPLES_FILE, at_80)  # as if the run had stopped after step 80
@@ -330,7 +330,7 @@ def test_multiswag_fits_k_models_that_resume_exactly(tmp_path, monkeypatch):
     spec = load_spec(linear_spec("swag", num_models=3, epochs=10, pretrain_epochs=5, batch_size=10, lr=0.01,
                                  pretrain_lr=0.02, rank=4, checkpoint_every=20))
     data, family, guide, _ = prepare(spec)
-    saved = record_checkpoints(monkeypatch, minibatch)
+    saved = record_checkpoints(monkeypatch, loop)
     full = fit_swag(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     assert full.posterior.mean.shape == (3, 2) and full.posterior.deviations.shape == (3, 4, 2)
     assert not torch.allclose(full.posterior.mean[0], full.posterior.mean[1])  # independent starts

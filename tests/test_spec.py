@@ -51,7 +51,7 @@ def test_yaml_file_validates_into_runspec(tmp_path):
     assert spec.inference.local_reparam is True
     assert spec.seed == 3
     # untouched sections keep their defaults
-    assert spec.model.family == "mean_field" and spec.likelihood.name == "auto" and spec.likelihood.noise == "learned"
+    assert spec.model.family == "all_weights" and spec.likelihood.name == "auto" and spec.likelihood.noise == "learned"
 
 
 def test_dict_spec_defaults():
@@ -173,7 +173,7 @@ def test_unknown_registry_names_are_refused_with_the_choices(overrides, field, v
 
 def test_unknown_family_is_refused_with_the_choices():
     msg = spec_error(["model.family=bayesian_lstm"])
-    assert "model" in msg and "bayesian_lstm" in msg and "'mean_field'" in msg and "'rank1'" in msg
+    assert "model" in msg and "bayesian_lstm" in msg and "all_weights" in msg and "rank1" in msg
 
 
 def test_unknown_inference_method_is_refused_with_the_choices():

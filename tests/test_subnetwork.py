@@ -15,10 +15,11 @@ from torch import nn
 
 from tests.conftest import assert_input_error
 from tests.laplace_reference import dense_glm, dense_jacobian, laplace_torch_glm, relative_difference, require_laplace
-from zoo.curvature import LayerFactors, ParameterLayout, ggn, output_hessian_root
+from zoo.curvature import LayerFactors, ParameterLayout, ggn
 from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.laplace import GaussianStatistics, linearised_mode, prior_groups
+from zoo.likelihoods import Categorical, Gaussian
 from zoo.models.subnetwork import SITE, subnet_size
 from zoo.nets import build_cnn, build_mlp
 from zoo.pipeline import load_run, prepare, train
@@ -76,7 +77,7 @@ def test_diagonal_and_subnet_ggn_equal_dense(kind, task):
     x = torch.randn(9, 3 if kind == "mlp" else 16, dtype=torch.float64)
     layout = ParameterLayout(net)
     factors = LayerFactors(net, layout, x)
-    root = output_hessian_root(task, factors.f, 0.3)
+    root = (Gaussian(0.3) if task == "regression" else Categorical()).output_hessian_root(factors.f, 0.3)
     dense = dense_jacobian(net, x)[0]
     if task == "regression":
         hessian = torch.eye(dense.shape[1], dtype=torch.float64) / 0.09
@@ -282,7 +283,7 @@ def test_selections_pick_what_they_say(tmp_path):
     (["prior.name=cauchy"], "zero-mean Normal prior"),
     (["prior.scale=0"], "greater than 0"),
     (["guide.name=mean_field"], "laplace guide"),
-    (["model:={family: mean_field}"], "use model.family: subnetwork"),
+    (["model:={family: all_weights}"], "use model.family: subnetwork"),
 ])
 def test_bad_input_exits_2_with_a_hint(overrides, message, tmp_path, capsys):
     assert message in assert_input_error(TOY, overrides, [], tmp_path, capsys)

@@ -456,14 +456,14 @@ def test_a_bf16_step_runs_the_net_in_bf16_and_the_density_and_parameters_in_floa
             return out
 
     densities = []
-    real = likelihoods.observation
+    real = likelihoods.base.observation
 
     def observation(*args, **kwargs):
         made = real(*args, **kwargs)
         densities.append(made.log_prob(torch.zeros(made.batch_shape + made.event_shape)).dtype)
         return made
 
-    monkeypatch.setattr(likelihoods, "observation", observation)
+    monkeypatch.setattr(likelihoods.base, "observation", observation)
     losses, matmuls = {}, {}
     for autocast in (None, torch.bfloat16):
         data, params, step = _step_parts(spec_factory("toy", *overrides))
@@ -492,7 +492,7 @@ def test_a_bf16_fit_reaches_the_float32_fit(tmp_path, spec_factory):
     ({"inference": {"autocast": "bf16"}, "dtype": "float64"}, "with dtype: float64 use autocast: none"),
     ({"inference": {"autocast": "fp16"}}, "inference.autocast"),
     ({"inference": {"autocast": "bf16"}, "model": {"family": "deep_ensemble"}, "guide": {"name": "delta"}},
-     "does not reach the deep ensemble's vmapped layers"),
+     "does not reach the deep_ensemble family's vmapped layers"),
 ])
 def test_autocast_refusals_say_what_to_change(extra, message):
     with pytest.raises(ZooInputError, match=message):

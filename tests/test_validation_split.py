@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from zoo.data import load_dataset
+from zoo.data import DataSection, load_dataset
 from zoo.data.base import carve_validation, make_dataset
 from zoo.errors import ZooInputError
-from zoo.spec import DataSpec, load_spec
+from zoo.spec import data_section, load_spec
 
 SHARED_UCI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"
 
@@ -44,12 +44,12 @@ def _ids(data, x: torch.Tensor) -> list[int]:
     return [int(round(v)) for v in data.inputs_in_original_units(x)[:, 0].double().tolist()]
 
 
-def _spec(root: Path, fraction: float, split: int = 0) -> DataSpec:
-    return DataSpec(name="uci:ids", dir=str(root), split=split, validation_fraction=fraction)
+def _spec(root: Path, fraction: float, split: int = 0) -> DataSection:
+    return data_section(name="uci:ids", dir=str(root), split=split, validation_fraction=fraction)
 
 
 def test_default_is_no_validation():
-    assert DataSpec(name="toy_gap").validation_fraction == 0.0
+    assert data_section(name="toy_gap").validation_fraction == 0.0
 
 
 def test_sizes_and_disjoint_from_the_real_test_split(uci_dir):
@@ -108,8 +108,8 @@ def test_other_split_carves_from_its_own_training_rows(uci_dir):
 
 
 def test_synthetic_sets_too():
-    plain = load_dataset(DataSpec(name="toy_gap"), seed=0)
-    val = load_dataset(DataSpec(name="toy_gap", validation_fraction=0.2), seed=0)
+    plain = load_dataset(data_section(name="toy_gap"), seed=0)
+    val = load_dataset(data_section(name="toy_gap", validation_fraction=0.2), seed=0)
     assert plain.n_train == 100 and val.n_train == 80 and len(val.y_test) == 20
     assert val.x_ood.keys() == plain.x_ood.keys()
     train_x = set(plain.inputs_in_original_units(plain.x_train)[:, 0].tolist())
@@ -118,8 +118,8 @@ def test_synthetic_sets_too():
 
 
 def test_classification_keeps_ood_sets_and_classes():
-    spec = DataSpec(name="digits", ood_classes=[8, 9], validation_fraction=0.25)
-    plain = load_dataset(DataSpec(name="digits", ood_classes=[8, 9]), seed=0)
+    spec = data_section(name="digits", ood_classes=[8, 9], validation_fraction=0.25)
+    plain = load_dataset(data_section(name="digits", ood_classes=[8, 9]), seed=0)
     val = load_dataset(spec, seed=0)
     assert val.task == "classification" and val.n_classes == plain.n_classes == 8
     assert val.class_names == plain.class_names
@@ -157,9 +157,9 @@ def test_spec_override_reaches_the_data(uci_dir):
 
 @pytest.mark.skipif(not SHARED_UCI.is_dir(), reason=f"the shared UCI data is not at {SHARED_UCI}")
 def test_real_boston_split():
-    spec = DataSpec(name="uci:bostonHousing", dir=str(SHARED_UCI), split=0, validation_fraction=0.2)
+    spec = data_section(name="uci:bostonHousing", dir=str(SHARED_UCI), split=0, validation_fraction=0.2)
     val = load_dataset(spec, seed=0)
-    full = load_dataset(DataSpec(name="uci:bostonHousing", dir=str(SHARED_UCI), split=0), seed=0)
+    full = load_dataset(data_section(name="uci:bostonHousing", dir=str(SHARED_UCI), split=0), seed=0)
     assert val.n_train + len(val.y_test) == full.n_train
     assert len(val.y_test) == round(0.2 * full.n_train)
     test_rows = {tuple(np.round(r, 3)) for r in full.inputs_in_original_units(full.x_test).double().tolist()}

@@ -17,7 +17,7 @@ from zoo.data import load_dataset
 from zoo.data.vision import load_vision
 from zoo.errors import ZooInputError
 from zoo.pipeline import train
-from zoo.spec import DataSpec, load_spec
+from zoo.spec import data_section, load_spec
 
 RNG = np.random.default_rng(0)
 
@@ -111,7 +111,7 @@ def test_a_missing_file_is_named_with_the_layout(tmp_path):
     with pytest.raises(ZooInputError, match="cifar-10-batches-py/data_batch_3"):
         load_vision("cifar10", str(tmp_path), seed=0)
     with pytest.raises(ZooInputError, match="train_32x32.mat"):
-        load_dataset(DataSpec(name="svhn", dir=str(tmp_path)), seed=0)
+        load_dataset(data_section(name="svhn", dir=str(tmp_path)), seed=0)
 
 
 @pytest.mark.parametrize("content", [b"", random.Random(454).randbytes(2000), pickle.dumps([1, 2])],

@@ -178,18 +178,6 @@ class LayerFactors:
         return out
 
 
-def output_hessian_root(likelihood_task: str, f: torch.Tensor, noise: torch.Tensor | float | None) -> torch.Tensor:
-    """R ``[B, O, O]`` with RᵀR = Λ, the Hessian of -log p(y | f) in f: I/σ (Gaussian) or diag(√p) - √p pᵀ
-    (categorical, p = softmax f), so that the GGN is Σ_b (R_b J_b)ᵀ (R_b J_b)."""
-    batch, outputs = f.shape
-    if likelihood_task == "regression":
-        eye = torch.eye(outputs, dtype=f.dtype, device=f.device)
-        return (eye / noise).expand(batch, outputs, outputs)
-    p = f.softmax(-1)
-    sqrt_p = p.sqrt()
-    return torch.diag_embed(sqrt_p) - sqrt_p.unsqueeze(-1) * p.unsqueeze(-2)
-
-
 def ggn(J: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
     """Σ_b J_bᵀ Λ_b J_b ``[D, D]`` for Jacobians ``J [B, O, D]`` and Hessian roots ``R [B, O, O]``."""
     rj = torch.bmm(root, J).flatten(0, 1)

@@ -243,9 +243,9 @@ def check_chains(num_chains: int, world_size: int) -> None:
 def check_launch(nproc: int, device: str, inference: Any, shared_work: dict[str, str]) -> None:
     """Refuse, before any process starts, a ``--nproc`` run of a spec (its ``device`` and ``inference`` section)
     that cannot work: fewer than one process, a bad ``$ZOO_DIST_TIMEOUT``, a method that does not share its work,
-    more processes than the machine can run, or a minibatch the processes cannot share evenly. ``shared_work``:
-    what the processes share, by method name, for every method that splits its work by :func:`world` (the
-    methods' ``shared_work``; any other method would run its whole fit in every process)."""
+    or more processes than the machine can run (a share that the method cannot split evenly, it refuses itself).
+    ``shared_work``: what the processes share, by method name, for every method that splits its work by
+    :func:`world` (the methods' ``shared_work``; any other method would run its whole fit in every process)."""
     if nproc < 1:
         raise ZooInputError("--nproc", nproc, "give 1 or more processes")
     timeout()
@@ -256,7 +256,6 @@ def check_launch(nproc: int, device: str, inference: Any, shared_work: dict[str,
                             "so each would run the whole fit (the same result for N times the work): drop --nproc, or "
                             f"use a method whose processes share the work: {shared}")
     check_nproc(nproc, device)
-    check_global_batch(getattr(inference, "batch_size", None), nproc)
 
 
 def check_nproc(nproc: int, device: str) -> None:

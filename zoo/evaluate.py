@@ -12,7 +12,7 @@ import torch
 
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
-from zoo.posterior import MaskedPosterior, Posterior
+from zoo.posterior import GuidePosterior, MaskedPosterior, Posterior
 from zoo.runs import available_memory
 from zoo.tasks import task_of
 
@@ -159,14 +159,14 @@ def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
     :raises ZooInputError: when the posterior has no mean-field guide over individual weights (e.g. rank-1
         factors), or ``fraction`` lies outside ``[0, 1)``.
     """
-    guide = getattr(posterior, "guide", None)
-    if guide is None or not hasattr(guide, "signal_to_noise") or any(s.plate for s in guide.sites.values()):
+    guide = posterior.guide if isinstance(posterior, GuidePosterior) else None
+    snr = guide.signal_to_noise() if guide is not None else None
+    if snr is None or any(s.plate for s in guide.sites.values()):
         raise ZooInputError("zoo prune", type(guide).__name__,
                             "pruning needs a mean-field guide over individual weights (|mu|/sigma); "
                             "rank-1 factors scale whole units, so they are not pruned")
     if not 0.0 <= fraction < 1.0:
         raise ZooInputError("--fractions", fraction, "each fraction must be in [0, 1)")
-    snr = guide.signal_to_noise()
     flat = torch.cat([v.flatten() for v in snr.values()])
     k = int(round(fraction * flat.numel()))
     threshold = flat.kthvalue(k).values if k > 0 else flat.new_tensor(-1.0)

@@ -13,14 +13,15 @@ from pathlib import Path
 import pyro
 import torch
 
-from guides.base import SiteGuide
+from guides.base import Guide
 from zoo import distributed, registry
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.evaluate import ValidationMonitor, evaluate, plot_predictive
-from zoo.likelihoods import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood
-from zoo.models.base import ModelFamily
+from zoo.inference.svi import SVI
+from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection
+from zoo.models.base import ModelFamily, StructureFit
 from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import build_net
 from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
@@ -36,7 +37,6 @@ from zoo.runs import (
     write_json,
     write_text,
 )
-from zoo.sections import LikelihoodSpec
 from zoo.spec import RunSpec, load_spec, spec_to_yaml
 from zoo.tasks import task_of
 
@@ -45,7 +45,7 @@ def describe(spec: RunSpec) -> str:
     """``family ..., guide ...`` (a method that fits the spec's guide) or ``family ..., <the method's phrase>``
     (``sampled by hmc``, ``laplace (glm predictive)``): what a run fits, in one phrase."""
     method = registry.method_of(spec)
-    how = f"guide {registry.guide_label(spec)}" if method.fits_guide else method.describe(spec.inference)
+    how = f"guide {spec.guide.label}" if method.fits_guide else method.describe(spec.inference)
     return f"family {spec.model.family}, {how}"
 
 
@@ -63,41 +63,49 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_likelihood(spec: LikelihoodSpec, data: Dataset) -> Likelihood:
-    """The observation model for the data's task (``auto`` picks it)."""
-    expected = task_of(data).likelihood
-    name = expected if spec.name == "auto" else spec.name
-    if name != expected:
-        raise ZooInputError("likelihood.name", name, f"{data.name} is a {data.task} task; use {expected} or auto")
-    if name == "categorical":
-        return Categorical()
-    if spec.noise == "heteroscedastic":
-        return HeteroscedasticGaussian(spec.min_noise)
-    noise = None if spec.noise == "learned" else float(spec.noise) / data.y_std
-    return Gaussian(noise, spec.noise_prior.loc, spec.noise_prior.scale)
+def build_likelihood(spec: LikelihoodSection | AutoLikelihoodSpec, data: Dataset) -> Likelihood:
+    """The observation model for the data's task (``auto`` picks it).
+
+    :param spec: the spec's likelihood section.
+    :param data: the data set.
+    :returns: the likelihood.
+    :raises ZooInputError: a likelihood of another task.
+    """
+    task = task_of(data)
+    section = spec.resolve(task.likelihood) if isinstance(spec, AutoLikelihoodSpec) else spec
+    if section.task != task.name:
+        raise ZooInputError("likelihood.name", section.name, f"{data.name} is a {task.name} task; use "
+                            f"{task.likelihood} or auto")
+    return section.build(data)
 
 
 def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog | None = None,
-          progress: bool = False) -> tuple[ModelFamily, SiteGuide]:
+          progress: bool = False) -> tuple[ModelFamily, Guide]:
     """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init).
 
     A family whose structure depends on a fit to the data (the subnetwork family: a MAP net and a selected
-    subnet) does that in its ``prepare`` here, keeping what it fitted in ``run_dir`` for resumes and reloads.
+    subnet) fits it here (:meth:`~zoo.models.base.ModelFamily.fit_structure`), keeping what it fitted in
+    ``run_dir`` for resumes and reloads.
+
+    :param spec: the run spec.
+    :param data: the data, on the run's device and dtype.
+    :param run_dir: where a family keeps what it fits of its structure (None: nowhere).
+    :param log: the run's log.
+    :param progress: whether to show progress bars.
+    :returns: the family and the guide.
     """
     pyro.set_rng_seed(spec.seed)
     likelihood = build_likelihood(spec.likelihood, data)
     net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim), data.image_shape, data.name)
-    family_cls = registry.FAMILIES[spec.model.family]
-    priors = assign_priors(spec.prior, family_cls.prior_sites(net))
-    family = family_cls.from_spec(net, priors, likelihood, spec.model)
+    family = spec.model.build(net, assign_priors(spec.prior, spec.model.prior_sites(net)), likelihood)
     family.to(data.device, data.x_test.dtype)
-    if hasattr(family, "prepare"):  # handed the SVI fit for its MAP net: families do not import inference methods
-        family.prepare(data, run_dir, spec.seed, log or RunLog(None, echo=None), progress,
-                       fit_map=registry.METHODS["svi"].fit)
-        pyro.set_rng_seed(spec.seed)
-    guide = registry.GUIDES[spec.guide.name].from_spec(family.latent_sites(), spec.guide)
-    if hasattr(guide, "bind"):  # a guide built on the model itself (Pyro's autoguides), traced at two rows
-        guide.bind(family.model, data.x_train[:2].to(data.device), data.y_train[:2].to(data.device))
+    # handed the SVI fit for a MAP net: families do not import inference methods
+    family.fit_structure(data, StructureFit(run_dir, spec.seed, log or RunLog(None, echo=None), progress,
+                                            fit_map=SVI().fit))
+    pyro.set_rng_seed(spec.seed)
+    guide = spec.guide.build(family.latent_sites())
+    # a guide built on the model itself (Pyro's autoguides) traces it at two rows
+    guide.bind(family.model, data.x_train[:2].to(data.device), data.y_train[:2].to(data.device))
     if spec.guide.init_from:
         matched = guide.init_from(load_point_values(spec.guide.init_from))
         if not matched:
@@ -117,7 +125,7 @@ def as_spec(spec: RunSpec | dict | str | Path, caller: str) -> RunSpec:
 
 
 def prepare(spec: RunSpec | dict | str | Path, run_dir: Path | None = None, log: RunLog | None = None,
-            progress: bool = False) -> tuple[Dataset, ModelFamily, SiteGuide, torch.device]:
+            progress: bool = False) -> tuple[Dataset, ModelFamily, Guide, torch.device]:
     """Load the data and build the family and guide on the spec's device and dtype (``spec`` as for
     :func:`train`)."""
     spec = as_spec(spec, "prepare(spec)")
@@ -150,22 +158,22 @@ def training_rows_stay_on_host(data: Dataset, device: torch.device, dtype: torch
 
 
 def check_host_rows(spec: RunSpec, data: Dataset) -> None:
-    """Refuse what cannot step on training rows kept in host memory: anything but minibatch SVI, or compile."""
-    inference = spec.inference
+    """Refuse what cannot step on training rows kept in host memory: a method that does not stream them a batch at
+    a time, or a family or guide that needs every row on the device at once.
+
+    :param spec: the run spec.
+    :param data: the data set (in host memory).
+    :raises ZooInputError: what cannot work on rows in host memory, with what to change.
+    """
     why = ("the training rows do not fit on the GPU (more than half its free memory), so they stay in host memory "
-           "and only minibatch SVI moves them a batch at a time")
-    if inference.method != "svi":
-        raise ZooInputError("inference.method", inference.method, f"{why}: use method svi, or a smaller data set")
-    if inference.batch_size is None or inference.batch_size >= data.n_train:
-        raise ZooInputError("inference.batch_size", inference.batch_size, f"{why}: set a minibatch size")
-    if inference.compile:
-        raise ZooInputError("inference.compile", True, f"{why}; compile does not trace that yet: drop it")
-    if spec.guide.name == "auto" and spec.guide.auto == "laplace_approximation":
-        raise ZooInputError("guide.auto", spec.guide.auto, f"{why}; its Hessian is taken over every row on the "
+           "and are moved a minibatch at a time")
+    registry.method_of(spec).check_rows_on_host(spec.inference, data.n_train, why)
+    if spec.guide.needs_every_row:
+        raise ZooInputError(*spec.guide.chosen_by, f"{why}; completing this guide takes every row on the "
                             "device: use another guide, or a smaller data set")
-    if spec.model.family == "subnetwork":
-        raise ZooInputError("model.family", "subnetwork", f"{why}; the subnetwork's Laplace needs every row on "
-                            "the device: use another family, or a smaller data set")
+    if spec.model.needs_every_row:
+        raise ZooInputError("model.family", spec.model.family, f"{why}; this family fits its structure on every row "
+                            "on the device: use another family, or a smaller data set")
 
 
 @dataclass

@@ -7,6 +7,7 @@ written once, against :class:`Posterior`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
 from pyro import poutine
@@ -14,6 +15,22 @@ from pyro.poutine.util import site_is_subsample
 
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
+
+
+class Density(Protocol):
+    """What scores a posterior approximation's own draws (for PSIS k-hat): a guide, or a posterior with a density
+    of its own (SWAG)."""
+
+    @property
+    def density_unavailable(self) -> str | None:
+        """Why log q cannot be evaluated at given draws, or None where it can."""
+
+    def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """log q at S draws.
+
+        :param draws: ``{site: [S, ...]}``.
+        :returns: ``[S]``, or None where a guide's trace scores them site by site.
+        """
 
 
 class Posterior(ABC):
@@ -32,6 +49,14 @@ class Posterior(ABC):
         :param num_samples: how many draws ``S`` to take.
         :returns: every latent site's draws ``{site: [S, *site_shape]}``.
         """
+
+    def density(self) -> Density | None:
+        """What scores this posterior's draws: its guide, itself where it has a density (SWAG), or None for draws
+        without one (MCMC's, a pruned posterior's).
+
+        :returns: the density, or None.
+        """
+        return None
 
     def predict(
         self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
@@ -68,6 +93,13 @@ class GuidePosterior(Posterior):
     def __init__(self, family: ModelFamily, guide: torch.nn.Module) -> None:
         super().__init__(family)
         self.guide = guide
+
+    def density(self) -> Density:
+        """The fitted guide, which scores its own draws.
+
+        :returns: the guide.
+        """
+        return self.guide
 
     def sample(self, num_samples: int) -> dict[str, torch.Tensor]:
         """Run the guide ``num_samples`` times and stack each latent site's values (not a guide's auxiliary draws,

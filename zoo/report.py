@@ -267,8 +267,9 @@ def group_value(record: RunRecord, key: str) -> str:
 
     :param record: the run.
     :param key: ``label``, ``name``, ``parent``, a shorthand of ``GROUP_ALIASES`` or a dotted spec field.
-    :returns: the value as text (a spec value that is not a string as JSON).
-    :raises ZooInputError: when ``key`` names no spec field.
+    :returns: the value as text (a spec value that is not a string as JSON); ``—`` where this run's section has no
+        such field (``data.split`` of a data set without splits).
+    :raises ZooInputError: when ``key`` names no section of the spec.
     """
     if key == "label":
         return record.label
@@ -277,8 +278,11 @@ def group_value(record: RunRecord, key: str) -> str:
     if key == "parent":
         return record.path.resolve().parent.name
     node: Any = record.spec.model_dump(mode="json")
-    for part in GROUP_ALIASES.get(key, key).split("."):
+    path = GROUP_ALIASES.get(key, key).split(".")
+    for depth, part in enumerate(path):
         if not isinstance(node, dict) or part not in node:
+            if depth > 0 and isinstance(node, dict):  # a field of a section this run's part does not have
+                return MISSING
             raise ZooInputError("--group-by", key, f"use {GROUP_HELP}")
         node = node[part]
     return node if isinstance(node, str) else json.dumps(node)
@@ -308,6 +312,8 @@ def group_rows(records: Sequence[RunRecord], metrics: Sequence[str], key: str) -
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(group_value(record, key), []).append(record)
+    if set(groups) == {MISSING}:  # no run has the field: a typo, most likely
+        raise ZooInputError("--group-by", key, f"no run's spec has it; use {GROUP_HELP}")
     rows = []
     for value, members in groups.items():
         labels = list(dict.fromkeys(r.label for r in members))

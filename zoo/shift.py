@@ -34,6 +34,7 @@ from zoo.data.base import Dataset
 from zoo.data.corruptions import CORRUPTIONS, SEVERITIES, corrupt_images, rotate_images
 from zoo.errors import ZooInputError
 from zoo.posterior import Posterior
+from zoo.tasks import task_of
 
 GENERATED = ("corruptions", "mnist-c", "cifar-c")
 ROTATION_ANGLES = tuple(range(15, 181, 15))
@@ -59,7 +60,7 @@ class ShiftedSet:
 
 # ------------------------------------------------------------------------------------------------ the suites
 def _check_images(data: Dataset) -> tuple[int, int, int]:
-    if data.task != "classification":
+    if not task_of(data).labelled:
         raise ZooInputError("--shift", data.name, "shift suites evaluate classifiers; this run is a regression")
     if data.image_shape is None:
         raise ZooInputError("--shift", data.name, "image corruptions need an image data set (mnist5k, digits, "
@@ -261,7 +262,7 @@ def shift_report(posterior: Posterior, data: Dataset, suite: str | None, num_sam
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
-    if data.task != "classification":
+    if not task_of(data).labelled:
         raise ZooInputError("--shift", data.name, "shift and OOD reports are for classification runs")
     pyro.set_rng_seed(seed + 1)
     draws = posterior.sample(num_samples)

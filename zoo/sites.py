@@ -27,3 +27,9 @@ class LatentSite:
     def is_weight(self) -> bool:
         """Real-valued sites are weights (or weight-like factors); constrained ones are e.g. noise scales."""
         return self.support is constraints.real
+
+
+# The kinds of latent structure a family offers and a guide needs (FamilySection.offers, GuideSection.needs)
+WEIGHT_MATRICES = "weight matrices"  # every weight and bias of the net its own site, in the net's shapes
+MEMBER_FACTORS = "rank-1 factors of ensemble members"  # per-member multiplicative factors in a members plate
+WEIGHT_VECTOR = "one vector of weights"  # the latent weights as one vector site (a full covariance fits it)

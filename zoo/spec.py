@@ -1,5 +1,6 @@
-"""The whole run spec: the sections of :mod:`zoo.sections` composed, with the names in them checked against the
-registry (data sets, nets, priors, families, guides, inference methods) and every cross-section refusal."""
+"""The whole run spec: every part's section composed (priors, guides, families and inference methods from their
+catalogues, the shared sections of :mod:`zoo.sections`), with the names checked against the registry and every
+cross-section rule read from what the parts declare."""
 
 from __future__ import annotations
 
@@ -12,70 +13,91 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, ValidationInfo, field_validator, model_validator
 
+from guides import GUIDES, GuideConfig
+from guides.auto import AutoGuideSpec  # noqa: F401 - re-exported: users build specs from zoo.spec alone
+from guides.base import INIT_RHO_MAX, INIT_RHO_MIN, GuideSection, softplus  # noqa: F401
+from guides.delta import DeltaGuideSpec  # noqa: F401
+from guides.dropout import DropoutGuideSpec  # noqa: F401
+from guides.full_rank import FullRankGuideSpec  # noqa: F401
+from guides.laplace import LaplaceGuideSpec  # noqa: F401
+from guides.mean_field import MeanFieldGuideSpec
+from guides.mixture import BatchEnsembleGuideSpec, MixtureGuideSpec  # noqa: F401
 from zoo import registry
-from zoo.data import check_data_spec
+from zoo.data import DATA_SETS, DataConfig, data_section  # noqa: F401 - data_section re-exported
 from zoo.errors import ZooInputError
-from zoo.nets import check_net_settings
-from zoo.sections import (  # noqa: F401 - re-exported: users build specs from zoo.spec alone
-    INIT_RHO_MAX,
-    INIT_RHO_MIN,
-    CauchyPrior,
-    DataSpec,
-    DeepEnsembleModelSpec,
-    GaussianScaleMixturePrior,
-    GuideSpec,
-    LaplacePrior,
-    LikelihoodSpec,
-    MeanFieldModelSpec,
-    ModelSpec,
-    NetSpec,
+from zoo.likelihoods import (  # noqa: F401 - re-exported
+    LIKELIHOODS,
+    AutoLikelihoodSpec,
+    CategoricalSpec,
+    GaussianSpec,
+    LikelihoodConfig,
     NoisePrior,
+)
+from zoo.models import FAMILIES, ModelSpec
+from zoo.models.all_weights import AllWeightsModelSpec
+from zoo.models.deterministic import DeepEnsembleModelSpec  # noqa: F401
+from zoo.models.rank1 import Rank1ModelSpec  # noqa: F401
+from zoo.models.subnetwork import SubnetSelectionSpec, SubnetworkModelSpec  # noqa: F401
+from zoo.nets import NETS, NetConfig, net_section  # noqa: F401 - net_section re-exported
+from zoo.nets.mlp import MLPSpec
+from zoo.priors import (  # noqa: F401 - re-exported
+    PRIORS,
+    CauchyPrior,
+    GaussianScaleMixturePrior,
+    LaplacePrior,
     NormalPrior,
     PriorConfig,
     PriorSpec,
-    Rank1ModelSpec,
     ScaleMixturePrior,
-    Strict,
-    SubnetSelectionSpec,
-    SubnetworkModelSpec,
-    SVISpec,
-    softplus,
 )
+from zoo.sections import Strict, SVISpec  # noqa: F401
 
 # The inference section is whichever registered method's spec its ``method`` names
 _METHOD_SPECS = tuple(dict.fromkeys(method.spec for method in registry.METHODS.values()))
 InferenceSpec = Annotated[Union[_METHOD_SPECS], Field(discriminator="method")]  # noqa: UP007 - built from a tuple
 
 
-def _owners(field: str) -> list[str]:
-    """The priors/families/methods that do have a setting called ``field`` (for 'not permitted here' messages)."""
-    return sorted(tag for tag, cls in _UNION_MEMBERS.items() if field in cls.model_fields)
+# The parts of each section of the run spec, by the name each answers to
+_SECTION_PARTS: dict[str, dict[str, type[BaseModel]]] = {
+    "data": {name: section for section in dict.fromkeys(DATA_SETS.sections.values()) for name in section.catalogue},
+    "net": dict(NETS.items()), "prior": dict(PRIORS.items()), "model": dict(FAMILIES.items()),
+    "guide": dict(GUIDES.items()), "likelihood": {"auto": AutoLikelihoodSpec, **dict(LIKELIHOODS.items())},
+    "inference": {tag: spec for spec in _METHOD_SPECS for tag in get_args(spec.model_fields["method"].annotation)},
+}
 
 
+def _owners(loc: tuple, field: str) -> list[str]:
+    """The parts of the section ``loc`` starts in that do have a setting called ``field`` (for 'not permitted
+    here' messages)."""
+    parts = _SECTION_PARTS.get(str(loc[0]), {}) if loc else {}
+    return sorted(tag for tag, cls in parts.items() if field in cls.model_fields)
 
-_UNION_MEMBERS = {tag: cls
-                  for union, key in ((PriorConfig, "name"), (ModelSpec, "family"), (InferenceSpec, "method"))
-                  for cls in get_args(get_args(union)[0])
-                  for tag in get_args(cls.model_fields[key].annotation)}
-_UNION_TAGS = set(_UNION_MEMBERS)
+
+_UNION_TAGS = {tag for parts in _SECTION_PARTS.values() for tag in parts} | set(DATA_SETS)
+
+
+# The catalogue of each section that names a registered part, and the name a section without one takes
+_CATALOGUES = {"data": (DATA_SETS, None), "net": (NETS, "mlp"), "model": (FAMILIES, "all_weights"),
+               "guide": (GUIDES, "mean_field"), "likelihood": (LIKELIHOODS, None)}
 
 
 class RunSpec(Strict):
     """A whole run: any valid combination of parts is one spec away."""
 
-    data: DataSpec = Field(description="the data set and its splits (section data)")
-    net: NetSpec = Field(default_factory=NetSpec, description=(
+    data: DataConfig = Field(description="the data set and its splits (section data)")
+    net: NetConfig = Field(default_factory=MLPSpec, description=(
         "the deterministic architecture the family makes Bayesian (section net)"))
     prior: PriorSpec = Field(default_factory=PriorSpec, description=(
         "the prior on the weights: a default plus overrides by site-name glob (section prior)"))
-    model: ModelSpec = Field(default_factory=MeanFieldModelSpec, description=(
-        "the model family, chosen by model.family: mean_field, rank1, deep_ensemble or subnetwork"))
-    guide: GuideSpec = Field(default_factory=GuideSpec, description=(
+    model: ModelSpec = Field(default_factory=AllWeightsModelSpec, description=(
+        f"the model family, chosen by model.family: {', '.join(FAMILIES)}"))
+    guide: GuideConfig = Field(default_factory=MeanFieldGuideSpec, description=(
         "the variational family (or point estimate) that SVI fits, chosen by guide.name"))
-    likelihood: LikelihoodSpec = Field(default_factory=LikelihoodSpec, description=(
-        "the observation model: categorical or Gaussian with fixed, learned or heteroscedastic noise"))
+    likelihood: LikelihoodConfig = Field(default_factory=AutoLikelihoodSpec, description=(
+        "the observation model: auto (what the data's task picks), categorical, or Gaussian with fixed, learned or "
+        "heteroscedastic noise"))
     inference: InferenceSpec = Field(default_factory=SVISpec, description=(
         "how the posterior is computed, chosen by inference.method (svi, nuts, hmc, laplace, sgld, sghmc, swag)"))
     seed: NonNegativeInt = Field(0, description=(
@@ -85,11 +107,23 @@ class RunSpec(Strict):
     dtype: Literal["float32", "float64"] = Field("float32", description=(
         "the floating-point type of the net, the guide and the data"))
 
-    @field_validator("model", mode="before")
+    @field_validator("data", "net", "model", "guide", "likelihood", mode="before")
     @classmethod
-    def _default_family(cls, v: Any) -> Any:
-        # a model section without a family is the mean-field one, like the section's own default
-        return {"family": "mean_field", **v} if isinstance(v, dict) else v
+    def _known_part(cls, v: Any, info: ValidationInfo) -> Any:
+        """A section naming a registered part, normalised by its catalogue (old names, old run directories' flat
+        sections). A name no part answers to is refused; while :func:`load_spec` collects problems it is noted
+        instead and the section stands in as its kind's default, so that every other problem is listed too."""
+        if info.field_name == "likelihood" and isinstance(v, dict) and v.get("name", "auto") == "auto":
+            return {"name": "auto", **v}
+        catalogue, default = _CATALOGUES[info.field_name]
+        try:
+            return catalogue.normalise(v, default)
+        except ZooInputError as err:
+            if not isinstance(info.context, dict) or "problems" not in info.context:
+                raise
+            info.context["problems"].append(err)
+            info.context["stand_ins"].add(info.field_name)
+            return {catalogue.key: default or next(iter(catalogue))}
 
     @field_validator("inference", mode="before")
     @classmethod
@@ -109,8 +143,12 @@ class RunSpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _known_names(self) -> RunSpec:
-        problems: list[ZooInputError] = []
+    def _known_names(self, info: ValidationInfo) -> RunSpec:
+        noted = info.context if isinstance(info.context, dict) and "problems" in info.context else None
+        problems: list[ZooInputError] = list(noted["problems"]) if noted else []
+        stand_ins: set[str] = noted["stand_ins"] if noted else set()
+        if noted:
+            noted["problems"].clear()  # now reported here
 
         def check(fn: Any, *args: Any) -> bool:
             try:
@@ -120,17 +158,24 @@ class RunSpec(Strict):
                 return False
             return True
 
-        check(check_data_spec, self.data)
-        if check(registry.check_choice, "net.name", self.net.name, registry.NETS):
-            check(check_net_settings, self.net)
-        check(registry.check_choice, "net.activation", self.net.activation, registry.ACTIVATIONS)
-        family = check(registry.check_choice, "model.family", self.model.family, registry.FAMILIES)
-        guide = check(registry.check_choice, "guide.name", self.guide.name, registry.GUIDES)
-        if family and guide:
-            check(registry.check_guide_fits, self.model.family, self.guide.name)
+        if "net" not in stand_ins:
+            problems.extend(self.net.refusals())
+        if not stand_ins & {"guide", "model"}:
+            check(registry.check_guide_fits, self.guide, self.model)
 
         def refuse(field: str, value: Any, allowed: str) -> None:
             problems.append(ZooInputError(field, value, allowed, message=f"{field}: {allowed}"))
+
+        if stand_ins:  # the rest reads sections that stand in for unknown names
+            raise _SpecProblems(problems)
+        takes_hierarchical = [name for name, family in FAMILIES.items() if family.hierarchical_priors]
+        for prior in self.prior.every_prior():
+            if prior.hierarchical and not self.model.hierarchical_priors:
+                refuse("prior.name", prior.name, f"a hierarchical prior places per-neuron scales on ensemble members' "
+                       f"factors; family '{self.model.family}' has none: use model.family: "
+                       f"{' or '.join(takes_hierarchical)}")
+        for field, value, allowed in self.model.refusals(self.prior.every_prior()):
+            refuse(field, value, allowed)
 
         method = registry.method_of(self)
         builder = next((m for m in registry.METHODS.values() if m.own_guide == self.guide.name), None)
@@ -138,9 +183,9 @@ class RunSpec(Strict):
         if owner is not None and (method is not owner or self.guide.name != owner.own_guide):
             refuse("guide.name", self.guide.name, f"the {owner.own_guide} guide is what inference.method: "
                    f"{owner.names[0]} fits, and only that: use both (leave guide.name out with it) or neither")
-        if self.likelihood.noise == "heteroscedastic" and self.model.family == "subnetwork":
-            refuse("likelihood.noise", self.likelihood.noise, "the subnetwork family's linearised Laplace takes a "
-                   "Gaussian of one noise (fixed or learned); a heteroscedastic net has two outputs per input: use "
+        if self.likelihood.noise_from_net and self.model.needs_global_noise:
+            refuse("likelihood.noise", self.likelihood.noise, f"family '{self.model.family}' takes a Gaussian of one "
+                   "noise (fixed or learned); a heteroscedastic net has two outputs per input: use "
                    "likelihood.noise: learned or a number")
         for problem in method.check(self):
             refuse(problem.field, problem.value, problem.allowed)
@@ -163,6 +208,22 @@ class _SpecProblems(ValueError):
 _MEMBER_TAG = re.compile(r"^(int|float|str|bool|none|(literal|list|dict|tuple)\[.*\])$")
 
 
+def _field_path(loc: tuple) -> list[str]:
+    """The spec fields of a pydantic error location: a union member's tag (the part's name, right after the field
+    that holds the union) and pydantic's own markers are left out; a field of the same name as a tag is kept."""
+    path: list[str] = []
+    after_tag = False
+    for p in map(str, loc):
+        if p.startswith(("function-", "tagged-union")) or _MEMBER_TAG.match(p):
+            continue
+        if p in _UNION_TAGS and not after_tag:
+            after_tag = True
+            continue
+        path.append(p)
+        after_tag = False
+    return path
+
+
 def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
     """(dotted field, given value, message line) for every problem in ``err``, in pydantic's order."""
     out: list[tuple[str, Any, str]] = []
@@ -174,14 +235,12 @@ def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
                 text = str(c)
                 out.append((c.field, c.value, text if c.field in text else f"{c.field}: {text}"))
             continue
-        loc = ".".join(str(p) for p in e["loc"]
-                       if not str(p).startswith(("function-", "tagged-union")) and p not in _UNION_TAGS
-                       and not _MEMBER_TAG.match(str(p))) or "spec"
+        loc = ".".join(_field_path(e["loc"])) or "spec"
         given = e.get("input")
         given_txt = "" if isinstance(given, dict) else f"got {given!r}; "
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            owners = _owners(str(e["loc"][-1]))
+            owners = _owners(e["loc"], str(e["loc"][-1]))
             msg = "unknown setting here" + (f"; it belongs to: {', '.join(owners)}" if owners else " (a typo?)")
         if out and out[-1][0] == loc and out[-1][1] is given:  # another member of the same union field
             if msg not in out[-1][2]:
@@ -308,10 +367,12 @@ def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
     string or a list of them; see :func:`spec_tree`), and validate it."""
     tree = _read_tree(source)
     merged = _apply_overrides(tree, overrides)
+    noted: dict[str, Any] = {"problems": [], "stand_ins": set()}  # unknown names, reported with every other problem
     try:
-        return RunSpec.model_validate(tree)
+        return RunSpec.model_validate(tree, context=noted)
     except ValidationError as exc:
-        problems = _spec_problems(exc)
+        problems = [(p.field, p.value, str(p) if p.field in str(p) else f"{p.field}: {p}") for p in noted["problems"]]
+        problems += _spec_problems(exc)
         lines = [line for _, _, line in problems]
         for key in merged:
             if any(f == key or f.startswith(f"{key}.") for f, _, _ in problems):
@@ -340,18 +401,37 @@ class SectionReference:
 
 def spec_sections() -> list[SectionReference]:
     """Every section of :class:`RunSpec`, walked from the top: each nested model once, at the first path that
-    reaches it, each member of a discriminated union (priors, families, methods) as its own variant. The docs'
-    spec reference is generated from this, and a test holds every field to a description."""
+    reaches it, each member of a discriminated union (data sets, nets, priors, families, guides, likelihoods,
+    methods) as its own variant, labelled with the names it answers to. A section that is a variant of a union
+    somewhere (the SVI settings) is listed there, not where another section nests it (``model.map``). The docs'
+    spec reference is generated from this, and a test holds every field to a description.
+
+    :returns: the sections, in the order the walk meets them.
+    """
     found: list[SectionReference] = []
     seen: set[type[BaseModel]] = set()
+    names_of: dict[type[BaseModel], list[str]] = {}
+    for parts in _SECTION_PARTS.values():
+        for name, cls in parts.items():
+            names_of.setdefault(cls, []).append(name)
 
     def models_in(annotation: Any) -> list[type[BaseModel]]:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             return [annotation]
-        return [m for arg in get_args(annotation) for m in models_in(arg)]
+        return list(dict.fromkeys(m for arg in get_args(annotation) for m in models_in(arg)))
+
+    def unions(model: type[BaseModel]) -> list[list[type[BaseModel]]]:
+        out = []
+        for field in model.model_fields.values():
+            members = models_in(field.annotation)
+            out += [members] if len(members) > 1 else []
+            out += [u for m in members for u in unions(m)]
+        return out
+
+    variants = {m for members in unions(RunSpec) for m in members}
 
     def walk(path: str, model: type[BaseModel], variant: str = "") -> None:
-        if model in seen:
+        if model in seen or (not variant and model in variants):
             return
         seen.add(model)
         found.append(SectionReference(path, variant, model))
@@ -360,7 +440,7 @@ def spec_sections() -> list[SectionReference]:
             tag = next((key for key in ("name", "family", "method") if len(members) > 1
                         and all(key in m.model_fields for m in members)), None)
             for member in members:
-                label = f"{tag}: {' | '.join(map(str, get_args(member.model_fields[tag].annotation)))}" if tag else ""
+                label = f"{tag}: {' | '.join(names_of.get(member, []))}" if tag else ""
                 walk(f"{path}.{name}" if path else name, member, label)
 
     walk("", RunSpec)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from zoo import metrics, plots
-from zoo.data.base import Dataset
+from zoo.data.base import LABELLED, Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import PredictiveDraws
 from zoo.posterior import Posterior
@@ -32,6 +32,7 @@ class Task(ABC):
     predictive with a reference's."""
 
     name: ClassVar[str]
+    labelled: ClassVar[bool]  # its targets are class labels (else real values, standardised)
     likelihood: ClassVar[str]  # the likelihood ``likelihood.name: auto`` picks
     metrics: ClassVar[dict[str, str]]
     fidelity: ClassVar[tuple[str, str]]
@@ -82,6 +83,7 @@ class Regression(Task):
     """Gaussian predictive per draw (``loc``, ``scale`` in standardised units); metrics in the original units."""
 
     name = "regression"
+    labelled = False
     likelihood = "gaussian"
     metrics = {"test_ll": "maximize", "rmse": "minimize"}
     fidelity = ("coverage_95", "w1")
@@ -150,6 +152,7 @@ class Classification(Task):
     """Class log-probabilities per draw ``[S, B, C]``; OOD detection by entropy and mutual information."""
 
     name = "classification"
+    labelled = True
     likelihood = "categorical"
     metrics = {"nll": "minimize", "accuracy": "maximize", "ece": "minimize", "brier": "minimize"}
     fidelity = ("agreement", "tv")
@@ -213,6 +216,7 @@ class Classification(Task):
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (Regression(), Classification())}
+assert all(LABELLED[name] == task.labelled for name, task in TASKS.items()) and set(LABELLED) == set(TASKS)
 
 
 def task_of(data: Dataset | str) -> Task:

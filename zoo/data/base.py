@@ -5,19 +5,22 @@ the validation carve)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from zoo.errors import ZooInputError
-
-if TYPE_CHECKING:
-    from zoo.sections import DataSpec
+from zoo.parts import Strict
 
 Task = Literal["regression", "classification"]
+# Whether a task's targets are class labels (the others are real values, standardised with the training statistics):
+# all the data layer knows of tasks; everything else a task does is its object in zoo.tasks
+LABELLED: dict[str, bool] = {"regression": False, "classification": True}
 
 
 @dataclass
@@ -56,7 +59,7 @@ class Dataset:
     @property
     def out_dim(self) -> int:
         """Width of the net's output layer: classes for classification, 1 for regression."""
-        return int(self.n_classes) if self.task == "classification" else 1
+        return int(self.n_classes) if LABELLED[self.task] else 1
 
     def training_bytes(self, dtype: torch.dtype) -> int:
         """The training rows' size in memory once their floating-point tensors are ``dtype``."""
@@ -232,7 +235,9 @@ def make_dataset(
         check_finite(v, f"{name} OOD inputs {k!r}")
         ood[k] = standardise(v, f"OOD set {k!r}")
     x_train_t, x_test_t = standardise(x_train, "training"), standardise(x_test, "test")
-    if task == "regression":
+    if task not in LABELLED:
+        raise ZooInputError("data.task", task, f"use one of: {', '.join(LABELLED)}")
+    if not LABELLED[task]:
         y_train = np.asarray(y_train, dtype=np.float64).reshape(-1)
         y_test = np.asarray(y_test, dtype=np.float64).reshape(-1)
         check_finite(y_train, f"{name} training targets")
@@ -246,8 +251,6 @@ def make_dataset(
             x_test_t, _standardised(y_test, y_mean, y_std, [target], "test"),
             None, y_mean, y_std, ood, None, x_stats[0], x_stats[1],
         )
-    if task != "classification":
-        raise ZooInputError("data.task", task, "use 'regression' or 'classification'")
     y_train_t = torch.as_tensor(_integer_labels(y_train, f"{name} training labels"))
     y_test_t = torch.as_tensor(_integer_labels(y_test, f"{name} test labels"))
     n_classes = n_classes or int(max(y_train_t.max(), y_test_t.max())) + 1
@@ -286,9 +289,9 @@ def _raw_inputs(data: Dataset, x: torch.Tensor) -> np.ndarray:
 
 def _raw_targets(data: Dataset, y: torch.Tensor) -> np.ndarray:
     """Targets in raw units (regression) or as class labels, on the host."""
-    if data.task == "regression":
-        return y.detach().cpu().to(torch.float64).numpy() * data.y_std + data.y_mean
-    return y.detach().cpu().numpy()
+    if LABELLED[data.task]:
+        return y.detach().cpu().numpy()
+    return y.detach().cpu().to(torch.float64).numpy() * data.y_std + data.y_mean
 
 
 def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
@@ -326,38 +329,70 @@ def hold_out_calibration(data: Dataset, fraction: float, seed: int) -> Dataset:
                        class_names=data.class_names, image_shape=data.image_shape, pixel_max=data.pixel_max)
     x_cal = (torch.as_tensor(x[held]) - out.x_mean.double()) / out.x_std.double()
     out.x_calibration = x_cal.to(torch.float32)
-    out.y_calibration = (torch.as_tensor((y[held] - out.y_mean) / out.y_std, dtype=torch.float32)
-                         if data.task == "regression" else torch.as_tensor(y[held]))
+    out.y_calibration = (torch.as_tensor(y[held]) if LABELLED[data.task]
+                         else torch.as_tensor((y[held] - out.y_mean) / out.y_std, dtype=torch.float32))
     return out
 
 
-# ------------------------------------------------------------------------------------------------ registration
-@dataclass(frozen=True)
-class Loader:
-    """One registered data set: its catalogue line, the ``data.*`` spec fields it reads, and how it loads.
+# ------------------------------------------------------------------------------------------------ the section
+OOD_CLASSES_DOC = "classes held out of training as an OOD set"
+TEST_FRACTION_DOC = "seeded test share where no split is given"
 
-    ``name`` is the data set's name, or a prefix ending in ``:`` for a family of names (``uci:<folder>``,
-    ``file:<path>``); ``check_name`` refuses a prefixed name's rest before any file is read. A spec field that is
-    set but not in ``fields`` is refused up front (a silently ignored field would mislead a whole study), and every
-    field in ``required`` (field -> what it gives) must be set.
+
+class DataSection(Strict):
+    """The spec's ``data`` section for one data set, or for a family of them named by a prefix (``uci:<folder>``,
+    ``file:<path>``): the settings every data set shares (the validation and calibration carves) and its own.
+
+    A data set is one module holding its loader and its section, registered once in :data:`zoo.data.DATA_SETS`.
     """
 
-    name: str
-    description: str
-    fields: tuple[str, ...]
-    load: Callable[[DataSpec, int], Dataset]
-    shown_as: str | None = None  # the catalogue's spelling of a prefixed name, e.g. uci:<folder>
-    check_name: Callable[[str], None] | None = None
-    required: dict[str, str] = field(default_factory=dict)
+    catalogue: ClassVar[dict[str, str]]  # the names it serves as ``zoo list`` shows them, each with its line
+    prefix: ClassVar[str | None] = None  # a prefix ending in ':' for a family of names (uci:, file:); else None
 
-    @property
-    def prefixed(self) -> bool:
-        """Whether the loader serves every name that starts with ``name``."""
-        return self.name.endswith(":")
+    name: str = Field(description="the data set (zoo list shows them)")
+    validation_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="tuning mode: > 0 carves this seeded share of the TRAINING rows out as the evaluation set "
+        "(reported as 'test'); the real test split is never read and statistics come from the remaining rows",
+    )
+    calibration_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="> 0 holds this seeded share of the training rows out of training as calibration rows, "
+        "for post-hoc calibration (zoo eval --temperature-scale); the test split is unchanged")
+
+    @classmethod
+    def served_names(cls) -> tuple[str, ...]:
+        """The ``data.name`` values it serves: its prefix, or its catalogue's names.
+
+        :returns: the names (a prefix ends in ``:``).
+        """
+        return (cls.prefix,) if cls.prefix is not None else tuple(cls.catalogue)
+
+    @abstractmethod
+    def load(self, seed: int) -> Dataset:
+        """The data set, standardised with its training statistics (before the validation and calibration carves).
+
+        :param seed: seeds any random split.
+        :returns: the data set.
+        :raises ZooInputError: missing or malformed files, impossible settings.
+        """
 
 
-def given(spec: DataSpec, *fields: str) -> dict[str, Any]:
-    """The spec fields that are set (not None), so that a loader's own defaults apply to the rest."""
+class HeldOutTestData(DataSection):
+    """A classification set whose test rows are a seeded share of its rows, with classes that may be held out of
+    training as an OOD set."""
+
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description=TEST_FRACTION_DOC)
+    ood_classes: list[int] = Field(default_factory=list, description=OOD_CLASSES_DOC)
+
+
+def given(spec: DataSection, *fields: str) -> dict[str, Any]:
+    """The section's fields that are set (not None), so that a loader's own defaults apply to the rest.
+
+    :param spec: a data section.
+    :param fields: its field names.
+    :returns: the set ones by name.
+    """
     return {f: getattr(spec, f) for f in fields if getattr(spec, f) is not None}
 
 

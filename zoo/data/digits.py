@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from zoo.data.base import Dataset, Loader, given, make_dataset, split_holding_out
+from zoo.data.base import Dataset, HeldOutTestData, given, make_dataset, split_holding_out
 
 PATCH_SIZE = 32  # crop side in image pixels, average-pooled 4x4 down to 8x8
 BLANK_BELOW = 0.05  # a pixel lit in fewer than this share of all digits counts as frame
@@ -53,6 +55,13 @@ def load_digits(seed: int, test_fraction: float = 0.2, ood_classes: Sequence[int
                         pixel_max=16.0)
 
 
-LOADER = Loader("digits", "scikit-learn's 8x8 digits (64 features, 10 classes); OOD: held-out classes, photo patches",
-                ("test_fraction", "ood_classes"),
-                lambda spec, seed: load_digits(seed, **given(spec, "test_fraction", "ood_classes")))
+class DigitsData(HeldOutTestData):
+    """scikit-learn's 8x8 digits (64 features, 10 classes); OOD: held-out classes, photo patches."""
+
+    catalogue = {"digits": "scikit-learn's 8x8 digits (64 features, 10 classes); OOD: held-out classes, photo "
+                           "patches"}
+
+    name: Literal["digits"] = Field(description="digits")
+
+    def load(self, seed: int) -> Dataset:
+        return load_digits(seed, **given(self, "test_fraction", "ood_classes"))

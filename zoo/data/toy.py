@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import Field
 from sklearn.datasets import make_moons
 
-from zoo.data.base import Dataset, Loader, given, make_dataset
+from zoo.data.base import DataSection, Dataset, given, make_dataset
 from zoo.errors import ZooInputError
 
 GAP_TRAIN_RANGES = ((-1.0, -0.5), (0.5, 1.0))
@@ -58,7 +61,28 @@ def load_two_moons(seed: int, n_train: int = 200, noise: float = 0.1, n_test: in
                         n_classes=2, class_names=["upper moon", "lower moon"])
 
 
-TOY_GAP = Loader("toy_gap", "1-D regression, two input clusters with a gap between them (in-between uncertainty)",
-                 ("n_train", "noise"), lambda spec, seed: load_toy_gap(seed, **given(spec, "n_train", "noise")))
-TWO_MOONS = Loader("two_moons", "2-D classification, scikit-learn's two interleaved half-circles (2 classes)",
-                   ("n_train", "noise"), lambda spec, seed: load_two_moons(seed, **given(spec, "n_train", "noise")))
+class _Synthetic(DataSection):
+    n_train: int | None = Field(None, gt=1, description="number of training points (the loader's default: None)")
+    noise: float | None = Field(None, ge=0.0, description="observation noise (the loader's default: None)")
+
+
+class ToyGapData(_Synthetic):
+    """1-D regression, two input clusters with a gap between them (in-between uncertainty)."""
+
+    catalogue = {"toy_gap": "1-D regression, two input clusters with a gap between them (in-between uncertainty)"}
+
+    name: Literal["toy_gap"] = Field(description="toy_gap")
+
+    def load(self, seed: int) -> Dataset:
+        return load_toy_gap(seed, **given(self, "n_train", "noise"))
+
+
+class TwoMoonsData(_Synthetic):
+    """2-D classification, scikit-learn's two interleaved half-circles (2 classes)."""
+
+    catalogue = {"two_moons": "2-D classification, scikit-learn's two interleaved half-circles (2 classes)"}
+
+    name: Literal["two_moons"] = Field(description="two_moons")
+
+    def load(self, seed: int) -> Dataset:
+        return load_two_moons(seed, **given(self, "n_train", "noise"))

@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field, field_validator
 
-from zoo.data.base import Dataset, Loader, make_dataset
+from zoo.data.base import DataSection, Dataset, make_dataset
 from zoo.errors import ZooInputError
 
 ENV_VAR = "ZOO_DATA_DIR"
@@ -158,6 +159,22 @@ def check_uci_name(rest: str) -> None:
         raise ZooInputError("data.name", f"uci:{rest}", "name the UCI folder after the prefix, e.g. uci:housing")
 
 
-LOADER = Loader("uci:", "UCI regression folder in the standard 20-split format, from --data-dir or $ZOO_DATA_DIR",
-                ("dir", "split"), lambda spec, seed: load_uci(spec.name[len("uci:"):], spec.split, spec.dir),
-                shown_as="uci:<folder>", check_name=check_uci_name)
+class UCIData(DataSection):
+    """A UCI regression folder in the standard 20-split format (uci:<folder>), from --data-dir or $ZOO_DATA_DIR."""
+
+    catalogue = {"uci:<folder>": "UCI regression folder in the standard 20-split format, from --data-dir or "
+                                 "$ZOO_DATA_DIR"}
+    prefix = "uci:"
+
+    name: str = Field(description="uci:<folder>, e.g. uci:bostonHousing")
+    split: int = Field(0, ge=0, description="the split index (0..n_splits-1)")
+    dir: str | None = Field(None, description="data directory holding the UCI folders; falls back to $ZOO_DATA_DIR")
+
+    @field_validator("name")
+    @classmethod
+    def _a_folder(cls, v: str) -> str:
+        check_uci_name(v.removeprefix("uci:"))
+        return v
+
+    def load(self, seed: int) -> Dataset:
+        return load_uci(self.name.removeprefix("uci:"), self.split, self.dir)

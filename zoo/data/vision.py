@@ -14,10 +14,20 @@ import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
-from zoo.data.base import Dataset, Loader, check_ood_classes, given, hold_out_classes, make_dataset
+from zoo.data.base import (
+    OOD_CLASSES_DOC,
+    DataSection,
+    Dataset,
+    check_ood_classes,
+    given,
+    hold_out_classes,
+    make_dataset,
+)
 from zoo.data.uci import resolve_data_dir
 from zoo.errors import ZooInputError
 
@@ -158,7 +168,17 @@ _TITLES = {
     "cifar100": "CIFAR-100 32x32x3, 100 fine classes, from --data-dir (cifar-100-python/); OOD: SVHN when present",
     "svhn": "SVHN cropped digits 32x32x3 from --data-dir (train_32x32.mat, test_32x32.mat); OOD: CIFAR-10",
 }
-LOADERS = tuple(
-    Loader(name, _TITLES[name], ("dir", "ood_classes", "n_train"),
-           lambda spec, seed: load_vision(spec.name, spec.dir, seed, **given(spec, "ood_classes", "n_train")))
-    for name in READERS)
+class VisionData(DataSection):
+    """Image classification sets read from files on disk (MNIST, FashionMNIST, CIFAR-10/100, SVHN); nothing is
+    downloaded."""
+
+    catalogue = _TITLES
+
+    name: Literal["mnist", "fashion_mnist", "cifar10", "cifar100", "svhn"] = Field(description=(
+        "mnist | fashion_mnist | cifar10 | cifar100 | svhn"))
+    dir: str | None = Field(None, description="data directory holding the set's files; falls back to $ZOO_DATA_DIR")
+    ood_classes: list[int] = Field(default_factory=list, description=OOD_CLASSES_DOC)
+    n_train: int | None = Field(None, gt=1, description="use only this many (seeded) training images")
+
+    def load(self, seed: int) -> Dataset:
+        return load_vision(self.name, self.dir, seed, **given(self, "ood_classes", "n_train"))

@@ -35,7 +35,7 @@ from zoo import registry
 from zoo.diagnostics.inference_data import FUNCTION_SUMMARIES, as_numpy, save_inference_data, to_inference_data
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
-from zoo.posterior import ChainPosterior, GuidePosterior
+from zoo.posterior import ChainPosterior
 from zoo.runs import write_json, write_text
 
 DIAGNOSTICS_FILE = "diagnostics.json"
@@ -52,15 +52,16 @@ def guide_log_density(guide: torch.nn.Module,
     """log q(w_s) of the guide at each of S draws ``[S]`` (traced, conditioned on each draw, with each site's scale
     and mask as the guide declares them), its point-mass (Delta) sites, and its sites whose terms are scaled.
 
-    A guide with a ``log_density(draws)`` method (a guide over one joint latent) scores the draws itself.
+    A guide whose ``log_density(draws)`` is not None (a guide over one joint latent, SWAG's Gaussians) scores the
+    draws itself.
 
     :param guide: the guide.
     :param draws: S draws of its latent sites ``{site: [S, ...]}``.
     :returns: ``(log_q, point_mass_sites, scaled_sites)``: ``log_q`` ``[S]`` and two sorted lists of site names.
     """
     total = next(iter(draws.values())).shape[0]
-    own = getattr(guide, "log_density", None)  # a guide over one joint latent scores its draws itself
-    if own is not None and (density := own(draws)) is not None:
+    density = guide.log_density(draws)  # a guide over one joint latent scores its draws itself
+    if density is not None:
         return density, [], []
     values, point_mass, scaled = [], set(), set()
     with torch.no_grad(), pyro.validation_enabled(False):
@@ -102,7 +103,7 @@ def pareto_k(guide: Any, draws: dict[str, torch.Tensor], lp: torch.Tensor) -> di
     :returns: ``k_hat`` (None where q has no density, e.g. point-mass sites; inf for non-finite weights),
         ``num_draws``, ``interpretation`` and, where the model and q scale some sites' terms, a ``caveat``.
     """
-    unavailable = getattr(guide, "density_unavailable", None)
+    unavailable = guide.density_unavailable
     if unavailable:
         return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": f"undefined: {unavailable}"}
     log_q, point_mass, scaled = guide_log_density(guide, draws)
@@ -464,7 +465,7 @@ def method_label(spec) -> str:
     :returns: the label.
     """
     fitted_guide = registry.method_of(spec).fits_guide
-    return f"{spec.inference.method}/{registry.guide_label(spec)}" if fitted_guide else spec.inference.method
+    return f"{spec.inference.method}/{spec.guide.label}" if fitted_guide else spec.inference.method
 
 
 def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict[str, Any], az.InferenceData]:
@@ -491,8 +492,7 @@ def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict
         idata = to_inference_data(posterior, data, num_samples=num_samples, seed=spec.seed, attrs=attrs)
     pareto = None
     # iid draws of an approximation with a density (a guide, or a posterior that scores its draws, e.g. SWAG)
-    density = posterior.guide if isinstance(posterior, GuidePosterior) else (
-        posterior if hasattr(posterior, "log_density") else None)
+    density = posterior.density()
     if density is not None:
         draws = {n: torch.tensor(idata.posterior[n].values[0], device=data.x_train.device)
                  for n in posterior.family.latent_sites()}

@@ -24,7 +24,7 @@ import torch
 
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
-from zoo.inference.mcmc import LogJoint
+from zoo.inference.potential import LogJoint
 from zoo.posterior import Posterior
 from zoo.runs import write_atomically
 from zoo.sites import LatentSite

@@ -69,8 +69,24 @@ class InferenceMethod(ABC):
         return None
 
     def check(self, run_spec: Any) -> list[ZooInputError]:
-        """Cross-section problems of a whole run spec that only this method has (e.g. the family it needs)."""
+        """Cross-section problems of a whole run spec that only this method has (e.g. the family it needs).
+
+        :param run_spec: the whole :class:`~zoo.spec.RunSpec`.
+        :returns: the problems; empty when there are none.
+        """
         return []
+
+    def check_rows_on_host(self, spec: Any, n_train: int, why: str) -> None:
+        """Refuse a fit whose training rows must stay in host memory (too large for the GPU), unless this method
+        moves them to the device a minibatch at a time (none does by default).
+
+        :param spec: the run's ``inference`` section.
+        :param n_train: training rows.
+        :param why: why the rows stay in host memory, for the message.
+        :raises ZooInputError: always, unless the method streams its rows.
+        """
+        raise ZooInputError("inference.method", spec.method, f"{why}, and {spec.method} steps on every row on the "
+                            "device: use method svi (it moves a minibatch at a time), or a smaller data set")
 
     fitter: ClassVar[Callable[..., Fit]]  # the module's fit function, taking the arguments of ``fit``
 

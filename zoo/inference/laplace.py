@@ -26,12 +26,13 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
 from guides.laplace import LaplaceGuide
-from zoo.curvature import ggn, output_hessian_root
+from zoo.curvature import ggn
 from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
 from zoo.inference.base import InferenceMethod, load_guide_checkpoint
-from zoo.likelihoods import PredictiveDraws
+from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
+from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
@@ -99,10 +100,7 @@ class LaplacePosterior(GuidePosterior):
         return cls(family, guide, spec.predictive, spec.link, spec.chunk_size)
 
     def _noise(self) -> torch.Tensor | float:
-        likelihood = self.family.likelihood
-        if likelihood.fixed_noise is not None:
-            return likelihood.fixed_noise
-        return self.guide.point_estimate()[likelihood.noise_site]
+        return self.family.likelihood.noise(self.guide.point_estimate())
 
     def glm_moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean ``[B, O]`` and covariance ``[B, O, O]`` of the linearised net's outputs f (no observation noise)."""
@@ -122,11 +120,11 @@ class LaplacePosterior(GuidePosterior):
         net at each draw; NN: the net itself at each draw."""
         if self.predictive == "nn":
             return super().predict(x, num_samples, draws, chunk_size)
-        task = self.family.likelihood.task
-        if draws is None and (task == "regression" or self.link == "probit"):
+        gaussian = self.family.likelihood.gaussian
+        if draws is None and (gaussian or self.link == "probit"):
             mean, cov = self.glm_moments(x)
             variance = cov.diagonal(dim1=-2, dim2=-1)
-            if task == "regression":
+            if gaussian:
                 noise = torch.as_tensor(self._noise(), dtype=mean.dtype, device=mean.device)
                 return PredictiveDraws(loc=mean[None, :, 0], scale=(noise**2 + variance[:, 0]).sqrt()[None])
             return PredictiveDraws(log_probs=F.log_softmax(mean / (1 + math.pi / 8 * variance).sqrt(), -1)[None])
@@ -250,7 +248,7 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
         _, logits = _categorical_log_joint(f, J, y, centre, theta)
         p = logits.softmax(-1)
         gradient = torch.einsum("bod,bo->d", J, p - onehot) + precision * theta
-        hessian = ggn(J, output_hessian_root("classification", logits, None)) + torch.diag(precision)
+        hessian = ggn(J, categorical_hessian_root(logits)) + torch.diag(precision)
         step = torch.linalg.solve(hessian, gradient)
         theta = theta - step
         if float(step.abs().max()) < 1e-7 * (1 + float(theta.abs().max())):
@@ -269,7 +267,7 @@ def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, cent
     """log Z of the linearised categorical model at its mode θ* (or at the MAP), with θ and G(θ)."""
     theta = centre if at_map else linearised_mode(f, J, y, centre, precision)
     log_lik, logits = _categorical_log_joint(f, J, y, centre, theta)
-    curvature = ggn(J, output_hessian_root("classification", logits, None))
+    curvature = ggn(J, categorical_hessian_root(logits))
     return log_lik + _occam(precision, theta, curvature), theta, curvature
 
 
@@ -291,14 +289,17 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
 
 
 # ------------------------------------------------------------------------------------------ the fit
-def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor | None, cross: torch.Tensor | None,
+def _tune(spec: LaplaceSpec, gaussian: bool, gram: torch.Tensor | None, cross: torch.Tensor | None,
           sum_squares: torch.Tensor | None, n: int,
           centre: torch.Tensor, fs: list[torch.Tensor], Js: list[torch.Tensor], y: torch.Tensor,
           group_index: torch.Tensor, log_precision: torch.Tensor, log_noise: torch.Tensor | None,
           learned_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tune ``log_precision`` (and ``log_noise``) in place by the evidence; returns log Z and the GGN at the MAP."""
+    """Tune ``log_precision`` (and ``log_noise``) in place by the evidence; returns log Z and the GGN at the MAP.
+
+    A Gaussian likelihood's linearised model is a Gaussian linear model (closed-form evidence from sums over the
+    rows); any other is categorical here (Newton's method to the linearised mode, on every row's Jacobian)."""
     at_map = spec.evidence_at == "map"
-    if task == "regression":
+    if gaussian:
         stats = GaussianStatistics(gram, cross, sum_squares, n, at=centre if at_map else None)
         if spec.tune:
             log_z = tune_regression(stats, group_index, log_precision, log_noise, learned_noise, spec.tune_iterations)
@@ -312,13 +313,7 @@ def _tune(spec: LaplaceSpec, task: str, gram: torch.Tensor | None, cross: torch.
         log_z = tune_classification(f_all, J_all, y, centre, group_index, log_precision, spec.tune_iterations, at_map)
     else:
         log_z = categorical_evidence(f_all, J_all, y, centre, log_precision.exp()[group_index], at_map)[0]
-    return log_z, ggn(J_all, output_hessian_root(task, f_all, None))  # the GGN at the MAP itself
-
-
-def _check_family(family: ModelFamily) -> None:
-    if not hasattr(family, "linearise"):
-        raise ZooInputError("inference.method", "laplace", "needs a family that linearises its net around a MAP: "
-                            "use model.family: subnetwork (selection size 1.0 gives the whole net)")
+    return log_z, ggn(J_all, categorical_hessian_root(f_all))  # the GGN at the MAP itself
 
 
 def fit_laplace(
@@ -338,7 +333,6 @@ def fit_laplace(
     The result is saved atomically to ``run_dir/checkpoint.pt`` (guide, tuned prior precision); ``resume=True``
     with a finished checkpoint there loads it instead of refitting.
     """
-    _check_family(family)
     log = log or RunLog(None, echo=None)
     site = gaussian_site(guide)
     path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
@@ -353,18 +347,18 @@ def fit_laplace(
 
     started = time.perf_counter()
     dtype = data.x_train.dtype
-    task = family.likelihood.task
+    gaussian = family.likelihood.gaussian
     centre = guide.point_estimate()[site].double()
     group_index, labels = prior_groups(family.parameter_names(), spec.prior_structure)
     group_index = group_index.to(centre.device)
     initial = family.prior_precision.double()
     log_precision = torch.stack([initial[group_index == g].mean().log() for g in range(len(labels))])
     noise = family.map_noise()
-    learned_noise = task == "regression" and family.likelihood.fixed_noise is None
+    learned_noise = gaussian and family.likelihood.fixed_noise is None
     log_noise = torch.as_tensor(noise, dtype=torch.float64, device=centre.device).log() if noise is not None else None
 
     D, n = len(centre), data.n_train
-    store = task == "classification"  # Newton steps need every row's J; regression needs only sums over rows
+    store = not gaussian  # Newton steps need every row's J; a Gaussian model needs only sums over rows
     fs, Js = [], []
     gram = cross = sum_squares = None
     if not store:
@@ -386,7 +380,7 @@ def fit_laplace(
     log(f"laplace: GGN over {D:,} weights from {n:,} rows in {time.perf_counter() - started:.1f} s")
 
     try:
-        log_z, curvature = _tune(spec, task, gram, cross, sum_squares, n, centre, fs, Js, data.y_train, group_index,
+        log_z, curvature = _tune(spec, gaussian, gram, cross, sum_squares, n, centre, fs, Js, data.y_train, group_index,
                                  log_precision, log_noise, learned_noise)
         precision = log_precision.exp()[group_index]
         curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
@@ -435,10 +429,12 @@ class Laplace(InferenceMethod):
         return f"laplace ({spec.predictive} predictive)"
 
     def check(self, run_spec) -> list[ZooInputError]:
-        if run_spec.model.family != "subnetwork":
+        if not run_spec.model.linearisable:
+            takes = [name for name, family in FAMILIES.items() if family.linearisable]
             return [ZooInputError("model.family", run_spec.model.family, "inference.method: laplace linearises a "
-                                  "MAP net around a selected subnetwork: use model.family: subnetwork (selection "
-                                  "size 1.0 gives the whole net)")]
+                                  f"MAP net around its latent weights, and family '{run_spec.model.family}' does not "
+                                  f"linearise: use model.family: {' or '.join(takes)} (for the subnetwork family, "
+                                  "selection size 1.0 gives the whole net)")]
         return []
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> LaplacePosterior:

@@ -27,7 +27,6 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -36,10 +35,6 @@ import torch
 from pydantic import Field, PositiveFloat, PositiveInt
 from pyro import poutine
 from pyro.infer.mcmc import NUTS
-from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to
-from torch.distributions.transforms import identity_transform
-from torch.func import vmap
 from tqdm.auto import tqdm
 
 from zoo import distributed
@@ -47,16 +42,14 @@ from zoo.data.base import Dataset
 from zoo.distributed import World
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
-from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
-from zoo.inference.compiled import TracedCompile, exp_tanh
+from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
+from zoo.inference.potential import Coordinates, Potential, initial_points, refuse_batch_dependent
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.models.base import ModelFamily
-from zoo.nets import batch_dependent
 from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
-SAMPLES_FILE = "samples.pt"
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
 
 
@@ -100,290 +93,6 @@ class MCMCSpec(Tempered):
     checkpoint_every: PositiveInt = Field(100, description="iterations between checkpoints (nuts: within a chain, "
                                           "in a one-process run)")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
-
-
-# ------------------------------------------------------------------------------------------ the potential
-class Coordinates:
-    """The flat unconstrained layout of a model's latent sites: ``z [C, D]`` <-> ``{site: [C, *shape]}``."""
-
-    def __init__(self, family: ModelFamily) -> None:
-        self.sites = family.latent_sites()
-        self.names = list(self.sites)
-        self.shapes = [self.sites[n].shape for n in self.names]
-        self.sizes = [max(1, s.numel()) for s in self.shapes]
-        self.transforms = {n: biject_to(s.support) for n, s in self.sites.items()}
-        self.dim = sum(self.sizes)
-
-    def unpack(self, z: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Constrained site values from ``z [C, D]``, and log|det dvalues/dz| per point ``[C]``."""
-        values, log_det = {}, z.new_zeros(z.shape[0])
-        for name, part, shape in zip(self.names, z.split(self.sizes, dim=-1), self.shapes, strict=True):
-            raw = part.reshape(z.shape[0], *shape)
-            transform = self.transforms[name]
-            values[name] = transform(raw)
-            if transform is not identity_transform:
-                log_det = log_det + transform.log_abs_det_jacobian(raw, values[name]).reshape(z.shape[0], -1).sum(-1)
-        return values, log_det
-
-    def pack(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``z [C, D]`` from constrained values ``{site: [C, *shape]}``."""
-        missing = [n for n in self.names if n not in values]
-        if missing:
-            raise ZooInputError("inference.init", ", ".join(missing), "these latent sites have no starting value")
-        parts = []
-        for name, shape in zip(self.names, self.shapes, strict=True):
-            value = values[name]
-            if tuple(value.shape[1:]) != tuple(shape):
-                raise ZooInputError("inference.init", name, f"has shape {tuple(value.shape[1:])}, the model "
-                                    f"needs {tuple(shape)}: start from a run of the same net")
-            parts.append(self.transforms[name].inv(value).reshape(value.shape[0], -1))
-        return torch.cat(parts, dim=-1)
-
-
-class LogJoint:
-    """log p(w, y | x) of ``family.model`` on all of (x, y), at C stacked draws ``{site: [C, *shape]}``: ``[C]``."""
-
-    def __init__(self, family: ModelFamily, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.family, self.x, self.y = family, x, y
-        with torch.no_grad(), pyro.validation_enabled(False):
-            trace = poutine.trace(family.model).get_trace(x, y)
-        latent = set(family.latent_sites())
-        self.priors, self.constant, self.obs_scale = [], 0.0, 1.0
-        for name, site in trace.nodes.items():
-            if site["type"] != "sample" or site_is_subsample(site):
-                continue
-            fn = site["fn"]
-            if getattr(fn, "has_enumerate_support", False) and not site["is_observed"]:
-                raise ZooInputError("model", name, "is a discrete latent site; HMC/NUTS need continuous ones: "
-                                    "marginalise it or use inference.method: svi")
-            if not site["is_observed"]:
-                if name not in latent:
-                    raise ZooInputError("model", name, "is a latent site the family does not declare in "
-                                        "latent_sites(), so MCMC cannot place it; add it there")
-                self.priors.append((name, fn, site["scale"]))
-            elif name == "obs":
-                self.obs_scale = site["scale"]
-            else:  # a factor of point parameters only (e.g. weight decay on rank-1's W): a constant here
-                self.constant += float((site["scale"] * fn.log_prob(site["value"])).sum())
-        self.exact_only = False
-
-    def fast(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The log joint as one batched computation: prior terms per site, then the family's log-likelihood."""
-        return self.on_rows(values, self.x, self.y, 1.0)
-
-    def on_rows(self, values: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                scale: float) -> torch.Tensor:
-        """The log joint with the likelihood of rows (x, y) weighted by ``scale`` (N/B for a minibatch of B rows:
-        an unbiased estimate of the full-data log joint, as SG-MCMC needs)."""
-        total = (self.obs_scale * scale) * self.family.log_likelihood(values, x, y).sum(-1)
-        for name, fn, site_scale in self.priors:
-            value = values[name]
-            total = total + site_scale * fn.log_prob(value).reshape(value.shape[0], -1).sum(-1)
-        return total + self.constant
-
-    def exact(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The log joint of the model traced at every draw (vmapped): the definition ``fast`` is checked against."""
-
-        def one(draw: dict[str, torch.Tensor]) -> torch.Tensor:
-            model = poutine.condition(self.family.model, data=draw)
-            return poutine.trace(model).get_trace(self.x, self.y).log_prob_sum()
-
-        with pyro.validation_enabled(False):
-            return vmap(one)(values)
-
-    def verify(self, values: dict[str, torch.Tensor], log=None) -> None:
-        """Use the exact evaluation from now on if the fast one disagrees with it at ``values``."""
-        with torch.no_grad():
-            fast, exact = self.fast(values), self.exact(values)
-        tolerance = 1e-4 * exact.abs().clamp(min=1.0) + (1e-2 if exact.dtype == torch.float32 else 1e-6)
-        if ((fast - exact).abs() > tolerance).any():
-            self.exact_only = True
-            if log is not None:
-                log(f"batched log joint differs from the model's trace by {(fast - exact).abs().max():.3g}; "
-                    "using the traced model at every point (exact, slower)")
-
-    def __call__(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.exact(values) if self.exact_only else self.fast(values)
-
-
-class Potential:
-    """U(z) = -log p(w(z), y | x) - log|det J(z)| at C points ``z [C, D]``, with its gradient.
-
-    With ``compile=True`` the value and the gradient are one compiled graph per batch shape: the potential is
-    traced together with its reverse pass (``torch.func.grad_and_value``, see :class:`TracedCompile`), so a
-    call runs a few fused kernels with no autograd engine, and on CPU tanh is rewritten in terms of exp (see
-    :func:`exp_tanh`).
-    """
-
-    def __init__(self, family: ModelFamily, data: Dataset, compile: bool = False, temperature: float = 1.0,
-                 chain_chunk: int | None = None) -> None:
-        self.chain_chunk = chain_chunk  # evaluate at most this many points per call (None: all at once)
-        self.coords = Coordinates(family)
-        self.log_joint = LogJoint(family, data.x_train, data.y_train)
-        self.temperature = temperature  # the target is p(w | D)^(1/T); the Jacobian term is not tempered
-        self.evaluations = 0
-        rewrite = exp_tanh if data.x_train.device.type == "cpu" else None
-        self._fused = TracedCompile(self._traced_value_and_grad, "the potential", rewrite) if compile else None
-
-    @property
-    def compiled(self) -> bool:
-        """Whether calls run the compiled graph (asked for, and tracing and compiling have not failed)."""
-        return self._fused is not None and self._fused.active
-
-    def __call__(self, z: torch.Tensor) -> torch.Tensor:
-        """U at every row of ``z``: ``[C]``."""
-        values, log_det = self.coords.unpack(z)
-        log_joint = self.log_joint(values)
-        if self.temperature != 1.0:
-            log_joint = log_joint / self.temperature
-        return -(log_joint + log_det)
-
-    def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """U ``[C]`` and dU/dz ``[C, D]`` (rows are independent chains, so one reverse pass serves all).
-
-        With ``chain_chunk``, the rows go through in chunks of that many: on a net whose activations for all chains
-        outgrow the CPU's caches, smaller calls are faster per chain (``benchmarks/hmc_chain_chunk.py``).
-        """
-        self.evaluations += 1
-        z = z.detach()
-        if self.chain_chunk is not None and len(z) > self.chain_chunk:
-            parts = [self._value_and_grad(piece) for piece in z.split(self.chain_chunk)]
-            return torch.cat([e for e, _ in parts]), torch.cat([g for _, g in parts])
-        return self._value_and_grad(z)
-
-    def _value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        fused = self._fused(z) if self.compiled else None
-        if fused is not None:
-            return fused
-        with torch.enable_grad():
-            z = z.requires_grad_(True)
-            energy = self(z)
-            (grad,) = torch.autograd.grad(energy.sum(), z)
-        return energy.detach(), grad
-
-    def pointwise(self, z: torch.Tensor,
-                  velocity: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Each training row's log-likelihood at every point ``z [C, D]``: ``[C, N]``, a permutation-invariant
-        picture of the function each chain is at; with ``velocity`` ``[C, D]``, also its time derivative along it."""
-        log_joint = self.log_joint
-
-        def rows(z: torch.Tensor) -> torch.Tensor:
-            return log_joint.family.log_likelihood(self.coords.unpack(z)[0], log_joint.x, log_joint.y)
-
-        with torch.no_grad(), pyro.validation_enabled(False):
-            if velocity is None:
-                return rows(z.detach())
-            return torch.func.jvp(rows, (z.detach(),), (velocity.detach(),))
-
-    def energy(self, z: torch.Tensor) -> torch.Tensor:
-        """U at every row of ``z``, differentiable in ``z`` (for Pyro's NUTS, which takes its own gradient).
-
-        Value and gradient both come from :meth:`value_and_grad`; ``(z - z.detach()) @ grad`` is zero but
-        carries that gradient back to ``z``.
-        """
-        energy, grad = self.value_and_grad(z)
-        return energy + ((z - z.detach()) * grad).sum(-1)
-
-    def _traced_value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        def total(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            energy = self(z)
-            return energy.sum(), energy
-
-        with pyro.validation_enabled(False), torch.enable_grad():
-            grad, (_, energy) = torch.func.grad_and_value(total, has_aux=True)(z)
-        return energy, grad
-
-
-# ------------------------------------------------------------------------------------------ results
-@dataclass
-class MCMCResult:
-    """Draws ``{site: [chains, samples, *shape]}``, per-draw sampler statistics ``[chains, samples]``, timing."""
-
-    draws: dict[str, torch.Tensor]
-    stats: dict[str, torch.Tensor]
-    seconds: float = 0.0
-    method: str = "nuts"
-    settings: dict[str, float] = field(default_factory=dict)
-    posterior: Posterior | None = None
-
-    def flat_draws(self) -> dict[str, torch.Tensor]:
-        """All chains' draws, chain after chain: ``{site: [chains * samples, *shape]}``."""
-        return {n: v.flatten(0, 1) for n, v in self.draws.items()}
-
-
-def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str = "cpu") -> MCMCResult:
-    """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``."""
-    state = load_checkpoint(Path(run_dir) / SAMPLES_FILE, device)
-    if not state.get("done", False):
-        raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
-                            "finish it with zoo train --resume")
-    result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
-    result.posterior = ChainPosterior(family, result.draws, result.stats)
-    return result
-
-
-def sampling_progress(state: dict) -> str:
-    """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chain(s) finished; chain 2 at
-    iteration 300/1000`` (NUTS)."""
-    if "sampler" in state:
-        return f"iteration {state['sampler']['iteration']}"
-    running = [f"chain {c} at iteration {u['iteration']}" for c, u in sorted(state.get("unfinished", {}).items())]
-    return "; ".join([f"{len(state.get('chains', []))} chain(s) finished", *running])
-
-
-# ------------------------------------------------------------------------------------------ starting points
-def initial_points(family: ModelFamily, coords: Coordinates, chains: int, data: Dataset, log,
-                   start: Posterior | None = None, fresh: str = "prior") -> torch.Tensor:
-    """``z [C, D]`` for C chains: draws of ``start`` (the posterior of the run ``inference.init`` names), else
-    ``fresh`` ones: prior draws, or (``net``) the net's own initialisation redrawn for every chain."""
-    if start is not None:
-        copy_point_parameters(family, start, "inference.init")
-        values = {n: v.to(data.x_train) for n, v in start.sample(chains).items()}
-        if next(iter(values.values())).shape[0] < chains:  # a Delta guide or a short run: repeat its draws
-            values = {n: v[torch.arange(chains) % v.shape[0]] for n, v in values.items()}
-        log(f"chains start at {chains} draws of the posterior inference.init names")
-        return coords.pack(values)
-    if family.point_parameters():
-        raise ZooInputError("inference.init", fresh, "this family has point-estimated weights that this method "
-                            "does not fit: train it with SVI first and set inference.init to that run directory")
-    if fresh == "net":
-        return coords.pack(_net_initialisations(family, chains))
-    draws: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad(), pyro.validation_enabled(False):
-        for _ in range(chains):
-            trace = poutine.trace(family.model).get_trace(data.x_train, data.y_train)
-            for name in coords.names:
-                draws.setdefault(name, []).append(trace.nodes[name]["value"])
-    return coords.pack({n: torch.stack(v) for n, v in draws.items()})
-
-
-def _net_initialisations(family: ModelFamily, chains: int) -> dict[str, torch.Tensor]:
-    """Each latent site's initial value ``[C, ...]`` with the net re-initialised (``reset_parameters`` of every
-    layer, from the current random stream) for each chain; the net's own values are put back afterwards."""
-    net = getattr(family, "net", None)
-    if net is None:
-        raise ZooInputError("inference.init", "net", "this family has no net to re-initialise; use prior")
-    kept = {k: v.clone() for k, v in net.state_dict().items()}
-    values: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad():
-        for _ in range(chains):
-            for module in net.modules():
-                if module is not net and hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
-            for name, site in family.latent_sites().items():
-                values.setdefault(name, []).append(site.init.clone())
-        net.load_state_dict(kept)
-    return {n: torch.stack(v) for n, v in values.items()}
-
-
-def refuse_batch_dependent(family: ModelFamily, what: str) -> None:
-    """Refuse a net whose output for a row depends on its batch (BatchNorm): ``what`` needs a fixed potential."""
-    net = getattr(family, "net", None)
-    if net is not None and batch_dependent(net):
-        raise ZooInputError("net.name", type(net).__name__, f"{what} samples a fixed function of the weights, and "
-                            "this net's BatchNorm layers normalise by the statistics of the rows in a batch; use a "
-                            "net without BatchNorm (mlp, cnn, lenet5), or model.family: subnetwork, whose MAP net "
-                            "keeps its running statistics fixed")
 
 
 def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
@@ -1004,23 +713,6 @@ def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, s
     return {n: v.unflatten(0, z.shape[:2]) for n, v in values.items()}, stats, seconds, settings
 
 
-class StoredDraws(InferenceMethod):
-    """What the samplers share: draws stored chain by chain in ``samples.pt`` (a :class:`ChainPosterior` on load),
-    chains started fresh (``fresh_starts``) or at the posterior of the run ``inference.init`` names."""
-
-    files = (SAMPLES_FILE,)
-    fits_guide = False
-    fresh_starts: tuple[str, ...] = ("prior",)
-
-    def start_from(self, spec) -> Path | None:
-        return starting_run(spec.init, self.fresh_starts)
-
-    def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
-        if start is not None:  # e.g. rank-1's W, fitted by the run the chains started from
-            copy_point_parameters(family, start, "inference.init")
-        return load_samples(run_dir, family, device).posterior
-
-
 class MCMC(StoredDraws):
     """Full-batch MCMC on the family's model: Pyro's NUTS or the zoo's many-chain HMC (:func:`fit_mcmc`)."""
 
@@ -1038,4 +730,5 @@ class MCMC(StoredDraws):
     def check_processes(self, spec: MCMCSpec, nproc: int) -> None:
         if spec.method == "hmc":  # every process steps an equal share of the chains; NUTS deals them out in rounds
             distributed.check_chains(spec.num_chains, nproc)
+
 

@@ -1,9 +1,9 @@
 """Stochastic-gradient MCMC on a family's own Pyro model: SGLD and (cyclical) SGHMC, many chains in lockstep.
 
-Both samplers follow minibatch estimates of the potential U(z) = -log p(w, y | x) / T - log|det J| in the same
-unconstrained coordinates ``z [C, D]`` as :mod:`zoo.inference.mcmc` (its :class:`~zoo.inference.mcmc.Coordinates`
-and :class:`~zoo.inference.mcmc.LogJoint`); a minibatch of B rows weights its log-likelihood by N/B, an unbiased
-estimate of the full-data term. All C chains take each step as one batched gradient on the same minibatch, with
+Both samplers follow minibatch estimates of the potential U(z) = -log p(w, y | x) / T - log|det J| in the
+unconstrained coordinates ``z [C, D]`` of :mod:`zoo.inference.potential` (its
+:class:`~zoo.inference.potential.MinibatchPotential`): a minibatch of B rows weights its log-likelihood by N/B, an
+unbiased estimate of the full-data term. All C chains take each step as one batched gradient on the same minibatch, with
 their own injected noise.
 
 * ``sgld`` (Welling & Teh 2011): z <- z - eps/2 grad U_B(z) + N(0, eps).
@@ -49,15 +49,9 @@ from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
 from zoo.inference.base import copy_point_parameters
-from zoo.inference.mcmc import (
-    SAMPLES_FILE,
-    MCMCResult,
-    StoredDraws,
-    initial_points,
-    load_samples,
-    refuse_batch_dependent,
-)
-from zoo.inference.minibatch import MinibatchPotential, StepLoop
+from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
+from zoo.inference.loop import TrainingLoop
+from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.models.base import ModelFamily
 from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import RunLog, save_checkpoint
@@ -196,7 +190,8 @@ def fit_sgmcmc(
     refuse_batch_dependent(family, spec.method.upper())
     device = data.x_train.device
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
-    loop = StepLoop(data, spec.batch_size, seed, path, spec.checkpoint_every, spec.method.upper(), progress, log)
+    loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, spec.method.upper(),
+                        progress, log, device)
     total, n = spec.epochs * loop.per_epoch, loop.n
     keep = set(kept_steps(spec, total, loop.per_epoch))
     if not keep:
@@ -298,7 +293,8 @@ def fit_sgmcmc(
                     f"Lower inference.lr (now {spec.lr:g})" + PRECONDITION_HINT.get(spec.preconditioner, ""))
             draws.append((z.detach().clone(), energy.detach().clone(), lr))
 
-    loop.run(total, update)
+    with pyro.validation_enabled(False):
+        loop.run(total, update)
     chain_z = torch.stack([d[0] for d in draws], dim=1)  # [C, S, D]
     stats = {"potential": torch.stack([d[1] for d in draws], dim=1),
              "lr": torch.tensor([d[2] for d in draws], device=device).repeat(len(z), 1)}

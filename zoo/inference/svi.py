@@ -14,7 +14,6 @@ from pathlib import Path
 import pyro
 import torch
 from pyro.optim.clipped_adam import ClippedAdam
-from tqdm.auto import tqdm
 
 from zoo import distributed
 from zoo.data.augment import build_augmentation
@@ -26,11 +25,11 @@ from zoo.inference.base import InferenceMethod, load_guide_checkpoint
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
-from zoo.interrupts import Interrupted, deferred_interrupt
+from zoo.inference.loop import TrainingLoop
 from zoo.models.base import ModelFamily, restore_buffers
 from zoo.nets import input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
+from zoo.runs import CHECKPOINT_FILE, RunLog
 from zoo.sections import CUDA_READ_LOSS_EVERY, SVISpec
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
@@ -377,38 +376,24 @@ def fit_svi(
     log = log or RunLog(None, echo=None)
     named = {f"guide.{n}": p for n, p in guide.named_parameters()}
     named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
-    n_train, n_steps, per_epoch = data.n_train, total_steps(spec, data.n_train), steps_per_epoch(spec, data.n_train)
+    n_train, n_steps = data.n_train, total_steps(spec, data.n_train)
     optimizer = make_optimizer(list(named.values()), spec, n_steps)
     elbo = ELBOS[spec.elbo](spec.num_particles)
     elbo.temperature = spec.temperature
-    order = torch.Generator().manual_seed(seed)
     ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
-    result, step, perm = SVIResult(), 0, None
-    remedies = untried_remedies(spec, data.x_train.dtype, getattr(guide, "init_rho", None))
+    result = SVIResult()
+    remedies = untried_remedies(spec, data.x_train.dtype, guide.init_rho)
     team = distributed.world()
     check_shards(spec, n_train, team.size)
-
-    def checkpoint() -> None:
-        if ckpt_path is None:
-            return
-        bad = _non_finite(named)
-        if bad:  # never overwrite the last good checkpoint with a broken state
-            raise TrainingDiverged(f"parameters became non-finite by step {step}: {', '.join(bad)}; "
-                                   f"{ckpt_path} holds the last good state. Try: {'; or '.join(remedies)}.")
-        if not team.is_writer:  # every rank holds the same state; rank 0 writes it
-            return
-        save_checkpoint(ckpt_path, {
-            "step": step, "total_steps": n_steps, "guide": guide.state_dict(),
-            "point_parameters": list(family.point_parameters()), "buffers": family.buffers(),
-            "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "order_rng": order.get_state(),
-            "perm": perm, "losses": result.losses, "seconds": result.seconds, "kl_methods": result.kl_methods,
-            "done": step >= n_steps,
-        })
+    loop = TrainingLoop(n_train, spec.batch_size, seed, ckpt_path, spec.checkpoint_every, "SVI", progress, log,
+                        data.x_train.device, writer=team.is_writer)
+    loop.state = lambda: {
+        "total_steps": n_steps, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
+        "buffers": family.buffers(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+        "losses": result.losses, "kl_methods": result.kl_methods}
 
     if resume:
-        if ckpt_path is None or not checkpoint_exists(ckpt_path):
-            raise ZooInputError("--resume", str(run_dir), "no checkpoint.pt there to resume; drop --resume")
-        state = load_checkpoint(ckpt_path, next(iter(named.values())).device, set_aside=True)
+        state = loop.resume(run_dir)
         guide.load_state_dict(state["guide"])
         with torch.no_grad():
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
@@ -416,26 +401,23 @@ def fit_svi(
         restore_buffers(family, state.get("buffers"))
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        order.set_state(state["order_rng"])
-        step, perm = state["step"], state["perm"]
-        result.losses, result.seconds, result.kl_methods = state["losses"], state["seconds"], state["kl_methods"]
-        log(f"resumed from {ckpt_path} at step {step}/{n_steps}")
+        result.losses, result.kl_methods = state["losses"], state["kl_methods"]
+        log(f"resumed from {ckpt_path} at step {loop.step}/{n_steps}")
 
     bad = _non_finite(named)
     if bad:
         raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
     team.broadcast(list(named.values()))  # the same seed built the same values; make sure of it
     x, y = data.x_train, data.y_train
-    net = getattr(family, "net", None)
-    augment = build_augmentation(spec.augment, input_image_shape(net) if net is not None else None)
+    augment = build_augmentation(spec.augment, input_image_shape(family.net))
     read_every = loss_read_interval(spec, data.device)
     svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment,
                        read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast],
                        rows_on_host=data.training_rows_on_host)  # a data set too large for the GPU (pipeline.prepare)
-    bar = tqdm(total=n_steps, initial=step, disable=not progress, desc="SVI", mininterval=0.5, leave=False)
+    svi_step.signalled = lambda: loop.signalled()
     unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
     watch = DivergenceWatch(n_train, n_steps)
-    watch.resume(result.losses, step)
+    watch.resume(result.losses, loop.step)
 
     def read_losses() -> None:
         """One host read of the unread losses (the only device sync of a step): a non-finite one stops the run,
@@ -444,6 +426,7 @@ def fit_svi(
             return
         values = torch.stack(unread).tolist()
         unread.clear()
+        step = loop.step
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:
             raise TrainingDiverged(_diagnose(elbo, named, step - len(values) + bad, ckpt_path, remedies,
@@ -452,69 +435,45 @@ def fit_svi(
         watch(result.losses, step, elbo, remedies, ckpt_path)
         if read_every > 1 or step % 50 == 0 or step == n_steps:
             recent = result.losses[-50:]
-            bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+            loop.bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
         if not svi_step.read_each_step:
             svi_step.signal = svi_step.read_signal()
 
-    started = time.perf_counter()
-    at_step = None
-    with deferred_interrupt() as signalled:
-        svi_step.signalled = signalled
-        try:
-            while step < n_steps:
-                if svi_step.signal:  # received during the last step (by any rank): stop before the next
-                    raise Interrupted(svi_step.signal)
-                # the state this step starts from: an exception mid-step rolls back to it, so that resume is exact
-                at_step = torch.get_rng_state(), order.get_state(), perm
-                batch = None
-                if spec.batch_size is not None and spec.batch_size < n_train:
-                    within = step % per_epoch
-                    if within == 0 or perm is None:
-                        perm = torch.randperm(n_train, generator=order)
-                    batch = perm[within * spec.batch_size:(within + 1) * spec.batch_size].to(x.device)
-                elbo.kl_weight = kl_weight(step, spec, n_steps)
-                loss = svi_step(x, y, batch)
-                if step == 0 or not result.kl_methods:
-                    result.kl_methods = dict(elbo.kl_methods)
-                    log(describe_kl(result.kl_methods))
-                unread.append(loss)
-                step += 1
-                at_step = None
-                bar.update(1)
-                monitor_due = monitor is not None and monitor.due(step, n_steps)
-                checkpoint_due = step % spec.checkpoint_every == 0 and step < n_steps
-                if step % read_every == 0 or step == n_steps or monitor_due or checkpoint_due:
-                    read_losses()
-                if monitor_due:
-                    monitor(step, n_steps, GuidePosterior(family, guide), data)
-                if checkpoint_due:
-                    result.seconds += time.perf_counter() - started
-                    started = time.perf_counter()
-                    checkpoint()
-            if svi_step.signal:  # received during the last step: save it and stop before evaluating
-                raise Interrupted(svi_step.signal)
-        except KeyboardInterrupt:
-            result.seconds += time.perf_counter() - started
-            if at_step is not None:  # interrupted inside step `step`: undo the draws it made before the interrupt
-                torch.set_rng_state(at_step[0])
-                order.set_state(at_step[1])
-                perm = at_step[2]
+    def update(batch: torch.Tensor | None) -> None:
+        elbo.kl_weight = kl_weight(loop.step, spec, n_steps)
+        loss = svi_step(x, y, batch)
+        if loop.step == 0 or not result.kl_methods:
+            result.kl_methods = dict(elbo.kl_methods)
+            log(describe_kl(result.kl_methods))
+        unread.append(loss)
+
+    def after_step(checkpoint_due: bool) -> None:
+        monitor_due = monitor is not None and monitor.due(loop.step, n_steps)
+        if loop.step % read_every == 0 or loop.step == n_steps or monitor_due or checkpoint_due:
             read_losses()
-            checkpoint()
-            log(f"interrupted at step {step}; checkpoint saved, continue with --resume")
-            raise
-        finally:
-            bar.close()
-    result.seconds += time.perf_counter() - started
-    checkpoint()
-    if hasattr(guide, "finish"):  # a guide completed after its fit (Pyro's Laplace approximation: the Hessian)
-        started = time.perf_counter()
-        with ObservationScale(1.0 / spec.temperature):  # the tempered posterior's curvature, as the ELBO tempers it
-            done = guide.finish(x, y)
-        if done:
-            log(done)
-            result.seconds += time.perf_counter() - started
-            checkpoint()
+        if monitor_due:
+            monitor(loop.step, n_steps, GuidePosterior(family, guide), data)
+
+    def before_save() -> None:
+        read_losses()
+        bad = _non_finite(named)
+        if bad:  # never overwrite the last good checkpoint with a broken state
+            raise TrainingDiverged(f"parameters became non-finite by step {loop.step}: {', '.join(bad)}; "
+                                   f"{ckpt_path} holds the last good state. Try: {'; or '.join(remedies)}.")
+
+    loop.run(n_steps, update, after_step=after_step, before_save=before_save, stop_signal=lambda: svi_step.signal)
+    before_save()
+    loop.save(done=loop.step >= n_steps)
+    # a guide completed after its fit (Pyro's Laplace approximation: the Hessian), on the tempered posterior's
+    # curvature, as the ELBO tempers it
+    started = time.perf_counter()
+    with ObservationScale(1.0 / spec.temperature):
+        done = guide.finish(x, y)
+    if done:
+        log(done)
+        loop.seconds += time.perf_counter() - started
+        loop.save(done=True)
+    result.seconds = loop.seconds
     result.posterior = GuidePosterior(family, guide)
     return result
 
@@ -537,17 +496,26 @@ class SVI(InferenceMethod):
         if autocast != "none" and run_spec.dtype == "float64":
             return [ZooInputError("inference.autocast", autocast, "bf16 autocast lowers a float32 run's matmuls; "
                                   "with dtype: float64 use autocast: none")]
-        if autocast != "none" and run_spec.model.family == "deep_ensemble":
-            # measured on torch 2.13: under vmap, a linear layer with a bias comes out in float32 under autocast
-            return [ZooInputError("inference.autocast", autocast, "torch's autocast does not reach the deep "
-                                  "ensemble's vmapped layers (they would stay float32): use autocast: none")]
-        if run_spec.inference.compile and run_spec.model.family == "rank1" and run_spec.net.name != "mlp":
-            # measured (benchmarks/conv_speed.py, ResNet-20, K = 4, B = 128, one thread): 2.8 s per compiled step
-            # against 2.3 s eager; Inductor fuses each batch norm with the concatenated members' convolutions
-            return [ZooInputError("inference.compile", True, "the rank-1 family's step on a convolutional net "
-                                  "runs slower compiled than eager (one convolution per member, which Inductor "
-                                  "fuses badly with the batch norms after them): use compile: false")]
+        if autocast != "none" and not run_spec.model.supports_autocast:
+            return [ZooInputError("inference.autocast", autocast, f"torch's autocast does not reach the "
+                                  f"{run_spec.model.family} family's vmapped layers (they would stay float32): use "
+                                  "autocast: none")]
+        if run_spec.inference.compile and not run_spec.model.compiles_convolutions and run_spec.net.convolutional:
+            return [ZooInputError("inference.compile", True, f"the {run_spec.model.family} family's step on a "
+                                  "convolutional net runs slower compiled than eager (one convolution per member, "
+                                  "which Inductor fuses badly with the batch norms after them): use compile: false")]
         return []
+
+    def check_processes(self, spec: SVISpec, nproc: int) -> None:
+        """Each process takes an equal share of every global minibatch."""
+        check_global_batch(spec.batch_size, nproc)
+
+    def check_rows_on_host(self, spec: SVISpec, n_train: int, why: str) -> None:
+        """Minibatch SVI moves each minibatch to the device: it needs a minibatch size, and no compiled step."""
+        if spec.batch_size is None or spec.batch_size >= n_train:
+            raise ZooInputError("inference.batch_size", spec.batch_size, f"{why}: set a minibatch size")
+        if spec.compile:
+            raise ZooInputError("inference.compile", True, f"{why}; compile does not trace that yet: drop it")
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         load_guide_checkpoint(family, guide, run_dir, device)

@@ -29,8 +29,8 @@ from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import ValidationMonitor
 from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
-from zoo.inference.mcmc import Coordinates, initial_points, refuse_batch_dependent
-from zoo.inference.minibatch import MinibatchPotential, StepLoop
+from zoo.inference.loop import TrainingLoop
+from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import RunLog, load_checkpoint, save_checkpoint
@@ -94,6 +94,15 @@ class SWAGPosterior(Posterior):
         (round-off makes it slightly negative where SGD barely moved)."""
         return (self.sq_mean.to(dtype) - self.mean.to(dtype) ** 2).clamp(min=floor)
 
+    def density(self) -> SWAGPosterior:
+        """Itself: the Gaussians score their own draws (:meth:`log_density`)."""
+        return self
+
+    @property
+    def density_unavailable(self) -> str | None:
+        """None: a mixture of Gaussians has a density everywhere."""
+        return None
+
     def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor:
         """log q(w) at S draws ``{site: [S, ...]}``: the models' equal-weight mixture of Gaussians in the
         unconstrained coordinates, less each draw's log|det dw/dz| (for the PSIS Pareto k-hat of ``zoo diagnose``)."""
@@ -138,7 +147,8 @@ def fit_swag(
     log = log or RunLog(None, echo=None)
     refuse_batch_dependent(family, "SWAG")
     path = Path(run_dir) / SWAG_FILE if run_dir is not None else None
-    loop = StepLoop(data, spec.batch_size, seed, path, spec.checkpoint_every, "SWAG", progress, log)
+    loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, "SWAG", progress, log,
+                        data.x_train.device)
     pretrain = spec.pretrain_epochs * loop.per_epoch
     total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
     every = spec.collect_every or loop.per_epoch
@@ -185,7 +195,8 @@ def fit_swag(
             _collect(moments, z, collected, spec.rank)
             collected += 1
 
-    loop.run(total, update)
+    with pyro.validation_enabled(False):
+        loop.run(total, update)
     if path is not None:
         save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True})
     log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")

@@ -1,28 +1,36 @@
-"""The fully Bayesian net: every weight and bias of a plain ``nn.Module`` is a latent site under its prior.
+"""The all-weights family: every weight and bias of a plain ``nn.Module`` is a latent site under its prior.
 
-The same Pyro model serves mean-field VI (Bayes by Backprop), MAP (a Delta guide) and, later, NUTS.
+The same Pyro model serves mean-field VI (Bayes by Backprop), MC dropout, MAP (a Delta guide), Pyro's autoguides,
+HMC/NUTS, SG-MCMC and SWAG. It was called ``mean_field`` before; that name is still accepted.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyro
 import pyro.distributions as dist
 import torch
+from pydantic import Field
 from torch import nn
 from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import per_device
+from zoo.models.base import FamilySection, ModelFamily, per_device
 from zoo.nets import ParameterSwap, has_batch_norm, prediction_mode
-from zoo.priors import prior_distribution
-from zoo.sections import MeanFieldModelSpec, PriorConfig
-from zoo.sites import LatentSite
+from zoo.priors import PriorSection, prior_distribution
+from zoo.sites import WEIGHT_MATRICES, LatentSite
 
 
-class MeanFieldBNN:
-    """Pyro model p(w) p(y | f_w(x)) over all parameters of ``net``; site names are the parameter names."""
+class AllWeightsBNN(ModelFamily):
+    """Pyro model p(w) p(y | f_w(x)) over all parameters of ``net``; site names are the parameter names.
 
-    def __init__(self, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood) -> None:
+    :param net: the deterministic net.
+    :param priors: the prior of every parameter, by name.
+    :param likelihood: the observation model.
+    """
+
+    def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> None:
         self.net = net
         self.likelihood = likelihood
         self.prior_configs = priors
@@ -36,14 +44,12 @@ class MeanFieldBNN:
 
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
-        """The sites the spec's priors are assigned to: every parameter of the net."""
-        return [name for name, _ in net.named_parameters()]
+        """The sites the spec's priors are assigned to: every parameter of the net.
 
-    @classmethod
-    def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
-                  spec: MeanFieldModelSpec) -> MeanFieldBNN:
-        """Build from the spec's model section (which has no settings of this family's own)."""
-        return cls(net, priors, likelihood)
+        :param net: the deterministic net.
+        :returns: its parameter names.
+        """
+        return [name for name, _ in net.named_parameters()]
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
@@ -60,7 +66,7 @@ class MeanFieldBNN:
         """The net's BatchNorm running statistics: updated by the fit, never random (saved with checkpoints)."""
         return list(self.net.buffers())
 
-    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> MeanFieldBNN:
+    def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> AllWeightsBNN:
         """Move the template net (and with it the priors) to ``device``/``dtype``."""
         self.net.to(device=device, dtype=dtype)
         return self
@@ -103,3 +109,18 @@ class MeanFieldBNN:
         if next(iter(weights.values())).shape[0] == 1:  # one draw (e.g. a NUTS chain): no vmap overhead
             return self.forward({n: w[0] for n, w in weights.items()}, x).unsqueeze(0)
         return vmap(lambda w: functional_call(self.net, w, (x,)))(weights)
+
+
+class AllWeightsModelSpec(FamilySection):
+    """Every weight and bias a latent site (mean-field VI, MC dropout, MAP, HMC, SG-MCMC, SWAG)."""
+
+    offers = frozenset({WEIGHT_MATRICES})
+
+    family: Literal["all_weights"] = Field("all_weights", description=(
+        "all_weights: every weight and bias a latent site (formerly mean_field)"))
+
+    def prior_sites(self, net: nn.Module) -> list[str]:
+        return AllWeightsBNN.prior_sites(net)
+
+    def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> AllWeightsBNN:
+        return AllWeightsBNN(net, priors, likelihood)

@@ -1,18 +1,32 @@
-"""What every model family shares: the description of a latent site and the family interface."""
+"""What every model family is: the :class:`ModelFamily` interface guides, inference methods and the Posterior call,
+and the :class:`FamilySection` of the spec that names a family and declares what its latent structure offers.
+
+A family is one module holding its class and its section, registered once in :data:`zoo.models.FAMILIES`. The
+combination rules (which guides fit, which methods apply, what can be compiled or streamed) read the section's
+declarations, never the family's name.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyro
 import torch
 from torch import nn
 
+from zoo.errors import ZooInputError
+from zoo.parts import Strict
 from zoo.sites import LatentSite
 
 if TYPE_CHECKING:
+    from zoo.data.base import Dataset
     from zoo.likelihoods import Likelihood, PredictiveDraws
+    from zoo.priors import PriorSection
+    from zoo.runs import RunLog
 
 T = TypeVar("T")
 
@@ -23,6 +37,11 @@ def per_device(cache: dict, ref: torch.Tensor, build: Callable[[torch.device, to
     Built without argument validation: a cached distribution is evaluated at every step, its parameters come
     from the validated spec, and a validating instance would re-check every sample against its support (a
     data-dependent branch that also keeps the SVI step from being traced and compiled).
+
+    :param cache: the family's cache, keyed by (device, dtype).
+    :param ref: a tensor on the device and dtype wanted.
+    :param build: makes the value for a device and dtype.
+    :returns: the cached value.
     """
     key = (ref.device, ref.dtype)
     if key not in cache:
@@ -31,36 +50,132 @@ def per_device(cache: dict, ref: torch.Tensor, build: Callable[[torch.device, to
     return cache[key]
 
 
-class ModelFamily(Protocol):
-    """The interface guides, inference methods and the Posterior rely on; families know nothing else of them."""
+@dataclass
+class StructureFit:
+    """What a family whose structure is fitted to the data (:meth:`ModelFamily.fit_structure`) is handed.
 
+    :param run_dir: where to keep what it fits, for resumes and reloads (None: nowhere).
+    :param seed: the run's seed.
+    :param log: the run's log.
+    :param progress: whether to show progress bars.
+    :param fit_map: the SVI fit, for a family that needs a MAP net (families do not import inference methods).
+    """
+
+    run_dir: Path | None
+    seed: int
+    log: RunLog
+    progress: bool
+    fit_map: Callable[..., object]
+
+
+class ModelFamily(ABC):
+    """A Pyro model over a plain ``nn.Module``'s weights: the interface guides, inference methods and the
+    Posterior rely on; families know nothing else of them."""
+
+    net: nn.Module
     likelihood: Likelihood
 
+    @abstractmethod
     def latent_sites(self) -> dict[str, LatentSite]:
-        """Every latent sample site of :meth:`model`, with shape, support and an initial value."""
+        """Every latent sample site of :meth:`model`, with shape, support and an initial value.
 
+        :returns: the sites by name, in the model's order.
+        """
+
+    @abstractmethod
     def point_parameters(self) -> list[nn.Parameter]:
-        """Parameters fitted as point estimates beside the guide (may be empty)."""
+        """Parameters fitted as point estimates beside the guide (may be empty).
 
+        :returns: the parameters, in a fixed order (checkpoints store them by position).
+        """
+
+    @abstractmethod
     def buffers(self) -> list[torch.Tensor]:
         """State the fit changes that is neither random nor fitted by gradient (BatchNorm running statistics),
-        saved with every checkpoint and restored by :func:`restore_buffers`; may be empty."""
+        saved with every checkpoint and restored by :func:`restore_buffers`; may be empty.
 
+        :returns: the buffers, in a fixed order.
+        """
+
+    @abstractmethod
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
-        """The Pyro model: observe ``y`` on rows ``batch`` of ``x``, scaled to all ``len(x)`` rows."""
+        """The Pyro model: observe ``y`` on rows ``batch`` of ``x``, scaled to all ``len(x)`` rows.
 
+        :param x: every training input ``[N, D]`` (or the rows of a minibatch, with the scale set outside).
+        :param y: the targets ``[N]``; None to sample them.
+        :param batch: the rows observed (None: all).
+        """
+
+    @abstractmethod
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
-        """Per-draw predictive distributions at ``x`` under S joint draws ``{site: [S, ...]}``."""
+        """Per-draw predictive distributions at ``x`` under S joint draws.
 
+        :param draws: ``{site: [S, ...]}``.
+        :param x: inputs ``[B, D]``.
+        :returns: the predictive of every draw at every input.
+        """
+
+    @abstractmethod
     def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Pointwise log-density of the model's observation site at ``(x, y)`` under S draws: ``[S, B]``."""
+        """Pointwise log-density of the model's observation site at ``(x, y)`` under S draws.
 
+        :param draws: ``{site: [S, ...]}``.
+        :param x: inputs ``[B, D]``.
+        :param y: targets ``[B]``.
+        :returns: ``[S, B]``.
+        """
+
+    @abstractmethod
     def to(self, device: torch.device | str, dtype: torch.dtype = torch.float32) -> ModelFamily:
-        """Move the family's tensors to ``device``/``dtype``."""
+        """Move the family's tensors to ``device``/``dtype``.
+
+        :param device: the device.
+        :param dtype: the floating-point type.
+        :returns: the family itself.
+        """
+
+    def fit_structure(self, data: Dataset, how: StructureFit) -> None:
+        """Fit what the family's structure depends on before any inference (the subnetwork family: its MAP net and
+        its selected weights). Nothing for a family whose structure is fixed by the net.
+
+        :param data: the training data.
+        :param how: where to keep it and how to fit it.
+        """
+        return None
+
+    def hyperparameters(self) -> dict[str, torch.Tensor]:
+        """What inference may tune besides the guide (e.g. a prior precision), saved with the checkpoint.
+
+        :returns: the tuned values by name; empty where nothing is tuned.
+        """
+        return {}
+
+    def set_hyperparameters(self, values: dict[str, torch.Tensor]) -> None:
+        """Restore tuned hyperparameters (see :meth:`hyperparameters`).
+
+        :param values: what :meth:`hyperparameters` returned.
+        :raises ValueError: values this family does not have.
+        """
+        if values:
+            raise ValueError(f"{type(self).__name__} tunes no hyperparameters, but was given {sorted(values)}")
+
+    def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The net's outputs and their Jacobian with respect to the latent weights, at the point estimate.
+
+        :param x: inputs ``[B, D]``.
+        :returns: ``f [B, O]`` and ``J [B, O, D_latent]``.
+        :raises NotImplementedError: a family that is not linearisable (its section's ``linearisable``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not linearise its net")
 
 
 def restore_buffers(family: ModelFamily, saved: list[torch.Tensor] | None) -> None:
-    """Copy checkpointed :meth:`ModelFamily.buffers` back (a checkpoint from before buffers were saved has none)."""
+    """Copy checkpointed :meth:`ModelFamily.buffers` back (a checkpoint from before buffers were saved has none).
+
+    :param family: the family to restore.
+    :param saved: the checkpoint's buffers.
+    :raises ValueError: a checkpoint written for another net.
+    """
     mine = family.buffers()
     if saved is None and not mine:
         return
@@ -70,3 +185,56 @@ def restore_buffers(family: ModelFamily, saved: list[torch.Tensor] | None) -> No
     with torch.no_grad():
         for buffer, value in zip(mine, saved, strict=True):
             buffer.copy_(value)
+
+
+class FamilySection(Strict):
+    """The spec's ``model`` section for one family (``family: Literal[...]``), and what the family declares.
+
+    The declarations are class-level; the rules in :mod:`zoo.spec` and the inference methods' checks read them.
+    """
+
+    offers: ClassVar[frozenset[str]] = frozenset()  # the kinds of latent sites it has (WEIGHT_MATRICES, ...)
+    point_estimates_only: ClassVar[bool] = False  # only point-estimate guides fit it (a deep ensemble: K MAP fits)
+    hierarchical_priors: ClassVar[bool] = False  # it can place a hierarchical prior (per-neuron scales)
+    linearisable: ClassVar[bool] = False  # it linearises its net around a point estimate (linearised Laplace)
+    needs_every_row: ClassVar[bool] = False  # its structure is fitted on every training row at once, on the device
+    needs_global_noise: ClassVar[bool] = False  # it takes one observation noise, not a net-predicted one
+    supports_autocast: ClassVar[bool] = True  # torch.autocast reaches its layers
+    compiles_convolutions: ClassVar[bool] = True  # its step on a convolutional net is no slower compiled
+
+    @abstractmethod
+    def prior_sites(self, net: nn.Module) -> list[str]:
+        """The site names the spec's priors are assigned to, for ``net``.
+
+        :param net: the deterministic net.
+        :returns: the names that ``prior.sites`` globs match against.
+        """
+
+    @abstractmethod
+    def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> ModelFamily:
+        """The family over ``net`` with this section's settings.
+
+        :param net: the deterministic net.
+        :param priors: the prior of every site of :meth:`prior_sites`.
+        :param likelihood: the observation model.
+        :returns: the family.
+        """
+
+    def refusals(self, priors: list[PriorSection]) -> list[tuple[str, Any, str]]:
+        """What this family refuses of the spec's priors, before anything is built (e.g. rank-1 factors need
+        priors centred at 1).
+
+        :param priors: the default and every override of the spec's prior section.
+        :returns: (field, value, what to do) per problem; empty when all fit.
+        """
+        return []
+
+    def check_priors(self, priors: dict[str, PriorSection]) -> None:
+        """Refuse, when the family is built, the first prior of :meth:`refusals`.
+
+        :param priors: the prior of every site.
+        :raises ZooInputError: a prior this family cannot take.
+        """
+        problems = self.refusals(list(priors.values()))
+        if problems:
+            raise ZooInputError(*problems[0])

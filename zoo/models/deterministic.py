@@ -12,49 +12,57 @@ eager, and Inductor compiled the vmapped BatchNorm into code slower still, 4.1 s
 from __future__ import annotations
 
 import copy
+from typing import Literal
 
 import pyro
 import pyro.distributions as dist
 import torch
+from pydantic import Field, PositiveInt
 from pyro import poutine
 from torch import nn
 from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import per_device
-from zoo.nets import has_batch_norm, has_convolutions, prediction_mode
-from zoo.priors import prior_distribution
-from zoo.sections import DeepEnsembleModelSpec, PriorConfig
-from zoo.sites import LatentSite
+from zoo.models.base import FamilySection, ModelFamily, per_device
+from zoo.nets import has_batch_norm, has_convolutions, prediction_mode, reinitialise
+from zoo.priors import PriorSection, prior_distribution
+from zoo.sites import WEIGHT_MATRICES, LatentSite
 
 MEMBERS = "members"
 MEMBER_LIKELIHOOD = "average"  # each member fits its own likelihood: the model averages the members' log p(y | w_k)
 
 
 def member_inits(net: nn.Module, members: int) -> dict[str, torch.Tensor]:
-    """K fresh initialisations of ``net``'s parameters ``{name: [K, *shape]}``, each drawn by the layers' own
-    ``reset_parameters`` from torch's global generator (seeded by the pipeline), so members start apart."""
+    """K fresh initialisations of ``net``'s parameters, each drawn by the layers' own ``reset_parameters`` from
+    torch's global generator (seeded by the pipeline), so members start apart.
+
+    :param net: the deterministic net (left as it is: a copy is reset).
+    :param members: K.
+    :returns: ``{name: [K, *shape]}``.
+    """
     draws: dict[str, list[torch.Tensor]] = {name: [] for name, _ in net.named_parameters()}
     fresh = copy.deepcopy(net)
     for _ in range(members):
-        for module in fresh.modules():
-            reset = getattr(module, "reset_parameters", None)
-            if callable(reset):
-                reset()
+        reinitialise(fresh)
         for name, p in fresh.named_parameters():
             draws[name].append(p.detach().clone())
     return {name: torch.stack(values) for name, values in draws.items()}
 
 
-class DeepEnsemble:
+class DeepEnsemble(ModelFamily):
     """Deep ensemble: K copies of the net's parameters as latent sites in a members plate, each under the prior.
 
     With the Delta guide the ELBO is (1/K) sum_k [log p(y | w_k) + log p(w_k)] (plus the likelihood's own
     latents): K independent MAP problems, each member's gradient that of its own problem scaled by 1/K. A learned
     Gaussian noise scale is one site shared by the members. Predictions are the uniform mixture over members.
+
+    :param net: the deterministic net, copied K times.
+    :param priors: the prior of every parameter, by name (each member's own).
+    :param likelihood: the observation model.
+    :param members: K.
     """
 
-    def __init__(self, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
+    def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood,
                  members: int = 5) -> None:
         if members < 1:
             raise ValueError(f"a deep ensemble needs at least one member, got {members}")
@@ -73,14 +81,12 @@ class DeepEnsemble:
 
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
-        """The sites the spec's priors are assigned to: every parameter of the net (shared by the members)."""
-        return [name for name, _ in net.named_parameters()]
+        """The sites the spec's priors are assigned to: every parameter of the net (shared by the members).
 
-    @classmethod
-    def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
-                  spec: DeepEnsembleModelSpec) -> DeepEnsemble:
-        """Build from the spec's model section (``members``)."""
-        return cls(net, priors, likelihood, spec.members)
+        :param net: the deterministic net.
+        :returns: its parameter names.
+        """
+        return [name for name, _ in net.named_parameters()]
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
@@ -165,3 +171,20 @@ class DeepEnsemble:
             out = self.forward_members(self._member_draws(draws), x).unflatten(0, (-1, self.members))  # [S, K, B, O]
         return observation(self.likelihood, out, draw_latents(self.likelihood, draws, 2),
                            MEMBER_LIKELIHOOD).log_prob(y)
+
+
+class DeepEnsembleModelSpec(FamilySection):
+    """Deep ensemble: K independently initialised copies of the net, each a MAP fit under the prior."""
+
+    offers = frozenset({WEIGHT_MATRICES})
+    point_estimates_only = True  # K MAP fits: a distribution over each member would be another member
+    supports_autocast = False  # measured on torch 2.13: under vmap, a linear layer with a bias stays float32
+
+    family: Literal["deep_ensemble"] = Field(description="deep_ensemble: K independent MAP nets")
+    members: PositiveInt = Field(5, description="ensemble members K (each a full copy of the net)")
+
+    def prior_sites(self, net: nn.Module) -> list[str]:
+        return DeepEnsemble.prior_sites(net)
+
+    def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> DeepEnsemble:
+        return DeepEnsemble(net, priors, likelihood, self.members)

@@ -5,42 +5,42 @@ The Pyro model has one latent site, ``subnet [D]``: the selected weights (flat i
 method fits a full-covariance Gaussian guide to it (``zoo/inference/laplace.py``), but the model is an ordinary
 Pyro model: NUTS samples it (subnetwork HMC) and SVI fits it with a full-rank guide, selected in the spec.
 
-Before any inference the family :meth:`~SubnetworkBNN.prepare`\\ s itself: it fits the MAP net (SVI on the
-mean-field model with a Delta guide, the zoo's MAP member) or reuses one, then selects the subnetwork with one
-of the small mask objects in :data:`SELECTIONS`. Both are stored in the run directory, so a resumed or reloaded
-run reuses them.
+Before any inference the family fits its structure (:meth:`~SubnetworkBNN.fit_structure`): it fits the MAP net
+(SVI on the all-weights model with a Delta guide, the zoo's MAP member) or reuses one, then selects the subnetwork
+with one of the small mask objects in :data:`SELECTIONS`. Both are stored in the run directory, so a resumed or
+reloaded run reuses them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import pyro
 import pyro.distributions as dist
 import torch
+from pydantic import Field, field_validator
 from torch import nn
 from torch.func import functional_call, vmap
 
 from guides.delta import DeltaGuide
-from zoo.curvature import LayerFactors, ParameterLayout, output_hessian_root
+from zoo.curvature import LayerFactors, ParameterLayout
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import restore_buffers
-from zoo.models.mean_field import MeanFieldBNN
+from zoo.models.all_weights import AllWeightsBNN
+from zoo.models.base import FamilySection, ModelFamily, StructureFit, restore_buffers
 from zoo.nets import ParameterSwap
-from zoo.runs import POINT_ESTIMATE_FILE, RunLog, load_point_values, load_torch, save_torch
-from zoo.sections import NormalPrior, PriorConfig, SubnetSelectionSpec, SubnetworkModelSpec
-from zoo.sites import LatentSite
+from zoo.priors import PriorSection
+from zoo.runs import POINT_ESTIMATE_FILE, load_point_values, load_torch, save_torch
+from zoo.sections import Strict, SVISpec
+from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 SITE = "subnet"
 SUBNET_FILE = "subnetwork.pt"
 MAP_DIR = "map"
-# How the pipeline fits the MAP net: fit_map(family, guide, data, svi_spec, seed, run_dir=, resume=, log=, progress=)
-MapFitter = Callable[..., object]
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -51,7 +51,7 @@ class SelectionContext:
     net: nn.Module
     layout: ParameterLayout
     data: Dataset
-    task: str
+    likelihood: Likelihood
     noise: torch.Tensor | float | None  # the Gaussian likelihood's noise sigma (standardised units)
     prior_precision: torch.Tensor  # [P], of every weight
     seed: int
@@ -96,7 +96,7 @@ class LargestVariance(Selection):
         diag = torch.zeros(layout.size, dtype=data.x_train.dtype, device=data.x_train.device)
         for x in data.x_train.split(context.chunk_size):
             factors = LayerFactors(context.net, layout, x)
-            diag += factors.diagonal_ggn(layout, output_hessian_root(context.task, factors.f, context.noise))
+            diag += factors.diagonal_ggn(layout, context.likelihood.output_hessian_root(factors.f, context.noise))
         selectable = layout.selectable(diag.device)
         return _top(1.0 / (diag + context.prior_precision), subnet_size(self.size, int(selectable.sum())), selectable)
 
@@ -153,6 +153,28 @@ SELECTIONS = {**{name: cls.__doc__ for name, cls in SIZED_SELECTIONS.items()},
               "last_layer": "Every weight and bias of the output layer.", "modules": ByModule.__doc__}
 
 
+class SubnetSelectionSpec(Strict):
+    """Which weights of the MAP net become the subnetwork (Daxberger et al. 2021); the rest stay at MAP."""
+
+    strategy: Literal["largest_variance", "largest_magnitude", "random", "last_layer", "modules"] = Field(
+        "largest_variance", description="largest_variance: largest marginal variance under a diagonal GGN Laplace "
+        "(the paper's Wasserstein criterion); largest_magnitude: largest |w|; random; last_layer: every weight "
+        "and bias of the output layer; modules: every weight and bias of the modules named in `modules`")
+    size: int | float = Field(0.05, description="largest_variance/largest_magnitude/random: a count of weights "
+                              "(a whole number, e.g. 100) or a fraction of all weights (a decimal in (0, 1], e.g. "
+                              "0.05; 1.0 is the whole net)")
+    modules: list[str] = Field(default_factory=list, description="modules strategy: module names, e.g. [out]")
+
+    @field_validator("size")
+    @classmethod
+    def _count_or_fraction(cls, v: int | float) -> int | float:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"a count of weights must be at least 1, got {v}")
+        if isinstance(v, float) and not 0.0 < v <= 1.0:
+            raise ValueError(f"a fraction of the weights must be in (0, 1], got {v}; give a count as a whole number")
+        return v
+
+
 def build_selection(spec: SubnetSelectionSpec) -> Selection:
     """The mask object the spec names."""
     if spec.strategy == "modules":
@@ -165,16 +187,18 @@ def build_selection(spec: SubnetSelectionSpec) -> Selection:
 
 
 # ------------------------------------------------------------------------------------------ the family
-class SubnetworkBNN:
-    """Pyro model over a selected subset of a MAP net's weights (site ``subnet``); every other weight at its MAP."""
+class SubnetworkBNN(ModelFamily):
+    """Pyro model over a selected subset of a MAP net's weights (site ``subnet``); every other weight at its MAP.
 
-    def __init__(self, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
+    :param net: the deterministic net (set to its MAP weights by :meth:`fit_structure`).
+    :param priors: the zero-mean Normal prior of every parameter, by name.
+    :param likelihood: the observation model.
+    :param spec: the family's section (selection and MAP settings).
+    """
+
+    def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood,
                  spec: SubnetworkModelSpec) -> None:
-        for name, prior in priors.items():
-            if not isinstance(prior, NormalPrior) or prior.loc != 0.0:
-                raise ZooInputError("prior", name, "the subnetwork family needs a zero-mean Normal prior on every "
-                                    "weight (the Gaussian prior precision the Laplace posterior adds to); "
-                                    "use prior: {name: normal, scale: ...}")
+        spec.check_priors(priors)
         self.net, self.likelihood, self.spec = net, likelihood, spec
         self.prior_configs = priors
         self.layout = ParameterLayout(net)
@@ -187,22 +211,23 @@ class SubnetworkBNN:
 
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
-        """The spec's priors are assigned per parameter tensor; the subnet takes each weight's own."""
+        """The spec's priors are assigned per parameter tensor; the subnet takes each weight's own.
+
+        :param net: the deterministic net.
+        :returns: its parameter names.
+        """
         return [name for name, _ in net.named_parameters()]
 
-    @classmethod
-    def from_spec(cls, net: nn.Module, priors: dict[str, PriorConfig], likelihood: Likelihood,
-                  spec: SubnetworkModelSpec) -> SubnetworkBNN:
-        """Build from the spec's model section (selection and MAP settings)."""
-        return cls(net, priors, likelihood, spec)
+    # -- its structure: the MAP net and the subnetwork ---------------------------------------------------
+    def fit_structure(self, data: Dataset, how: StructureFit) -> None:
+        """Fit (or load) the MAP net and select the subnetwork; stored in ``how.run_dir`` for resumes and reloads.
 
-    # -- preparation: the MAP net and the subnetwork -----------------------------------------------------
-    def prepare(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog, progress: bool = True, *,
-                fit_map: MapFitter) -> None:
-        """Fit (or load) the MAP net and select the subnetwork; stored in ``run_dir`` for resumes and reloads.
+        ``how.fit_map`` is the SVI fit the pipeline hands down (the family does not know inference methods).
 
-        ``fit_map`` is the SVI fit the pipeline hands down (the family does not know inference methods).
+        :param data: the training data.
+        :param how: where to keep it and how to fit the MAP net.
         """
+        run_dir, seed, log, progress, fit_map = how.run_dir, how.seed, how.log, how.progress, how.fit_map
         path = Path(run_dir) / SUBNET_FILE if run_dir is not None else None
         flat_precision = self._flat_prior_precision(data.x_train)
         if path is not None and path.exists():
@@ -214,7 +239,7 @@ class SubnetworkBNN:
         else:
             self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
             selection = build_selection(self.spec.selection)
-            context = SelectionContext(self.net, self.layout, data, self.likelihood.task, self.map_noise(),
+            context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
             self._set_indices(selection.select(context).to(data.x_train.device))
             if path is not None:
@@ -224,8 +249,8 @@ class SubnetworkBNN:
                 f"{self.count_by_parameter()}")
         self.prior_precision = flat_precision[self.indices]
 
-    def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log: RunLog,
-                    progress: bool, fit_map: MapFitter) -> dict[str, torch.Tensor]:
+    def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log,
+                    progress: bool, fit_map) -> dict[str, torch.Tensor]:
         if self.spec.map_from is not None:
             values = load_point_values(self.spec.map_from, "model.map_from")
             missing = [n for n, p in self.net.named_parameters()
@@ -237,13 +262,13 @@ class SubnetworkBNN:
             if self.buffers():
                 restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
             return {n: v.to(data.x_train) for n, v in values.items()}
-        # the zoo's MAP member: SVI on the mean-field model with a Delta guide, checkpointed in run_dir/map
-        mean_field = MeanFieldBNN(self.net, self.prior_configs, self.likelihood)
-        guide = DeltaGuide(mean_field.latent_sites()).to(data.x_train)
+        # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map
+        all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood)
+        guide = DeltaGuide(all_weights.latent_sites()).to(data.x_train)
         map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
-        fit_map(mean_field, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
+        fit_map(all_weights, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
                 progress=progress)
         values = guide.point_estimate()
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
@@ -277,14 +302,10 @@ class SubnetworkBNN:
 
     def map_noise(self) -> torch.Tensor | float | None:
         """The Gaussian noise sigma at the MAP (fixed, or the MAP of a learned one); None for classification."""
-        if self.likelihood.task != "regression":
-            return None
-        if self.likelihood.fixed_noise is not None:
-            return self.likelihood.fixed_noise
-        return self.map_values[self.likelihood.noise_site]
+        return self.likelihood.noise(self.map_values)
 
     def _flat_prior_precision(self, like: torch.Tensor) -> torch.Tensor:
-        parts = [torch.full((s.numel,), 1.0 / self.prior_configs[s.name].scale ** 2) for s in self.layout.slots]
+        parts = [torch.full((s.numel,), self.prior_configs[s.name].gaussian_precision()) for s in self.layout.slots]
         return torch.cat(parts).to(like)
 
     def count_by_parameter(self) -> str:
@@ -296,15 +317,16 @@ class SubnetworkBNN:
         """The parameter tensor (``hidden0.weight``, ...) of each subnet element, in site order."""
         return self.layout.names_of(self.indices)
 
-    def _require_prepared(self) -> torch.Tensor:
+    def _require_structure(self) -> torch.Tensor:
         if self.indices is None:
-            raise RuntimeError("the subnetwork family is not prepared: call family.prepare(data, ...) first")
+            raise RuntimeError("the subnetwork family's structure is not fitted: call family.fit_structure(data, ...) "
+                               "first")
         return self.indices
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
         """The subnet ``[D]`` (initialised at its MAP values) and the likelihood's latents (at their MAP)."""
-        indices = self._require_prepared()
+        indices = self._require_structure()
         flat = nn.utils.parameters_to_vector(self.net.parameters()).detach()
         sites = {SITE: LatentSite(torch.Size([len(indices)]), flat[indices].clone())}
         for name, site in self.likelihood.latent_sites().items():
@@ -327,7 +349,7 @@ class SubnetworkBNN:
     def set_hyperparameters(self, values: dict[str, torch.Tensor]) -> None:
         """Restore tuned hyperparameters (see :meth:`hyperparameters`)."""
         precision = values["prior_precision"]
-        if precision.shape != (len(self._require_prepared()),) or not bool((precision > 0).all()):
+        if precision.shape != (len(self._require_structure()),) or not bool((precision > 0).all()):
             raise ValueError(f"prior precision must be positive and of shape [{len(self.indices)}]")
         self.prior_precision = precision.to(self.indices.device)
 
@@ -347,7 +369,7 @@ class SubnetworkBNN:
     # -- the Pyro model --------------------------------------------------------------------------------
     def model(self, x: torch.Tensor, y: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> None:
         """Sample the subnet, then observe ``y`` on the rows ``batch`` (scaled up to all ``len(x)`` rows)."""
-        self._require_prepared()
+        self._require_structure()
         subnet = pyro.sample(SITE, self.prior())
         observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward(subnet, rows))
 
@@ -355,7 +377,7 @@ class SubnetworkBNN:
         """The parameters the subnet touches, MAP values with the subnet's entries replaced: ``{name: [S, ...]}``
         for subnet draws ``[S, D]``."""
         out = {}
-        self._require_prepared()
+        self._require_structure()
         for slot, positions, local in self._parts:
             base = self._params[slot.name].detach().flatten().expand(subnet.shape[0], -1)
             out[slot.name] = base.index_copy(1, local, subnet[:, positions]).view(-1, *slot.shape)
@@ -385,4 +407,34 @@ class SubnetworkBNN:
     def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MAP net's outputs ``f [B, O]`` and their Jacobian with respect to the subnet ``J [B, O, D]``."""
         factors = LayerFactors(self.net, self.layout, x)
-        return factors.f, factors.jacobian(self.layout, self._require_prepared())
+        return factors.f, factors.jacobian(self.layout, self._require_structure())
+
+
+class SubnetworkModelSpec(FamilySection):
+    """Subnetwork inference: a selected subset of a MAP net's weights is random (one site), the rest fixed."""
+
+    offers = frozenset({WEIGHT_VECTOR})
+    linearisable = True
+    needs_every_row = True  # the MAP's curvature and the selection are computed over every training row
+    needs_global_noise = True  # its linearised Laplace takes a Gaussian of one noise (fixed or learned)
+
+    family: Literal["subnetwork"] = Field(description=(
+        "subnetwork: a selected subset of a MAP net's weights gets a full-covariance posterior"))
+    selection: SubnetSelectionSpec = Field(default_factory=SubnetSelectionSpec, description=(
+        "which weights form the subnetwork (section model.selection)"))
+    map: SVISpec = Field(default_factory=lambda: SVISpec(epochs=200, lr=1e-2),
+                         description="how the MAP net (the linearisation point) is fitted: SVI with a Delta guide")
+    map_from: str | None = Field(None, description="reuse a MAP fit instead: a run directory (family all_weights, "
+                                 "guide delta, the same net and data) or its point_estimate.pt")
+
+    def prior_sites(self, net: nn.Module) -> list[str]:
+        return SubnetworkBNN.prior_sites(net)
+
+    def refusals(self, priors: list[PriorSection]) -> list[tuple[str, Any, str]]:
+        """Every weight needs a zero-mean Normal prior: the Gaussian prior precision the Laplace posterior adds."""
+        return [("prior.name", p.name, "the subnetwork family needs a zero-mean Normal prior on every weight (the "
+                 "Gaussian prior precision the Laplace posterior adds to); use prior: {name: normal, scale: ...}")
+                for p in priors if p.gaussian_precision() is None]
+
+    def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> SubnetworkBNN:
+        return SubnetworkBNN(net, priors, likelihood, self)

@@ -1,0 +1,73 @@
+"""Draws stored chain by chain: what every sampler (MCMC, SG-MCMC) writes to ``samples.pt`` and reads back as a
+:class:`~zoo.posterior.ChainPosterior`, and the :class:`StoredDraws` method base they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from zoo.errors import ZooInputError
+from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
+from zoo.models.base import ModelFamily
+from zoo.posterior import ChainPosterior, Posterior
+from zoo.runs import load_checkpoint
+
+SAMPLES_FILE = "samples.pt"
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass
+class MCMCResult:
+    """Draws ``{site: [chains, samples, *shape]}``, per-draw sampler statistics ``[chains, samples]``, timing."""
+
+    draws: dict[str, torch.Tensor]
+    stats: dict[str, torch.Tensor]
+    seconds: float = 0.0
+    method: str = "nuts"
+    settings: dict[str, float] = field(default_factory=dict)
+    posterior: Posterior | None = None
+
+    def flat_draws(self) -> dict[str, torch.Tensor]:
+        """All chains' draws, chain after chain: ``{site: [chains * samples, *shape]}``."""
+        return {n: v.flatten(0, 1) for n, v in self.draws.items()}
+
+
+def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str = "cpu") -> MCMCResult:
+    """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``."""
+    state = load_checkpoint(Path(run_dir) / SAMPLES_FILE, device)
+    if not state.get("done", False):
+        raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
+                            "finish it with zoo train --resume")
+    result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
+    result.posterior = ChainPosterior(family, result.draws, result.stats)
+    return result
+
+
+def sampling_progress(state: dict) -> str:
+    """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chain(s) finished; chain 2 at
+    iteration 300/1000`` (NUTS)."""
+    if "sampler" in state:
+        return f"iteration {state['sampler']['iteration']}"
+    running = [f"chain {c} at iteration {u['iteration']}" for c, u in sorted(state.get("unfinished", {}).items())]
+    return "; ".join([f"{len(state.get('chains', []))} chain(s) finished", *running])
+
+
+class StoredDraws(InferenceMethod):
+    """What the samplers share: draws stored chain by chain in ``samples.pt`` (a :class:`ChainPosterior` on load),
+    chains started fresh (``fresh_starts``) or at the posterior of the run ``inference.init`` names."""
+
+    files = (SAMPLES_FILE,)
+    fits_guide = False
+    fresh_starts: tuple[str, ...] = ("prior",)
+
+    def start_from(self, spec) -> Path | None:
+        return starting_run(spec.init, self.fresh_starts)
+
+    def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
+        if start is not None:  # e.g. rank-1's W, fitted by the run the chains started from
+            copy_point_parameters(family, start, "inference.init")
+        return load_samples(run_dir, family, device).posterior
+
+

@@ -1,0 +1,199 @@
+"""What every net shares: the spec's :class:`NetSection` that names an architecture, its activations, and the helpers
+the families use on any plain ``nn.Module`` (parameter swaps, BatchNorm's evaluation mode, image shapes)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from abc import abstractmethod
+from collections.abc import Iterator
+from typing import Annotated, ClassVar
+
+import torch
+from pydantic import AfterValidator, Field
+from torch import nn
+
+from zoo.errors import ZooInputError
+from zoo.parts import Strict
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "elu": nn.ELU,
+    "silu": nn.SiLU,
+    "sigmoid": nn.Sigmoid,
+}
+
+
+def activation_refusals(name: str) -> list[ZooInputError]:
+    """An unknown activation, refused with the known ones (checked with the rest of the spec, so that every problem
+    of a spec is listed at once).
+
+    :param name: the activation named.
+    :returns: the problem, or nothing.
+    """
+    if name in ACTIVATIONS:
+        return []
+    allowed = f"use one of: {', '.join(sorted(ACTIVATIONS))}"
+    return [ZooInputError("net.activation", name, allowed, message=f"unknown net.activation {name!r}; {allowed}")]
+
+
+Activation = Annotated[str, Field("relu", description=f"{' | '.join(ACTIVATIONS)}")]
+
+
+def _positive_widths(widths: list[int]) -> list[int]:
+    if any(w < 1 for w in widths):
+        raise ValueError(f"widths must be positive integers, got {widths}")
+    return widths
+
+
+Widths = Annotated[list[int], AfterValidator(_positive_widths)]
+InChannels = Annotated[int, Field(1, gt=0, description="channels of the input images; a row holds in_channels * "
+                                  "side * side pixels, channel-major (C, H, W)")]
+
+
+class NetSection(Strict):
+    """The spec's ``net`` section for one architecture (``name: Literal[...]``); widths come from the data."""
+
+    convolutional: ClassVar[bool] = True  # it convolves (what a family's compiled step may care about)
+    optional: ClassVar[bool] = False  # it needs an optional extra, so it is never suggested in its place
+
+    @property
+    def image_channels(self) -> int:
+        """Channels of the images it reads its rows as (1 for a net of one-channel images or of plain rows)."""
+        return 1
+
+    def refusals(self) -> list[ZooInputError]:
+        """Problems of its settings that the spec lists with every other problem (an unknown activation).
+
+        :returns: the problems; empty when there are none.
+        """
+        return []
+
+    @abstractmethod
+    def build(self, in_dim: int, out_dim: int) -> nn.Module:
+        """The net for rows of ``in_dim`` inputs and ``out_dim`` outputs.
+
+        :param in_dim: inputs per row (pixels, channel-major, for an image net).
+        :param out_dim: outputs per row.
+        :returns: the untrained net.
+        :raises ZooInputError: settings the data cannot meet (e.g. rows that are not square images).
+        """
+
+
+class ParameterSwap:
+    """Run a net with its parameters replaced by given tensors (e.g. sampled weights), keeping autograd through them.
+
+    ``torch.func.functional_call`` does the same for any module but re-walks the module tree on every call; a
+    training step calls this once per ELBO evaluation, so the (module, attribute) slots are resolved once here.
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+        modules = dict(net.named_modules())
+        self.slots = {}
+        for name, _ in net.named_parameters():
+            owner, _, attr = name.rpartition(".")
+            self.slots[name] = (modules[owner], attr)
+
+    def __call__(self, weights: dict[str, torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        """``net(*inputs)`` with parameter ``name`` replaced by ``weights[name]`` for every name given."""
+        saved = []
+        try:
+            for name, value in weights.items():
+                module, attr = self.slots[name]
+                saved.append((module, attr, module._parameters[attr]))
+                module._parameters[attr] = value
+            return self.net(*inputs)
+        finally:
+            for module, attr, original in saved:
+                module._parameters[attr] = original
+
+
+def image_shape(in_dim: int, in_channels: int, net: str) -> tuple[int, int, int]:
+    """(C, H, W) of flat rows of ``in_dim`` pixels holding square ``in_channels``-channel images."""
+    side = math.isqrt(in_dim // in_channels) if in_dim % in_channels == 0 else 0
+    if side < 1 or in_channels * side * side != in_dim:
+        raise ZooInputError("net.in_channels", in_channels, f"net {net!r} reads each row as square images; "
+                            f"{in_dim} inputs are not {in_channels} x side x side pixels")
+    return in_channels, side, side
+
+
+def _flat_width(body: nn.Module, shape: tuple[int, int, int]) -> int:
+    """Features per example after ``body`` on images of ``shape`` (a dry run on one blank image; ``body`` holds
+    no BatchNorm, whose statistics the run would move)."""
+    with torch.no_grad():
+        return int(body(torch.zeros(1, *shape)).flatten(1).shape[1])
+
+
+NORMALISATION_LAYERS = (nn.modules.batchnorm._BatchNorm,)
+
+
+def reinitialise(net: nn.Module) -> None:
+    """Draw every layer's parameters afresh by its own ``reset_parameters`` (torch's layers all have one; a module
+    without one, such as a container or an activation, has nothing to draw), from torch's global random stream.
+
+    :param net: the net, changed in place.
+    """
+    for module in net.modules():
+        reset = getattr(module, "reset_parameters", None)  # torch's own convention for layers, not a zoo part
+        if callable(reset):
+            reset()
+
+
+def has_batch_norm(net: nn.Module) -> bool:
+    """Whether the net normalises by batch statistics (its outputs then depend on the other rows in training mode)."""
+    return any(isinstance(m, NORMALISATION_LAYERS) for m in net.modules())
+
+
+def has_convolutions(net: nn.Module) -> bool:
+    """Whether the net has convolution layers (the deep ensemble then runs its members one after another)."""
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
+
+
+def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
+    """(C, H, W) of the images an image net reads its flat rows as (its first module unflattens them); None for
+    a net of plain feature rows."""
+    first = next(iter(net.children()), None)
+    if isinstance(first, nn.Unflatten) and len(first.unflattened_size) == 3:
+        return tuple(int(d) for d in first.unflattened_size)
+    return None
+
+
+def batch_dependent(net: nn.Module) -> bool:
+    """Whether the net's output for a row depends on the other rows of its batch: BatchNorm in training mode."""
+    return any(isinstance(m, NORMALISATION_LAYERS) and m.training for m in net.modules())
+
+
+@contextlib.contextmanager
+def evaluation_mode(net: nn.Module) -> Iterator[nn.Module]:
+    """Run ``net`` in eval mode within (BatchNorm reads its running statistics), then restore its mode.
+
+    Families fit in training mode (batch statistics, running statistics updated) and predict, linearise and
+    score in evaluation mode, where every example's output depends on that example alone.
+    """
+    was_training = net.training
+    net.eval()
+    try:
+        yield net
+    finally:
+        net.train(was_training)
+
+
+def prediction_mode(net: nn.Module, batch_norm: bool) -> contextlib.AbstractContextManager:
+    """:func:`evaluation_mode` for a net with BatchNorm (``batch_norm``, known once per family), else a no-op, so
+    the samplers' compiled potentials of plain nets never toggle module modes."""
+    return evaluation_mode(net) if batch_norm else contextlib.nullcontext(net)
+
+
+
+
+class ImageNetSection(NetSection):
+    """A net that reads each row as square images of ``in_channels`` channels."""
+
+    in_channels: InChannels
+
+    @property
+    def image_channels(self) -> int:
+        return self.in_channels
