@@ -5,13 +5,14 @@ digits (scikit-learn's, enlarged to MNIST's frame: AUROC and FPR95 by max-probab
 
     python benchmarks/shift.py --spec configs/map_digits.yaml --spec configs/mc_dropout_digits.yaml \\
         [--set 'net:={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
-        --runs-dir runs/shift [--threads 1] [--json PATH] [--plot PATH]
+        --runs-dir runs/shift [--threads 1] [--predictive-samples N] [--json PATH] [--plot PATH]
 
 Every member gets ``data.name=mnist5k``, ``data.ood_classes=[]`` and ``data.calibration_fraction=0.1`` (the
 same 3,600 training rows for all; the other 400 are the calibration rows that temperature scaling is fitted
 on), then ``--set`` and its ``--set-for``. ``--temperature-scale STEM`` adds a row "STEM + TS": the same runs'
 predictive after temperature scaling. Resumable: a run directory that holds a finished run is evaluated, not
-retrained, and one with a checkpoint resumes; each run's report is kept in it as ``shift_benchmark.json``.
+retrained, and one with a checkpoint resumes; each run's report is kept in it as ``shift_benchmark_draws<N>.json``
+(N: the posterior draws per prediction, each spec's own unless ``--predictive-samples`` sets one for all).
 """
 
 from __future__ import annotations
@@ -50,20 +51,21 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def evaluate_member(run_dir: Path, temperature_scale: bool) -> dict:
-    """Both suites' reports of one trained run (kept in the run directory, so a rerun reads them back)."""
+def evaluate_member(run_dir: Path, temperature_scale: bool, draws: int | None = None) -> dict:
+    """Both suites' reports of one trained run, from ``draws`` posterior draws (None: the spec's
+    ``inference.predictive_samples``); kept in the run directory per draw count, so a rerun reads them back."""
     from zoo.pipeline import load_run
     from zoo.runs import write_json
     from zoo.shift import shift_report
 
-    cache = run_dir / ("shift_benchmark_ts.json" if temperature_scale else "shift_benchmark.json")
+    spec, data, posterior = load_run(run_dir)
+    draws = spec.inference.predictive_samples if draws is None else draws
+    cache = run_dir / f"shift_benchmark{'_ts' if temperature_scale else ''}_draws{draws}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
-    spec, data, posterior = load_run(run_dir)
     out = {}
     for suite in SUITES:
-        report = shift_report(posterior, data, suite, spec.inference.predictive_samples, spec.seed,
-                              temperature_scale)
+        report = shift_report(posterior, data, suite, draws, spec.seed, temperature_scale)
         report.pop("reliability")
         out[suite] = report
     write_json(cache, out)
@@ -122,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also report member STEM after temperature scaling on its calibration rows")
     p.add_argument("--runs-dir", required=True, metavar="DIR", help="the runs, DIR/<stem>_seed<k> (resumable)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--predictive-samples", type=int, metavar="N",
+                   help="posterior draws per prediction in the evaluation (default: each spec's own)")
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--plot", help="write accuracy, NLL and ECE against the severity to this PNG file")
     return p
@@ -136,6 +140,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
 
     if args.threads < 1:
         raise ZooInputError("--threads", args.threads, "use 1 or more")
+    if args.predictive_samples is not None and args.predictive_samples < 1:
+        raise ZooInputError("--predictive-samples", args.predictive_samples, "use 1 or more draws")
     seeds = parse_seeds(args.seeds)
     stems = [Path(p).stem for p in args.spec]
     if len(set(stems)) != len(stems):
@@ -155,9 +161,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             if not (run_dir / "metrics.json").is_file():
                 train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True, echo=None)
             fit_seconds.append(json.loads((run_dir / "metrics.json").read_text())["train_seconds"])
-            reports.append(evaluate_member(run_dir, False))
+            reports.append(evaluate_member(run_dir, False, args.predictive_samples))
             if stem in args.temperature_scale:
-                scaled.append(evaluate_member(run_dir, True))
+                scaled.append(evaluate_member(run_dir, True, args.predictive_samples))
             console.print(f"{stem} seed {seed}: cNLL {reports[-1]['corruptions']['summary']['c_nll']:.3f} "
                           f"({time.perf_counter() - started:.0f} s)", markup=False)
         results[stem] = {**member_figures(reports), "fit_seconds": float(np.mean(fit_seconds))}
@@ -166,7 +172,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                                        "temperature": mean_se([r["corruptions"]["temperature"] for r in scaled])}
     for table in tables(results):
         console.print(table)
-    out = {"seeds": seeds, "threads": args.threads, "overrides": args.set, "overrides_per_spec": args.set_for,
+    out = {"seeds": seeds, "threads": args.threads, "predictive_samples": args.predictive_samples, "overrides": args.set, "overrides_per_spec": args.set_for,
            "members": results}
     written = []
     if args.json:
