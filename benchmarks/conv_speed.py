@@ -12,7 +12,7 @@ its ``Flipout`` layers decorrelate examples, as the zoo's local reparameterisati
 
 Data: synthetic CIFAR-shaped rows (3 x 32 x 32, 10 classes; the timing does not depend on the pixels). Timings
 alternate between the two sides of each row in rounds, so machine noise hits both alike; the ratio is the median
-of the per-round ratios. Targets (issue 17): rank-1 (K = 4) <= 1.3 x the deterministic step on K x B rows;
+of the per-round ratios. Targets: rank-1 (K = 4) <= 1.3 x the deterministic step on K x B rows;
 mean-field <= 1.0 x bayesian-torch with the same estimator.
 
     python benchmarks/conv_speed.py [--depth 20] [--batch 128] [--members 4] [--rounds 5] [--steps 3]

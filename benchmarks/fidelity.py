@@ -453,8 +453,8 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
                      "train_seconds": stored.get("train_seconds"),
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
     return jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
-                     "task": task, "topic": topic, "data": ref_data.name, "split": ref_spec.data.model_dump().get("split"),
-                     "seed": ref_spec.seed,
+                     "task": task, "topic": topic, "data": ref_data.name,
+                     "split": ref_spec.data.model_dump().get("split"), "seed": ref_spec.seed,
                      "num_samples": args.samples, "steps": args.steps, "columns": columns, "rows": rows,
                      "wall_seconds": round(time.perf_counter() - start, 1)})
 

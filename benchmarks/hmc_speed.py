@@ -109,7 +109,7 @@ else:
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         numpyro.set_host_device_count(2)
 
-TARGET_RATIO = 2.0  # issue 18: the zoo at its default adaptation >= 2x NumPyro's best chain method
+TARGET_RATIO = 2.0  # the target: the zoo at its default adaptation >= 2x NumPyro's best chain method
 DATA_SEED = 0  # the spec seed (toy_gap's data seed), whatever --seed the samplers get
 NOISE = 0.1  # toy: likelihood sigma in ORIGINAL target units (the spec's convention); see the module docstring
 X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # toy, original input units: outside, left cluster, gap, right cluster, outside
@@ -581,8 +581,8 @@ def main(argv: list[str] | None = None) -> dict:
                "torch_threads": torch.get_num_threads(), "xla_single_thread": xla_single_thread,
                "versions": versions, "target_ratio": TARGET_RATIO, "zoo": {}, "numpyro": {}, "blackjax": {}}
     if bench is not TOY:  # keys the toy's figures never had (a JSON without bench_model is the toy's)
-        results.update(bench_model=bench.name, split=reference.data.model_dump().get("split"), x_eval_caption=bench.eval_caption,
-                       data_dir=args.data_dir if bench.uci else None)
+        results.update(bench_model=bench.name, split=reference.data.model_dump().get("split"),
+                       x_eval_caption=bench.eval_caption, data_dir=args.data_dir if bench.uci else None)
     for method, chains in zoo_candidates:
         results["zoo"][f"{method}:{chains}"] = run_zoo(method, chains, args, bench)
     for method, chains in numpyro_candidates:

@@ -172,7 +172,8 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                                        "temperature": mean_se([r["corruptions"]["temperature"] for r in scaled])}
     for table in tables(results):
         console.print(table)
-    out = {"seeds": seeds, "threads": args.threads, "predictive_samples": args.predictive_samples, "overrides": args.set, "overrides_per_spec": args.set_for,
+    out = {"seeds": seeds, "threads": args.threads, "predictive_samples": args.predictive_samples,
+           "overrides": args.set, "overrides_per_spec": args.set_for,
            "members": results}
     written = []
     if args.json:

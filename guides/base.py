@@ -73,7 +73,8 @@ InitRho = Annotated[float, Field(-5.0, allow_inf_nan=True, description=(
 class Guide(nn.Module, metaclass=ABCMeta):
     """A guide over a model family's latent sites: what SVI fits, the Posterior draws from, and checkpoints hold.
 
-    The hooks below have defaults for the guides that do not need them; a guide overrides what it has.
+    The hooks below have defaults for the guides that do not need them; a guide overrides what it has. It has no
+    constructor of its own: a subclass's takes the guide's arguments (e.g. :class:`SiteGuide`'s ``sites``).
     """
 
     init_rho: float | None = None  # the initial rho of a softplus-parameterised guide (read by the NaN diagnosis)
@@ -83,6 +84,8 @@ class Guide(nn.Module, metaclass=ABCMeta):
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Sample every latent site (Pyro's guide call; the model's arguments are passed through).
 
+        :param args: the model's positional arguments (e.g. ``x``, ``y``).
+        :param kwargs: the model's keyword arguments.
         :returns: the sampled value of every site.
         """
 
@@ -182,6 +185,15 @@ class ExactDrawMultivariateNormal(dist.MultivariateNormal):
     2,000 steps, the negative ELBO came out between -2.5e8 and -5e5 where float64 gives about 3,400, and the
     run diverged six steps later. Scored from ε the value is log N(ε; 0, I) - log|det L|: the same function of
     the parameters, so the same ELBO and gradient, with no solve. Any other value is scored as usual.
+
+    Its constructor is :class:`torch.distributions.MultivariateNormal`'s: ``loc`` and one of the three matrices,
+    each then an attribute.
+
+    :ivar loc: the mean ``[..., D]``.
+    :ivar covariance_matrix: the covariance ``[..., D, D]``.
+    :ivar precision_matrix: the precision ``[..., D, D]``.
+    :ivar scale_tril: the lower Cholesky factor L of the covariance ``[..., D, D]`` (what the guides pass).
+    :ivar validate_args: the constructor's switch of torch's argument validation (None: torch's default).
     """
 
     _draw: tuple[torch.Tensor, torch.Tensor] | None = None  # (the last rsample's value, its standard-normal noise)
@@ -222,7 +234,11 @@ class SiteGuide(Guide):
         )
 
     def unconstrained_loc(self, name: str) -> torch.Tensor:
-        """The location parameter of site ``name`` in unconstrained space."""
+        """The location parameter of site ``name`` in unconstrained space.
+
+        :param name: the site.
+        :returns: the parameter itself (shaped like the site; writing to it moves the guide).
+        """
         return self.loc[_key(name)]
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
@@ -230,6 +246,10 @@ class SiteGuide(Guide):
 
         A site inside a plate (e.g. ensemble members) is sampled in that plate with its terms averaged over it,
         exactly as the model declares it.
+
+        :param args: the model's positional arguments, ignored.
+        :param kwargs: the model's keyword arguments, ignored.
+        :returns: the sampled value of every site.
         """
         values, plates = {}, {}
         for name, site in self.sites.items():
@@ -252,12 +272,19 @@ class SiteGuide(Guide):
         """
 
     def point_estimate(self) -> dict[str, torch.Tensor]:
-        """One representative value per site in constrained space (the mean of q in unconstrained space)."""
+        """One representative value per site in constrained space (the mean of q in unconstrained space).
+
+        :returns: ``{site: value}``, copies detached from the parameters.
+        """
         with torch.no_grad():
             return {n: biject_to(s.support)(self.unconstrained_loc(n)).clone() for n, s in self.sites.items()}
 
     def init_from(self, values: dict[str, torch.Tensor]) -> list[str]:
-        """Set locations from point values (e.g. a MAP fit); returns the sites that were matched."""
+        """Set locations from point values (e.g. a MAP fit); a value whose shape differs from its site's is skipped.
+
+        :param values: ``{site: value}`` in constrained space.
+        :returns: the sites that were matched.
+        """
         matched = []
         with torch.no_grad():
             for name, site in self.sites.items():

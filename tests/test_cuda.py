@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.test_image_nets import FAMILIES, spec_of
+from zoo import bnn as bnn_module
 from zoo.pipeline import load_run, train
 from zoo.spec import load_spec
 
@@ -53,9 +54,8 @@ def test_a_cuda_run_reads_its_loss_every_fiftieth_step_and_keeps_the_whole_curve
 
 
 def test_training_rows_kept_in_host_memory_train_on_cuda(tmp_path, monkeypatch):
-    import zoo.pipeline as pipeline
 
-    monkeypatch.setattr(pipeline, "training_rows_stay_on_host", lambda *args, **kwargs: True)
+    monkeypatch.setattr(bnn_module, "training_rows_stay_on_host", lambda *args, **kwargs: True)
     lines: list[str] = []
     summary = train(spec_of("rank1", "device=cuda"), tmp_path / "run", progress=False, echo=lines.append)
     assert any("stay in host memory" in line for line in lines) and math.isfinite(summary.metrics["nll"])

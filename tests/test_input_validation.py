@@ -219,7 +219,7 @@ def test_make_dataset_refuses_fractional_labels_instead_of_truncating():
 @pytest.mark.parametrize(("data", "value", "line"), [
     ({"name": "imagenet"}, "imagenet", "unknown data.name 'imagenet'; use one of: toy_gap, two_moons, digits, "
                                        "mnist1d, mnist5k, mnist, fashion_mnist, cifar10, cifar100, svhn, uci:<folder>, "
-                                       "file:<path>"),
+                                       "file:<path>, python"),
     ({"name": "uci:"}, "uci:", "data.name: got 'uci:'; name the UCI folder after the prefix, e.g. uci:housing"),
     ({"name": "file:table.txt", "target": "y", "task": "regression"}, "file:table.txt",
      "data.name: got 'file:table.txt'; give the path of a .csv or .npz file after the prefix, e.g. "
@@ -274,8 +274,8 @@ def test_every_cross_field_problem_is_listed_and_the_first_is_the_field():
 
 
 def test_laplace_problems_name_their_fields():
-    err = spec_error(["inference.method=laplace"])
-    assert err.field == "guide.name"
+    err = spec_error(["inference.method=laplace"])  # the guide follows the method: only the family is wrong
+    assert err.field == "model.family" and len(str(err).splitlines()) == 2
     assert "  model.family: inference.method: laplace linearises a MAP net" in str(err)
     err = spec_error(["model.family=subnetwork", "inference.method=laplace", "guide.name=mean_field"])
     assert err.field == "guide.name" and err.value == "mean_field"

@@ -25,6 +25,7 @@ NOTEBOOK_OUTPUTS = {
     "sgmcmc_swag.ipynb": "sghmc_scale_adapted/samples.pt",
     "swapping_parts.ipynb": "sghmc/samples.pt",  # the inference method swapped by one override
     "scaling_out.ipynb": "hmc_2/samples.pt",  # written by rank 0 of two processes
+    "your_model.ipynb": "rank-1 (4 members)/metrics.json",  # the last of the post-hoc fits of the trained net
 }
 
 

@@ -477,3 +477,83 @@ def test_member_conv2d_equals_scaling_input_and_output_channels(groups):
         rows_k = x[k * rows:(k + 1) * rows] * s[k].view(1, -1, 1, 1)
         expected = F.conv2d(rows_k, weight, None, 1, 1, 1, groups) * r[k].view(1, -1, 1, 1) + b[k].view(1, -1, 1, 1)
         assert torch.allclose(together[k * rows:(k + 1) * rows], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_member_transposed_convolution_equals_scaling_input_and_output_channels(dims, groups):
+    # a transposed convolution is linear in its input channels and its output channels as well: member k's weights
+    # W * r_k s_k^T (W is [in, out / groups, ...]) give the transposed convolution of (x * s_k), scaled by r_k, + b_k
+    torch.manual_seed(0)
+    members, rows, spatial = 2, 3, [1] * dims
+    weight = torch.randn(4, 6 // groups, *[2] * dims)
+    r, s, b = torch.randn(members, 6), torch.randn(members, 4), torch.randn(members, 6)
+    x = torch.randn(members * rows, 4, *[3] * dims)
+    with MemberHandler({id(weight): (weight, r, s, b)}, members):
+        together = getattr(F, f"conv_transpose{dims}d")(x, weight, None, 2, 0, 1, groups)  # looked up when called
+    conv = getattr(F, f"conv_transpose{dims}d")
+    for k in range(members):
+        rows_k = x[k * rows:(k + 1) * rows] * s[k].view(1, -1, *spatial)
+        expected = conv(rows_k, weight, None, 2, 0, 1, groups) * r[k].view(1, -1, *spatial) + b[k].view(1, -1, *spatial)
+        assert torch.allclose(together[k * rows:(k + 1) * rows], expected, atol=1e-5)
+
+
+def test_member_embedding_scales_each_looked_up_row_by_its_input_and_output_factors():
+    # an Embedding is a Linear layer on one-hot rows: member k's table is E * s_k r_k^T (row i scaled by s_k[i])
+    torch.manual_seed(0)
+    members, table = 3, torch.randn(10, 4)
+    r, s = torch.randn(members, 4), torch.randn(members, 10)
+    ids = torch.randint(0, 10, (members * 2, 5))
+    with MemberHandler({id(table): (table, r, s, None)}, members):
+        together = F.embedding(ids, table, padding_idx=0)
+    assert F.embedding is not None and together.shape == (members * 2, 5, 4)
+    for k in range(members):
+        member_table = table * s[k][:, None] * r[k]
+        assert torch.allclose(together[k * 2:(k + 1) * 2], F.embedding(ids[k * 2:(k + 1) * 2], member_table))
+
+
+class SignalNet(nn.Module):
+    """Token ids -> Embedding -> a grouped ConvTranspose1d -> a Conv1d -> the mean over positions -> a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.up = nn.ConvTranspose1d(4, 6, 3, stride=2, groups=2)
+        self.down = nn.Conv1d(6, 5, 3, bias=False)
+        self.out = nn.Linear(5, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.up(self.embed(ids).transpose(1, 2)))
+        return self.out(torch.tanh(self.down(h)).mean(-1))
+
+
+def test_rank1_members_of_a_net_with_an_embedding_and_transposed_convolutions_equal_the_factored_nets():
+    # member k of every factored layer is that layer with W * r_k s_k^T over its (out, in) channels and bias b_k;
+    # the Embedding's input is its row index and it has no bias
+    torch.manual_seed(0)
+    net, members = SignalNet(), 3
+    priors = assign_priors(PriorSpec(default=NormalPrior(loc=1.0)), Rank1BNN.prior_sites(net))
+    family = Rank1BNN(net, priors, Categorical(), members=members)
+    assert list(family.layers) == ["embed", "up", "down", "out"] and list(family.member_bias) == ["up", "down", "out"]
+    factors = {n: 1 + 0.3 * torch.randn(members, v.shape[-1]) for n, v in family.latent_sites().items()}
+    biases = [torch.randn_like(b) for b in family.member_bias.values()]
+    ids = torch.randint(0, 10, (7, 6))
+    with torch.no_grad():
+        together = family.forward_members(factors, biases, ids)
+        assert together.shape == (members, 7, 2)
+        for k in range(members):
+            member = SignalNet()
+            member.load_state_dict(net.state_dict())
+            bias_of = dict(zip(["up", "down", "out"], biases, strict=True))
+            for name, layer in member.named_children():
+                r, s = factors[f"{name}.r"][k], factors[f"{name}.s"][k]
+                if name == "embed":
+                    layer.weight.mul_(s[:, None] * r)
+                    continue
+                if name == "up":  # [in, out / groups, kernel]: output channel g * 3 + j of input channel i
+                    r_read = r.view(2, 1, 3).expand(-1, 2, -1).reshape(4, 3)
+                    layer.weight.mul_((s[:, None] * r_read)[..., None])
+                else:
+                    layer.weight.mul_((r[:, None] * s).view(*layer.weight.shape[:2], *[1] * (layer.weight.dim() - 2)))
+                layer.bias = nn.Parameter(bias_of[name][k].clone())
+            assert torch.allclose(together[k], member(ids), atol=1e-5), k

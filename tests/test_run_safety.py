@@ -27,6 +27,7 @@ import yaml
 import zoo.pipeline as pipeline
 import zoo.runs as runs
 from tests.conftest import interrupt_at, sigterm_ends_cleanly, tiny_hmc
+from zoo import bnn as bnn_module
 from zoo.cli import main
 from zoo.errors import ZooInputError, ZooWarning
 from zoo.inference.draws import SAMPLES_FILE
@@ -177,7 +178,7 @@ def test_an_interrupt_before_any_checkpoint_says_there_is_nothing_to_resume(tmp_
     def interrupted_while_loading(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "prepare", interrupted_while_loading)
+    monkeypatch.setattr(bnn_module, "place", interrupted_while_loading)
     out = tmp_path / "run"
     code, err = exit_and_error(capsys, train_argv(write_spec(tmp_path / "spec.yaml"), out))
     assert code == 130
@@ -466,7 +467,7 @@ def unwritable_dir(tmp_path) -> Path:
 
 def test_an_unwritable_out_is_found_before_training_starts(tmp_path, capsys, monkeypatch, unwritable_dir):
     started = []
-    monkeypatch.setattr(pipeline, "prepare", lambda *a, **k: started.append(1))
+    monkeypatch.setattr(bnn_module, "place", lambda *a, **k: started.append(1))
     code, err = exit_and_error(capsys, train_argv(write_spec(tmp_path / "spec.yaml"), unwritable_dir / "run"))
     assert code == 2 and "--out" in err and "cannot write there" in err and not started
 

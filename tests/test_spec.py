@@ -261,7 +261,7 @@ def test_unknown_keys_are_refused(overrides, field):
     (["likelihood.noise=guess"], "likelihood.noise"),
     (["likelihood.name=poisson"], "likelihood.name"),
     (["inference.lr=0"], "inference.lr"),
-    (["inference.num_steps=0"], "inference.num_steps"),
+    (["inference.num_steps=-1"], "inference.num_steps"),
     (["inference.lr_decay=1.5"], "inference.lr_decay"),
     (["inference.elbo=renyi"], "inference.elbo"),
     (["data.split=-1"], "data.split"),

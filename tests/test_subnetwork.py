@@ -50,9 +50,22 @@ def spec(base: dict, *overrides: str):
     return load_spec(base, list(overrides))
 
 
+class _PositionMLP(torch.nn.Module):
+    """A Linear layer applied at every position of a sequence (as in a transformer's feed-forward block), then a
+    mean over positions: its weight's Jacobian sums over positions, as a 1x1 convolution's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.out = torch.nn.Linear(4, 5), torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.inner(x.unflatten(-1, (4, 4)))).mean(-2))
+
+
 NETS = {
     "mlp": lambda: build_mlp(3, 4, [5, 6], "tanh"),
     "cnn": lambda: build_cnn(16, 3, [5], "relu", channels=[2, 3]),
+    "positions": _PositionMLP,
 }
 
 
@@ -89,6 +102,83 @@ def test_diagonal_and_subnet_ggn_equal_dense(kind, task):
     torch.testing.assert_close(factors.diagonal_ggn(layout, root), full.diagonal(), rtol=1e-9, atol=1e-12)
     indices = torch.tensor([0, 3, layout.size - 1, layout.size // 2])
     torch.testing.assert_close(ggn(factors.jacobian(layout, indices), root), full[indices][:, indices])
+
+
+class _Gain(nn.Module):
+    """A layer of the user's own: a learned per-channel gain (a parameter named neither weight nor bias)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, channels))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h * self.gain[:, None]
+
+
+class _AnyLayerNet(nn.Module):
+    """Layers without Jacobian factors: an Embedding (of ids binned from x), a grouped ConvTranspose1d, a
+    circularly padded Conv1d, a GroupNorm (at the MAP) and a layer of the user's own, then a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(9, 4)
+        self.up = nn.ConvTranspose1d(4, 6, 3, stride=2, groups=2)
+        self.norm = nn.GroupNorm(2, 6)
+        self.gain = _Gain(6)
+        self.down = nn.Conv1d(6, 3, 3, padding=1, padding_mode="circular")
+        self.out = nn.Linear(3 + 4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = ((x[:, :6] * 3).floor().clamp(-4, 4) + 4).long()
+        h = self.gain(self.norm(torch.tanh(self.up(self.embed(ids).transpose(1, 2)))))
+        return self.out(torch.cat([torch.tanh(self.down(h)).mean(-1), x[:, 6:10]], -1))
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_layers_without_factors_get_jacobians_and_ggn_diagonals_equal_to_dense_autograd(task, monkeypatch):
+    # per-example vector-Jacobian products, in chunks of rows (a chunk of two rows forced here)
+    import zoo.curvature
+
+    monkeypatch.setattr(zoo.curvature, "PER_EXAMPLE_FLOATS", 2 * 4 * 9 * 4)
+    torch.manual_seed(3)
+    net = _AnyLayerNet().double()
+    x = torch.randn(7, 16, dtype=torch.float64)
+    layout = ParameterLayout(net)
+    mask = layout.selectable()
+    norm = next(slot for slot in layout.slots if slot.module_name == "norm")
+    assert not mask[norm.offset:norm.offset + norm.numel].any() and int(mask.sum()) == layout.size - 12
+    factors = LayerFactors(net, layout, x)
+    assert set(factors.calls) == {"embed", "up", "gain", "down"}
+    dense = dense_jacobian(net, x)[0]
+    indices = mask.nonzero().squeeze(-1)
+    torch.testing.assert_close(factors.jacobian(layout, indices), dense[:, :, indices], rtol=1e-10, atol=1e-12)
+    root = (Gaussian(0.3) if task == "regression" else Categorical()).output_hessian_root(factors.f, 0.3)
+    rj = torch.einsum("bpo,bod->bpd", root, dense)
+    expected = rj.square().sum((0, 1)) * mask
+    torch.testing.assert_close(factors.diagonal_ggn(layout, root), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_a_selectable_layer_that_returns_no_tensor_is_refused_by_name():
+    class Pair(nn.Module):  # a layer with weights whose output is a pair (as nn.MultiheadAttention's)
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2, 3))
+
+        def forward(self, x: torch.Tensor):
+            return x @ self.w.T, x
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pair, self.scale = Pair(), nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.pair(x)[0] * self.scale
+
+    net = Net()
+    with pytest.raises(ZooInputError, match=r"'pair' \(Pair\) returns a tuple.*model.exclude: \[pair\]"):
+        LayerFactors(net, ParameterLayout(net), torch.randn(4, 3))
+    LayerFactors(net, ParameterLayout(net, lambda name, _: name != "pair"), torch.randn(4, 3))
 
 
 def test_linear_gaussian_evidence_is_the_exact_marginal_likelihood():

@@ -322,10 +322,13 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    """Print every registered part."""
+    """Print every registered part (or one kind's table: ``zoo list members``)."""
     from zoo.registry import TABLES
 
-    for title, table in TABLES.items():
+    wanted = {title: table for title, table in TABLES.items() if args.what is None or title.startswith(args.what)}
+    if not wanted:
+        raise ZooInputError("zoo list", args.what, f"list one of: {', '.join(t.split()[0] for t in TABLES)}")
+    for title, table in wanted.items():
         out = Table(title=title, show_header=False, title_justify="left")
         out.add_column("name", style="bold")
         out.add_column("what")
@@ -419,7 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="NAMES", help="comma-separated metrics to show (default: all recorded)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference")
+    p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference "
+                       "methods and members")
+    p.add_argument("what", nargs="?", help="only this kind's table, e.g. members, priors, guides")
     p.set_defaults(func=cmd_list)
     return parser
 

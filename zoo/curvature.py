@@ -6,27 +6,56 @@ and the outputs' Jacobian with respect to the layer's pre-activation a (one back
 the subnetwork Jacobian and the full diagonal of the generalised Gauss-Newton matrix (GGN) are built from these
 factors, so the cost grows with the subnet size and the layers' widths, never with a full Jacobian
 ``[B, outputs, all weights]``. Conv2d layers work the same way on unfolded input patches.
+
+Any other layer with weights (an Embedding, a Conv1d/3d, a transposed or grouped convolution, a module of your own)
+is selectable too: its weights' Jacobian is the per-example vector-Jacobian product of the layer with the same
+``∂f/∂(layer output)`` factor, one ``torch.func`` vmap over rows and outputs, taken in chunks of rows so that it
+never holds more than :data:`PER_EXAMPLE_FLOATS` numbers.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from zoo.errors import ZooInputError
-from zoo.nets import NORMALISATION_LAYERS, evaluation_mode
+from zoo.nets import NORM_LAYERS, evaluation_mode
 
-LAYERS = (nn.Linear, nn.Conv2d)  # whose weights can be selected (their Jacobians are built from layer factors)
-FIXED_LAYERS = NORMALISATION_LAYERS  # parameters held at their MAP values, never selected
+FACTOR_LAYERS = (nn.Linear, nn.Conv2d)  # whose Jacobians are products of the layer's input and output factors
+FIXED_LAYERS = NORM_LAYERS  # parameters held at their MAP values, never selected
+PER_EXAMPLE_FLOATS = 2**24  # the most numbers a chunk of per-example weight gradients holds (64 MB in float32)
+
+
+def factored(module: nn.Module) -> bool:
+    """Whether a layer's weight Jacobians are built from its input and output factors (a Linear layer, an ungrouped
+    zero-padded Conv2d); any other layer's come from per-example vector-Jacobian products.
+
+    :param module: the layer.
+    :returns: whether it has layer factors.
+    """
+    if isinstance(module, nn.Conv2d):
+        return module.groups == 1 and module.padding_mode == "zeros"
+    return isinstance(module, nn.Linear)
 
 
 @dataclass(frozen=True)
 class ParameterSlot:
-    """One parameter tensor of the net: its name, module, kind (weight/bias) and place in the flat vector."""
+    """One parameter tensor of the net and its place in the flat vector.
+
+    :param name: its name in ``named_parameters`` (``features.0.weight``).
+    :param module_name: the path of the module that owns it.
+    :param module: that module.
+    :param kind: its name within the module (``weight``, ``bias``, or a layer's own).
+    :param shape: its shape.
+    :param offset: where it starts in the flat vector.
+    :param fixed: held at its MAP value whatever the selection (a normalisation layer, an excluded module).
+    """
 
     name: str
     module_name: str
@@ -39,48 +68,63 @@ class ParameterSlot:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    fixed: bool = False  # held at its MAP value whatever the selection (a normalisation layer, an excluded module)
+
     @property
     def selectable(self) -> bool:
-        """Whether a subnetwork may hold this parameter (BatchNorm's scale and shift stay at the MAP)."""
-        return isinstance(self.module, LAYERS)
+        """Whether a subnetwork may hold this parameter (normalisation layers' and excluded modules' stay at the
+        MAP)."""
+        return not self.fixed
 
 
 class ParameterLayout:
-    """The net's parameters in ``parameters_to_vector`` order; flat indices name single weights."""
+    """The net's parameters in ``parameters_to_vector`` order; flat indices name single weights.
 
-    def __init__(self, net: nn.Module) -> None:
+    :param net: the net.
+    :param chosen: whether a module (by path) may be selected (None: every module); the others' parameters stay at
+        the MAP, as normalisation layers' do.
+    """
+
+    def __init__(self, net: nn.Module, chosen: Callable[[str, nn.Module], bool] | None = None) -> None:
         modules = dict(net.named_modules())
         self.slots: list[ParameterSlot] = []
         offset = 0
         for name, param in net.named_parameters():
             module_name, _, kind = name.rpartition(".")
             module = modules[module_name]
-            if not isinstance(module, LAYERS + FIXED_LAYERS) or kind not in ("weight", "bias"):
-                raise ZooInputError("net", type(module).__name__, f"subnetwork Laplace handles the weights and biases "
-                                    f"of Linear and Conv2d layers (BatchNorm's stay at the MAP); {name} belongs to "
-                                    f"a {type(module).__name__}")
-            if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"):
-                raise ZooInputError("net", name, "grouped or non-zero-padded convolutions are not supported")
-            self.slots.append(ParameterSlot(name, module_name, module, kind, param.shape, offset))
+            fixed = (chosen is not None and not chosen(module_name, module)) or isinstance(module, FIXED_LAYERS)
+            self.slots.append(ParameterSlot(name, module_name, module, kind, param.shape, offset, fixed))
             offset += param.numel()
         self.size = offset
         self.module_names = list(dict.fromkeys(s.module_name for s in self.slots if s.selectable))
 
     def selectable(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """A boolean mask ``[size]``: which flat weights a subnetwork may hold (Linear and Conv2d parameters)."""
+        """Which flat weights a subnetwork may hold (all but the fixed ones).
+
+        :param device: where the mask goes.
+        :returns: a boolean mask ``[size]``.
+        """
         mask = torch.zeros(self.size, dtype=torch.bool, device=device)
         for slot in self.slots:
             mask[slot.offset:slot.offset + slot.numel] = slot.selectable
         return mask
 
     def slot_of(self, indices: torch.Tensor) -> torch.Tensor:
-        """For each flat index, the position of its parameter in :attr:`slots`."""
+        """For each flat index, the position of its parameter in :attr:`slots`.
+
+        :param indices: flat indices.
+        :returns: slot positions, like ``indices``.
+        """
         starts = torch.tensor([s.offset for s in self.slots], device=indices.device)
         return torch.searchsorted(starts, indices, right=True) - 1
 
     def split(self, indices: torch.Tensor) -> list[tuple[ParameterSlot, torch.Tensor, torch.Tensor]]:
-        """``(slot, positions, local)`` per parameter touched by ``indices``: which entries of ``indices`` fall in
-        it (``positions``) and their flat offsets inside the parameter (``local``)."""
+        """The parameters touched by ``indices``, each with the entries of ``indices`` that fall in it and their flat
+        offsets inside it.
+
+        :param indices: flat indices.
+        :returns: ``(slot, positions, local)`` per parameter touched.
+        """
         which = self.slot_of(indices)
         parts = []
         for k, slot in enumerate(self.slots):
@@ -90,7 +134,11 @@ class ParameterLayout:
         return parts
 
     def names_of(self, indices: torch.Tensor) -> list[str]:
-        """The parameter name of each flat index (e.g. ``hidden0.weight``)."""
+        """The parameter name of each flat index.
+
+        :param indices: flat indices.
+        :returns: the names (e.g. ``hidden0.weight``), one per index.
+        """
         return [self.slots[k].name for k in self.slot_of(indices).tolist()]
 
 
@@ -100,24 +148,35 @@ def _patches(module: nn.Conv2d, h: torch.Tensor) -> torch.Tensor:
 
 
 class LayerFactors:
-    """Outputs ``f [B, O]`` of the net at ``x`` and, per layer, its input ``h`` and ``g = ∂f/∂(pre-activation)``.
+    """Outputs ``f [B, O]`` of the net at ``x`` and, per layer, its input ``h`` and ``g = ∂f/∂(layer output)``.
 
-    ``g`` is ``[B, O, out]`` for Linear layers and ``[B, O, C_out, positions]`` for Conv2d; a Conv2d's ``h`` is
-    its unfolded input patches. The net runs in eval mode (BatchNorm at its running statistics), so examples are
+    ``g`` is ``[B, O, out]`` for Linear layers and ``[B, O, C_out, positions]`` for Conv2d (and for a Linear layer
+    applied at several positions, e.g. tokens); a Conv2d's ``h`` is its unfolded input patches. Any other layer
+    keeps ``g`` in its output's shape ``[B, O, ...]`` and its inputs as it was called, for per-example
+    vector-Jacobian products. The net runs in eval mode (BatchNorm at its running statistics), so examples are
     independent and one backward pass of ``f[:, o].sum()`` gives every example's ``∂f_o/∂a``.
+
+    :param net: the net.
+    :param layout: its parameters' layout (which modules are selectable).
+    :param x: inputs ``[B, ...]``.
+    :raises ZooInputError: a selectable layer whose output is not one tensor.
     """
 
     def __init__(self, net: nn.Module, layout: ParameterLayout, x: torch.Tensor) -> None:
-        inputs: dict[str, torch.Tensor] = {}
+        calls: dict[str, tuple[tuple, dict]] = {}
         outputs: dict[str, torch.Tensor] = {}
-        modules = {s.module_name: s.module for s in layout.slots if s.selectable}
+        self.modules = {s.module_name: s.module for s in layout.slots if s.selectable}
 
         def recorder(name: str):
-            def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
-                inputs[name], outputs[name] = args[0].detach(), out
+            def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+                if not isinstance(out, torch.Tensor):
+                    raise ZooInputError("model.exclude", name, f"subnetwork Laplace differentiates each selectable "
+                                        f"layer's output, and {name!r} ({type(module).__name__}) returns a "
+                                        f"{type(out).__name__}: keep it at the MAP with model.exclude: [{name}]")
+                calls[name], outputs[name] = (_detached(args), _detached(kwargs)), out
             return hook
 
-        handles = [m.register_forward_hook(recorder(n)) for n, m in modules.items()]
+        handles = [m.register_forward_hook(recorder(n), with_kwargs=True) for n, m in self.modules.items()]
         try:
             with torch.enable_grad(), evaluation_mode(net):  # BatchNorm reads its running statistics
                 f = net(x)
@@ -135,20 +194,74 @@ class LayerFactors:
         self.f = f.detach()
         self.g: dict[str, torch.Tensor] = {}
         self.h: dict[str, torch.Tensor] = {}
+        self.calls: dict[str, tuple[tuple, dict]] = {}  # the inputs of the layers without factors
         for name, per_output in zip(names, grads, strict=True):
-            g = torch.stack(per_output, dim=1)
-            if isinstance(modules[name], nn.Conv2d):
+            g, module, h = torch.stack(per_output, dim=1), self.modules[name], calls[name][0][0]
+            if not factored(module):
+                self.calls[name] = calls[name]
+            elif isinstance(module, nn.Conv2d):
                 g = g.flatten(3)
-                self.h[name] = _patches(modules[name], inputs[name])
+                self.h[name] = _patches(module, h)
+            elif h.dim() > 2:  # a Linear layer over positions (tokens): as a 1x1 convolution
+                g = g.movedim(-1, 2).flatten(3)  # [B, O, out, positions]
+                self.h[name] = h.flatten(1, -2).transpose(1, 2)  # [B, in, positions]
             else:
-                self.h[name] = inputs[name]
+                self.h[name] = h
             self.g[name] = g
 
+    def per_example(self, name: str, cotangent: torch.Tensor,
+                    reduce: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> list[torch.Tensor]:
+        """Per-example weight gradients of a layer without factors, ``Σ <cotangent[b, k], ∂a_b/∂θ>`` for every row b
+        and every k (``cotangent [B, K, *a.shape[1:]]``), handed to ``reduce`` chunk of rows by chunk of rows (as
+        ``{parameter kind: [rows, K, *shape]}``).
+
+        :param name: the layer's path.
+        :param cotangent: what the layer's output is contracted with, per row and k.
+        :param reduce: turns one chunk's gradients into what is kept of them.
+        :returns: ``reduce``'s result per chunk.
+        """
+        module = self.modules[name]
+        params = {k: p.detach() for k, p in module.named_parameters(recurse=False)}
+        args, kwargs = self.calls[name]
+        rows = cotangent.shape[0]
+        batched = [0 if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == rows else None for a in args]
+
+        def contribution(*example_and_cotangent):
+            *example, c = example_and_cotangent
+            example = [a[None] if dim == 0 else a for a, dim in zip(example, batched, strict=True)]
+            return torch.func.grad(lambda th: (torch.func.functional_call(module, th, tuple(example), kwargs)[0]
+                                               * c).sum())(params)
+
+        per_k = torch.func.vmap(contribution, in_dims=(*[None] * len(args), 0))
+        per_row = torch.func.vmap(per_k, in_dims=(*batched, 0))
+        width = max(1, sum(p.numel() for p in params.values()) * cotangent.shape[1])
+        chunk = max(1, PER_EXAMPLE_FLOATS // width)
+        kept = []
+        with torch.enable_grad():
+            for start in range(0, rows, chunk):
+                part = slice(start, start + chunk)
+                kept.append(reduce(per_row(*[a[part] if dim == 0 else a for a, dim in zip(args, batched, strict=True)],
+                                           cotangent[part])))
+        return kept
+
     def jacobian(self, layout: ParameterLayout, indices: torch.Tensor) -> torch.Tensor:
-        """``∂f/∂w [B, O, D]`` for the D weights at flat ``indices``, built from the layer factors only."""
+        """The Jacobian of the outputs with respect to the weights at flat ``indices``, built from the layer factors
+        (per-example vector-Jacobian products for a layer without factors).
+
+        :param layout: the net's parameter layout.
+        :param indices: the D flat indices.
+        :returns: ``∂f/∂w [B, O, D]``.
+        """
         J = self.f.new_zeros(*self.f.shape, len(indices))
         for slot, positions, local in layout.split(indices):
-            g, h = self.g[slot.module_name], self.h[slot.module_name]
+            g = self.g[slot.module_name]
+            if slot.module_name in self.calls:
+                cols = torch.cat(self.per_example(slot.module_name, g,
+                                                  lambda grads, kind=slot.kind, local=local:
+                                                  grads[kind].flatten(2)[:, :, local]))
+                J[:, :, positions] = cols
+                continue
+            h = self.h[slot.module_name]
             if slot.kind == "bias":
                 cols = g[:, :, local] if g.dim() == 3 else g[:, :, local].sum(-1)
             elif g.dim() == 3:  # Linear: w_ij -> g_i h_j
@@ -161,13 +274,24 @@ class LayerFactors:
         return J
 
     def diagonal_ggn(self, layout: ParameterLayout, root: torch.Tensor) -> torch.Tensor:
-        """The diagonal of Σ_b J_bᵀ Λ_b J_b over all weights (flat, ``[P]``; 0 where not selectable), Λ_b = R_bᵀ R_b."""
+        """The diagonal of the GGN Σ_b J_bᵀ Λ_b J_b over all weights, Λ_b = R_bᵀ R_b.
+
+        :param layout: the net's parameter layout.
+        :param root: the output Hessians' roots ``R [B, P, O]``.
+        :returns: the diagonal, flat ``[P]`` (0 where not selectable).
+        """
         out = self.f.new_zeros(layout.size)
         for slot in layout.slots:
             if not slot.selectable:
                 continue  # no Jacobian factors: a BatchNorm parameter is never selected
-            g, h = self.g[slot.module_name], self.h[slot.module_name]
+            g = self.g[slot.module_name]
             rg = torch.einsum("bpo,bo...->bp...", root, g)  # R g: [B, O, out(, positions)]
+            if slot.module_name in self.calls:  # Σ_b Σ_p ((R J_b)_p)^2, per-example products with R g
+                diag = sum(self.per_example(slot.module_name, rg,
+                                            lambda grads, kind=slot.kind: grads[kind].square().sum((0, 1))))
+                out[slot.offset:slot.offset + slot.numel] = diag.flatten()
+                continue
+            h = self.h[slot.module_name]
             if slot.kind == "bias":
                 diag = (rg if g.dim() == 3 else rg.sum(-1)).square().sum((0, 1))
             elif g.dim() == 3:  # Σ_b Σ_p (R g)_{bpi}^2 h_{bj}^2: one matmul
@@ -178,7 +302,24 @@ class LayerFactors:
         return out
 
 
+def _detached(value: Any) -> Any:
+    """A layer call's arguments with their tensors detached (the per-example products differentiate the weights
+    only)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
 def ggn(J: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
-    """Σ_b J_bᵀ Λ_b J_b ``[D, D]`` for Jacobians ``J [B, O, D]`` and Hessian roots ``R [B, O, O]``."""
+    """The GGN Σ_b J_bᵀ Λ_b J_b of a subnetwork.
+
+    :param J: Jacobians ``[B, O, D]``.
+    :param root: the output Hessians' roots ``R [B, O, O]`` (Λ_b = R_bᵀ R_b).
+    :returns: ``[D, D]``.
+    """
     rj = torch.bmm(root, J).flatten(0, 1)
     return rj.T @ rj

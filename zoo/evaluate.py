@@ -33,6 +33,9 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    if len(data.y_test) == 0:
+        raise ZooInputError("data", data.name, "has no test rows to score (a run of data given in Python keeps only "
+                            "two example rows): score it with zoo.load(run_dir).evaluate((x, y))")
     check_draws_fit(posterior, data, num_samples)
     pyro.set_rng_seed(seed + 1)
     return task_of(data).evaluate(posterior, data, num_samples)

@@ -58,7 +58,8 @@ class Catalogue(Generic[S]):
     """The registered sections of one kind of part, by name.
 
     A section answers to one name, several (``name: Literal["mnist", "cifar10"]``), or a prefix ending in ``:``
-    (``uci:``: every ``uci:<folder>``), as ``names_of`` says.
+    (``uci:``: every ``uci:<folder>``), as ``names_of`` says. A section whose class sets ``offered = False`` (one
+    only the zoo writes, e.g. data given in Python) is accepted but not offered in place of an unknown name.
 
     :param kind: what the parts are (``prior``, ``guide``, ...), for messages.
     :param sections: the section classes; their order is the listing order.
@@ -100,16 +101,25 @@ class Catalogue(Generic[S]):
         """The section that serves ``name``; refused with the registered names otherwise."""
         tag = self.tag(name)
         if tag is None:
-            allowed = f"use one of: {', '.join(self.shown.get(n, n) for n in self.sections)}"
+            offered = [n for n, section in self.sections.items() if getattr(section, "offered", True)]
+            allowed = f"use one of: {', '.join(self.shown.get(n, n) for n in offered)}"
             raise ZooInputError(self.field, name, allowed, message=f"unknown {self.field} {name!r}; {allowed}")
         return self.sections[tag]
 
     def items(self) -> Iterator[tuple[str, S]]:
-        """(name, section) pairs in registration order (a section serving several names once per name)."""
+        """(name, section) pairs in registration order (a section serving several names once per name).
+
+        :returns: an iterator over ``(name, section class)``.
+        """
         return iter(self.sections.items())
 
     def union(self) -> Any:
-        """The spec field's type: the registered sections, discriminated by the name they serve."""
+        """The spec field's type: the registered sections, discriminated by the name they serve.
+
+        :returns: the one section class where only one is registered; otherwise an ``Annotated`` union of the
+            sections, discriminated by the field ``key`` (or, where a section serves several names or a prefix,
+            by the registered name that serves the value's ``key``).
+        """
         members = tuple(dict.fromkeys(self.sections.values()))
         if len(members) == 1:
             return members[0]
@@ -123,7 +133,10 @@ class Catalogue(Generic[S]):
         return Annotated[Union[tagged], Discriminator(discriminate)]  # noqa: UP007 - built from a tuple
 
     def summaries(self) -> dict[str, str]:
-        """Every registered name with the first sentence of its section's docstring (``zoo list``)."""
+        """Every registered name with the first sentence of its section's docstring (``zoo list``).
+
+        :returns: ``{name: first sentence}`` in registration order.
+        """
         return {name: first_sentence(section) for name, section in self.sections.items()}
 
     def owners(self, key: str) -> list[str]:
@@ -192,8 +205,8 @@ class Catalogue(Generic[S]):
             name = value[self.key] = new
         own = self[name]  # an unknown name is refused here, with the registered ones
         for key in [k for k in value if k not in own.model_fields]:
-            owners = [s.model_fields[key] for s in self.owner_sections(key)]
-            if owners and all(_same(value[key], f.get_default(call_default_factory=True)) for f in owners):
+            defaults = [s.model_fields[key] for s in self.owner_sections(key) if not s.model_fields[key].is_required()]
+            if defaults and all(_same(value[key], f.get_default(call_default_factory=True)) for f in defaults):
                 del value[key]
         return value
 
@@ -203,3 +216,39 @@ def _same(value: Any, default: Any) -> bool:
     if isinstance(default, BaseModel):
         default = default.model_dump(mode="json")
     return value == default
+
+
+def import_target(target: str, field: str) -> Any:
+    """The object an import path names (``package.module:attribute``, attributes dotted for nested ones), as a spec
+    points at user code (Hydra's ``_target_`` convention).
+
+    :param target: ``module.path:attribute``.
+    :param field: the spec field that gave it, for messages.
+    :returns: the object.
+    :raises ZooInputError: a malformed path, a module that does not import (naming it and why), or an attribute
+        it does not have.
+    """
+    import importlib
+
+    module_name, sep, attribute = str(target).partition(":")
+    if not sep or not module_name or not attribute:
+        raise ZooInputError(field, target, "write it as module.path:attribute, e.g. mypkg.models:make_net")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ZooInputError(field, target, f"module {module_name!r} does not import ({type(err).__name__}: {err}); "
+                            "install it, or run from the directory that holds it (it must be on sys.path)") from None
+    for part in attribute.split("."):
+        if part not in vars(obj) and not hasattr(type(obj), part):
+            raise ZooInputError(field, target, f"module {module_name!r} has no attribute {attribute!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def import_path(obj: object) -> str:
+    """The ``module:qualname`` import path of a class or function (what :func:`import_target` reads back).
+
+    :param obj: a class or function.
+    :returns: its import path.
+    """
+    return f"{obj.__module__}:{obj.__qualname__}"

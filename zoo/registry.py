@@ -17,6 +17,7 @@ from zoo.inference.sgmcmc import SGMCMC
 from zoo.inference.svi import SVI
 from zoo.inference.swag import SWAG
 from zoo.likelihoods import LIKELIHOODS
+from zoo.members import MEMBERS
 from zoo.models import FAMILIES
 from zoo.models.base import FamilySection
 from zoo.models.subnetwork import SELECTIONS
@@ -49,6 +50,7 @@ TABLES = {
               "trace": "Monte Carlo KL everywhere"},
     "inference": {" | ".join(method.names): method.summary for method in dict.fromkeys(METHODS.values())},
     "subnetwork selections": {name: summary_of(doc) for name, doc in SELECTIONS.items()},
+    "members (member: NAME)": {name: member.about for name, member in MEMBERS.items()},
 }
 assert set(TABLES["elbos"]) == set(ELBOS)
 

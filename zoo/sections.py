@@ -42,7 +42,8 @@ class SVISpec(Tempered):
         "trace_mean_field (analytic KL where one exists, Pyro's TraceMeanField_ELBO) or trace (Monte Carlo "
         "KL, Trace_ELBO)"))
     epochs: PositiveInt | None = Field(100, description="passes over the training rows (num_steps overrides it)")
-    num_steps: PositiveInt | None = Field(None, description="overrides epochs when set")
+    num_steps: NonNegativeInt | None = Field(None, description="overrides epochs when set (0: no step, the guide as "
+                                             "it starts, e.g. MC dropout at a trained net's weights)")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     optimizer: Literal["adam", "clipped_adam"] = Field("adam", description=(
         "adam, or clipped_adam (gradient clipping at clip_norm and a per-step lr decay)"))

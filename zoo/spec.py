@@ -35,6 +35,7 @@ from zoo.likelihoods import (  # noqa: F401 - re-exported
     LikelihoodConfig,
     NoisePrior,
 )
+from zoo.members import MEMBERS, with_member
 from zoo.models import FAMILIES, ModelSpec
 from zoo.models.all_weights import AllWeightsModelSpec
 from zoo.models.deterministic import DeepEnsembleModelSpec  # noqa: F401
@@ -51,6 +52,7 @@ from zoo.priors import (  # noqa: F401 - re-exported
     PriorConfig,
     PriorSpec,
     ScaleMixturePrior,
+    nested_prior,
 )
 from zoo.sections import Strict, SVISpec  # noqa: F401
 
@@ -106,6 +108,9 @@ class RunSpec(Strict):
         "auto is CUDA when present, else the CPU; cuda without a visible GPU is refused"))
     dtype: Literal["float32", "float64"] = Field("float32", description=(
         "the floating-point type of the net, the guide and the data"))
+    member: str | None = Field(None, description=(
+        f"a named member of the zoo ({', '.join(MEMBERS)}): its family, guide, prior and inference sections "
+        "underneath the spec's own, which override them (zoo list members)"))
 
     @field_validator("data", "net", "model", "guide", "likelihood", mode="before")
     @classmethod
@@ -133,7 +138,10 @@ class RunSpec(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _own_guide(cls, v: Any) -> Any:
+    def _member_and_own_guide(cls, v: Any) -> Any:
+        # a member's preset goes underneath the spec's own sections
+        if isinstance(v, dict):
+            v = with_member(v, {"prior": lambda prior: nested_prior(prior, name=None)})
         # a method that builds its own guide (laplace: a Gaussian with the Laplace covariance) names it by default
         if isinstance(v, dict) and isinstance(v.get("inference"), dict):
             method = registry.METHODS.get(v["inference"].get("method", "svi"))
@@ -160,7 +168,7 @@ class RunSpec(Strict):
 
         if "net" not in stand_ins:
             problems.extend(self.net.refusals())
-        if not stand_ins & {"guide", "model"}:
+        if not stand_ins & {"guide", "model"} and registry.method_of(self).fits_guide:
             check(registry.check_guide_fits, self.guide, self.model)
 
         def refuse(field: str, value: Any, allowed: str) -> None:
@@ -268,8 +276,15 @@ def _merge(into: dict, mapping: dict) -> bool:
 
 def set_path(tree: dict, dotted: str, value: Any, merge: bool = False) -> bool:
     """Set ``tree['a']['b'] = value`` for ``dotted='a.b'``, creating dicts on the way. With ``merge``, a mapping
-    ``value`` merges into a mapping already there (see :func:`spec_tree`); returns whether a merge kept keys that
-    ``value`` does not name."""
+    ``value`` merges into a mapping already there (see :func:`spec_tree`).
+
+    :param tree: the spec as written, changed in place.
+    :param dotted: the key path, e.g. ``inference.lr``.
+    :param value: the value to set (a copy is stored).
+    :param merge: merge a mapping ``value`` into a mapping already at the key instead of replacing it.
+    :returns: whether a merge kept keys that ``value`` does not name.
+    :raises ZooInputError: when a key on the way holds something other than a mapping.
+    """
     keys = dotted.split(".")
     node = tree
     for k in keys[:-1]:
@@ -284,7 +299,12 @@ def set_path(tree: dict, dotted: str, value: Any, merge: bool = False) -> bool:
 
 def parse_overrides(pairs: list[str]) -> list[tuple[str, Any, bool]]:
     """Parse ``key.path=value`` (merge a mapping value into the spec's) and ``key.path:=value`` (replace) strings
-    into (key, value, replace); values are read as YAML (numbers, lists, mappings, booleans, null)."""
+    into (key, value, replace); values are read as YAML (numbers, lists, mappings, booleans, null).
+
+    :param pairs: the ``--set`` strings.
+    :returns: ``(key, value, replace)`` for each, in order; an empty value is None.
+    :raises ZooInputError: a string without ``=`` or a key, or a value that is not valid YAML.
+    """
     out = []
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -356,7 +376,13 @@ def spec_tree(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
     validation: where further ``key.path=value`` settings go exactly as ``--set`` would put them.
 
     ``key=VALUE`` sets the key; a mapping VALUE merges into a mapping already at the key (its keys win, the others
-    stay). ``key:=VALUE`` replaces whatever is at the key with VALUE."""
+    stay). ``key:=VALUE`` replaces whatever is at the key with VALUE.
+
+    :param source: the path of a YAML spec file, a dict of sections, or a :class:`RunSpec`.
+    :param overrides: one ``key.path=value`` string or a list of them, applied in order.
+    :returns: the spec tree, a new dict (``source`` is not changed).
+    :raises ZooInputError: an unreadable source, or a malformed override.
+    """
     tree = _read_tree(source)
     _apply_overrides(tree, overrides)
     return tree
@@ -364,7 +390,14 @@ def spec_tree(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
 
 def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | None = None) -> RunSpec:
     """Read a spec from a YAML file, a dict or a RunSpec, apply ``--set`` overrides (one ``key.path=value``
-    string or a list of them; see :func:`spec_tree`), and validate it."""
+    string or a list of them; see :func:`spec_tree`), and validate it.
+
+    :param source: the path of a YAML spec file, a dict of sections, or a :class:`RunSpec`.
+    :param overrides: one ``key.path=value`` string or a list of them, applied in order.
+    :returns: the validated spec.
+    :raises ZooInputError: an unreadable source, a malformed override, or an invalid spec (every problem listed,
+        each naming its field).
+    """
     tree = _read_tree(source)
     merged = _apply_overrides(tree, overrides)
     noted: dict[str, Any] = {"problems": [], "stand_ins": set()}  # unknown names, reported with every other problem
@@ -384,7 +417,11 @@ def load_spec(source: str | Path | dict | RunSpec, overrides: str | list[str] | 
 
 
 def spec_to_yaml(spec: RunSpec) -> str:
-    """The fully resolved spec as YAML (what a run directory records)."""
+    """The fully resolved spec as YAML (what a run directory records).
+
+    :param spec: a validated spec.
+    :returns: the YAML text, every field written, in the spec's field order.
+    """
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
 
 
@@ -392,7 +429,13 @@ def spec_to_yaml(spec: RunSpec) -> str:
 @dataclass(frozen=True)
 class SectionReference:
     """One section of the run spec as the documentation lists it: its dotted path, the variant a discriminator
-    selects (``method: svi``; empty for a section of one kind), and its pydantic model."""
+    selects (``method: svi``; empty for a section of one kind), and its pydantic model.
+
+    :param path: the section's dotted path in the run spec (empty for the top level).
+    :param variant: the discriminator and the names that select this variant, e.g. ``method: svi``; empty for a
+        section of one kind.
+    :param model: the section's pydantic model.
+    """
 
     path: str
     variant: str

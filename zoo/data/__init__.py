@@ -12,19 +12,22 @@ from typing import Any
 
 from zoo.data.base import DataSection, Dataset, carve_validation, hold_out_calibration, make_dataset
 from zoo.data.digits import DigitsData
+from zoo.data.given import GIVEN_FILE, GivenData, dataset_from
 from zoo.data.mnist1d import MNIST1DData
 from zoo.data.mnist5k import MNIST5kData
+from zoo.data.python import PythonData
 from zoo.data.table import TableData
 from zoo.data.toy import ToyGapData, TwoMoonsData
 from zoo.data.uci import UCIData
 from zoo.data.vision import VisionData
 from zoo.parts import Catalogue
 
-__all__ = ["DATASETS", "DATA_SETS", "DataConfig", "DataSection", "Dataset", "carve_validation", "data_section",
-           "load_dataset", "make_dataset"]
+__all__ = ["DATASETS", "DATA_SETS", "GIVEN_FILE", "DataConfig", "DataSection", "Dataset", "GivenData", "PythonData",
+           "carve_validation", "data_section", "dataset_from", "load_dataset", "make_dataset"]
 
 DATA_SETS = Catalogue("data", ToyGapData, TwoMoonsData, DigitsData, MNIST1DData, MNIST5kData, VisionData, UCIData,
-                      TableData, field="data.name", names_of=lambda section: section.served_names(),
+                      TableData, PythonData, GivenData, field="data.name",
+                      names_of=lambda section: section.served_names(),
                       shown={"uci:": "uci:<folder>", "file:": "file:<path>"})
 DataConfig = DATA_SETS.union()
 # ``zoo list``'s catalogue: every name (a prefix as ``uci:<folder>``) with its line

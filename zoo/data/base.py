@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -30,6 +30,30 @@ class Dataset:
     Inputs are float32 ``[N, D]``. Regression targets are float32 ``[N]`` in standardised units
     (``y_mean``/``y_std`` map them back); classification targets are int64 ``[N]`` in ``0..n_classes-1``.
     ``x_ood`` holds out-of-distribution input sets (standardised like ``x_train``) by name.
+
+    :param name: the data set's name, as reports show it.
+    :param task: ``regression`` or ``classification``.
+    :param x_train: training inputs ``[N, D]``, standardised.
+    :param y_train: training targets ``[N]``: standardised values, or class labels.
+    :param x_test: test inputs ``[M, D]``, standardised like ``x_train``.
+    :param y_test: test targets ``[M]``, like ``y_train``.
+    :param n_classes: classes of a classification set; None for regression.
+    :param y_mean: the training targets' mean in original units (regression).
+    :param y_std: the training targets' standard deviation in original units (regression).
+    :param x_ood: out-of-distribution input sets ``{name: [K, D]}``, standardised like ``x_train``.
+    :param class_names: a name for each class, where the set has them.
+    :param x_mean: the training inputs' per-column mean ``[D]`` in original units.
+    :param x_std: the training inputs' per-column standard deviation ``[D]`` (1 for a constant column).
+    :param training_rows_on_host: the training rows stay in host memory (too large for the GPU); set by :meth:`to`.
+    :param image_shape: image sets: ``(C, H, W)`` of a row, channel-major; None for a table.
+    :param pixel_max: image sets: the raw value of a full-intensity pixel (the rows' range is ``0..pixel_max``).
+    :param x_calibration: rows held out of training for post-hoc calibration (standardised); None without.
+    :param y_calibration: their targets, like ``y_train``.
+    :param train_loader: where the training rows are streamed from, batch by batch (a ``DataLoader`` of ``(x, y)``
+        batches); ``x_train``, ``y_train`` then hold a few example rows only, and nothing holds all the rows.
+    :param streamed_rows: the streamed training rows' count (what the likelihood is scaled to).
+    :param streamed_batches: the loader's batches per pass.
+    :param dtype: the floating dtype the model computes in (the rows' own; streamed rows are cast to it per batch).
     """
 
     name: str
@@ -46,10 +70,14 @@ class Dataset:
     x_mean: torch.Tensor | None = None
     x_std: torch.Tensor | None = None
     training_rows_on_host: bool = False  # set by to(): the training rows stay in host memory (too large for the GPU)
+    dtype: torch.dtype = torch.float32  # set by to(): the run's floating-point type (inputs may be integers: tokens)
     image_shape: tuple[int, int, int] | None = None  # image sets: (C, H, W) of a row, channel-major; None: a table
     pixel_max: float = 255.0  # image sets: the raw value of a full-intensity pixel (the rows' range is 0..pixel_max)
     x_calibration: torch.Tensor | None = None  # rows held out of training for post-hoc calibration (standardised)
     y_calibration: torch.Tensor | None = None
+    train_loader: Any = None  # streamed training rows (a DataLoader of (x, y) batches); x_train holds examples then
+    streamed_rows: int | None = None
+    streamed_batches: int | None = None
 
     @property
     def in_dim(self) -> int:
@@ -62,14 +90,88 @@ class Dataset:
         return int(self.n_classes) if LABELLED[self.task] else 1
 
     def training_bytes(self, dtype: torch.dtype) -> int:
-        """The training rows' size in memory once their floating-point tensors are ``dtype``."""
+        """The training rows' size in memory once their floating-point tensors are ``dtype``.
+
+        :param dtype: the floating-point type the inputs (and regression targets) would have.
+        :returns: bytes of ``x_train`` and ``y_train``.
+        """
         return sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
                    for t in (self.x_train, self.y_train))
 
     @property
     def n_train(self) -> int:
         """Number of training examples (the full-data size that minibatch likelihoods are scaled to)."""
-        return int(self.x_train.shape[0])
+        return self.streamed_rows if self.train_loader is not None else int(self.x_train.shape[0])
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the training rows come from a loader, batch by batch (none held in memory)."""
+        return self.train_loader is not None
+
+    def epoch_batches(self, seed: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One pass over the streamed training rows, as the loader gives them (on the host), repeatable exactly: a
+        shuffling loader's order is drawn from ``seed`` (its sampler's generator is set to it), and every draw the
+        loader makes from torch's global generator (its workers' seeds, an augmentation run in this process) comes
+        from a stream of its own seeded by ``seed``, so loading neither moves the model's random state nor depends
+        on it, and a pass resumed part-way gives the batches the whole pass would have given. A loader over a
+        ``TensorDataset`` with the default collation is read a batch at a time (:func:`tensor_batches`).
+
+        :param seed: seeds this pass's order and the loader's own random stream.
+        :param skip: batches of the pass to leave out at its start (a run resumed within an epoch).
+        :returns: the ``(x, y)`` batches.
+        """
+        sampler = getattr(self.train_loader, "sampler", None)
+        if isinstance(sampler, torch.utils.data.RandomSampler):
+            sampler.generator = torch.Generator().manual_seed(seed)
+        loader_state = torch.Generator().manual_seed(seed + 1).get_state()
+
+        def on_loader_stream(fetch: Callable[[], Any]) -> Any:
+            nonlocal loader_state
+            model_state = torch.get_rng_state()
+            torch.set_rng_state(loader_state)
+            try:
+                return fetch()
+            finally:
+                loader_state = torch.get_rng_state()
+                torch.set_rng_state(model_state)
+
+        batches = on_loader_stream(lambda: iter(tensor_batches(self.train_loader) or self.train_loader))
+        for _ in range(skip):
+            on_loader_stream(lambda: next(batches))
+        while True:
+            try:
+                x, y = on_loader_stream(lambda: next(batches))
+            except StopIteration:
+                return
+            yield x, y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y
+
+    def train_chunks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every training row once, in chunks of at most ``size`` rows on the device (from the loader, in its own
+        order, where the rows are streamed).
+
+        :param size: rows per chunk.
+        :returns: the ``(x, y)`` chunks.
+        """
+        if not self.streamed:
+            yield from zip(self.x_train.split(size), self.y_train.split(size), strict=True)
+            return
+        for x, y in self.epoch_batches(0):
+            for xc, yc in zip(x.split(size), y.split(size), strict=True):
+                yield (xc.to(self.device, self.dtype if xc.is_floating_point() else xc.dtype),
+                       yc.to(self.device, self.dtype if yc.is_floating_point() else yc.dtype))
+
+    def materialised(self) -> Dataset:
+        """The data set with every streamed training row read into memory (for a method that needs every row at each
+        step); itself where nothing is streamed.
+
+        :returns: the data set.
+        """
+        if not self.streamed:
+            return self
+        rows = list(self.train_chunks(4096))
+        return dataclasses.replace(self, x_train=torch.cat([r[0] for r in rows]),
+                                   y_train=torch.cat([r[1] for r in rows]), train_loader=None, streamed_rows=None,
+                                   streamed_batches=None)
 
     @property
     def device(self) -> torch.device:
@@ -81,7 +183,14 @@ class Dataset:
            training_rows_on_host: bool = False) -> Dataset:
         """Move every tensor to ``device``; inputs (and regression targets) become ``dtype``. With
         ``training_rows_on_host`` the training rows stay in host memory (pinned when CUDA is present), for a data
-        set too large for the device: SVI then moves each minibatch to the device as it steps."""
+        set too large for the device: SVI then moves each minibatch to the device as it steps.
+
+        :param device: where the tensors go.
+        :param dtype: the floating-point type of inputs, regression targets and calibration rows (labels keep
+            theirs).
+        :param training_rows_on_host: keep the training rows in host memory.
+        :returns: a new data set; this one is unchanged.
+        """
 
         def move(t: torch.Tensor, where: torch.device | str = device) -> torch.Tensor:
             return t.to(device=where, dtype=dtype if t.is_floating_point() else t.dtype)
@@ -94,18 +203,27 @@ class Dataset:
         return dataclasses.replace(
             self, x_train=train(self.x_train), y_train=train(self.y_train), x_test=move(self.x_test),
             y_test=move(self.y_test), x_ood={k: move(v) for k, v in self.x_ood.items()},
-            training_rows_on_host=training_rows_on_host,
+            training_rows_on_host=training_rows_on_host, dtype=dtype,
             x_calibration=None if self.x_calibration is None else move(self.x_calibration),
             y_calibration=None if self.y_calibration is None else move(self.y_calibration),
         )
 
     def inputs_in_original_units(self, x: torch.Tensor) -> torch.Tensor:
-        """Undo the input standardisation (for plots against the raw input axis)."""
+        """Undo the input standardisation (for plots against the raw input axis).
+
+        :param x: standardised inputs ``[B, D]``.
+        :returns: the inputs in original units ``[B, D]``.
+        """
         return x * self.x_std.to(x) + self.x_mean.to(x)
 
 
 def check_finite(array: np.ndarray, what: str) -> None:
-    """Refuse arrays with NaN or inf, naming the first offending row."""
+    """Refuse arrays with NaN or inf, naming the first offending row.
+
+    :param array: the values.
+    :param what: what they are, for the message (e.g. ``"iris training inputs"``).
+    :raises ZooInputError: when any value is NaN or infinite.
+    """
     bad = ~np.isfinite(array)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
@@ -129,7 +247,13 @@ def _rescale_hint(magnitude: float) -> str:
 
 def training_stats(values: np.ndarray, labels: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Per-column mean and standard deviation of training ``values`` ([N, D] or [N]) in float64, refusing a
-    column (named by ``labels``) whose statistics overflow or do not fit float32 with headroom (``STAT_LIMIT``)."""
+    column (named by ``labels``) whose statistics overflow or do not fit float32 with headroom (``STAT_LIMIT``).
+
+    :param values: training values ``[N, D]`` or ``[N]``.
+    :param labels: a name for each column, for the message.
+    :returns: the mean and the standard deviation, ``[D]`` each (scalars for ``[N]``).
+    :raises ZooInputError: a column whose statistics are not finite or exceed ``STAT_LIMIT``.
+    """
     with np.errstate(over="ignore", invalid="ignore"):
         mean, std = values.mean(0), values.std(0)
     ok = np.isfinite(mean) & np.isfinite(std) & (np.abs(mean) <= STAT_LIMIT) & (std <= STAT_LIMIT)
@@ -199,6 +323,25 @@ def make_dataset(
     ``feature_names``/``target_name`` (e.g. a table's columns) name the offender in errors; a column whose
     statistics or standardised values do not fit float32 is refused (see ``STAT_LIMIT``). Image sets give
     ``image_shape`` (C, H, W) and ``pixel_max``, which image shifts (:mod:`zoo.data.corruptions`) need.
+
+    :param name: the data set's name.
+    :param task: ``regression`` or ``classification``.
+    :param x_train: training inputs ``[N, D]`` in original units.
+    :param y_train: training targets ``[N]``: real values, or whole-number class labels.
+    :param x_test: test inputs ``[M, D]``.
+    :param y_test: test targets ``[M]``.
+    :param x_ood: out-of-distribution input sets ``{name: [K, D]}``.
+    :param n_classes: classes of a classification set (default: the largest label plus 1).
+    :param class_names: a name for each class.
+    :param feature_names: a name for each input column, for messages.
+    :param target_name: the target column's name, for messages.
+    :param image_shape: image sets: ``(C, H, W)`` of a row.
+    :param pixel_max: image sets: the raw value of a full-intensity pixel.
+    :returns: the standardised data set.
+    :raises ZooInputError: inputs that are not 2-D, non-finite values, train and test columns or targets that do
+        not match, fewer than 2 training rows or no test row, an unknown ``task``, labels that are not whole
+        numbers in ``0..n_classes-1``, or values that do not fit float32 once standardised.
+    :raises ValueError: an ``image_shape`` or ``feature_names`` that does not fit the rows.
     """
     if image_shape is not None and int(np.prod(image_shape)) != np.shape(x_train)[-1]:
         raise ValueError(f"image_shape {image_shape} holds {int(np.prod(image_shape))} values, not the "
@@ -301,6 +444,12 @@ def carve_validation(data: Dataset, fraction: float, seed: int) -> Dataset:
     nothing tuned on it sees a test label. Inputs and targets are mapped back to raw units and standardised
     again with the statistics of the remaining training rows only (no statistic of the validation rows leaks
     into training). OOD sets are kept, re-standardised the same way. ``fraction == 0`` returns ``data`` as is.
+
+    :param data: the loaded data set.
+    :param fraction: the share of training rows to hold out, in [0, 1).
+    :param seed: seeds which rows are held out.
+    :returns: the data set whose test rows are the validation rows.
+    :raises ZooInputError: a ``fraction`` outside [0, 1), or one that leaves fewer than 2 training rows.
     """
     if fraction == 0 and not isinstance(fraction, bool):
         return data
@@ -319,7 +468,14 @@ CALIBRATION_STREAM = 7927  # the calibration rows' own seed stream, apart from t
 def hold_out_calibration(data: Dataset, fraction: float, seed: int) -> Dataset:
     """Hold a seeded ``fraction`` of the training rows out of training as calibration rows (``x_calibration``,
     ``y_calibration``), for post-hoc calibration such as temperature scaling. The test split and OOD sets stay;
-    every set is standardised again with the statistics of the rows that remain for training."""
+    every set is standardised again with the statistics of the rows that remain for training.
+
+    :param data: the loaded data set.
+    :param fraction: the share of training rows to hold out, in [0, 1) (at least one row is held out).
+    :param seed: seeds which rows are held out.
+    :returns: a new data set with ``x_calibration`` and ``y_calibration`` set.
+    :raises ZooInputError: a ``fraction`` outside [0, 1), or one that leaves fewer than 2 training rows.
+    """
     keep, held = _split_training_rows(data, fraction, seed, CALIBRATION_STREAM, "data.calibration_fraction",
                                       "calibration rows")
     x, y = _raw_inputs(data, data.x_train), _raw_targets(data, data.y_train)
@@ -398,14 +554,25 @@ def given(spec: DataSection, *fields: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ shared helpers
 def check_test_fraction(test_fraction: float) -> float:
-    """Refuse a test share outside (0, 1)."""
+    """Refuse a test share outside (0, 1).
+
+    :param test_fraction: the share of rows to test on.
+    :returns: it, as a float.
+    :raises ZooInputError: when it is not a number strictly between 0 and 1.
+    """
     if not (isinstance(test_fraction, int | float) and 0.0 < float(test_fraction) < 1.0):
         raise ZooInputError("data.test_fraction", test_fraction, "use a number strictly between 0 and 1")
     return float(test_fraction)
 
 
 def check_ood_classes(ood_classes: Sequence[int], n_classes: int) -> list[int]:
-    """Validate classes to hold out: each in 0..n_classes-1, and at least 2 classes left for training."""
+    """Validate classes to hold out: each in 0..n_classes-1, and at least 2 classes left for training.
+
+    :param ood_classes: the class ids to hold out.
+    :param n_classes: the classes of the data set.
+    :returns: the distinct class ids, sorted.
+    :raises ZooInputError: a class that is not an integer in range, or fewer than 2 classes left.
+    """
     held = []
     for c in ood_classes:
         if isinstance(c, bool) or not isinstance(c, int | np.integer) or not 0 <= int(c) < n_classes:
@@ -422,7 +589,17 @@ def check_ood_classes(ood_classes: Sequence[int], n_classes: int) -> list[int]:
 def split_holding_out(
     x: np.ndarray, y: np.ndarray, seed: int, test_fraction: float, ood_classes: Sequence[int], n_classes: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, list[int]]:
-    """Seeded stratified split, then :func:`hold_out_classes`."""
+    """Seeded stratified split, then :func:`hold_out_classes`.
+
+    :param x: inputs ``[N, D]``.
+    :param y: class labels ``[N]``.
+    :param seed: seeds the split.
+    :param test_fraction: the share of rows to test on, in (0, 1).
+    :param ood_classes: the class ids to hold out of training.
+    :param n_classes: the classes of the data set.
+    :returns: ``x_train, y_train, x_test, y_test, x_heldout (or None), kept``, as :func:`hold_out_classes`.
+    :raises ZooInputError: a bad ``test_fraction`` or ``ood_classes``.
+    """
     from sklearn.model_selection import train_test_split
 
     check_ood_classes(ood_classes, n_classes)
@@ -439,6 +616,15 @@ def hold_out_classes(
 
     Returns ``x_train, y_train, x_test, y_test, x_heldout (or None), kept`` with labels relabelled to
     ``0..len(kept)-1`` in the order of ``kept`` (the original class ids that remain).
+
+    :param x_tr: training inputs.
+    :param y_tr: training labels.
+    :param x_te: test inputs.
+    :param y_te: test labels.
+    :param ood_classes: the class ids to hold out.
+    :param n_classes: the classes of the data set.
+    :returns: ``x_train, y_train, x_test, y_test, x_heldout (or None), kept``.
+    :raises ZooInputError: a bad ``ood_classes`` (:func:`check_ood_classes`).
     """
     held = check_ood_classes(ood_classes, n_classes)
     kept = [c for c in range(n_classes) if c not in held]
@@ -447,3 +633,51 @@ def hold_out_classes(
     in_tr, in_te = ~np.isin(y_tr, held), ~np.isin(y_te, held)
     x_heldout = x_te[~in_te] if held else None
     return x_tr[in_tr], relabel[y_tr[in_tr]], x_te[in_te], relabel[y_te[in_te]], x_heldout, kept
+
+
+def tensor_batches(loader: Any) -> Iterator[tuple[torch.Tensor, ...]] | None:
+    """The batches a ``DataLoader`` over a ``TensorDataset`` with the default collation gives, each indexed from the
+    tensors at once by the loader's own batch sampler (in its order), instead of row by row and stacked: the same
+    batches at a fraction of the cost. None for any other loader (its own transforms, collation or items).
+
+    :param loader: a ``DataLoader`` (or any iterable of batches).
+    :returns: the batches, or None.
+    """
+    if not isinstance(loader, torch.utils.data.DataLoader) or not isinstance(loader.dataset,
+                                                                              torch.utils.data.TensorDataset):
+        return None
+    if loader.batch_sampler is None or loader.collate_fn is not torch.utils.data.default_collate:
+        return None
+    tensors = loader.dataset.tensors
+    order = _sampler_order(loader.batch_sampler)
+    if order is None:  # a sampler of its own: its lists of indices, each converted once
+        return (tuple(t[index] for t in tensors) for index in map(torch.as_tensor, loader.batch_sampler))
+    return (tuple(t[index] for t in tensors) for index in order)
+
+
+def _sampler_order(batch_sampler: Any) -> Iterator[torch.Tensor] | None:
+    """The index batches of torch's own ``BatchSampler`` over a ``SequentialSampler``, or over a ``RandomSampler``
+    without replacement whose generator is set, as tensors: the order that sampler draws (one ``randperm`` of the
+    rows from its generator, when the pass starts) split into batches, without a Python list per batch. None for any
+    other sampler (its own lists are used).
+    """
+    data = torch.utils.data
+    if type(batch_sampler) is not data.BatchSampler:
+        return None
+    sampler = batch_sampler.sampler
+    n = len(getattr(sampler, "data_source", ()))
+    if type(sampler) is data.SequentialSampler:
+        generator = None
+    elif (type(sampler) is data.RandomSampler and not sampler.replacement and sampler.generator is not None
+          and sampler.num_samples == n):
+        generator = sampler.generator
+    else:
+        return None
+
+    def batches() -> Iterator[torch.Tensor]:
+        order = torch.arange(n) if generator is None else torch.randperm(n, generator=generator)
+        for index in order.split(batch_sampler.batch_size):
+            if len(index) == batch_sampler.batch_size or not batch_sampler.drop_last:
+                yield index
+
+    return batches()

@@ -1,6 +1,7 @@
 """Owns the checks of a fitted posterior, in three modules by job:
 
-* :mod:`zoo.diagnostics.inference_data`: every run as one ArviZ ``InferenceData`` (``posterior.nc``);
+* :mod:`zoo.inference_data`: every run as one ArviZ ``InferenceData`` (``posterior.nc``; below the pipeline, so
+  that :meth:`zoo.BNN.to_inference_data` reaches it);
 * :mod:`zoo.diagnostics.checks`: R-hat, ESS, divergences, BFMI, Pareto k-hat, their verdict, files and plots
   (``zoo diagnose``; the verdict that ends ``zoo train`` of MCMC draws);
 * :mod:`zoo.diagnostics.comparison`: runs' predictives against a reference run's (``zoo compare``).
@@ -37,7 +38,7 @@ from zoo.diagnostics.comparison import (
     run_predictive,
     trusted_reference,
 )
-from zoo.diagnostics.inference_data import (
+from zoo.inference_data import (
     INFERENCE_DATA_FILE,
     VI_DRAWS,
     log_joint,

@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zoo import registry
-from zoo.diagnostics.inference_data import FUNCTION_SUMMARIES, as_numpy, save_inference_data, to_inference_data
+from zoo.inference_data import FUNCTION_SUMMARIES, as_numpy, save_inference_data, to_inference_data
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import ChainPosterior

@@ -20,8 +20,8 @@ from rich.table import Table
 from zoo import registry
 from zoo.data.base import Dataset
 from zoo.diagnostics.checks import diagnosis, fmt, jsonable, method_label
-from zoo.diagnostics.inference_data import as_numpy
 from zoo.errors import ZooInputError
+from zoo.inference_data import as_numpy
 from zoo.likelihoods import PredictiveDraws
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure

@@ -51,21 +51,37 @@ class InferenceMethod(ABC):
     # Its draws converge to the exact posterior (Metropolis-corrected MCMC): only such a run can be a reference for
     # ``zoo compare``, and only its convergence checks decide ``zoo train``'s exit code without ``--strict``
     exact: ClassVar[bool] = False
+    # It reads the training rows a minibatch (or a chunk) at a time, so rows streamed from a loader need not all be in
+    # memory; a method that reads every row at each step has a streamed data set read into memory first
+    streams_rows: ClassVar[bool] = False
     # What the processes of ``zoo train --nproc N`` share, by method name (e.g. each global minibatch); a method
     # left out would run its whole fit in every process, so ``--nproc`` is refused for it
     shared_work: ClassVar[dict[str, str]] = {}
 
     def describe(self, spec: Any) -> str:
-        """What the run's ``inference`` section does, in a phrase: ``sampled by hmc``."""
+        """What the run's ``inference`` section does, in a phrase: ``sampled by hmc``.
+
+        :param spec: the run's ``inference`` section.
+        :returns: the phrase (by default the method's name).
+        """
         return spec.method
 
     def start_from(self, spec: Any) -> Path | None:
-        """A run directory whose posterior this fit starts from (handed to ``fit``/``load`` as ``start``), or None."""
+        """A run directory whose posterior this fit starts from (handed to ``fit``/``load`` as ``start``), or None.
+
+        :param spec: the run's ``inference`` section.
+        :returns: the run directory, or None for a fresh start (the default).
+        """
         return None
 
     def check_processes(self, spec: Any, nproc: int) -> None:
         """Refuse an ``inference`` section that ``nproc`` processes cannot share (e.g. chains that do not divide);
-        every share works unless a method says otherwise."""
+        every share works unless a method says otherwise.
+
+        :param spec: the run's ``inference`` section.
+        :param nproc: the processes of ``zoo train --nproc``.
+        :raises ZooInputError: where a method's override finds the section cannot be shared (never by default).
+        """
         return None
 
     def check(self, run_spec: Any) -> list[ZooInputError]:
@@ -75,6 +91,17 @@ class InferenceMethod(ABC):
         :returns: the problems; empty when there are none.
         """
         return []
+
+    def check_net(self, spec: Any, family: Any, convolutional: bool) -> ZooInputError | None:
+        """A problem of this method's settings with the family on the built net (whether it convolves: a net given
+        in Python tells only when it is there), or None; the spec checks a named net's declaration the same way.
+
+        :param spec: the run's ``inference`` section.
+        :param family: the run's ``model`` section.
+        :param convolutional: whether the net has convolution layers.
+        :returns: the problem, or None.
+        """
+        return None
 
     def check_rows_on_host(self, spec: Any, n_train: int, why: str) -> None:
         """Refuse a fit whose training rows must stay in host memory (too large for the GPU), unless this method
@@ -94,7 +121,21 @@ class InferenceMethod(ABC):
             run_dir: Path | None = None, resume: bool = False, log: RunLog | None = None, progress: bool = True,
             monitor: ValidationMonitor | None = None, start: Posterior | None = None) -> Fit:
         """Fit ``family`` to ``data`` by :attr:`fitter`; write checkpoints under ``run_dir`` (resumable with
-        ``resume``). ``start`` reaches only the fitters of methods that start from a run (:meth:`start_from`)."""
+        ``resume``). ``start`` reaches only the fitters of methods that start from a run (:meth:`start_from`).
+
+        :param family: the model family to fit.
+        :param guide: the spec's guide (fitted where :attr:`fits_guide`; other methods ignore it or build their own).
+        :param data: the data set, its training rows on the fit's device.
+        :param spec: the run's ``inference`` section.
+        :param seed: seeds the fit's random streams.
+        :param run_dir: where the fit writes its files (:attr:`files`); None writes nothing.
+        :param resume: continue the fit from the checkpoint in ``run_dir``.
+        :param log: the run's log (None: no messages).
+        :param progress: whether to show a progress bar.
+        :param monitor: scores the posterior on evaluation rows during the fit (None: no scoring).
+        :param start: the posterior of the run :meth:`start_from` named (None: a fresh start).
+        :returns: the fit, with its posterior and wall time.
+        """
         starting = {"start": start} if start is not None else {}
         return type(self).fitter(family, guide, data, spec, seed, run_dir=run_dir, resume=resume, log=log,
                                  progress=progress, monitor=monitor, **starting)
@@ -103,10 +144,23 @@ class InferenceMethod(ABC):
     def load(self, family: ModelFamily, guide: torch.nn.Module, spec: Any, run_dir: Path, device: torch.device,
              start: Posterior | None = None) -> Posterior:
         """The posterior a finished (or, where the method allows it, unfinished) fit left in ``run_dir``; ``start``
-        is given where the family has point parameters the fit took from the run it started from."""
+        is given where the family has point parameters the fit took from the run it started from.
+
+        :param family: the model family, built from the run's spec.
+        :param guide: the spec's guide, built from the run's spec (filled in by methods that fit it).
+        :param spec: the run's ``inference`` section.
+        :param run_dir: the run directory.
+        :param device: where the posterior's tensors go.
+        :param start: the posterior of the run :meth:`start_from` names, or None.
+        :returns: the fitted posterior.
+        """
 
     def holds_fit(self, run_dir: Path) -> bool:
-        """Whether ``run_dir`` holds what this method's fit writes."""
+        """Whether ``run_dir`` holds what this method's fit writes.
+
+        :param run_dir: a run directory.
+        :returns: whether the first of :attr:`files` (the one holding the fit) is there.
+        """
         return checkpoint_exists(Path(run_dir) / self.files[0])
 
 
@@ -114,6 +168,12 @@ def load_guide_checkpoint(family: ModelFamily, guide: torch.nn.Module, run_dir: 
     """Restore a guide-based fit (guide, point parameters, buffers, tuned hyperparameters) from ``checkpoint.pt``.
 
     An unfinished fit loads at the step it reached, with a :class:`~zoo.errors.ZooWarning` saying so.
+
+    :param family: the model family; its point parameters, buffers and tuned hyperparameters are set in place.
+    :param guide: the guide; its state is loaded in place.
+    :param run_dir: the run directory holding ``checkpoint.pt``.
+    :param device: where the checkpoint's tensors go.
+    :returns: the whole saved checkpoint.
     """
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_FILE, device)
     if not state.get("done", True):
@@ -131,7 +191,15 @@ def load_guide_checkpoint(family: ModelFamily, guide: torch.nn.Module, run_dir: 
 
 
 def copy_point_parameters(family: ModelFamily, start: Posterior | None, field: str) -> None:
-    """Take the point-estimated parameters (e.g. rank-1's W) of the run a fit starts from."""
+    """Take the point-estimated parameters (e.g. rank-1's W) of the run a fit starts from.
+
+    Nothing happens for a family without point parameters.
+
+    :param family: the family to copy into, in place.
+    :param start: the posterior of the run the fit starts from.
+    :param field: the spec field that names that run, for the message.
+    :raises ZooInputError: when the family has point parameters and ``start`` is None.
+    """
     if not family.point_parameters():
         return
     if start is None:
@@ -143,7 +211,14 @@ def copy_point_parameters(family: ModelFamily, start: Posterior | None, field: s
 
 
 def starting_run(init: str, fresh: tuple[str, ...] = ("prior",), field: str = "inference.init") -> Path | None:
-    """The run directory ``init`` names, or None for a fresh start (``prior``, or whatever else ``fresh`` lists)."""
+    """The run directory ``init`` names, or None for a fresh start (``prior``, or whatever else ``fresh`` lists).
+
+    :param init: the spec's value, a fresh start's name or a run directory.
+    :param fresh: the values that mean a fresh start.
+    :param field: the spec field ``init`` comes from, for the message.
+    :returns: the run directory, or None.
+    :raises ZooInputError: when ``init`` is neither a fresh start nor an existing directory.
+    """
     if init in fresh:
         return None
     if not Path(init).is_dir():

@@ -20,7 +20,15 @@ SAMPLES_FILE = "samples.pt"
 # ------------------------------------------------------------------------------------------ results
 @dataclass
 class MCMCResult:
-    """Draws ``{site: [chains, samples, *shape]}``, per-draw sampler statistics ``[chains, samples]``, timing."""
+    """Draws ``{site: [chains, samples, *shape]}``, per-draw sampler statistics ``[chains, samples]``, timing.
+
+    :param draws: the draws of every latent site, ``{site: [chains, samples, *shape]}``.
+    :param stats: per-draw sampler statistics, ``{name: [chains, samples]}`` (e.g. ``potential``).
+    :param seconds: the fit's wall time.
+    :param method: the sampler that drew them (``nuts``, ``hmc``, ``sgld``, ...).
+    :param settings: the sampler's settings worth recording (e.g. its step size).
+    :param posterior: the draws as a posterior over the family, once one is made.
+    """
 
     draws: dict[str, torch.Tensor]
     stats: dict[str, torch.Tensor]
@@ -30,12 +38,22 @@ class MCMCResult:
     posterior: Posterior | None = None
 
     def flat_draws(self) -> dict[str, torch.Tensor]:
-        """All chains' draws, chain after chain: ``{site: [chains * samples, *shape]}``."""
+        """All chains' draws, chain after chain.
+
+        :returns: ``{site: [chains * samples, *shape]}``.
+        """
         return {n: v.flatten(0, 1) for n, v in self.draws.items()}
 
 
 def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str = "cpu") -> MCMCResult:
-    """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``."""
+    """The MCMC result stored in a run directory (``samples.pt``), with its posterior over ``family``.
+
+    :param run_dir: the run directory.
+    :param family: the model family the draws are of.
+    :param device: where the draws go.
+    :returns: the stored result, its :attr:`~MCMCResult.posterior` a :class:`~zoo.posterior.ChainPosterior`.
+    :raises ZooInputError: when the run is unfinished.
+    """
     state = load_checkpoint(Path(run_dir) / SAMPLES_FILE, device)
     if not state.get("done", False):
         raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
@@ -47,7 +65,11 @@ def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str 
 
 def sampling_progress(state: dict) -> str:
     """How far a stored, unfinished MCMC run got: ``iteration 120`` (HMC) or ``2 chain(s) finished; chain 2 at
-    iteration 300/1000`` (NUTS)."""
+    iteration 300/1000`` (NUTS).
+
+    :param state: the stored state of ``samples.pt``.
+    :returns: the phrase.
+    """
     if "sampler" in state:
         return f"iteration {state['sampler']['iteration']}"
     running = [f"chain {c} at iteration {u['iteration']}" for c, u in sorted(state.get("unfinished", {}).items())]

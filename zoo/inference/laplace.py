@@ -75,7 +75,14 @@ class LaplaceSpec(Tempered):
 
 @dataclass
 class LaplaceResult:
-    """What the Laplace fit leaves besides the guide: the tuned prior and noise, the evidence and the cost."""
+    """What the Laplace fit leaves besides the guide: the tuned prior and noise, the evidence and the cost.
+
+    :param seconds: the fit's wall time.
+    :param log_evidence: log Z of the linearised model at the tuned prior (and noise).
+    :param prior_precision: the tuned prior precision of each group (``all``, a layer or a parameter tensor).
+    :param noise: the Gaussian noise σ in standardised units (tuned where learned); None for classification.
+    :param posterior: the fitted posterior.
+    """
 
     seconds: float = 0.0
     log_evidence: float = float("nan")
@@ -86,7 +93,15 @@ class LaplaceResult:
 
 # ------------------------------------------------------------------------------------------ the posterior
 class LaplacePosterior(GuidePosterior):
-    """The Laplace posterior: draws from the Gaussian guide; predictions from the linearised net (GLM) or the net."""
+    """The Laplace posterior: draws from the Gaussian guide; predictions from the linearised net (GLM) or the net.
+
+    :param family: the linearisable family the guide was fitted to.
+    :param guide: the fitted Laplace guide.
+    :param predictive: ``glm`` (the linearised net) or ``nn`` (the net itself at draws).
+    :param link: the classification GLM's ``probit`` approximation, or ``mc`` (Monte Carlo over linearised logits).
+    :param chunk_size: rows per Jacobian batch of the GLM.
+    :raises ZooInputError: when the guide does not hold exactly one Gaussian site.
+    """
 
     def __init__(self, family: ModelFamily, guide: LaplaceGuide, predictive: str = "glm", link: str = "probit",
                  chunk_size: int = 256) -> None:
@@ -96,14 +111,25 @@ class LaplacePosterior(GuidePosterior):
 
     @classmethod
     def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec) -> LaplacePosterior:
-        """The posterior with the spec's predictive settings."""
+        """The posterior with the spec's predictive settings.
+
+        :param family: the linearisable family the guide was fitted to.
+        :param guide: the fitted Laplace guide.
+        :param spec: the run's ``inference`` section (its ``predictive``, ``link`` and ``chunk_size``).
+        :returns: the posterior.
+        """
         return cls(family, guide, spec.predictive, spec.link, spec.chunk_size)
 
     def _noise(self) -> torch.Tensor | float:
         return self.family.likelihood.noise(self.guide.point_estimate())
 
     def glm_moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean ``[B, O]`` and covariance ``[B, O, O]`` of the linearised net's outputs f (no observation noise)."""
+        """Mean and covariance of the linearised net's outputs f (no observation noise), :attr:`chunk_size` rows
+        at a time.
+
+        :param x: inputs ``[B, D]``, standardised like the training rows.
+        :returns: the mean ``[B, O]`` and the covariance ``[B, O, O]``.
+        """
         with torch.no_grad():
             scale_tril = self.guide.scale_tril[self.site.replace(".", "/")]
         means, covs = [], []
@@ -117,7 +143,17 @@ class LaplacePosterior(GuidePosterior):
     def predict(self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
                 chunk_size: int = 4096) -> PredictiveDraws:
         """GLM: closed form (regression) or probit (classification) when no draws are given, else the linearised
-        net at each draw; NN: the net itself at each draw."""
+        net at each draw; NN: the net itself at each draw.
+
+        :param x: inputs ``[B, D]``, standardised like the training rows.
+        :param num_samples: how many weight draws to take where draws are used; ignored when ``draws`` is given and
+            by the closed forms.
+        :param draws: weight draws ``{site: [S, ...]}`` to predict with.
+        :param chunk_size: inputs scored at a time by the net (``nn``); the GLM's Jacobians take :attr:`chunk_size`.
+        :returns: one predictive distribution per draw at the ``B`` inputs; the closed forms give one
+            (``loc``/``scale [1, B]`` or ``log_probs [1, B, C]``).
+        :raises ValueError: when draws are needed and neither ``num_samples`` nor ``draws`` is given.
+        """
         if self.predictive == "nn":
             return super().predict(x, num_samples, draws, chunk_size)
         gaussian = self.family.likelihood.gaussian
@@ -145,12 +181,21 @@ class LaplacePosterior(GuidePosterior):
 
 def precision_to_scale_tril(precision: torch.Tensor) -> torch.Tensor:
     """The lower Cholesky factor of P⁻¹ from a precision matrix P (Cholesky, inverse, Cholesky; the flipped-
-    Cholesky shortcut with a triangular solve measured no faster here at D = 3,000)."""
+    Cholesky shortcut with a triangular solve measured no faster here at D = 3,000).
+
+    :param precision: a symmetric positive-definite ``[D, D]``.
+    :returns: the lower-triangular ``L [D, D]`` with ``L Lᵀ = P⁻¹``.
+    """
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(precision)))
 
 
 def gaussian_site(guide: LaplaceGuide) -> str:
-    """The one site the Laplace guide holds a full-covariance Gaussian on."""
+    """The one site the Laplace guide holds a full-covariance Gaussian on.
+
+    :param guide: a Laplace guide.
+    :returns: the site's name.
+    :raises ZooInputError: when the guide has no such site, or several.
+    """
     names = [n for n in guide.sites if guide.is_gaussian(n)]
     if len(names) != 1:
         raise ZooInputError("guide.name", "laplace", f"needs exactly one vector weight site, found {names}")
@@ -159,7 +204,12 @@ def gaussian_site(guide: LaplaceGuide) -> str:
 
 # ------------------------------------------------------------------------------------------ prior groups
 def prior_groups(parameter_names: list[str], structure: str) -> tuple[torch.Tensor, list[str]]:
-    """Group index ``[D]`` of each subnet element and the group labels, for a scalar/per-layer/per-parameter prior."""
+    """Group index ``[D]`` of each subnet element and the group labels, for a scalar/per-layer/per-parameter prior.
+
+    :param parameter_names: the parameter tensor each subnet element belongs to, one per element (``hidden0.weight``).
+    :param structure: ``scalar`` (one group, ``all``), ``layer`` (the name up to its last dot) or ``parameter``.
+    :returns: the group index ``[D]`` and the group labels, in order of first appearance.
+    """
     if structure == "scalar":
         keys = ["all"] * len(parameter_names)
     elif structure == "layer":
@@ -178,7 +228,15 @@ def _logdet_from_cholesky(chol: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class GaussianStatistics:
-    """Sufficient statistics of the linearised Gaussian model ỹ ≈ J θ with ỹ = y - f + J θ_MAP (one output)."""
+    """Sufficient statistics of the linearised Gaussian model ỹ ≈ J θ with ỹ = y - f + J θ_MAP (one output).
+
+    :param gram: Σ Jᵀ J ``[D, D]``.
+    :param cross: Σ Jᵀ ỹ ``[D]``.
+    :param sum_squares: Σ ỹ².
+    :param n: rows summed over.
+    :param at: where the evidence is evaluated (e.g. the MAP ``[D]``) instead of at the linearised mode; None for
+        the mode.
+    """
 
     gram: torch.Tensor  # Σ Jᵀ J  [D, D]
     cross: torch.Tensor  # Σ Jᵀ ỹ  [D]
@@ -187,7 +245,12 @@ class GaussianStatistics:
     at: torch.Tensor | None = None  # evaluate the evidence here (e.g. the MAP) instead of at the linearised mode
 
     def mode_and_evidence(self, precision: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """θ* (or the fixed point ``at``) and log Z for prior precisions ``[D]`` and noise σ (differentiable)."""
+        """θ* (or the fixed point ``at``) and log Z for prior precisions ``[D]`` and noise σ (differentiable).
+
+        :param precision: the prior precision of each element ``[D]``.
+        :param noise: the noise σ.
+        :returns: θ ``[D]`` and log Z.
+        """
         s2 = noise**2
         chol = torch.linalg.cholesky(self.gram / s2 + torch.diag(precision))
         if self.at is None:
@@ -214,7 +277,17 @@ def _lbfgs(params: list[torch.Tensor], objective, iterations: int) -> None:
 
 def tune_regression(stats: GaussianStatistics, group_index: torch.Tensor, log_precision: torch.Tensor,
                     log_noise: torch.Tensor, tune_noise: bool, iterations: int) -> torch.Tensor:
-    """Maximise the closed-form evidence over the group precisions (and σ); returns the final log Z."""
+    """Maximise the closed-form evidence over the group precisions (and σ) by L-BFGS.
+
+    :param stats: the linearised model's sufficient statistics.
+    :param group_index: each element's group ``[D]``.
+    :param log_precision: the log precision of each group ``[G]``; tuned in place, clamped to
+        :data:`LOG_PRECISION_RANGE`.
+    :param log_noise: log σ; tuned in place where ``tune_noise``, clamped to :data:`LOG_NOISE_RANGE`.
+    :param tune_noise: whether σ is tuned too (a learned noise) or held.
+    :param iterations: L-BFGS iterations.
+    :returns: the final log Z.
+    """
     log_precision.requires_grad_(True)
     log_noise.requires_grad_(tune_noise)
     params = [log_precision] + ([log_noise] if tune_noise else [])
@@ -241,7 +314,17 @@ def _categorical_log_joint(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, ce
 
 def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
                     precision: torch.Tensor) -> torch.Tensor:
-    """θ* = argmax log p(y | f + J (θ - centre)) - ½ θᵀ Λ θ of the linearised categorical model (Newton)."""
+    """θ* = argmax log p(y | f + J (θ - centre)) - ½ θᵀ Λ θ of the linearised categorical model (Newton).
+
+    At most :data:`NEWTON_STEPS` steps, from ``centre``.
+
+    :param f: the net's logits at the MAP ``[N, C]``.
+    :param J: their Jacobian ``[N, C, D]``.
+    :param y: class labels ``[N]``.
+    :param centre: the MAP θ ``[D]``.
+    :param precision: the prior precision of each element ``[D]``.
+    :returns: θ* ``[D]``.
+    """
     theta = centre.clone()
     onehot = F.one_hot(y.long(), f.shape[1]).to(f)
     for _ in range(NEWTON_STEPS):
@@ -264,7 +347,16 @@ def _occam(precision: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor
 
 def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
                          precision: torch.Tensor, at_map: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log Z of the linearised categorical model at its mode θ* (or at the MAP), with θ and G(θ)."""
+    """log Z of the linearised categorical model at its mode θ* (or at the MAP), with θ and G(θ).
+
+    :param f: the net's logits at the MAP ``[N, C]``.
+    :param J: their Jacobian ``[N, C, D]``.
+    :param y: class labels ``[N]``.
+    :param centre: the MAP θ ``[D]``.
+    :param precision: the prior precision of each element ``[D]``.
+    :param at_map: evaluate at the MAP instead of at the linearised mode.
+    :returns: log Z, θ ``[D]`` and the GGN G(θ) ``[D, D]``.
+    """
     theta = centre if at_map else linearised_mode(f, J, y, centre, precision)
     log_lik, logits = _categorical_log_joint(f, J, y, centre, theta)
     curvature = ggn(J, categorical_hessian_root(logits))
@@ -274,7 +366,21 @@ def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, cent
 def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
                         group_index: torch.Tensor, log_precision: torch.Tensor, iterations: int,
                         at_map: bool) -> torch.Tensor:
-    """Alternate θ*, G(θ*) and the group precisions (L-BFGS on log Z at fixed θ*, G); returns the final log Z."""
+    """Alternate θ*, G(θ*) and the group precisions (L-BFGS on log Z at fixed θ*, G).
+
+    Up to :data:`OUTER_ROUNDS` rounds (one at the MAP), until the log precisions move less than 1e-4.
+
+    :param f: the net's logits at the MAP ``[N, C]``.
+    :param J: their Jacobian ``[N, C, D]``.
+    :param y: class labels ``[N]``.
+    :param centre: the MAP θ ``[D]``.
+    :param group_index: each element's group ``[D]``.
+    :param log_precision: the log precision of each group ``[G]``; tuned in place, clamped to
+        :data:`LOG_PRECISION_RANGE`.
+    :param iterations: L-BFGS iterations per round.
+    :param at_map: evaluate the evidence at the MAP instead of at the linearised mode.
+    :returns: the final log Z.
+    """
     for _ in range(1 if at_map else OUTER_ROUNDS):
         before = log_precision.clone()
         _, theta, curvature = categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map)
@@ -332,6 +438,21 @@ def fit_laplace(
 
     The result is saved atomically to ``run_dir/checkpoint.pt`` (guide, tuned prior precision); ``resume=True``
     with a finished checkpoint there loads it instead of refitting.
+
+    :param family: the linearisable family, its net at the MAP; its prior precision is set to the tuned one.
+    :param guide: the Laplace guide, its point estimate at the MAP; its Gaussian (and a learned noise) is set in place.
+    :param data: the data set; the GGN is summed over every training row.
+    :param spec: the run's ``inference`` section.
+    :param seed: unused (the fit is deterministic); taken for the common fitter signature.
+    :param run_dir: where ``checkpoint.pt`` is written; None writes nothing.
+    :param resume: load a checkpoint ``run_dir`` already holds instead of refitting.
+    :param log: the run's log (None: no messages).
+    :param progress: unused (no progress bar); taken for the common fitter signature.
+    :param monitor: scores the posterior once, at the end (None: no scoring).
+    :returns: the tuned prior precision and noise, the evidence, the wall time and the posterior.
+    :raises ZooInputError: when the guide has not exactly one Gaussian site, or a classification Jacobian over every
+        row would exceed :data:`MAX_STORED_JACOBIAN` numbers.
+    :raises TrainingDiverged: when GGN + prior precision is not positive definite.
     """
     log = log or RunLog(None, echo=None)
     site = gaussian_site(guide)
@@ -346,7 +467,7 @@ def fit_laplace(
         return result
 
     started = time.perf_counter()
-    dtype = data.x_train.dtype
+    dtype = data.dtype
     gaussian = family.likelihood.gaussian
     centre = guide.point_estimate()[site].double()
     group_index, labels = prior_groups(family.parameter_names(), spec.prior_structure)
@@ -359,19 +480,20 @@ def fit_laplace(
 
     D, n = len(centre), data.n_train
     store = not gaussian  # Newton steps need every row's J; a Gaussian model needs only sums over rows
-    fs, Js = [], []
+    fs, Js, ys = [], [], []
     gram = cross = sum_squares = None
     if not store:
         gram, cross, sum_squares = centre.new_zeros(D, D), centre.new_zeros(D), centre.new_zeros(())
     if store and n * data.out_dim * D > MAX_STORED_JACOBIAN:
         raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
                             f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")
-    for xc, yc in zip(data.x_train.split(spec.chunk_size), data.y_train.split(spec.chunk_size), strict=True):
+    for xc, yc in data.train_chunks(spec.chunk_size):  # streamed from a loader where the rows are
         f, J = family.linearise(xc)
         f, J = f.double(), J.double()
         if store:
             fs.append(f)
             Js.append(J)
+            ys.append(yc)
         else:
             pseudo = yc.double() - f[:, 0] + J[:, 0] @ centre
             gram += J[:, 0].T @ J[:, 0]
@@ -379,8 +501,9 @@ def fit_laplace(
             sum_squares += pseudo @ pseudo
     log(f"laplace: GGN over {D:,} weights from {n:,} rows in {time.perf_counter() - started:.1f} s")
 
+    targets = torch.cat(ys) if ys else data.y_train  # every row's, in the order their Jacobians were stored
     try:
-        log_z, curvature = _tune(spec, gaussian, gram, cross, sum_squares, n, centre, fs, Js, data.y_train, group_index,
+        log_z, curvature = _tune(spec, gaussian, gram, cross, sum_squares, n, centre, fs, Js, targets, group_index,
                                  log_precision, log_noise, learned_noise)
         precision = log_precision.exp()[group_index]
         curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
@@ -417,6 +540,7 @@ def fit_laplace(
 class Laplace(InferenceMethod):
     """Linearised Laplace of the subnetwork family at its MAP (:func:`fit_laplace`)."""
 
+    streams_rows = True
     names = ("laplace",)
     spec = LaplaceSpec
     fitter = staticmethod(fit_laplace)

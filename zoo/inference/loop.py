@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
@@ -38,14 +39,19 @@ class TrainingLoop:
     :param log: the run's log.
     :param device: where the minibatch indices go.
     :param writer: whether this process writes the checkpoint (rank 0 of several).
+    :param stream: a data set whose training rows are streamed from a loader: each step then takes the loader's next
+        ``(x, y)`` batch (its own batch size; a shuffling loader's order drawn from ``order_seed`` and the epoch, so
+        that a resumed run repeats it) instead of indices into rows in memory.
     """
 
     def __init__(self, n_rows: int, batch_size: int | None, order_seed: int, path: Path | None,
                  checkpoint_every: int, desc: str, progress: bool, log: RunLog,
-                 device: torch.device | str = "cpu", writer: bool = True) -> None:
-        self.n, self.device = n_rows, device
+                 device: torch.device | str = "cpu", writer: bool = True, stream: Dataset | None = None) -> None:
+        self.n, self.device, self.stream = n_rows, device, stream
         self.batch = n_rows if batch_size is None else min(batch_size, n_rows)
-        self.per_epoch = math.ceil(n_rows / self.batch)
+        self.per_epoch = stream.streamed_batches if stream is not None else math.ceil(n_rows / self.batch)
+        self.order_seed = order_seed
+        self._batches: Iterator | None = None  # the loader's current pass (stream)
         self.path, self.checkpoint_every, self.desc, self.progress, self.log = (
             path, checkpoint_every, desc, progress, log)
         self.writer = writer
@@ -97,11 +103,21 @@ class TrainingLoop:
                                         "perm": self.perm, "order_rng": self.order.get_state(), "done": done})
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def rows(self) -> torch.Tensor | None:
+    def rows(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
         """The minibatch of the current step (None: the full batch); a new permutation at each epoch's start.
 
-        :returns: row indices on :attr:`device`, or None.
+        :returns: row indices on :attr:`device`, or None; with a :attr:`stream`, the loader's next ``(x, y)`` batch.
         """
+        if self.stream is not None:
+            epoch, within = divmod(self.step, self.per_epoch)
+            if within == 0 or self._batches is None:  # a pass's start, or a resume within one
+                self._batches = self.stream.epoch_batches(self.order_seed * 100_003 + epoch, skip=within)
+            try:
+                return next(self._batches)
+            except StopIteration:
+                raise ZooInputError("training data", f"{within} batches", f"the loader gave {self.per_epoch} "
+                                    "batches on its first pass and fewer now: give a loader whose passes are all "
+                                    "alike") from None
         if self.batch >= self.n:
             return None
         within = self.step % self.per_epoch
@@ -159,6 +175,7 @@ class TrainingLoop:
                     torch.set_rng_state(at_step[0])
                     self.order.set_state(at_step[1])
                     self.perm = at_step[2]
+                    self._batches = None  # a streamed pass restarts at this step's batch
                 if before_save is not None:
                     before_save()
                 self.save()

@@ -87,8 +87,9 @@ class MCMCSpec(Tempered):
         None, description="hmc: evaluate the potential for at most this many chains per call (None: all at once); "
         "on nets whose activations for all chains outgrow the CPU caches, chunks are faster (benchmarks/"
         "hmc_chain_chunk.py)")
-    init: str = Field("prior", description="'prior', or a run directory (MAP or VI fit of the same spec): "
-                      "chains start at its draws")
+    init: str = Field("prior", description="'prior', 'weights' (every chain at the net's own weights, e.g. "
+                      "trained ones: net.weights), or a run directory (MAP or VI fit of the same spec): chains start "
+                      "at its draws")
     max_weights: PositiveInt = Field(20_000, description="refuse models with more latent dimensions than this")
     checkpoint_every: PositiveInt = Field(100, description="iterations between checkpoints (nuts: within a chain, "
                                           "in a one-process run)")
@@ -667,7 +668,8 @@ def fit_mcmc(
         return load_samples(run_dir, family, data.x_train.device)
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
-    z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, log, start)
+    z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, log, start,
+                                                                          spec.init if start is None else "prior")
     potential.log_joint.verify(coords.unpack(z0[: min(4, len(z0))])[0], log)
     log(f"{spec.method}: {spec.num_chains} chains x ({spec.warmup_steps} warm-up + {spec.num_samples} draws) over "
         f"{coords.dim:,} latent dimensions")
@@ -716,6 +718,7 @@ def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, s
 class MCMC(StoredDraws):
     """Full-batch MCMC on the family's model: Pyro's NUTS or the zoo's many-chain HMC (:func:`fit_mcmc`)."""
 
+    fresh_starts = ("prior", "weights")
     names = ("nuts", "hmc")
     spec = MCMCSpec
     exact = True

@@ -228,17 +228,27 @@ class MinibatchPotential:
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
         self.n, self.temperature = data.n_train, temperature
         with torch.no_grad():
-            probe = self.coords.pack({n: s.init.unsqueeze(0).to(data.x_train) for n, s in self.coords.sites.items()})
+            probe = self.coords.pack({n: s.init.unsqueeze(0).to(device=data.device, dtype=data.dtype)
+                                      for n, s in self.coords.sites.items()})
         self.log_joint.verify(self.coords.unpack(probe)[0])
         if self.log_joint.exact_only:
             raise ZooInputError("model.family", type(family).__name__, "its batched log-likelihood differs from its "
                                 "model, and minibatch methods evaluate minibatches only through the batched one; use "
                                 "inference.method: hmc or nuts")
 
-    def value_and_grad(self, z: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """U_B ``[C]`` and its gradient ``[C, D]`` on training rows ``rows`` (all rows when None)."""
+    def value_and_grad(self, z: torch.Tensor, rows: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """U_B ``[C]`` and its gradient ``[C, D]`` on a minibatch.
+
+        :param z: the chains' points ``[C, D]``.
+        :param rows: indices of training rows in memory (None: all of them), or a streamed ``(x, y)`` batch.
+        :returns: the minibatch potential and its gradient.
+        """
         x, y = self.log_joint.x, self.log_joint.y
-        if rows is not None:
+        if isinstance(rows, tuple):  # a batch streamed from a loader, moved to where the model computes
+            x = rows[0].to(device=x.device, dtype=z.dtype if rows[0].is_floating_point() else rows[0].dtype)
+            y = rows[1].to(device=x.device, dtype=z.dtype if rows[1].is_floating_point() else rows[1].dtype)
+        elif rows is not None:
             x, y = x.index_select(0, rows), y.index_select(0, rows)
         with torch.enable_grad():
             z = z.detach().requires_grad_(True)
@@ -254,10 +264,11 @@ class MinibatchPotential:
 def initial_points(family: ModelFamily, coords: Coordinates, chains: int, data: Dataset, log,
                    start: Posterior | None = None, fresh: str = "prior") -> torch.Tensor:
     """``z [C, D]`` for C chains: draws of ``start`` (the posterior of the run ``inference.init`` names), else
-    ``fresh`` ones: prior draws, or (``net``) the net's own initialisation redrawn for every chain."""
+    ``fresh`` ones: prior draws, (``net``) the net's own initialisation redrawn for every chain, or (``weights``)
+    every chain at the net's weights as they are (a trained net's)."""
     if start is not None:
         copy_point_parameters(family, start, "inference.init")
-        values = {n: v.to(data.x_train) for n, v in start.sample(chains).items()}
+        values = {n: v.to(device=data.device, dtype=data.dtype) for n, v in start.sample(chains).items()}
         if next(iter(values.values())).shape[0] < chains:  # a Delta guide or a short run: repeat its draws
             values = {n: v[torch.arange(chains) % v.shape[0]] for n, v in values.items()}
         log(f"chains start at {chains} draws of the posterior inference.init names")
@@ -267,6 +278,10 @@ def initial_points(family: ModelFamily, coords: Coordinates, chains: int, data: 
                             "does not fit: train it with SVI first and set inference.init to that run directory")
     if fresh == "net":
         return coords.pack(_net_initialisations(family, chains))
+    if fresh == "weights":
+        log(f"{chains} chain(s) start at the net's own weights")
+        return coords.pack({n: s.init.unsqueeze(0).expand(chains, *s.shape).to(device=data.device, dtype=data.dtype)
+                            for n, s in family.latent_sites().items()})
     draws: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad(), pyro.validation_enabled(False):
         for _ in range(chains):
@@ -297,7 +312,8 @@ def refuse_batch_dependent(family: ModelFamily, what: str) -> None:
     if batch_dependent(net):
         raise ZooInputError("net.name", type(net).__name__, f"{what} samples a fixed function of the weights, and "
                             "this net's BatchNorm layers normalise by the statistics of the rows in a batch; use a "
-                            "net without BatchNorm (mlp, cnn, lenet5), or model.family: subnetwork, whose MAP net "
-                            "keeps its running statistics fixed")
+                            "net without BatchNorm (mlp, cnn, lenet5), model.family: subnetwork (whose MAP net "
+                            "keeps its running statistics fixed), or, for a trained net of your own, put it in eval "
+                            "mode (net.eval()) so that BatchNorm keeps the running statistics it was trained with")
 
 

@@ -85,7 +85,8 @@ class SGMCMCSpec(Tempered):
     precondition_decay: float = Field(0.99, gt=0.0, lt=1.0, description="rmsprop: decay per step of the average "
                                       "of squared gradients")
     init: str = Field("net", description="'net' (the net's own initialisation, redrawn per chain), 'prior' (prior "
-                      "draws), or a run directory (MAP or VI fit of the same spec): chains start at its draws")
+                      "draws), 'weights' (every chain at the net's own weights, e.g. trained ones: net.weights), or a "
+                      "run directory (MAP or VI fit of the same spec): chains start at its draws")
     checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
@@ -121,7 +122,14 @@ STRAY_DRAWS = 3
 def inverse_mass(square: torch.Tensor, steps: int, decay: float, kind: str = "rmsprop") -> torch.Tensor:
     """The diagonal inverse mass ``G [C, D]`` from the decaying average ``square`` of squared per-row gradients
     after ``steps`` updates (bias-corrected as Adam's): ``1 / (sqrt(s) + floor)``; ``rmsprop`` rescales it to mean 1
-    per chain, ``scale_adapted`` keeps it as it is."""
+    per chain, ``scale_adapted`` keeps it as it is.
+
+    :param square: the decaying average of squared per-row gradients ``[C, D]``.
+    :param steps: the updates averaged so far (at least 1 is assumed), for the bias correction.
+    :param decay: the average's decay per step.
+    :param kind: ``rmsprop`` or ``scale_adapted`` (which also sets the floor, :data:`PRECONDITIONER_FLOOR`).
+    :returns: ``G [C, D]``.
+    """
     root = (square / (1.0 - decay ** max(steps, 1))).sqrt()
     floor = PRECONDITIONER_FLOOR[kind] * root.mean(-1, keepdim=True)
     inverse = 1.0 / (root + floor + torch.finfo(root.dtype).tiny)
@@ -130,7 +138,13 @@ def inverse_mass(square: torch.Tensor, steps: int, decay: float, kind: str = "rm
 
 def step_size(spec: SGMCMCSpec, step: int, total: int) -> tuple[float, bool]:
     """The learning rate at ``step`` of ``total`` and whether this step samples (injects noise; False while a
-    cyclical schedule explores)."""
+    cyclical schedule explores).
+
+    :param spec: the run's ``inference`` section (its ``lr``, ``schedule``, ``cycles`` and ``exploration``).
+    :param step: the step, from 0.
+    :param total: the run's steps.
+    :returns: ``(lr, sampling)``.
+    """
     if spec.schedule == "constant":
         return spec.lr, True
     if spec.schedule == "polynomial":
@@ -143,7 +157,13 @@ def step_size(spec: SGMCMCSpec, step: int, total: int) -> tuple[float, bool]:
 def stray_chains(energy: torch.Tensor, rows: int, temperature: float = 1.0) -> list[int]:
     """The chains whose potential ``energy [C]`` at one kept draw exceeds the lowest chain's by more than
     :data:`STRAY_NATS_PER_ROW` per training row (``rows``), on the tempered scale; none with a single chain (nothing to
-    compare with). A run stops when a chain is among them at :data:`STRAY_DRAWS` kept draws in a row."""
+    compare with). A run stops when a chain is among them at :data:`STRAY_DRAWS` kept draws in a row.
+
+    :param energy: each chain's potential ``[C]`` at one kept draw.
+    :param rows: training rows.
+    :param temperature: the posterior's temperature (the potential is the tempered one).
+    :returns: the stray chains' indices, in order.
+    """
     if energy.numel() < 2:
         return []
     gap = energy - energy.min()
@@ -160,7 +180,13 @@ PRECONDITION_HINT = {
 
 
 def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
-    """The steps whose state becomes a draw: after burn-in, every ``thin``-th sampling step."""
+    """The steps whose state becomes a draw: after burn-in, every ``thin``-th sampling step.
+
+    :param spec: the run's ``inference`` section.
+    :param total: the run's steps.
+    :param per_epoch: steps per epoch (for ``burn_in_epochs``).
+    :returns: the kept steps, ascending.
+    """
     burn_in = int(spec.burn_in_epochs * per_epoch)
     sampling = [t for t in range(burn_in, total) if step_size(spec, t, total)[1]]
     return sampling[spec.thin - 1::spec.thin]
@@ -185,13 +211,30 @@ def fit_sgmcmc(
     ``checkpoint_every`` steps and on Ctrl-C; ``resume=True`` continues exactly. A step that makes a chain
     non-finite stops the run with the step, the learning rate and the last good draw; so does a chain that strays from
     the others for :data:`STRAY_DRAWS` kept draws in a row (:func:`stray_chains`; the count restarts on resume).
+
+    :param family: the model family whose Pyro model is sampled.
+    :param guide: unused (the chains sample the family's own model); taken for the common fitter signature.
+    :param data: the data set, its training rows on the device the chains run on.
+    :param spec: the run's ``inference`` section.
+    :param seed: seeds the chains' starts and noise (the minibatch order uses ``seed + 1``).
+    :param run_dir: where ``samples.pt`` is written; None writes nothing.
+    :param resume: continue from ``run_dir``'s ``samples.pt``.
+    :param log: the run's log (None: no messages).
+    :param progress: whether to show a progress bar.
+    :param monitor: scores the final posterior once, at the end (None: no scoring).
+    :param start: the posterior of the run ``inference.init`` names: chains start at its draws, and a family's point
+        parameters are copied from it.
+    :returns: the draws, their statistics (``potential`` and ``lr`` per draw), the wall time and the posterior.
+    :raises ZooInputError: when burn-in and thinning leave no draw to keep, when ``resume`` finds no checkpoint, or
+        when the family has point parameters and no ``start`` gives them.
+    :raises TrainingDiverged: when a chain becomes non-finite or strays from the others.
     """
     log = log or RunLog(None, echo=None)
     refuse_batch_dependent(family, spec.method.upper())
     device = data.x_train.device
     path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
     loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, spec.method.upper(),
-                        progress, log, device)
+                        progress, log, device, stream=data if data.streamed else None)
     total, n = spec.epochs * loop.per_epoch, loop.n
     keep = set(kept_steps(spec, total, loop.per_epoch))
     if not keep:
@@ -319,12 +362,13 @@ def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 class SGMCMC(StoredDraws):
     """SGLD and cyclical SGHMC on minibatches (:func:`fit_sgmcmc`)."""
 
+    streams_rows = True
     names = ("sgld", "sghmc")
     spec = SGMCMCSpec
     fitter = staticmethod(fit_sgmcmc)
     summary = ("sgld: stochastic-gradient Langevin dynamics (Welling & Teh 2011); sghmc: cyclical stochastic-"
                "gradient HMC (Zhang et al. 2020); minibatches, several chains, stored like MCMC draws")
-    fresh_starts = ("net", "prior")
+    fresh_starts = ("net", "prior", "weights")
 
     def describe(self, spec: SGMCMCSpec) -> str:
         return f"sampled by {spec.method} ({spec.schedule} lr)"

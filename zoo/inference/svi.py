@@ -37,7 +37,14 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bf
 
 @dataclass
 class SVIResult:
-    """What a fit leaves behind besides the trained guide: the loss curve and its cost."""
+    """What a fit leaves behind besides the trained guide: the loss curve and its cost.
+
+    :ivar losses: the loss of every step, in order: the negative ELBO (KL-weighted while annealing, tempered with
+        ``temperature``) scaled to all training rows, in nats.
+    :ivar seconds: the fit's wall time in seconds, over every resumed part (completing the guide included).
+    :ivar kl_methods: how each latent site's KL term was computed, ``{site: "analytic" or "monte_carlo"}``.
+    :ivar posterior: the fitted guide's posterior; None until the fit ends.
+    """
 
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -58,6 +65,24 @@ class SVIStep:
     them. Pyro's per-site bookkeeping then costs nothing per step; the estimator and its gradients are the
     same (a test checks the traced graph against the eager ELBO at the same seed). Anything the tracer cannot
     follow makes it say so and stay eager.
+
+    :param model: the Pyro model, called as ``model(x, y, batch)`` (a family's
+        :meth:`~zoo.models.base.ModelFamily.model`).
+    :param guide: the guide over the model's latent sites, called with the model's arguments.
+    :param elbo: the ELBO estimator; the caller sets its ``kl_weight`` and ``temperature``.
+    :param optimizer: the optimiser over every trained tensor (:func:`make_optimizer`); its parameters' device is
+        where the model computes.
+    :param local_reparam: sample the Linear and Conv2d pre-activations instead of the weights of every weight drawn
+        from a Normal guide (:class:`~zoo.inference.local_reparam.LocalReparameterization`).
+    :param compile: run the steps after the first as a traced and compiled ELBO graph (see above).
+    :param world: the processes training together, each on its share of every minibatch (None: this one alone).
+    :param augment: a training-time augmentation applied to each minibatch's inputs ``x`` (None: none).
+    :param read_each_step: read each step's loss on the host before stepping, skipping the optimiser step on a
+        non-finite one; False leaves the reads to the caller and never waits for the device.
+    :param autocast: the lower precision (``torch.bfloat16``) the step's matmuls and convolutions run in under
+        ``torch.autocast``; None keeps the parameters' dtype.
+    :param rows_on_host: the training rows stay in host memory: each minibatch is moved to the device as it steps.
+    :raises ZooInputError: when both ``augment`` and ``compile`` are asked for.
     """
 
     def __init__(self, model, guide, elbo: LazyTraceMeanField_ELBO, optimizer: torch.optim.Optimizer,
@@ -86,8 +111,12 @@ class SVIStep:
         """Whether steps run the compiled ELBO (asked for, and tracing and compiling have not failed)."""
         return self._compiled is not None and self._compiled.active
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor | None,
+                 n_rows: int | None = None) -> torch.Tensor:
         """Step on rows ``batch`` of (x, y) and return the loss, a detached 0-d tensor on the device.
+
+        ``n_rows`` says that ``x, y`` are one minibatch streamed from a loader (moved to the device here) of a data
+        set of ``n_rows`` rows, which the likelihood is scaled to.
 
         With ``read_each_step`` the loss is read on the host first and a non-finite one is returned without a
         step. Without it nothing here waits for the device: the optimiser steps whatever the loss, and the caller
@@ -100,14 +129,15 @@ class SVIStep:
             every = batch if batch is not None else torch.arange(len(x), device=x.device)
             rows, where, factor = self.world.shard(every)
             noise_rows = (where.start, where.stop, len(every))
-        if self.augment is not None or self.rows_on_host:
-            # the minibatch's rows taken out (moved to the device when the training rows stay in host memory) and
-            # augmented alike on every rank (one random stream), this rank's rows kept; the model then sees only
-            # these rows as its data, so the likelihood factor scales them to all len(x) rows
-            n_rows = len(x)
+        streamed = n_rows is not None
+        if self.augment is not None or self.rows_on_host or streamed:
+            # the minibatch's rows taken out (moved to the device when the training rows stay in host memory or come
+            # from a loader) and augmented alike on every rank (one random stream), this rank's rows kept; the model
+            # then sees only these rows as its data, so the likelihood factor scales them to all n_rows rows
+            n_rows = n_rows if streamed else len(x)
             if batch is not None:
                 x, y = x.index_select(0, batch), y.index_select(0, batch)
-            if self.rows_on_host:
+            if self.rows_on_host or streamed:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.augment is not None:
                 x = self.augment(x)
@@ -115,11 +145,11 @@ class SVIStep:
                 x, y = x[where], y[where]
             rows, factor = None, factor * n_rows / len(x)
         loss = None
-        if self.validated and self.compiled and not self.rows_on_host:
-            weight = torch.tensor(self.elbo.kl_weight, dtype=x.dtype, device=x.device)
+        if self.validated and self.compiled and not self.rows_on_host and not streamed:
+            weight = torch.tensor(self.elbo.kl_weight, dtype=self.params[0].dtype, device=x.device)
             inputs = (x, y, weight) if rows is None else (x, y, weight, rows)
             if self.world.size > 1:
-                inputs += (torch.tensor(factor, dtype=x.dtype, device=x.device),)
+                inputs += (torch.tensor(factor, dtype=self.params[0].dtype, device=x.device),)
             loss = self._compiled(*inputs, static={"noise_rows": noise_rows})
         if loss is None:
             loss = self.loss(x, y, rows, factor, noise_rows)
@@ -150,7 +180,10 @@ class SVIStep:
 
     def read_signal(self) -> int:
         """The signal (SIGINT/SIGTERM) any rank had received by the last step, else 0. With several ranks this
-        reads the all-reduced counts on the host; every rank reads at the same steps, so all stop at the same one."""
+        reads the all-reduced counts on the host; every rank reads at the same steps, so all stop at the same one.
+
+        :returns: the signal's number, or 0 when no rank received one.
+        """
         if self.world.size == 1:
             return self.signalled()
         return signal_from_flags(self._flags.tolist()) if self._flags is not None else 0
@@ -161,6 +194,15 @@ class SVIStep:
 
         ``obs_factor`` scales the likelihood only and ``noise_rows`` places a rank's rows in the global minibatch
         (see :meth:`World.shard`); one process leaves both at their defaults.
+
+        :param x: the inputs ``[N, ...]``: every training row, or only the minibatch's own rows.
+        :param y: the targets of the rows of ``x`` ``[N]``.
+        :param batch: the indices of the minibatch's rows in ``x`` and ``y`` (None: every row of them).
+        :param obs_factor: the factor the likelihood is scaled by on top of the model's own scaling (a rank's share,
+            or the data set's rows over the minibatch's when ``x`` holds only the minibatch).
+        :param noise_rows: ``(start, stop, total)``: this rank's rows are ``start:stop`` of a ``total``-row global
+            minibatch, so that the local reparameterisation draws each row's noise as one process would.
+        :returns: the negative ELBO (KL-weighted, tempered), a 0-d tensor that gradients flow back through.
         """
         scaled = isinstance(obs_factor, torch.Tensor) or obs_factor != 1.0
         scale = ObservationScale(obs_factor) if scaled else contextlib.nullcontext()
@@ -186,7 +228,16 @@ class SVIStep:
 def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int | None = None
                    ) -> torch.optim.Optimizer:
     """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping); ``n_steps``, the run's
-    length, sets the per-step decay of ``lr_decay_to``."""
+    length, sets the per-step decay of ``lr_decay_to``.
+
+    :param params: the trained tensors: the guide's parameters and the family's point parameters.
+    :param spec: the run's ``inference`` section (its ``optimizer``, ``lr``, ``clip_norm``, ``lr_decay`` and
+        ``lr_decay_to``).
+    :param n_steps: the run's steps; needed only with ``lr_decay_to``.
+    :returns: a :class:`~pyro.optim.clipped_adam.ClippedAdam` for ``clipped_adam``, else a torch Adam (fused when
+        every tensor is float32 or float64).
+    :raises ValueError: when ``lr_decay_to`` is set and ``n_steps`` is None.
+    """
     if spec.optimizer == "clipped_adam":
         return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=lr_decay_per_step(spec, n_steps))
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
@@ -195,27 +246,48 @@ def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int
 
 def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
     """Steps between host reads of the loss: ``inference.read_loss_every``, else 1 on CPU (a read costs nothing
-    there) and ``CUDA_READ_LOSS_EVERY`` on CUDA (a read each step would stall the GPU's queue every step)."""
+    there) and ``CUDA_READ_LOSS_EVERY`` on CUDA (a read each step would stall the GPU's queue every step).
+
+    :param spec: the run's ``inference`` section (its ``read_loss_every``).
+    :param device: where the model computes.
+    :returns: the steps between reads, at least 1 (1: every step's loss is read before the next step).
+    """
     if spec.read_loss_every is not None:
         return spec.read_loss_every
     return CUDA_READ_LOSS_EVERY if device.type == "cuda" else 1
 
 
 def total_steps(spec: SVISpec, n_train: int) -> int:
-    """Number of optimisation steps: ``num_steps`` if given, else ``epochs`` passes over the data."""
+    """Number of optimisation steps: ``num_steps`` if given, else ``epochs`` passes over the data.
+
+    :param spec: the run's ``inference`` section (its ``num_steps``, ``epochs`` and ``batch_size``).
+    :param n_train: training rows.
+    :returns: the run's steps.
+    """
     if spec.num_steps is not None:
         return spec.num_steps
     return (spec.epochs or 1) * steps_per_epoch(spec, n_train)
 
 
 def steps_per_epoch(spec: SVISpec, n_train: int) -> int:
-    """Minibatches per pass over the training set."""
+    """Minibatches per pass over the training set.
+
+    :param spec: the run's ``inference`` section (its ``batch_size``; None: the full batch).
+    :param n_train: training rows.
+    :returns: the minibatches per epoch, at least 1 (the last one may be partial).
+    """
     return 1 if spec.batch_size is None else max(1, math.ceil(n_train / spec.batch_size))
 
 
 def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
     """Refuse minibatches that ``world_size`` processes cannot share: a global batch not divisible by it, or an
-    epoch's last (partial) batch, or the full batch, with fewer rows than processes."""
+    epoch's last (partial) batch, or the full batch, with fewer rows than processes.
+
+    :param spec: the run's ``inference`` section (its ``batch_size``).
+    :param n_train: training rows.
+    :param world_size: the processes training together.
+    :raises ZooInputError: when the processes cannot share the minibatches.
+    """
     if world_size == 1:
         return
     if spec.batch_size is not None and spec.batch_size < n_train:
@@ -236,27 +308,49 @@ def _run_length(spec: SVISpec, n_steps: int | None, what: str) -> int:
 
 def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
     """ClippedAdam's per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr after
-    ``n_steps`` steps."""
+    ``n_steps`` steps.
+
+    :param spec: the run's ``inference`` section (its ``lr_decay`` and ``lr_decay_to``).
+    :param n_steps: the run's steps; needed only with ``lr_decay_to``.
+    :returns: the factor the lr is multiplied by at each step, in (0, 1].
+    :raises ValueError: when ``lr_decay_to`` is set and ``n_steps`` is None.
+    """
     if spec.lr_decay_to is None:
         return spec.lr_decay
     return spec.lr_decay_to ** (1.0 / _run_length(spec, n_steps, "lr_decay_to"))
 
 
 def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
-    """Steps of the KL warm-up: ``kl_annealing_steps``, or ``kl_annealing_fraction`` of ``n_steps``."""
+    """Steps of the KL warm-up: ``kl_annealing_steps``, or ``kl_annealing_fraction`` of ``n_steps``.
+
+    :param spec: the run's ``inference`` section (its ``kl_annealing_steps`` and ``kl_annealing_fraction``).
+    :param n_steps: the run's steps; needed only with ``kl_annealing_fraction``.
+    :returns: the warm-up's steps (0: no warm-up; at least 1 from a fraction).
+    :raises ValueError: when ``kl_annealing_fraction`` is set and ``n_steps`` is None.
+    """
     if spec.kl_annealing_fraction is None:
         return spec.kl_annealing_steps
     return max(1, round(spec.kl_annealing_fraction * _run_length(spec, n_steps, "kl_annealing_fraction")))
 
 
 def kl_weight(step: int, spec: SVISpec, n_steps: int | None = None) -> float:
-    """Linear KL annealing: weight (step + 1) / the warm-up's steps, capped at 1 (1 throughout without one)."""
+    """Linear KL annealing: weight (step + 1) / the warm-up's steps, capped at 1 (1 throughout without one).
+
+    :param step: the step, from 0.
+    :param spec: the run's ``inference`` section (its KL annealing settings, see :func:`annealing_steps`).
+    :param n_steps: the run's steps; needed only with ``kl_annealing_fraction``.
+    :returns: the weight of the KL term at ``step``, in (0, 1].
+    """
     warmup = annealing_steps(spec, n_steps)
     return 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
 
 
 def describe_kl(kl_methods: dict[str, str]) -> str:
-    """One log line saying which sites had an analytic KL and which a Monte Carlo estimate."""
+    """One log line saying which sites had an analytic KL and which a Monte Carlo estimate.
+
+    :param kl_methods: ``{site: "analytic" or "monte_carlo"}``, as the ELBO recorded them.
+    :returns: the line, each list ``-`` when empty.
+    """
     analytic = [n for n, m in kl_methods.items() if m == ANALYTIC]
     mc = [n for n, m in kl_methods.items() if m == MONTE_CARLO]
     return f"KL analytic: {', '.join(analytic) or '-'} | KL Monte Carlo: {', '.join(mc) or '-'}"
@@ -267,7 +361,13 @@ def _non_finite(params: dict[str, torch.Tensor]) -> list[str]:
 
 
 def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) -> list[str]:
-    """What may stop a non-finite ELBO, leaving out what the run already does."""
+    """What may stop a non-finite ELBO, leaving out what the run already does.
+
+    :param spec: the run's ``inference`` section (its ``lr``, ``optimizer``, ``clip_norm`` and KL annealing).
+    :param dtype: the run's floating-point type.
+    :param init_rho: the guide's initial rho (its softplus-parameterised scale); None for a guide without one.
+    :returns: the remedies, each a short instruction naming the spec setting to change.
+    """
     hints = [f"lower inference.lr (now {spec.lr:g}), e.g. to {spec.lr / 10:g}"]
     if spec.optimizer != "clipped_adam":
         hints.append("use inference.optimizer: clipped_adam (it clips each gradient's norm)")
@@ -306,6 +406,14 @@ class DivergenceWatch:
     terms and the remedies not yet tried; if it has not come back below that line ``patience`` steps later, the
     fit stops with :class:`~zoo.errors.TrainingDiverged`. The floor (1,000 nats per row with the defaults) keeps
     the rise that KL annealing causes, at most the KL per row, from ever counting.
+
+    :param n_rows: training rows (each step's loss, scaled to all of them, is divided by it).
+    :param n_steps: the run's steps (they set the default ``patience``).
+    :param window: the steps whose median loss is compared.
+    :param factor: how many times max(|best|, ``floor``) the median may rise above the best before it counts.
+    :param floor: the smallest scale of the allowed rise, in nats per row.
+    :param patience: the steps the median may stay over the line before the fit stops (None: max(100,
+        ``n_steps // 20``)).
     """
 
     def __init__(self, n_rows: int, n_steps: int, window: int = 20, factor: float = 100.0, floor: float = 10.0,
@@ -316,14 +424,21 @@ class DivergenceWatch:
         self.since: int | None = None  # the step the loss first went over the line, while it stays there
 
     def resume(self, losses: list[float], step: int) -> None:
-        """Take the best median of a resumed fit's earlier losses, so the line is where it was before the stop."""
+        """Take the best median of a resumed fit's earlier losses, so the line is where it was before the stop.
+
+        :param losses: the resumed fit's losses so far, one per step (:attr:`SVIResult.losses`).
+        :param step: the steps taken so far (the fit resumes at this step); ``losses`` ends with the last one's.
+        """
         for end in range(self.window, len(losses) + 1):
             median = statistics.median(losses[end - self.window:end]) / self.n_rows
             if self.best is None or median < self.best[0]:
                 self.best = (median, step - len(losses) + end)
 
     def line(self) -> float:
-        """The loss per row above which the fit counts as blowing up."""
+        """The loss per row above which the fit counts as blowing up.
+
+        :returns: the line, in nats per training row (only once a best median is known).
+        """
         assert self.best is not None
         return self.best[0] + self.factor * max(abs(self.best[0]), self.floor)
 
@@ -372,21 +487,40 @@ def fit_svi(
     and the random state are saved atomically to ``run_dir/checkpoint.pt``; ``resume=True`` continues from
     there and reproduces the uninterrupted run exactly on CPU. ``monitor`` scores the guide's posterior on the
     evaluation rows at evenly spaced steps (a sweep prunes on it); it does not change the steps taken.
+
+    :param family: the model family whose Pyro model is fitted (its point parameters are trained alongside).
+    :param guide: the spec's guide, trained in place and completed after the fit (its ``finish``).
+    :param data: the data set: its training rows on the device, in host memory (moved a minibatch at a time) or
+        streamed from a loader.
+    :param spec: the run's ``inference`` section (steps or epochs, minibatch size, optimiser and learning rate,
+        ELBO, KL annealing, checkpoint interval).
+    :param seed: seeds the minibatch order.
+    :param run_dir: where ``checkpoint.pt`` is written; None writes nothing.
+    :param resume: continue from ``run_dir``'s ``checkpoint.pt``.
+    :param log: the run's log (None: no messages).
+    :param progress: whether to show a progress bar.
+    :param monitor: scores the guide's posterior on the evaluation rows during the fit (None: no scoring).
+    :returns: the loss curve, the KL method of each site, the wall time and the guide's posterior.
+    :raises ZooInputError: when the processes cannot share the minibatches, or ``resume`` finds no checkpoint.
+    :raises TrainingDiverged: when the initial or trained parameters or a step's loss are not finite, or the loss
+        runs away (:class:`DivergenceWatch`).
     """
     log = log or RunLog(None, echo=None)
     named = {f"guide.{n}": p for n, p in guide.named_parameters()}
     named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
-    n_train, n_steps = data.n_train, total_steps(spec, data.n_train)
+    n_train = data.n_train
+    ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
+    team = distributed.world()
+    check_shards(spec, n_train, team.size)
+    # streamed rows come from the loader a batch at a time (its own batch size), else minibatches of rows in memory
+    loop = TrainingLoop(n_train, spec.batch_size, seed, ckpt_path, spec.checkpoint_every, "SVI", progress, log,
+                        data.x_train.device, writer=team.is_writer, stream=data if data.streamed else None)
+    n_steps = spec.num_steps if spec.num_steps is not None else (spec.epochs or 1) * loop.per_epoch
     optimizer = make_optimizer(list(named.values()), spec, n_steps)
     elbo = ELBOS[spec.elbo](spec.num_particles)
     elbo.temperature = spec.temperature
-    ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
     result = SVIResult()
-    remedies = untried_remedies(spec, data.x_train.dtype, guide.init_rho)
-    team = distributed.world()
-    check_shards(spec, n_train, team.size)
-    loop = TrainingLoop(n_train, spec.batch_size, seed, ckpt_path, spec.checkpoint_every, "SVI", progress, log,
-                        data.x_train.device, writer=team.is_writer)
+    remedies = untried_remedies(spec, data.dtype, guide.init_rho)
     loop.state = lambda: {
         "total_steps": n_steps, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
         "buffers": family.buffers(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
@@ -439,9 +573,12 @@ def fit_svi(
         if not svi_step.read_each_step:
             svi_step.signal = svi_step.read_signal()
 
-    def update(batch: torch.Tensor | None) -> None:
+    def update(batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
         elbo.kl_weight = kl_weight(loop.step, spec, n_steps)
-        loss = svi_step(x, y, batch)
+        if isinstance(batch, tuple):  # a streamed (x, y) batch of a data set of n_train rows
+            loss = svi_step(*batch, None, n_rows=n_train)
+        else:
+            loss = svi_step(x, y, batch)
         if loop.step == 0 or not result.kl_methods:
             result.kl_methods = dict(elbo.kl_methods)
             log(describe_kl(result.kl_methods))
@@ -481,6 +618,7 @@ def fit_svi(
 class SVI(InferenceMethod):
     """Stochastic variational inference of the spec's guide (:func:`fit_svi`)."""
 
+    streams_rows = True
     names = ("svi",)
     shared_work = {"svi": "each global minibatch"}
     spec = SVISpec
@@ -500,18 +638,35 @@ class SVI(InferenceMethod):
             return [ZooInputError("inference.autocast", autocast, f"torch's autocast does not reach the "
                                   f"{run_spec.model.family} family's vmapped layers (they would stay float32): use "
                                   "autocast: none")]
-        if run_spec.inference.compile and not run_spec.model.compiles_convolutions and run_spec.net.convolutional:
-            return [ZooInputError("inference.compile", True, f"the {run_spec.model.family} family's step on a "
-                                  "convolutional net runs slower compiled than eager (one convolution per member, "
-                                  "which Inductor fuses badly with the batch norms after them): use compile: false")]
+        if run_spec.net.convolutional is not None:  # a net given in Python is checked when it is built
+            problem = self.check_net(run_spec.inference, run_spec.model, run_spec.net.convolutional)
+            return [problem] if problem is not None else []
         return []
 
+    def check_net(self, spec: SVISpec, family, convolutional: bool) -> ZooInputError | None:
+        if spec.compile and convolutional and not family.compiles_convolutions:
+            return ZooInputError("inference.compile", True, f"the {family.family} family's step on a convolutional "
+                                 "net runs slower compiled than eager (one convolution per member, which Inductor "
+                                 "fuses badly with the batch norms after them): use compile: false")
+        return None
+
     def check_processes(self, spec: SVISpec, nproc: int) -> None:
-        """Each process takes an equal share of every global minibatch."""
+        """Each process takes an equal share of every global minibatch.
+
+        :param spec: the run's ``inference`` section (its ``batch_size``).
+        :param nproc: the processes of ``zoo train --nproc``.
+        :raises ZooInputError: when the minibatch size is not a multiple of ``nproc``.
+        """
         check_global_batch(spec.batch_size, nproc)
 
     def check_rows_on_host(self, spec: SVISpec, n_train: int, why: str) -> None:
-        """Minibatch SVI moves each minibatch to the device: it needs a minibatch size, and no compiled step."""
+        """Minibatch SVI moves each minibatch to the device: it needs a minibatch size, and no compiled step.
+
+        :param spec: the run's ``inference`` section (its ``batch_size`` and ``compile``).
+        :param n_train: training rows.
+        :param why: why the rows stay in host memory, for the message.
+        :raises ZooInputError: when there is no minibatch smaller than ``n_train``, or ``compile`` is on.
+        """
         if spec.batch_size is None or spec.batch_size >= n_train:
             raise ZooInputError("inference.batch_size", spec.batch_size, f"{why}: set a minibatch size")
         if spec.compile:

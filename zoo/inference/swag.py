@@ -55,7 +55,8 @@ class SWAGSpec(Tempered):
     collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
                                               "per epoch)")
     init: str = Field("net", description="'net' (the net's own initialisation, redrawn per model), 'prior' "
-                      "(prior draws), or a run directory (e.g. a MAP run of the same spec): SGD starts at its draws")
+                      "(prior draws), 'weights' (the net's own weights: SWAG post hoc on a trained net, net.weights), "
+                      "or a run directory (e.g. a MAP run of the same spec): SGD starts at its draws")
     checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
     predictive_samples: PositiveInt = Field(100, description="draws used for test metrics")
 
@@ -70,7 +71,12 @@ class SWAGSpec(Tempered):
 
 class SWAGPosterior(Posterior):
     """The (Multi)SWAG Gaussian(s): ``mean``, ``sq_mean`` ``[K, D]`` and ``deviations`` ``[K, R, D]`` in the
-    unconstrained coordinates of the family's latent sites; draw s comes from model s mod K."""
+    unconstrained coordinates of the family's latent sites; draw s comes from model s mod K.
+
+    :param family: the model family whose latent sites the Gaussians are over.
+    :param moments: ``{"mean": [K, D], "sq_mean": [K, D], "deviations": [K, R, D]}``, as :func:`fit_swag` collects
+        them.
+    """
 
     def __init__(self, family: ModelFamily, moments: dict[str, torch.Tensor]) -> None:
         super().__init__(family)
@@ -78,7 +84,12 @@ class SWAGPosterior(Posterior):
         self.mean, self.sq_mean, self.deviations = moments["mean"], moments["sq_mean"], moments["deviations"]
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """``num_samples`` draws ``{site: [S, ...]}``, the K models taking turns."""
+        """``num_samples`` draws, the K models taking turns.
+
+        :param num_samples: how many draws ``S`` to take.
+        :param generator: the random stream of the draws (None: torch's global one).
+        :returns: every latent site's draws ``{site: [S, *site_shape]}``.
+        """
         models, rank, dim = self.deviations.shape
         which = torch.arange(num_samples, device=self.mean.device) % models
         variance = self.variance()
@@ -91,11 +102,19 @@ class SWAGPosterior(Posterior):
 
     def variance(self, floor: float = 0.0, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Each model's diagonal variance ``sq_mean - mean^2`` ``[K, D]`` computed in ``dtype``, at least ``floor``
-        (round-off makes it slightly negative where SGD barely moved)."""
+        (round-off makes it slightly negative where SGD barely moved).
+
+        :param floor: the smallest variance returned.
+        :param dtype: the floating-point type to compute in (None: that of the moments).
+        :returns: the variances ``[K, D]``.
+        """
         return (self.sq_mean.to(dtype) - self.mean.to(dtype) ** 2).clamp(min=floor)
 
     def density(self) -> SWAGPosterior:
-        """Itself: the Gaussians score their own draws (:meth:`log_density`)."""
+        """Itself: the Gaussians score their own draws (:meth:`log_density`).
+
+        :returns: this posterior.
+        """
         return self
 
     @property
@@ -105,7 +124,11 @@ class SWAGPosterior(Posterior):
 
     def log_density(self, draws: dict[str, torch.Tensor]) -> torch.Tensor:
         """log q(w) at S draws ``{site: [S, ...]}``: the models' equal-weight mixture of Gaussians in the
-        unconstrained coordinates, less each draw's log|det dw/dz| (for the PSIS Pareto k-hat of ``zoo diagnose``)."""
+        unconstrained coordinates, less each draw's log|det dw/dz| (for the PSIS Pareto k-hat of ``zoo diagnose``).
+
+        :param draws: ``{site: [S, ...]}``.
+        :returns: ``[S]``, in the draws' floating-point type (computed in float64).
+        """
         with torch.no_grad():
             z = self.coords.pack(draws)
             _, log_det = self.coords.unpack(z)
@@ -120,7 +143,13 @@ class SWAGPosterior(Posterior):
 
 
 def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
-    """Cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``."""
+    """Cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``.
+
+    :param spec: the run's ``inference`` section.
+    :param step: the step, from 0.
+    :param pretrain_steps: the steps of pretraining.
+    :returns: the learning rate of the per-row loss at ``step``.
+    """
     if step >= pretrain_steps:
         return spec.lr
     return spec.lr + (spec.pretrain_lr - spec.lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
@@ -143,12 +172,29 @@ def fit_swag(
 
     The state (iterates, momenta, moments, random streams) is saved atomically to ``run_dir/swag.pt`` every
     ``checkpoint_every`` steps and on Ctrl-C; ``resume=True`` continues exactly.
+
+    :param family: the model family whose Pyro model's latent sites SGD fits.
+    :param guide: unused (SWAG fits its own Gaussian); taken for the common fitter signature.
+    :param data: the data set, its training rows on the device the fit runs on.
+    :param spec: the run's ``inference`` section.
+    :param seed: seeds the starting points (the minibatch order uses ``seed + 1``).
+    :param run_dir: where ``swag.pt`` is written; None writes nothing.
+    :param resume: continue from ``run_dir``'s ``swag.pt``.
+    :param log: the run's log (None: no messages).
+    :param progress: whether to show a progress bar.
+    :param monitor: scores the final posterior once, at the end (None: no scoring).
+    :param start: the posterior of the run ``inference.init`` names: SGD starts at its draws, and a family's point
+        parameters are copied from it.
+    :returns: the wall time and the (Multi)SWAG posterior.
+    :raises ZooInputError: when fewer iterates than ``rank`` would be collected, when ``resume`` finds no
+        checkpoint, or when the family has point parameters and no ``start`` gives them.
+    :raises TrainingDiverged: when an SGD step makes the iterates non-finite.
     """
     log = log or RunLog(None, echo=None)
     refuse_batch_dependent(family, "SWAG")
     path = Path(run_dir) / SWAG_FILE if run_dir is not None else None
     loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, "SWAG", progress, log,
-                        data.x_train.device)
+                        data.x_train.device, stream=data if data.streamed else None)
     pretrain = spec.pretrain_epochs * loop.per_epoch
     total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
     every = spec.collect_every or loop.per_epoch
@@ -216,7 +262,11 @@ def _collect(moments: dict[str, torch.Tensor], z: torch.Tensor, collected: int, 
 
 @dataclass
 class SWAGResult:
-    """What a SWAG fit leaves: its cost and its posterior."""
+    """What a SWAG fit leaves: its cost and its posterior.
+
+    :param seconds: the fit's wall time.
+    :param posterior: the fitted (Multi)SWAG posterior.
+    """
 
     seconds: float
     posterior: SWAGPosterior
@@ -225,6 +275,7 @@ class SWAGResult:
 class SWAG(InferenceMethod):
     """SWAG and MultiSWAG from SGD iterates (:func:`fit_swag`)."""
 
+    streams_rows = True
     names = ("swag",)
     spec = SWAGSpec
     fitter = staticmethod(fit_swag)
@@ -237,7 +288,7 @@ class SWAG(InferenceMethod):
         return "multiswag" if spec.num_models > 1 else "swag"
 
     def start_from(self, spec: SWAGSpec) -> Path | None:
-        return starting_run(spec.init, ("net", "prior"))
+        return starting_run(spec.init, ("net", "prior", "weights"))
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         if start is not None:

@@ -234,7 +234,9 @@ def observe_rows(likelihood: Likelihood, x: torch.Tensor, y: torch.Tensor | None
     :param outputs: maps the selected rows' inputs to the net's outputs (``[B, O]``, or ``[K, B, O]`` with members).
     :param members: as for :func:`observation`.
     """
-    latents = likelihood.sample_latents(x)
+    # the likelihood's latents in the run's floating-point type (inputs may be integers: tokens)
+    latents = likelihood.sample_latents(x if x.is_floating_point() else
+                                        torch.zeros((), device=x.device, dtype=torch.get_default_dtype()))
     with pyro.plate("data", x.shape[0], subsample=batch):
         # index_select, not x[batch]: advanced indexing is ~100x slower on multi-threaded CPU torch
         xb = x if batch is None else x.index_select(0, batch)

@@ -38,6 +38,7 @@ class LogitsCategorical(dist.Categorical):
         """The same categorical over a larger batch shape.
 
         :param batch_shape: the new batch shape.
+        :param _instance: torch's instance to fill in; unused, a new distribution is built.
         :returns: the expanded distribution.
         """
         return LogitsCategorical(self.raw_logits.expand(torch.Size(batch_shape) + (self._num_events,)))

@@ -15,26 +15,33 @@ from pydantic import Field
 from torch import nn
 from torch.func import functional_call, vmap
 
+from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import FamilySection, ModelFamily, per_device
+from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
 from zoo.nets import ParameterSwap, has_batch_norm, prediction_mode
 from zoo.priors import PriorSection, prior_distribution
 from zoo.sites import WEIGHT_MATRICES, LatentSite
 
 
 class AllWeightsBNN(ModelFamily):
-    """Pyro model p(w) p(y | f_w(x)) over all parameters of ``net``; site names are the parameter names.
+    """Pyro model p(w) p(y | f_w(x)) over the parameters of ``net`` (all of them, or those of the chosen modules);
+    site names are the parameter names, and any parameter left out is a point estimate fitted beside the guide.
 
     :param net: the deterministic net.
-    :param priors: the prior of every parameter, by name.
+    :param priors: the prior of every latent parameter, by name.
     :param likelihood: the observation model.
+    :param latent: the names of the latent parameters (None: every parameter).
     """
 
-    def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> None:
+    def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood,
+                 latent: list[str] | None = None) -> None:
         self.net = net
         self.likelihood = likelihood
         self.prior_configs = priors
-        self.weight_names = [name for name, _ in net.named_parameters()]
+        self.weight_names = [name for name, _ in net.named_parameters() if latent is None or name in latent]
+        if not self.weight_names:
+            raise ZooInputError("model.include", latent, "no parameter of the net is left random: include a module "
+                                "with weights, or exclude fewer")
         missing = set(self.weight_names) - set(priors)
         if missing:
             raise ValueError(f"no prior for sites {sorted(missing)}")
@@ -43,24 +50,28 @@ class AllWeightsBNN(ModelFamily):
         self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
 
     @staticmethod
-    def prior_sites(net: nn.Module) -> list[str]:
-        """The sites the spec's priors are assigned to: every parameter of the net.
+    def prior_sites(net: nn.Module, choice: ModuleChoice | None = None) -> list[str]:
+        """The sites the spec's priors are assigned to: every parameter of the net (of the chosen modules).
 
         :param net: the deterministic net.
-        :returns: its parameter names.
+        :param choice: which modules are random (None: all).
+        :returns: the latent parameters' names.
         """
-        return [name for name, _ in net.named_parameters()]
+        modules = dict(net.named_modules())
+        return [name for name, _ in net.named_parameters()
+                if choice is None or choice.chosen(name.rpartition(".")[0], modules[name.rpartition(".")[0]])]
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
         """Every latent site with its shape and an initial value (the net's own initialisation for weights)."""
-        sites = {name: LatentSite(p.shape, p.detach().clone()) for name, p in self.net.named_parameters()}
+        sites = {name: LatentSite(p.shape, p.detach().clone()) for name, p in self.net.named_parameters()
+                 if name in self.weight_names}
         sites.update(self.likelihood.latent_sites())
         return sites
 
     def point_parameters(self) -> list[nn.Parameter]:
-        """Parameters fitted as point estimates beside the guide: none, every weight is random here."""
-        return []
+        """Parameters fitted as point estimates beside the guide: those of the modules left out (none by default)."""
+        return [p for name, p in self.net.named_parameters() if name not in self.weight_names]
 
     def buffers(self) -> list[torch.Tensor]:
         """The net's BatchNorm running statistics: updated by the fit, never random (saved with checkpoints)."""
@@ -76,7 +87,7 @@ class AllWeightsBNN(ModelFamily):
 
         def build(device: torch.device, dtype: torch.dtype) -> dict[str, dist.TorchDistribution]:
             return {n: prior_distribution(self.prior_configs[n], p.shape, device, dtype)
-                    for n, p in self.net.named_parameters()}
+                    for n, p in self.net.named_parameters() if n in self.weight_names}
 
         return per_device(self._priors, next(self.net.parameters()), build)
 
@@ -111,8 +122,9 @@ class AllWeightsBNN(ModelFamily):
         return vmap(lambda w: functional_call(self.net, w, (x,)))(weights)
 
 
-class AllWeightsModelSpec(FamilySection):
-    """Every weight and bias a latent site (mean-field VI, MC dropout, MAP, HMC, SG-MCMC, SWAG)."""
+class AllWeightsModelSpec(FamilySection, ModuleChoice):
+    """Every weight and bias a latent site (mean-field VI, MC dropout, MAP, HMC, SG-MCMC, SWAG); with include or
+    exclude, those of the chosen modules (the others point estimates: include [out] is a last-layer BNN)."""
 
     offers = frozenset({WEIGHT_MATRICES})
 
@@ -120,7 +132,8 @@ class AllWeightsModelSpec(FamilySection):
         "all_weights: every weight and bias a latent site (formerly mean_field)"))
 
     def prior_sites(self, net: nn.Module) -> list[str]:
-        return AllWeightsBNN.prior_sites(net)
+        self.check_modules(net)
+        return AllWeightsBNN.prior_sites(net, self)
 
     def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> AllWeightsBNN:
-        return AllWeightsBNN(net, priors, likelihood)
+        return AllWeightsBNN(net, priors, likelihood, AllWeightsBNN.prior_sites(net, self))

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyro
 import torch
+from pydantic import Field
 from torch import nn
 
 from zoo.errors import ZooInputError
+from zoo.nets import NORM_LAYERS, check_patterns, module_matches, parametric_modules
 from zoo.parts import Strict
 from zoo.sites import LatentSite
 
@@ -238,3 +240,52 @@ class FamilySection(Strict):
         problems = self.refusals(list(priors.values()))
         if problems:
             raise ZooInputError(*problems[0])
+
+
+class ModuleChoice(Strict):
+    """Which of the net's modules a family makes random, by path, glob or layer type: the rest stay point estimates
+    (fitted beside the guide, or at the MAP)."""
+
+    include: list[str] | None = Field(None, description=(
+        "only these modules' weights are random: module paths, globs or layer types (e.g. [out], ['blocks.*'], "
+        "[Linear]); None: every module the family supports"))
+    exclude: list[str] = Field(default_factory=list, description=(
+        "modules whose weights stay point estimates: paths, globs or layer types (e.g. [embed] or [Embedding]); "
+        "a layer the family cannot make random must be excluded (or left out of include)"))
+
+    def chosen(self, name: str, module: nn.Module) -> bool:
+        """Whether the spec asks for this module's weights to be random.
+
+        :param name: the module's path in the net.
+        :param module: the module.
+        :returns: whether it is included and not excluded.
+        """
+        if self.include is not None and not module_matches(name, module, self.include):
+            return False
+        return not module_matches(name, module, self.exclude)
+
+    def check_modules(self, net: nn.Module) -> None:
+        """Refuse an ``include`` or ``exclude`` pattern that names no module of the net.
+
+        :param net: the net.
+        :raises ZooInputError: naming the pattern and the net's modules.
+        """
+        check_patterns(net, self.include or [], "model.include")
+        check_patterns(net, self.exclude, "model.exclude")
+
+    def refuse_unsupported(self, net: nn.Module, supported: tuple[type, ...], what: str) -> None:
+        """Refuse a chosen module with weights that the family cannot make random, naming its path and type and
+        how to keep it a point estimate (normalisation layers are point estimates anyway).
+
+        :param net: the net.
+        :param supported: the layer types the family makes random.
+        :param what: the family, for the message (``the rank-1 family``).
+        :raises ZooInputError: naming the first such module.
+        """
+        self.check_modules(net)
+        for name, module in parametric_modules(net):
+            if self.chosen(name, module) and not isinstance(module, supported + NORM_LAYERS):
+                kinds = ", ".join(t.__name__ for t in supported)
+                kind = type(module).__name__
+                raise ZooInputError("model.exclude", name, f"{what} makes {kinds} layers random, and {name!r} is of "
+                                    f"type {kind}: keep it a point estimate with model.exclude: [{name}] (or [{kind}])")

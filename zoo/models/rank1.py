@@ -1,10 +1,11 @@
 """Rank-1 BNNs (Dusenberry et al. 2020): shared point-estimated weights, distributions only on rank-1 factors.
 
 Member k of layer W uses the weights W ∘ (r_k s_kᵀ), i.e. y = φ(((x ∘ s_k) Wᵀ) ∘ r_k + b_k). The K members run
-as one batch: the input is tiled K times, every Linear layer does one matmul for all members, and every Conv2d
-one convolution per member with that member's weights (:class:`MemberLayers`).
-The net stays a plain ``nn.Module``: a handler swaps its ``F.linear`` and ``F.conv2d`` calls for the member-wise
-versions, the same way local reparameterisation is applied.
+as one batch: the input is tiled K times, every Linear layer does one matmul for all members, every convolution
+(transposed or not) one convolution per member with that member's weights, and an Embedding scales the row it
+looks up, E[i] ∘ r_k, by s_k[i] (:class:`MemberLayers`). The net stays a plain ``nn.Module``: a handler swaps
+its ``F.linear``, ``F.conv*``, ``F.conv_transpose*`` and ``F.embedding`` calls for the member-wise versions, the
+same way local reparameterisation is applied.
 """
 
 from __future__ import annotations
@@ -22,33 +23,58 @@ from torch.distributions import constraints
 
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import FamilySection, ModelFamily, per_device
+from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
 from zoo.nets import has_batch_norm, prediction_mode
 from zoo.priors import PRIORS, PriorSection, prior_distribution
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
 MEMBERS = "members"
 SCALE, RAW = "_scale", "_z"  # a GSM factor f is held as sites f_scale (per neuron) and f_z (per member)
-FACTORED_LAYERS = (nn.Linear, nn.Conv2d)
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+TRANSPOSED_CONVOLUTIONS = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+FACTORED_LAYERS = (nn.Linear, *CONVOLUTIONS, *TRANSPOSED_CONVOLUTIONS, nn.Embedding)
 
 
 def _widths(layer: nn.Module) -> tuple[int, int]:
-    """(outputs, inputs) of a Linear layer, (output, input) channels of a Conv2d."""
-    if isinstance(layer, nn.Conv2d):
-        return layer.out_channels, layer.in_channels
-    return layer.out_features, layer.in_features
+    """(outputs, inputs) of a layer: features of a Linear layer, channels of a convolution, and an Embedding's
+    vector width and rows (its input is the one-hot row index)."""
+    if isinstance(layer, nn.Linear):
+        return layer.out_features, layer.in_features
+    if isinstance(layer, nn.Embedding):
+        return layer.embedding_dim, layer.num_embeddings
+    return layer.out_channels, layer.in_channels
+
+
+def _has_bias(layer: nn.Module) -> bool:
+    """Whether a layer gets per-member biases: every factored layer but an Embedding (a lookup, with no bias)."""
+    return not isinstance(layer, nn.Embedding)
+
+
+def factored_layers(net: nn.Module, choice: ModuleChoice | None = None) -> dict[str, nn.Module]:
+    """The layers that get rank-1 factors: the chosen Linear, convolution (transposed or not) and Embedding layers,
+    by path.
+
+    :param net: the deterministic net.
+    :param choice: which modules are random (None: every supported one).
+    :returns: the layers.
+    """
+    return {name: m for name, m in net.named_modules()
+            if isinstance(m, FACTORED_LAYERS) and (choice is None or choice.chosen(name, m))}
 
 
 class MemberLayers:
-    """Within this context, Linear and Conv2d layers with registered weights W run all M members at once.
+    """Within this context, the layers with registered weights W run all M members at once.
 
-    ``layers`` maps each weight tensor to its factors ``r [M, out]``, ``s [M, in]`` and biases ``b [M, out]``.
+    ``layers`` maps each weight tensor to its factors ``r [M, out]``, ``s [M, in]`` and biases ``b [M, out]`` (None
+    for an Embedding).
     The net sees one batch of M * B rows, member-major (the batch tiled once per member), so every other layer
     (pooling, BatchNorm with statistics shared by the members, as in the rank-1 and BatchEnsemble ResNets) runs
     unchanged. ``F.linear`` computes ((x ∘ s) Wᵀ) ∘ r + b in one matmul of all rows. ``F.conv2d`` convolves each
     member's B rows with its own weights W ∘ (r_k s_kᵀ): a convolution's weights are far smaller than its
     activations, so scaling them costs less than scaling every activation and its gradient on the way in and out
-    (ResNet-20, K = 4, B = 128, one CPU thread: 2.9 s per step that way against 2.3 s this way).
+    (ResNet-20, K = 4, B = 128, one CPU thread: 2.9 s per step that way against 2.3 s this way); a transposed
+    convolution likewise (its weights are ``[in, out / groups, ...]``). ``F.embedding`` looks the rows up once for
+    all members and scales row i of member k's lookups by s_k[i] r_k.
     """
 
     def __init__(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -56,12 +82,19 @@ class MemberLayers:
         self.layers, self.members = layers, members
 
     def __enter__(self) -> MemberLayers:
-        self._linear, self._conv2d = F.linear, F.conv2d
-        F.linear, F.conv2d = self._member_linear, self._member_conv2d
+        self._linear, self._embedding = F.linear, F.embedding
+        self._convs = (F.conv1d, F.conv2d, F.conv3d)
+        self._transposed = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+        F.linear, F.embedding = self._member_linear, self._member_embedding
+        F.conv1d, F.conv2d, F.conv3d = (self._member_conv(conv) for conv in self._convs)
+        F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d = (
+            self._member_conv(conv, transposed=True) for conv in self._transposed)
         return self
 
     def __exit__(self, *exc) -> None:
-        F.linear, F.conv2d = self._linear, self._conv2d
+        F.linear, F.embedding = self._linear, self._embedding
+        F.conv1d, F.conv2d, F.conv3d = self._convs
+        F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d = self._transposed
 
     def _lookup(self, weight: torch.Tensor):
         entry = self.layers.get(id(weight))
@@ -78,20 +111,38 @@ class MemberLayers:
         r, s, b = (v.view(v.shape[0], *[1] * (xm.dim() - 2), v.shape[-1]) for v in factors)
         return torch.addcmul(b, self._linear(xm * s, weight), r).flatten(0, 1)
 
-    def _member_conv2d(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *args,
-                       **kwargs):
+    def _member_embedding(self, ids: torch.Tensor, weight: torch.Tensor, *args, **kwargs):
         factors = self._lookup(weight)
         if factors is None:
-            return self._conv2d(x, weight, bias, *args, **kwargs)
-        r, s, b = factors  # [M, out], [M, in], [M, out]
-        groups = kwargs.get("groups", args[3] if len(args) > 3 else 1)
-        out_channels, in_per_group = weight.shape[:2]
-        # s_k of the input channels each output channel reads: [M, out, in / groups]
-        s_read = s.view(self.members, groups, 1, in_per_group).expand(
-            -1, -1, out_channels // groups, -1).reshape(self.members, out_channels, in_per_group)
-        member_weights = weight * (r[:, :, None] * s_read)[..., None, None]  # W ∘ (r_k s_kᵀ): [M, out, in / g, kh, kw]
-        return torch.cat([self._conv2d(rows, w, b_k, *args, **kwargs)
-                          for rows, w, b_k in zip(self._by_member(x), member_weights, b, strict=True)])
+            return self._embedding(ids, weight, *args, **kwargs)
+        r, s, _ = factors  # [M, dim], [M, rows]
+        by_member = self._by_member(ids)  # [M, B, ...]
+        picked = s.gather(1, by_member.flatten(1)).view(by_member.shape)  # s_k[i] of every id: [M, B, ...]
+        looked_up = self._embedding(by_member, weight, *args, **kwargs)  # [M, B, ..., dim]
+        r = r.view(r.shape[0], *[1] * (by_member.dim() - 1), r.shape[-1])
+        return (looked_up * picked[..., None] * r).flatten(0, 1)
+
+    def _member_conv(self, conv, transposed: bool = False):
+        """``conv`` (``F.conv1d/2d/3d`` or ``F.conv_transpose1d/2d/3d``), each member's rows convolved with its own
+        weights."""
+
+        def member_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *args, **kwargs):
+            factors = self._lookup(weight)
+            if factors is None:
+                return conv(x, weight, bias, *args, **kwargs)
+            r, s, b = factors  # [M, out], [M, in], [M, out]
+            groups = kwargs.get("groups", args[3] if len(args) > 3 else 1)  # 4th after bias in both signatures
+            rows, per_group = weight.shape[:2]  # [out, in / groups] (transposed: [in, out / groups])
+            # the factor of the channels along weight's first dim, times the other side's per group read
+            first, second = (s, r) if transposed else (r, s)
+            second_read = second.view(self.members, groups, 1, per_group).expand(
+                -1, -1, rows // groups, -1).reshape(self.members, rows, per_group)
+            kernel = [1] * (weight.dim() - 2)
+            member_weights = weight * (first[:, :, None] * second_read).view(*second_read.shape, *kernel)
+            return torch.cat([conv(member_rows, w, b_k, *args, **kwargs)
+                              for member_rows, w, b_k in zip(self._by_member(x), member_weights, b, strict=True)])
+
+        return member_conv
 
 
 class Rank1BNN(ModelFamily):
@@ -101,7 +152,8 @@ class Rank1BNN(ModelFamily):
     A factor under a hierarchical prior (``gsm``) is held as two sites, its per-neuron scales ``<factor>_scale``
     and its standardised value ``<factor>_z`` (non-centred form).
 
-    :param net: the deterministic net; its Linear and Conv2d layers get factors.
+    :param net: the deterministic net; its Linear, convolution and Embedding layers get factors (those ``layers``
+        names).
     :param priors: the prior of every factor site (``<layer>.r``, ``<layer>.s``).
     :param likelihood: the observation model.
     :param members: ensemble members K.
@@ -110,13 +162,15 @@ class Rank1BNN(ModelFamily):
     """
 
     def __init__(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood, members: int = 4,
-                 member_likelihood: str = "average", weight_decay: float | None = None) -> None:
+                 member_likelihood: str = "average", weight_decay: float | None = None,
+                 layers: dict[str, nn.Module] | None = None) -> None:
         self.net, self.likelihood = net, likelihood
         self.members, self.member_likelihood, self.weight_decay = members, member_likelihood, weight_decay
-        self.layers = {name: m for name, m in net.named_modules() if isinstance(m, FACTORED_LAYERS)}
+        self.layers = layers if layers is not None else factored_layers(net)
         self.batch_norm = has_batch_norm(net)  # fit in training mode, predict in eval mode (running statistics)
         if not self.layers:
-            raise ZooInputError("net", type(net).__name__, "the rank-1 family needs Linear or Conv2d layers")
+            raise ZooInputError("net", type(net).__name__, "the rank-1 family needs a Linear, convolution or "
+                                "Embedding layer to factor; none is chosen")
         self.factor_names = [f"{layer}.{side}" for layer in self.layers for side in ("r", "s")]
         missing = set(self.factor_names) - set(priors)
         if missing:
@@ -127,19 +181,19 @@ class Rank1BNN(ModelFamily):
         self.member_bias = nn.ParameterDict([
             (layer.replace(".", "/"), nn.Parameter(
                 (m.bias.detach() if m.bias is not None else torch.zeros(_widths(m)[0])).expand(members, -1).clone()))
-            for layer, m in self.layers.items()
+            for layer, m in self.layers.items() if _has_bias(m)
         ])
         self._priors: dict[tuple, dict[str, dist.TorchDistribution]] = {}
 
     @staticmethod
-    def prior_sites(net: nn.Module) -> list[str]:
-        """The sites the spec's priors are assigned to: ``<layer>.r`` and ``<layer>.s`` for every Linear and
-        Conv2d layer.
+    def prior_sites(net: nn.Module, choice: ModuleChoice | None = None) -> list[str]:
+        """The sites the spec's priors are assigned to: ``<layer>.r`` and ``<layer>.s`` for every factored layer.
 
         :param net: the deterministic net.
+        :param choice: which modules are random (None: every supported one).
         :returns: the factor site names.
         """
-        return [f"{n}.{side}" for n, m in net.named_modules() if isinstance(m, FACTORED_LAYERS) for side in ("r", "s")]
+        return [f"{n}.{side}" for n in factored_layers(net, choice) for side in ("r", "s")]
 
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
@@ -162,7 +216,7 @@ class Rank1BNN(ModelFamily):
     def point_parameters(self) -> list[nn.Parameter]:
         """Every parameter of the net (the shared W, BatchNorm's scale and shift) but the factored layers' own
         biases, which the per-member biases replace; then the per-member biases."""
-        replaced = {id(m.bias) for m in self.layers.values() if m.bias is not None}
+        replaced = {id(m.bias) for m in self.layers.values() if _has_bias(m) and m.bias is not None}
         return [p for p in self.net.parameters() if id(p) not in replaced] + list(self.member_bias.values())
 
     def buffers(self) -> list[torch.Tensor]:
@@ -226,10 +280,12 @@ class Rank1BNN(ModelFamily):
 
     def forward_members(self, factors: dict[str, torch.Tensor], biases: list[torch.Tensor],
                         x: torch.Tensor) -> torch.Tensor:
-        """Outputs ``[M, B, out]`` of M members with factors ``{site: [M, width]}`` and biases ``[M, out]``."""
+        """Outputs ``[M, B, out]`` of M members with factors ``{site: [M, width]}`` and biases ``[M, out]`` (one
+        per layer with a bias, in :attr:`member_bias`'s order)."""
         n_members = factors[self.factor_names[0]].shape[0]
-        layers = {id(m.weight): (m.weight, factors[f"{name}.r"], factors[f"{name}.s"], bias)
-                  for (name, m), bias in zip(self.layers.items(), biases, strict=True)}
+        bias_of = dict(zip((n for n, m in self.layers.items() if _has_bias(m)), biases, strict=True))
+        layers = {id(m.weight): (m.weight, factors[f"{name}.r"], factors[f"{name}.s"], bias_of.get(name))
+                  for name, m in self.layers.items()}
         with MemberLayers(layers, n_members):
             return self.net(x.expand(n_members, *x.shape).flatten(0, 1)).unflatten(0, (n_members, -1))
 
@@ -257,7 +313,7 @@ class Rank1BNN(ModelFamily):
                            self.member_likelihood).log_prob(y)
 
 
-class Rank1ModelSpec(FamilySection):
+class Rank1ModelSpec(FamilySection, ModuleChoice):
     """Rank-1 BNN: shared point-estimated weights, rank-1 factors per ensemble member."""
 
     offers = frozenset({MEMBER_FACTORS})
@@ -274,7 +330,8 @@ class Rank1ModelSpec(FamilySection):
     weight_decay: PositiveFloat | None = Field(None, description="scale of a Normal prior on the shared W")
 
     def prior_sites(self, net: nn.Module) -> list[str]:
-        return Rank1BNN.prior_sites(net)
+        self.refuse_unsupported(net, FACTORED_LAYERS, "the rank-1 family")
+        return Rank1BNN.prior_sites(net, self)
 
     def refusals(self, priors: list[PriorSection]) -> list[tuple[str, Any, str]]:
         """Factor priors must be centred at 1: the factors multiply the shared weights."""
@@ -286,4 +343,5 @@ class Rank1ModelSpec(FamilySection):
 
     def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> Rank1BNN:
         self.check_priors(priors)
-        return Rank1BNN(net, priors, likelihood, self.members, self.member_likelihood, self.weight_decay)
+        return Rank1BNN(net, priors, likelihood, self.members, self.member_likelihood, self.weight_decay,
+                        factored_layers(net, self))

@@ -31,7 +31,7 @@ from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.all_weights import AllWeightsBNN
-from zoo.models.base import FamilySection, ModelFamily, StructureFit, restore_buffers
+from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, StructureFit, restore_buffers
 from zoo.nets import ParameterSwap
 from zoo.priors import PriorSection
 from zoo.runs import POINT_ESTIMATE_FILE, load_point_values, load_torch, save_torch
@@ -93,8 +93,8 @@ class LargestVariance(Selection):
 
     def select(self, context: SelectionContext) -> torch.Tensor:
         layout, data = context.layout, context.data
-        diag = torch.zeros(layout.size, dtype=data.x_train.dtype, device=data.x_train.device)
-        for x in data.x_train.split(context.chunk_size):
+        diag = torch.zeros(layout.size, dtype=data.dtype, device=data.device)
+        for x, _ in data.train_chunks(context.chunk_size):  # streamed from a loader where the rows are
             factors = LayerFactors(context.net, layout, x)
             diag += factors.diagonal_ggn(layout, context.likelihood.output_hessian_root(factors.f, context.noise))
         selectable = layout.selectable(diag.device)
@@ -122,7 +122,7 @@ class RandomSelection(Selection):
     def select(self, context: SelectionContext) -> torch.Tensor:
         candidates = context.layout.selectable().nonzero().squeeze(-1)
         chosen = random_subset(len(candidates), subnet_size(self.size, len(candidates)), context.seed)
-        return candidates[chosen].to(context.data.x_train.device)
+        return candidates[chosen].to(context.data.device)
 
 
 def random_subset(total: int, count: int, seed: int) -> torch.Tensor:
@@ -144,7 +144,7 @@ class ByModule(Selection):
             raise ZooInputError("model.selection.modules", unknown or wanted,
                                 f"name modules of this net: {', '.join(layout.module_names)}")
         ranges = [torch.arange(s.offset, s.offset + s.numel) for s in layout.slots if s.module_name in wanted]
-        return torch.cat(ranges).to(context.data.x_train.device)
+        return torch.cat(ranges).to(context.data.device)
 
 
 SIZED_SELECTIONS: dict[str, type[Selection]] = {
@@ -201,7 +201,7 @@ class SubnetworkBNN(ModelFamily):
         spec.check_priors(priors)
         self.net, self.likelihood, self.spec = net, likelihood, spec
         self.prior_configs = priors
-        self.layout = ParameterLayout(net)
+        self.layout = ParameterLayout(net, spec.chosen)
         self._swap = ParameterSwap(net)
         self._params = dict(net.named_parameters())  # the same Parameter objects across .to() and MAP copies
         self.indices: torch.Tensor | None = None
@@ -229,7 +229,7 @@ class SubnetworkBNN(ModelFamily):
         """
         run_dir, seed, log, progress, fit_map = how.run_dir, how.seed, how.log, how.progress, how.fit_map
         path = Path(run_dir) / SUBNET_FILE if run_dir is not None else None
-        flat_precision = self._flat_prior_precision(data.x_train)
+        flat_precision = self._flat_prior_precision(torch.zeros((), device=data.device, dtype=data.dtype))
         if path is not None and path.exists():
             state = load_torch(path, data.x_train.device)
             self._set_map(state["map"])
@@ -251,6 +251,9 @@ class SubnetworkBNN(ModelFamily):
 
     def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log,
                     progress: bool, fit_map) -> dict[str, torch.Tensor]:
+        if self.spec.map_from == "net":  # a trained net: post-hoc Laplace at its own weights and statistics
+            log("MAP net: the net's own weights (model.map_from: net)")
+            return {n: p.detach().clone() for n, p in self.net.named_parameters()}
         if self.spec.map_from is not None:
             values = load_point_values(self.spec.map_from, "model.map_from")
             missing = [n for n, p in self.net.named_parameters()
@@ -261,10 +264,10 @@ class SubnetworkBNN(ModelFamily):
             log(f"MAP net from {self.spec.map_from}")
             if self.buffers():
                 restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
-            return {n: v.to(data.x_train) for n, v in values.items()}
+            return {n: v.to(device=data.device, dtype=data.dtype) for n, v in values.items()}
         # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map
         all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood)
-        guide = DeltaGuide(all_weights.latent_sites()).to(data.x_train)
+        guide = DeltaGuide(all_weights.latent_sites()).to(device=data.device, dtype=data.dtype)
         map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
@@ -410,7 +413,7 @@ class SubnetworkBNN(ModelFamily):
         return factors.f, factors.jacobian(self.layout, self._require_structure())
 
 
-class SubnetworkModelSpec(FamilySection):
+class SubnetworkModelSpec(FamilySection, ModuleChoice):
     """Subnetwork inference: a selected subset of a MAP net's weights is random (one site), the rest fixed."""
 
     offers = frozenset({WEIGHT_VECTOR})
@@ -424,10 +427,12 @@ class SubnetworkModelSpec(FamilySection):
         "which weights form the subnetwork (section model.selection)"))
     map: SVISpec = Field(default_factory=lambda: SVISpec(epochs=200, lr=1e-2),
                          description="how the MAP net (the linearisation point) is fitted: SVI with a Delta guide")
-    map_from: str | None = Field(None, description="reuse a MAP fit instead: a run directory (family all_weights, "
+    map_from: str | None = Field(None, description="reuse a MAP fit instead: 'net' (the net's own weights, e.g. "
+                                 "trained ones: net.weights; post-hoc Laplace), a run directory (family all_weights, "
                                  "guide delta, the same net and data) or its point_estimate.pt")
 
     def prior_sites(self, net: nn.Module) -> list[str]:
+        self.check_modules(net)
         return SubnetworkBNN.prior_sites(net)
 
     def refusals(self, priors: list[PriorSection]) -> list[tuple[str, Any, str]]:

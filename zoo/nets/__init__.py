@@ -18,31 +18,41 @@ from torch import nn
 from zoo.errors import ZooInputError
 from zoo.nets.base import (
     ACTIVATIONS,
+    NORM_LAYERS,
     NORMALISATION_LAYERS,
     NetSection,
     ParameterSwap,
     batch_dependent,
+    check_patterns,
     evaluation_mode,
     has_batch_norm,
     has_convolutions,
     image_shape,
     input_image_shape,
+    module_matches,
+    parametric_modules,
     prediction_mode,
     reinitialise,
 )
 from zoo.nets.cnn import CNNSpec, build_cnn
 from zoo.nets.lenet5 import LeNet5Spec, build_lenet5
 from zoo.nets.mlp import MLPSpec, build_mlp
+from zoo.nets.module import NET_FILE, ModuleNetSpec
+from zoo.nets.python import PythonNetSpec
 from zoo.nets.resnet import ResNetSpec, WRNSpec, build_resnet, build_wrn
 from zoo.nets.torchvision import TorchvisionSpec, build_torchvision
+from zoo.nets.weights import load_weights, read_weights
 from zoo.parts import Catalogue
 
-__all__ = ["ACTIVATIONS", "NETS", "NORMALISATION_LAYERS", "NetConfig", "NetSection", "ParameterSwap",
+__all__ = ["ACTIVATIONS", "NETS", "NET_FILE", "NORMALISATION_LAYERS", "NORM_LAYERS", "check_patterns",
+           "module_matches", "parametric_modules", "ModuleNetSpec", "NetConfig", "NetSection",
+           "ParameterSwap", "PythonNetSpec",
            "batch_dependent", "build_cnn", "build_lenet5", "build_mlp", "build_net", "build_resnet",
            "build_torchvision", "build_wrn", "evaluation_mode", "has_batch_norm", "has_convolutions", "image_shape",
-           "input_image_shape", "net_section", "prediction_mode", "reinitialise"]
+           "input_image_shape", "load_weights", "net_section", "prediction_mode", "read_weights", "reinitialise"]
 
-NETS = Catalogue("net", MLPSpec, CNNSpec, LeNet5Spec, ResNetSpec, WRNSpec, TorchvisionSpec)
+NETS = Catalogue("net", MLPSpec, CNNSpec, LeNet5Spec, ResNetSpec, WRNSpec, TorchvisionSpec, PythonNetSpec,
+                 ModuleNetSpec)
 NetConfig = NETS.union()
 
 
@@ -77,7 +87,8 @@ def _misfit(spec: NetSection, in_dim: int, shape: tuple[int, ...] | None, data_n
     images the net can read (its other settings kept)."""
     what = f"{'x'.join(map(str, shape))} images" if shape is not None else f"rows of {in_dim} inputs"
     fitting = [name for name, section in NETS.items()
-               if name != spec.name and not section.optional and _runs_on(_alike(spec, section), in_dim)]
+               if name != spec.name and not section.optional and section.flat_rows
+               and _runs_on(_alike(spec, section), in_dim)]
     channels = shape[0] if shape is not None else spec.image_channels
     larger = ""
     low, high = math.isqrt(in_dim // channels), 256  # the net fails at low; bisect for the smallest side it reads
@@ -110,6 +121,11 @@ def build_net(spec: NetSection, in_dim: int, out_dim: int, image_shape: tuple[in
         why = _misfit(spec, in_dim, image_shape or reads, data_name, err)
         return ZooInputError("net.name", spec.name, why, message=f"net.name: {why}")
 
+    if not spec.flat_rows:  # a user's own net: the pipeline's dry run on real rows checks it
+        net = spec.build(in_dim, out_dim)
+        if spec.weights is not None:
+            load_weights(net, spec.weights)
+        return net
     try:  # a builder may run its layers once to size the dense ones
         net = spec.build(in_dim, out_dim)
     except RuntimeError as err:
@@ -124,4 +140,6 @@ def build_net(spec: NetSection, in_dim: int, out_dim: int, image_shape: tuple[in
             net(torch.zeros(1, in_dim))
     except RuntimeError as err:
         raise misfit(err, reads) from None
+    if spec.weights is not None:
+        load_weights(net, spec.weights)
     return net

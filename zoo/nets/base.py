@@ -4,6 +4,7 @@ the families use on any plain ``nn.Module`` (parameter swaps, BatchNorm's evalua
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import math
 from abc import abstractmethod
 from collections.abc import Iterator
@@ -56,8 +57,15 @@ InChannels = Annotated[int, Field(1, gt=0, description="channels of the input im
 class NetSection(Strict):
     """The spec's ``net`` section for one architecture (``name: Literal[...]``); widths come from the data."""
 
-    convolutional: ClassVar[bool] = True  # it convolves (what a family's compiled step may care about)
+    # it convolves (what a family's compiled step may care about); None where only the built module can tell
+    convolutional: ClassVar[bool | None] = True
     optional: ClassVar[bool] = False  # it needs an optional extra, so it is never suggested in its place
+    flat_rows: ClassVar[bool] = True  # it reads flat rows of in_dim features (the zoo's nets; a user's may not)
+
+    weights: str | None = Field(None, description=(
+        "trained weights to start from: a .pt/.pth state dict, a .safetensors file or a zoo run directory (its "
+        "point estimate); a state dict that does not fit the net is refused, listing the keys and shapes that "
+        "differ"))
 
     @property
     def image_channels(self) -> int:
@@ -87,6 +95,8 @@ class ParameterSwap:
 
     ``torch.func.functional_call`` does the same for any module but re-walks the module tree on every call; a
     training step calls this once per ELBO evaluation, so the (module, attribute) slots are resolved once here.
+
+    :param net: the net whose parameters are swapped (by their ``named_parameters`` names) on each call.
     """
 
     def __init__(self, net: nn.Module) -> None:
@@ -112,7 +122,14 @@ class ParameterSwap:
 
 
 def image_shape(in_dim: int, in_channels: int, net: str) -> tuple[int, int, int]:
-    """(C, H, W) of flat rows of ``in_dim`` pixels holding square ``in_channels``-channel images."""
+    """(C, H, W) of flat rows of ``in_dim`` pixels holding square ``in_channels``-channel images.
+
+    :param in_dim: inputs per row.
+    :param in_channels: channels per image.
+    :param net: the net's name, for the message.
+    :returns: ``(in_channels, side, side)``.
+    :raises ZooInputError: when ``in_dim`` is not ``in_channels * side * side`` for a whole ``side``.
+    """
     side = math.isqrt(in_dim // in_channels) if in_dim % in_channels == 0 else 0
     if side < 1 or in_channels * side * side != in_dim:
         raise ZooInputError("net.in_channels", in_channels, f"net {net!r} reads each row as square images; "
@@ -127,7 +144,47 @@ def _flat_width(body: nn.Module, shape: tuple[int, int, int]) -> int:
         return int(body(torch.zeros(1, *shape)).flatten(1).shape[1])
 
 
-NORMALISATION_LAYERS = (nn.modules.batchnorm._BatchNorm,)
+NORMALISATION_LAYERS = (nn.modules.batchnorm._BatchNorm,)  # normalise by the batch's statistics
+# every normalisation layer (by the batch, the row or groups of channels): families keep their scale and shift point
+# estimates where they factor or select the other layers
+NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+def parametric_modules(net: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules that hold parameters of their own (not only their children's), by path, in the net's order.
+
+    :param net: the net.
+    :returns: ``(path, module)`` pairs.
+    """
+    return [(name, m) for name, m in net.named_modules() if any(True for _ in m.parameters(recurse=False))]
+
+
+def module_matches(name: str, module: nn.Module, patterns: list[str]) -> bool:
+    """Whether a module is named by any of ``patterns``: its path (``encoder.embed``), a glob of paths (``blocks.*``)
+    or its layer type (``Embedding``).
+
+    :param name: the module's path in the net.
+    :param module: the module.
+    :param patterns: the paths, globs and type names.
+    :returns: whether one matches.
+    """
+    return any(fnmatch.fnmatchcase(name, p) or type(module).__name__ == p for p in patterns)
+
+
+def check_patterns(net: nn.Module, patterns: list[str], field: str) -> None:
+    """Refuse a module pattern that names no module of the net (a typo, most likely), listing the modules.
+
+    :param net: the net.
+    :param patterns: paths, globs or type names.
+    :param field: the setting that gave them.
+    :raises ZooInputError: a pattern that matches nothing.
+    """
+    modules = parametric_modules(net)
+    for pattern in patterns:
+        if not any(module_matches(name, m, [pattern]) for name, m in modules):
+            shown = ", ".join(f"{n} ({type(m).__name__})" for n, m in modules[:12])
+            raise ZooInputError(field, pattern, f"names no module with weights of this net; its modules: {shown}"
+                                + (" ..." if len(modules) > 12 else ""))
 
 
 def reinitialise(net: nn.Module) -> None:
@@ -143,18 +200,30 @@ def reinitialise(net: nn.Module) -> None:
 
 
 def has_batch_norm(net: nn.Module) -> bool:
-    """Whether the net normalises by batch statistics (its outputs then depend on the other rows in training mode)."""
+    """Whether the net normalises by batch statistics (its outputs then depend on the other rows in training mode).
+
+    :param net: the net.
+    :returns: whether any of its modules is a BatchNorm layer.
+    """
     return any(isinstance(m, NORMALISATION_LAYERS) for m in net.modules())
 
 
 def has_convolutions(net: nn.Module) -> bool:
-    """Whether the net has convolution layers (the deep ensemble then runs its members one after another)."""
+    """Whether the net has convolution layers (the deep ensemble then runs its members one after another).
+
+    :param net: the net.
+    :returns: whether any of its modules is a convolution.
+    """
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
 
 
 def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
     """(C, H, W) of the images an image net reads its flat rows as (its first module unflattens them); None for
-    a net of plain feature rows."""
+    a net of plain feature rows.
+
+    :param net: the net.
+    :returns: ``(C, H, W)``, or None.
+    """
     first = next(iter(net.children()), None)
     if isinstance(first, nn.Unflatten) and len(first.unflattened_size) == 3:
         return tuple(int(d) for d in first.unflattened_size)
@@ -162,7 +231,11 @@ def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
 
 
 def batch_dependent(net: nn.Module) -> bool:
-    """Whether the net's output for a row depends on the other rows of its batch: BatchNorm in training mode."""
+    """Whether the net's output for a row depends on the other rows of its batch: BatchNorm in training mode.
+
+    :param net: the net.
+    :returns: whether any BatchNorm layer is in training mode.
+    """
     return any(isinstance(m, NORMALISATION_LAYERS) and m.training for m in net.modules())
 
 
@@ -172,6 +245,9 @@ def evaluation_mode(net: nn.Module) -> Iterator[nn.Module]:
 
     Families fit in training mode (batch statistics, running statistics updated) and predict, linearise and
     score in evaluation mode, where every example's output depends on that example alone.
+
+    :param net: the net.
+    :returns: a context manager yielding ``net`` in eval mode; on exit, the mode it had is restored.
     """
     was_training = net.training
     net.eval()
@@ -183,7 +259,12 @@ def evaluation_mode(net: nn.Module) -> Iterator[nn.Module]:
 
 def prediction_mode(net: nn.Module, batch_norm: bool) -> contextlib.AbstractContextManager:
     """:func:`evaluation_mode` for a net with BatchNorm (``batch_norm``, known once per family), else a no-op, so
-    the samplers' compiled potentials of plain nets never toggle module modes."""
+    the samplers' compiled potentials of plain nets never toggle module modes.
+
+    :param net: the net.
+    :param batch_norm: whether it has BatchNorm (:func:`has_batch_norm`).
+    :returns: a context manager yielding ``net``.
+    """
     return evaluation_mode(net) if batch_norm else contextlib.nullcontext(net)
 
 

@@ -46,18 +46,7 @@ class PriorSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def _flat_form(cls, v: Any) -> Any:
-        # Accept the flat YAML form; a prior written without a name is a Normal.
-        if not isinstance(v, dict):
-            return v
-        v = dict(v)
-        if "default" not in v:
-            sites = v.pop("sites", {})
-            v = {"default": v, "sites": sites}
-        if isinstance(v["default"], dict):
-            v["default"] = {"name": "normal", **v["default"]}
-        if isinstance(v.get("sites"), dict):
-            v["sites"] = {k: {"name": "normal", **c} if isinstance(c, dict) else c for k, c in v["sites"].items()}
-        return v
+        return nested_prior(v)
 
     def every_prior(self) -> list[PriorSection]:
         """The default and every override.
@@ -65,6 +54,28 @@ class PriorSpec(Strict):
         :returns: the priors this section names.
         """
         return [self.default, *self.sites.values()]
+
+
+def nested_prior(v: Any, name: str | None = "normal") -> Any:
+    """A prior section in its nested form ``{default: {...}, sites: {...}}``, from the flat YAML form too
+    (``prior: {name: normal, scale: 1.0, sites: {...}}``); a prior written without a name is a Normal.
+
+    :param v: the section as written.
+    :param name: the name a prior written without one takes (None: leave it out, for a merge with another).
+    :returns: the nested form (anything but a mapping as it is).
+    """
+    if not isinstance(v, dict):
+        return v
+    v = dict(v)
+    if "default" not in v:
+        sites = v.pop("sites", {})
+        v = {"default": v, "sites": sites}
+    named = {"name": name} if name is not None else {}
+    if isinstance(v["default"], dict):
+        v["default"] = {**named, **v["default"]}
+    if isinstance(v.get("sites"), dict):
+        v["sites"] = {k: {**named, **c} if isinstance(c, dict) else c for k, c in v["sites"].items()}
+    return v
 
 
 def prior_distribution(config: PriorSection, shape: torch.Size, device: torch.device | str = "cpu",

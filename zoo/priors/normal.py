@@ -38,6 +38,7 @@ class ScalarNormal(dist.Normal):
         """The same scalar Normal over ``batch_shape`` (views, no copies).
 
         :param batch_shape: the new batch shape.
+        :param _instance: torch's instance to fill in; unused, a new distribution is built.
         :returns: the expanded distribution.
         """
         return ScalarNormal(self.loc_value, self.scale_value, batch_shape, self._device, self._dtype)

@@ -38,6 +38,7 @@ class ScaleMixtureNormal(dist.TorchDistribution):
         """Same hyperparameters over a larger batch shape (no copies).
 
         :param batch_shape: the new batch shape.
+        :param _instance: torch's instance to fill in; unused, a new distribution is built.
         :returns: the expanded distribution.
         """
         return ScaleMixtureNormal(self.pi, self.sigma1, self.sigma2, torch.Size(batch_shape))

@@ -1,0 +1,653 @@
+"""A Bayesian neural network as one object: your ``nn.Module`` (or a named net), a model family, priors, a guide, a
+likelihood and an inference method, fitted to your data and kept in a run directory.
+
+::
+
+    bnn = zoo.BNN(my_net, family="rank1", prior={"name": "normal", "loc": 1.0}, guide="mixture")
+    bnn.fit(train_loader, epochs=20, val=val_loader)
+    bnn.predict(x).probs
+    bnn.save("runs/mine")          # zoo.load("runs/mine") reads it back; so do zoo eval, diagnose, report
+
+Every part is given as the spec's section object, as the spec's dict, or by name, and validated as a spec is, with
+the same messages. ``zoo train`` builds a :class:`BNN` from the spec and fits it the same way
+(:func:`zoo.pipeline.train`): the zoo's nets and data sets are presets of a module and of data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyro
+import torch
+from pydantic import BaseModel
+from torch import nn
+
+from zoo import distributed, registry
+from zoo.data import DataSection, Dataset, dataset_from, load_dataset
+from zoo.data.given import GIVEN_FILE, GivenData, from_stand_in, stand_in
+from zoo.errors import ZooInputError
+from zoo.evaluate import ValidationMonitor, evaluate, plot_predictive
+from zoo.inference.svi import SVI
+from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, PredictiveDraws
+from zoo.models.base import ModelFamily, StructureFit
+from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
+from zoo.nets import NET_FILE, ModuleNetSpec, build_net, has_convolutions, load_weights
+from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
+from zoo.priors import assign_priors
+from zoo.runs import (
+    METRICS_FILE,
+    POINT_ESTIMATE_FILE,
+    SPEC_FILE,
+    RunLog,
+    claimed_run_directory,
+    load_point_values,
+    load_torch,
+    save_torch,
+    write_json,
+    write_text,
+)
+from zoo.spec import RunSpec, load_spec, spec_to_yaml
+from zoo.tasks import task_of
+
+DEVICE_SHARE = 0.5  # the most of a GPU's free memory the training rows may take (the rest: the net, activations)
+
+
+# ------------------------------------------------------------------------------------------ building blocks
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else CPU; asking for CUDA without it is an input error. Under ``torchrun``
+    each process takes the GPU of its local rank.
+
+    :param name: ``auto``, ``cpu`` or ``cuda``.
+    :returns: the device.
+    :raises ZooInputError: ``cuda`` where no GPU is visible.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ZooInputError("device", name, "no CUDA device is visible here; use device: auto or cpu")
+    if name == "cuda" and distributed.launched_by_torchrun():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device(name)
+
+
+def build_likelihood(spec: LikelihoodSection | AutoLikelihoodSpec, data: Dataset) -> Likelihood:
+    """The observation model for the data's task (``auto`` picks it).
+
+    :param spec: the spec's likelihood section.
+    :param data: the data set.
+    :returns: the likelihood.
+    :raises ZooInputError: a likelihood of another task.
+    """
+    task = task_of(data)
+    section = spec.resolve(task.likelihood) if isinstance(spec, AutoLikelihoodSpec) else spec
+    if section.task != task.name:
+        raise ZooInputError("likelihood.name", section.name, f"{data.name} is a {task.name} task; use "
+                            f"{task.likelihood} or auto")
+    return section.build(data)
+
+
+def check_outputs(net: nn.Module, likelihood: Likelihood, data: Dataset) -> None:
+    """Refuse, before any fit, a net that cannot read the data's rows or whose output width the likelihood cannot
+    use (one dry run on two training rows, in evaluation mode).
+
+    :param net: the net.
+    :param likelihood: the observation model.
+    :param data: the data set.
+    :raises ZooInputError: naming what the net gives and what the likelihood needs.
+    """
+    rows = data.x_train[:2].to(data.device)
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(rows)
+    except (RuntimeError, TypeError, ValueError) as err:
+        detail = str(err).splitlines()[0][:160] if str(err) else ""
+        raise ZooInputError("net", type(net).__name__, f"it cannot read the data's rows of shape "
+                            f"{tuple(rows.shape[1:])}: {type(err).__name__}: {detail}") from None
+    finally:
+        net.train(was_training)
+    want = likelihood.net_outputs(data.out_dim)
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and data.n_classes and out.shape[-1] < want:
+        raise ZooInputError("targets", f"labels 0 .. {data.n_classes - 1}", f"the net gives {out.shape[-1]} logits per "
+                            f"row, so the labels must be 0 .. {out.shape[-1] - 1}; or give the net {want} outputs")
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[-1] != want:
+        got = f"outputs of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ZooInputError("likelihood", type(likelihood).__name__, f"it reads {want} output(s) per row "
+                            f"({data.task}, {data.out_dim if data.n_classes else 1} target(s)), and the net gives "
+                            f"{got} for 2 rows: give the net {want} outputs, or another likelihood")
+
+
+def training_rows_stay_on_host(data: Dataset, device: torch.device, dtype: torch.dtype,
+                               free_bytes: int | None = None) -> bool:
+    """Whether the training rows are too large for the device: on CUDA, more than :data:`DEVICE_SHARE` of its free
+    memory (``free_bytes``, else asked of the device). A CPU run holds everything in memory as it is.
+
+    :param data: the data set.
+    :param device: where the model computes.
+    :param dtype: the run's floating-point type.
+    :param free_bytes: the device's free memory (None: asked of it).
+    :returns: whether the training rows stay in host memory.
+    """
+    if device.type != "cuda":
+        return False
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    return data.training_bytes(dtype) > DEVICE_SHARE * free_bytes
+
+
+def check_host_rows(spec: RunSpec, data: Dataset) -> None:
+    """Refuse what cannot step on training rows kept in host memory: a method that does not stream them a batch at
+    a time, or a family or guide that needs every row on the device at once.
+
+    :param spec: the run spec.
+    :param data: the data set (in host memory).
+    :raises ZooInputError: what cannot work on rows in host memory, with what to change.
+    """
+    why = ("the training rows do not fit on the GPU (more than half its free memory), so they stay in host memory "
+           "and are moved a minibatch at a time")
+    registry.method_of(spec).check_rows_on_host(spec.inference, data.n_train, why)
+    if spec.guide.needs_every_row:
+        raise ZooInputError(*spec.guide.chosen_by, f"{why}; completing this guide takes every row on the "
+                            "device: use another guide, or a smaller data set")
+    if spec.model.needs_every_row:
+        raise ZooInputError("model.family", spec.model.family, f"{why}; this family fits its structure on every row "
+                            "on the device: use another family, or a smaller data set")
+
+
+def place(spec: RunSpec, data: Dataset, log: RunLog | None = None) -> tuple[Dataset, torch.device]:
+    """The data on the spec's device and dtype (the training rows kept in host memory where the GPU is too small).
+
+    :param spec: the run spec.
+    :param data: the data set.
+    :param log: the run's log.
+    :returns: the placed data set and the device.
+    """
+    device, dtype = resolve_device(spec.device), getattr(torch, spec.dtype)
+    on_host = training_rows_stay_on_host(data, device, dtype)
+    if on_host:
+        check_host_rows(spec, data)
+        (log or RunLog(None, echo=None))(
+            f"the training rows ({data.training_bytes(dtype) / 2**30:.1f} GiB) stay in host memory: more than "
+            f"{DEVICE_SHARE:.0%} of the GPU's free memory; each minibatch is moved to the GPU as SVI steps")
+    return data.to(device, dtype, training_rows_on_host=on_host), device
+
+
+def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog | None = None,
+          progress: bool = False) -> tuple[ModelFamily, Any]:
+    """Net, priors, likelihood, family and guide for ``spec`` on ``data`` (seeded: same spec, same init).
+
+    A family whose structure depends on a fit to the data (the subnetwork family: a MAP net and a selected
+    subnet) fits it here (:meth:`~zoo.models.base.ModelFamily.fit_structure`), keeping what it fitted in
+    ``run_dir`` for resumes and reloads.
+
+    :param spec: the run spec.
+    :param data: the data, on the run's device and dtype.
+    :param run_dir: where a family keeps what it fits of its structure (None: nowhere).
+    :param log: the run's log.
+    :param progress: whether to show progress bars.
+    :returns: the family and the guide.
+    :raises ZooInputError: parts that do not fit the net or the data.
+    """
+    pyro.set_rng_seed(spec.seed)
+    likelihood = build_likelihood(spec.likelihood, data)
+    net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim), data.image_shape, data.name)
+    net.to(device=data.device, dtype=data.dtype)
+    check_outputs(net, likelihood, data)
+    problem = registry.method_of(spec).check_net(spec.inference, spec.model, has_convolutions(net))
+    if problem is not None:
+        raise problem
+    family = spec.model.build(net, assign_priors(spec.prior, spec.model.prior_sites(net)), likelihood)
+    dtype = data.dtype
+    family.to(data.device, dtype)
+    # handed the SVI fit for a MAP net: families do not import inference methods
+    family.fit_structure(data, StructureFit(run_dir, spec.seed, log or RunLog(None, echo=None), progress,
+                                            fit_map=SVI().fit))
+    pyro.set_rng_seed(spec.seed)
+    guide = spec.guide.build(family.latent_sites())
+    # a guide built on the model itself (Pyro's autoguides) traces it at two rows
+    guide.bind(family.model, data.x_train[:2].to(data.device), data.y_train[:2].to(data.device))
+    if spec.guide.init_from:
+        matched = guide.init_from(load_point_values(spec.guide.init_from))
+        if not matched:
+            raise ZooInputError("guide.init_from", spec.guide.init_from, "no site name and shape matches this net")
+    guide.to(device=data.device, dtype=dtype)
+    return family, guide
+
+
+def describe(spec: RunSpec) -> str:
+    """``family ..., guide ...`` (a method that fits the spec's guide) or ``family ..., <the method's phrase>``
+    (``sampled by hmc``, ``laplace (glm predictive)``): what a run fits, in one phrase.
+
+    :param spec: the run spec.
+    :returns: the phrase.
+    """
+    method = registry.method_of(spec)
+    how = f"guide {spec.guide.label}" if method.fits_guide else method.describe(spec.inference)
+    return f"family {spec.model.family}, {how}"
+
+
+def holds_a_fit(run_dir: Path) -> bool:
+    """Whether a run directory holds anything a fit wrote (any method's files, or a subnetwork's MAP stage).
+
+    :param run_dir: the directory.
+    :returns: whether it does.
+    """
+    run = Path(run_dir)
+    return (any(method.holds_fit(run) for method in registry.METHODS.values())
+            or (run / SUBNET_FILE).exists() or (run / MAP_DIR).exists())
+
+
+# ------------------------------------------------------------------------------------------ the parts
+def _tree(value: Any, key: str) -> Any:
+    """A part given by name (``"rank1"``), as a section object, or as the spec's dict, as the spec's dict."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        return {key: value}
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise ZooInputError(key, type(value).__name__, "give a part by name, as its spec section, or as a dict")
+
+
+def _net_tree(net: Any) -> tuple[dict, nn.Module | None]:
+    if isinstance(net, nn.Module):
+        return ModuleNetSpec.of(net).model_dump(mode="json"), net
+    if isinstance(net, ModuleNetSpec):
+        return net.model_dump(mode="json"), net.module
+    if not isinstance(net, str | dict | BaseModel):
+        raise ZooInputError("net", type(net).__name__, "give a torch.nn.Module, a net's name (e.g. 'mlp') or a spec's "
+                            "net section")
+    return _tree(net, "name"), None
+
+
+def _attach(spec: RunSpec, module: nn.Module | None, data: Dataset | None) -> RunSpec:
+    """The spec with the module and the data given in Python attached to its sections (they are not spec values)."""
+    if module is not None and isinstance(spec.net, ModuleNetSpec):
+        spec.net.holding(module)
+    if data is not None and isinstance(spec.data, GivenData):
+        spec.data.holding(data)
+    return spec
+
+
+@dataclass
+class Prediction:
+    """The predictive distribution at B inputs: the posterior's mixture over its draws, and every draw's own.
+
+    Classification: :attr:`probs` ``[B, C]`` (the mean of the draws' class probabilities). Regression:
+    :attr:`mean` and :attr:`variance` ``[B]`` in the targets' original units (the variance of the mixture: the
+    mean of the draws' variances plus the variance of their means).
+
+    :param draws: every draw's predictive, in standardised units (``log_probs [S, B, C]``, or ``loc`` and ``scale``).
+    :param y_mean: the targets' training mean (regression; 0 for data given in Python).
+    :param y_std: the targets' training standard deviation (regression; 1 for data given in Python).
+    """
+
+    draws: PredictiveDraws
+    y_mean: float = 0.0
+    y_std: float = 1.0
+
+    @property
+    def probs(self) -> torch.Tensor | None:
+        """Class probabilities ``[B, C]`` (None for a regression)."""
+        return None if self.draws.log_probs is None else self.draws.log_probs.exp().mean(0)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """The predictive mean ``[B]``: of the targets (regression) or of the class probabilities ``[B, C]``."""
+        if self.draws.loc is None:
+            return self.probs
+        return self.draws.loc.mean(0) * self.y_std + self.y_mean
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """The predictive variance ``[B]`` (regression) or of each class probability ``[B, C]``."""
+        if self.draws.loc is None:
+            return self.draws.log_probs.exp().var(0, unbiased=False)
+        loc, scale = self.draws.loc, self.draws.scale.expand_as(self.draws.loc)
+        return (scale.square().mean(0) + loc.var(0, unbiased=False)) * self.y_std**2
+
+
+# ------------------------------------------------------------------------------------------ the object
+class BNN:
+    """A Bayesian neural network: ``net`` made Bayesian by a model family, under priors, with a likelihood, fitted
+    by an inference method to a posterior.
+
+    Every part may be given as its spec section, as the spec's dict (``{"name": "normal", "scale": 0.5}``) or by
+    name (``"rank1"``); left out, it is the spec's default. They are validated together as a spec is (the same
+    refusals and messages: a guide that does not fit the family, a prior the family cannot take, ...).
+
+    :param net: your ``nn.Module``, or a net by name (``"mlp"``) or as the spec's net section (its widths then come
+        from the data).
+    :param family: the model family (``model`` section): ``all_weights`` (default), ``rank1``, ``deep_ensemble``,
+        ``subnetwork``, ...
+    :param prior: the prior (``prior`` section): a default and overrides by site-name glob.
+    :param guide: the guide (``guide`` section); the inference method's own where it builds one (Laplace).
+    :param likelihood: ``categorical``, ``gaussian`` (with its noise settings) or ``auto`` (what the data's task
+        picks; default).
+    :param inference: the inference method (``inference`` section): ``svi`` (default), ``hmc``, ``nuts``,
+        ``laplace``, ``sgld``, ``sghmc``, ``swag``; its settings may also be given to :meth:`fit`.
+    :param member: a named member of the zoo (``rank1_cauchy``, ``mc_dropout``, ``subnetwork_laplace``, ...: ``zoo
+        list members``), whose family, guide, prior and inference method the other arguments override.
+    :param weights: trained weights to start from: a ``state_dict``, or the path of a ``.pt``/``.pth`` state dict, a
+        ``.safetensors`` file or a zoo run directory (refused, listing the keys and shapes that differ, where they do
+        not fit the net). Mean-field's means and rank-1's shared W start at them (rank-1's members at the trained net
+        with ``guide={"init_sign_prob": 1.0}``); subnetwork Laplace (``map_from: net``), SWAG and SG-MCMC
+        (``init: weights``) and MC dropout (``num_steps: 0``) work post hoc on them.
+    :param seed: seeds every random stream of the fit.
+    :param device: ``auto`` (CUDA where present), ``cpu`` or ``cuda``.
+    :param dtype: ``float32`` or ``float64``.
+    :raises ZooInputError: parts that do not fit together, with every problem listed.
+    """
+
+    def __init__(self, net: nn.Module | str | dict | BaseModel = "mlp", *, family: Any = None, prior: Any = None,
+                 guide: Any = None, likelihood: Any = None, inference: Any = None, member: str | None = None,
+                 weights: Any = None, seed: int = 0, device: str = "auto", dtype: str = "float32") -> None:
+        net_tree, module = _net_tree(net)
+        if weights is not None:
+            if isinstance(weights, str | os.PathLike):
+                net_tree = {**net_tree, "weights": str(weights)}  # the spec records where they came from
+            elif module is not None:
+                load_weights(module, weights, "weights")
+            else:
+                raise ZooInputError("weights", type(weights).__name__, "a net by name takes trained weights from a "
+                                    "file: give the path of a .pt/.pth state dict, a .safetensors file or a run")
+        if module is not None and net_tree.get("weights") is not None:
+            load_weights(module, net_tree.pop("weights"), "weights")  # a module keeps its weights in net.pt
+        tree = {"data": {"name": "given"}, "net": net_tree, "model": _tree(family, "family"),
+                "prior": _tree(prior, "name"), "guide": _tree(guide, "name"),
+                "likelihood": _tree(likelihood, "name"), "inference": _tree(inference, "method"),
+                "member": member, "seed": seed, "device": device, "dtype": dtype}
+        self._spec = _attach(load_spec({k: v for k, v in tree.items() if v is not None}), module, None)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.family: ModelFamily | None = None
+        self.guide: Any = None
+        self._posterior: Posterior | None = None
+        self.data: Dataset | None = None
+        self.run_dir: Path | None = None
+        self.metrics: dict[str, float] = {}
+        self.plot: Path | None = None
+        self.seconds = 0.0
+        self._scratch: tempfile.TemporaryDirectory | None = None
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec | dict | str | Path) -> BNN:
+        """The BNN a run spec describes (a :class:`~zoo.spec.RunSpec`, a dict of sections or a YAML path).
+
+        :param spec: the spec.
+        :returns: the unfitted BNN.
+        """
+        spec = spec if isinstance(spec, RunSpec) else load_spec(spec)
+        bnn = cls.__new__(cls)
+        bnn._spec = spec
+        bnn._reset()
+        return bnn
+
+    @property
+    def spec(self) -> RunSpec:
+        """The whole run spec: every part's section (what ``spec.yaml`` of its run directory records)."""
+        return self._spec
+
+    @property
+    def posterior(self) -> Posterior:
+        """The fitted posterior (draws of the latent sites, predictions from them).
+
+        :raises RuntimeError: before :meth:`fit`.
+        """
+        if self._posterior is None:
+            raise RuntimeError("this BNN is not fitted yet: call .fit(data) first (or zoo.load(run_dir))")
+        return self._posterior
+
+    # -- fitting -----------------------------------------------------------------------------------------
+    def _with_settings(self, settings: dict[str, Any]) -> None:
+        if not settings:
+            return
+        tree = self._spec.model_dump(mode="json")
+        tree["inference"] = {**tree["inference"], **settings}
+        module = self._spec.net.module if isinstance(self._spec.net, ModuleNetSpec) else None
+        self._spec = _attach(load_spec(tree), module, None)
+
+    def _dataset(self, data: Any, val: Any) -> tuple[Dataset, DataSection]:
+        """The data to fit, and the spec's data section for it."""
+        if isinstance(data, DataSection):
+            if val is not None:
+                raise ZooInputError("val", type(val).__name__, "a data set named by the spec brings its own "
+                                    "evaluation rows: use data.validation_fraction for validation rows")
+            return load_dataset(data, self._spec.seed), data
+        if isinstance(data, Dataset):
+            dataset = data if val is None else dataset_from((data.x_train, data.y_train), val, task=data.task,
+                                                            n_classes=data.n_classes, name=data.name)
+        else:
+            likelihood = self._spec.likelihood
+            task = None if isinstance(likelihood, AutoLikelihoodSpec) else likelihood.task
+            batch = self._spec.inference.model_dump().get("batch_size") or 128
+            dataset = dataset_from(data, val, task=task, batch_size=batch)
+        return dataset, GivenData.of(dataset)
+
+    def fit(self, data: Any, *, val: Any = None, out: str | Path | None = None, resume: bool = False,
+            progress: bool = True, echo: Any = None, monitor: ValidationMonitor | None = None,
+            **settings: Any) -> BNN:
+        """Fit the posterior to ``data``.
+
+        :param data: the training rows: ``(x, y)`` tensors or arrays, a torch ``Dataset`` of ``(x, y)`` items, a
+            ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
+        :param val: rows to score the fit on as it goes and at its end (the forms of ``data``); their metrics are
+            :attr:`metrics`.
+        :param out: the run directory to write (a temporary one, removed with the object, where None); ``zoo
+            eval``, ``zoo diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
+        :param resume: continue the fit checkpointed in ``out``.
+        :param progress: show progress bars.
+        :param echo: where the run's log lines go besides ``train.log`` (``print``; None: nowhere).
+        :param monitor: scores the fit on its evaluation rows as it goes (a sweep prunes on it).
+        :param settings: the inference method's settings for this fit (``epochs=20``, ``lr=0.01``, ...), as in the
+            spec's ``inference`` section.
+        :returns: the BNN itself, fitted.
+        :raises ZooInputError: bad data, settings or a run directory that holds another run.
+        """
+        self._with_settings(settings)
+        dataset, section = self._dataset(data, val)
+        spec = self._spec.model_copy(update={"data": section})
+        module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
+        if monitor is None and val is not None:
+            task = task_of(dataset)
+            metric = next(iter(task.metrics))
+            monitor = ValidationMonitor(metric, lambda k, v: (echo or (lambda *_: None))(
+                f"validation {metric} {v:.4g} ({k}/5 of the fit)"), spec.inference.predictive_samples, spec.seed,
+                reports=5)
+        if out is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="zoo-bnn-")
+            out = Path(self._scratch.name) / "run"
+        self._spec = spec
+        with distributed.joined(resolve_device(spec.device)) as team, (
+                claimed_run_directory(Path(out), resume) if team.is_writer else contextlib.nullcontext(Path(out))
+        ) as run:
+            if resume:
+                saved = run / SPEC_FILE
+                if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
+                    raise ZooInputError("--resume", str(run),
+                                        "the spec differs from the run's spec.yaml; resume with that spec")
+            elif team.is_writer and holds_a_fit(run):
+                raise ZooInputError("--out", str(run),
+                                    "already holds a run; pass --resume to continue it, or pick a new --out")
+            write_text(run / SPEC_FILE, spec_to_yaml(spec))
+            if module is not None:
+                torch.save(module, run / NET_FILE)
+            if isinstance(section, GivenData):
+                save_torch(run / GIVEN_FILE, stand_in(dataset))
+            log = RunLog(run, echo if team.is_writer else None)
+            method = registry.method_of(spec)
+            if dataset.streamed and (not method.streams_rows or spec.guide.needs_every_row):
+                log(f"{spec.inference.method} reads every training row at each step: the loader's "
+                    f"{dataset.n_train:,} rows are read into memory")
+                dataset = dataset.materialised()
+            placed, device = place(spec, dataset, log)
+            family, guide = build(spec, placed, run, log, progress and team.is_writer)
+            log(f"{placed.name}: {placed.n_train} train / {len(placed.y_test)} test, {placed.in_dim} inputs -> "
+                f"{placed.out_dim} outputs; {describe(spec)}, device {device}"
+                + (f", {team.size} processes" if team.size > 1 else ""))
+            result = method.fit(family, guide, placed, spec.inference, spec.seed, run_dir=run, resume=resume,
+                                log=log, progress=progress and team.is_writer, monitor=monitor,
+                                start=starting_posterior(spec))
+            self.family, self.guide, self._posterior, self.data = family, guide, result.posterior, placed
+            self.run_dir, self.seconds = run, result.seconds
+            if not team.is_writer:  # rank 0 evaluates and writes
+                return self
+            if isinstance(result.posterior, GuidePosterior):  # what guide.init_from of a later run reads
+                save_torch(run / POINT_ESTIMATE_FILE, guide.point_estimate())
+            if len(placed.y_test):
+                self.metrics = evaluate(result.posterior, placed, spec.inference.predictive_samples, seed=spec.seed)
+                self.metrics["train_seconds"] = round(result.seconds, 3)
+                write_json(run / METRICS_FILE, self.metrics)
+                self.plot = plot_predictive(result.posterior, placed, run, spec.inference.predictive_samples,
+                                            seed=spec.seed)
+        return self
+
+    @property
+    def chains(self) -> bool:
+        """Whether the posterior is draws stored chain by chain (MCMC), whose convergence can be checked."""
+        return isinstance(self._posterior, ChainPosterior)
+
+    # -- using the fit -----------------------------------------------------------------------------------
+    def _inputs(self, x: Any) -> torch.Tensor:
+        data = self.data
+        x = torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
+        if data.x_mean is not None:  # a zoo data set standardises its inputs: predict takes them as it gave them
+            x = (x.to(data.x_mean) - data.x_mean) / data.x_std
+        return x.to(device=data.device, dtype=data.dtype if x.is_floating_point() else x.dtype)
+
+    def predict(self, x: Any, num_samples: int | None = None) -> Prediction:
+        """The predictive distribution at inputs ``x``, as the data gave them.
+
+        :param x: inputs ``[B, ...]`` (a tensor or an array).
+        :param num_samples: posterior draws (None: the inference method's ``predictive_samples``).
+        :returns: the mixture's :attr:`~Prediction.probs` or :attr:`~Prediction.mean` and
+            :attr:`~Prediction.variance`, and every draw's own predictive.
+        """
+        samples = num_samples or self._spec.inference.predictive_samples
+        draws = self.posterior.predict(self._inputs(x), samples)
+        return Prediction(draws, self.data.y_mean, self.data.y_std)
+
+    def evaluate(self, data: Any, num_samples: int | None = None) -> dict[str, float]:
+        """The test metrics of the task (NLL, accuracy, ECE, Brier; or RMSE and test log-likelihood) on ``data``.
+
+        :param data: ``(x, y)`` tensors or arrays, a torch ``Dataset`` or a ``DataLoader``, as :meth:`fit` takes.
+        :param num_samples: posterior draws (None: the inference method's ``predictive_samples``).
+        :returns: the metrics, as ``metrics.json`` holds them.
+        """
+        posterior, fitted = self.posterior, self.data  # an unfitted BNN is refused by .posterior
+        rows = dataset_from(data, task=fitted.task, n_classes=fitted.n_classes)
+        y = rows.y_train.to(fitted.device)
+        if y.is_floating_point():  # targets as the data gave them, standardised as the fit's were
+            y = ((y - fitted.y_mean) / fitted.y_std).to(fitted.dtype)
+        scored = Dataset(fitted.name, fitted.task, fitted.x_train, fitted.y_train, self._inputs(rows.x_train), y,
+                         n_classes=fitted.n_classes, y_mean=fitted.y_mean, y_std=fitted.y_std,
+                         image_shape=fitted.image_shape)
+        return evaluate(posterior, scored, num_samples or self._spec.inference.predictive_samples,
+                        seed=self._spec.seed)
+
+    def save(self, out: str | Path) -> Path:
+        """Keep the fit in run directory ``out`` (``zoo.load(out)`` reads it back, as do ``zoo eval``, ``zoo
+        diagnose`` and ``zoo report``).
+
+        :param out: the directory (created; it must not hold another run).
+        :returns: the directory.
+        :raises ZooInputError: a directory that holds files already.
+        """
+        target = Path(out)
+        if self.run_dir is None:
+            raise RuntimeError("this BNN is not fitted yet: call .fit(data) first")
+        if target.resolve() == self.run_dir.resolve():
+            return target
+        if target.exists() and any(target.iterdir()):
+            raise ZooInputError("out", str(target), "holds files already: pick a new directory")
+        shutil.copytree(self.run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock"))
+        return target
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> BNN:
+        """The fitted BNN a run directory holds (written by ``zoo train``, :meth:`fit` or :meth:`save`).
+
+        An unfinished SVI run loads at the step it reached, with a :class:`~zoo.errors.ZooWarning` saying so; an
+        unfinished MCMC run is refused (its draws are not there yet).
+
+        :param run_dir: the run directory.
+        :returns: the BNN, with its data set (for data given in Python: a stand-in of two example rows).
+        :raises ZooInputError: not a run directory, a run that holds no fit yet, or a net given in Python whose class
+            no longer imports (naming its import path).
+        """
+        run = Path(run_dir)
+        if not (run / SPEC_FILE).exists():
+            raise ZooInputError("RUN_DIR", str(run), "not a run directory (it has no spec.yaml)")
+        spec = load_spec(run / SPEC_FILE)
+        method = registry.method_of(spec)
+        if not method.holds_fit(run):
+            stage = "its MAP net is being fitted" if (run / MAP_DIR).exists() else "nothing was fitted yet"
+            raise ZooInputError("RUN_DIR", str(run), f"holds no {' or '.join(method.files)} ({stage}); finish it with "
+                                "zoo train --resume")
+        module = _load_module(run, spec.net) if isinstance(spec.net, ModuleNetSpec) else None
+        stand_in_rows = from_stand_in(load_torch(run / GIVEN_FILE)) if isinstance(spec.data, GivenData) else None
+        spec = _attach(spec, module, stand_in_rows)
+        data, device = place(spec, load_dataset(spec.data, spec.seed))
+        family, guide = build(spec, data, run)
+        # a fitted run needs the run it started from only for the point parameters it did not fit itself (rank-1's W)
+        start = starting_posterior(spec) if family.point_parameters() else None
+        bnn = cls.from_spec(spec)
+        bnn.family, bnn.guide, bnn.data, bnn.run_dir = family, guide, data, run
+        bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
+        return bnn
+
+    def to_inference_data(self, num_samples: int | None = None) -> Any:
+        """The fit as an ArviZ ``InferenceData`` (posterior draws with named dims, the posterior predictive and
+        pointwise log-likelihood at the training rows, sampler statistics), as ``zoo diagnose`` writes it.
+
+        :param num_samples: draws of a guide's posterior (MCMC keeps its chains).
+        :returns: the ``arviz.InferenceData``.
+        """
+        from zoo.inference_data import to_inference_data
+
+        posterior = self.posterior
+        if isinstance(posterior, ChainPosterior):
+            return to_inference_data(posterior, self.data, chains=posterior.chains, stats=posterior.stats,
+                                     seed=self._spec.seed)
+        return to_inference_data(posterior, self.data, num_samples=num_samples or
+                                 self._spec.inference.predictive_samples, seed=self._spec.seed)
+
+
+def _load_module(run: Path, section: ModuleNetSpec) -> nn.Module:
+    """A run's net given in Python, from its ``net.pt``; refused naming the import path when its class is gone."""
+    try:
+        return torch.load(run / NET_FILE, weights_only=False, map_location="cpu")
+    except (ImportError, AttributeError) as err:
+        raise ZooInputError("net", section.target, f"this run's net is an instance of {section.target}, which must "
+                            f"be importable to load it ({type(err).__name__}: {err})") from None
+    except FileNotFoundError:
+        raise ZooInputError("RUN_DIR", str(run), f"its net was given in Python and {NET_FILE} is missing") from None
+
+
+def starting_posterior(spec: RunSpec) -> Posterior | None:
+    """The posterior of the run the spec's inference method starts from (e.g. MCMC's ``inference.init``), if any.
+
+    :param spec: the run spec.
+    :returns: that run's posterior, or None.
+    """
+    source = registry.method_of(spec).start_from(spec.inference)
+    return BNN.load(source).posterior if source is not None else None
+
+
+def load(run_dir: str | Path) -> BNN:
+    """The fitted BNN a run directory holds (see :meth:`BNN.load`).
+
+    :param run_dir: the run directory.
+    :returns: the BNN.
+    """
+    return BNN.load(run_dir)

@@ -1,0 +1,126 @@
+"""The zoo's members as named presets: each is a family, a guide, a prior and an inference method (the sections of a
+run spec) under one name, so that ``member: rank1_cauchy`` in a spec, or ``zoo.BNN(net, member="rank1_cauchy")``,
+is the whole member, and anything given beside it overrides its part.
+
+A preset holds only what makes the member what it is (the rank-1 Cauchy member's family, mixture guide and Cauchy
+prior centred at 1); the data, the net and run lengths stay the user's. The settings are the shipped digits configs'
+(``configs/<member>_digits.yaml``). Adding a member is one entry in :data:`MEMBERS`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from zoo.errors import ZooInputError
+
+
+@dataclass(frozen=True)
+class Member:
+    """A named preset of the spec's sections.
+
+    :param about: one line for ``zoo list members`` and the docs.
+    :param sections: the spec's sections that make the member (``model``, ``guide``, ``prior``, ``inference``).
+    """
+
+    about: str
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+RANK1 = {"family": "rank1", "members": 4}
+PRIOR_AT_ONE = {"name": "normal", "loc": 1.0, "scale": 0.1}  # rank-1 factors: centred at 1
+
+MEMBERS: dict[str, Member] = {
+    "map": Member("MAP: one point estimate of every weight under the prior (weight decay)",
+                  {"model": {"family": "all_weights"}, "guide": {"name": "delta"}}),
+    "mean_field": Member("Bayes by Backprop: a factorised Gaussian per weight, sigma = softplus(rho)",
+                         {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"}}),
+    "bayes_by_backprop": Member("Bayes by Backprop with its scale-mixture prior and local reparameterisation "
+                                "(Blundell et al. 2015)",
+                                {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"},
+                                 "prior": {"name": "scale_mixture", "pi": 0.5, "sigma1": 1.0, "sigma2": 0.0025},
+                                 "inference": {"method": "svi", "local_reparam": True}}),
+    "mc_dropout": Member("MC dropout: Bernoulli masks on every weight matrix's inputs but the first (Gal & "
+                         "Ghahramani 2016)",
+                         {"model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout_rate": 0.1}}),
+    "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer (Gal, Hron & Kendall 2017)",
+                               {"model": {"family": "all_weights"},
+                                "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1}}),
+    "deep_ensemble": Member("deep ensemble: K independently initialised MAP nets (Lakshminarayanan et al. 2017)",
+                            {"model": {"family": "deep_ensemble", "members": 5}, "guide": {"name": "delta"}}),
+    "rank1_normal": Member("rank-1 BNN: shared W, Gaussian rank-1 factors per member, a mixture guide "
+                           "(Dusenberry et al. 2020)",
+                           {"model": RANK1, "guide": {"name": "mixture"}, "prior": PRIOR_AT_ONE}),
+    "rank1_cauchy": Member("rank-1 BNN with Cauchy priors on the factors (Dusenberry et al. 2020)",
+                           {"model": RANK1, "guide": {"name": "mixture"},
+                            "prior": {"name": "cauchy", "loc": 1.0, "scale": 0.1}}),
+    "rank1_gsm": Member("rank-1 BNN with a hierarchical Gaussian scale mixture on the factors, non-centred",
+                        {"model": RANK1, "guide": {"name": "mixture", "component": "cauchy"},
+                         "prior": {"name": "gsm", "loc": 1.0, "scale": 0.3}}),
+    "batch_ensemble": Member("BatchEnsemble: the rank-1 BNN's Dirac special case (Wen et al. 2020)",
+                             {"model": RANK1, "guide": {"name": "batch_ensemble"},
+                              "prior": {"name": "normal", "loc": 1.0, "scale": 1.0}}),
+    "subnetwork_laplace": Member("subnetwork linearised Laplace: a full-covariance Gaussian over selected weights "
+                                 "of a MAP net, prior tuned by the evidence (Daxberger et al. 2021)",
+                                 {"model": {"family": "subnetwork", "selection": {"strategy": "largest_variance",
+                                                                                  "size": 0.1}},
+                                  "prior": {"name": "normal", "scale": 1.0},
+                                  "inference": {"method": "laplace", "prior_structure": "layer"}}),
+    "swag": Member("SWAG: a Gaussian from SGD iterates (Maddox et al. 2019)",
+                   {"inference": {"method": "swag", "num_models": 1, "pretrain_lr": 0.1, "momentum": 0.9,
+                                  "rank": 20}}),
+    "multiswag": Member("MultiSWAG: several SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",
+                        {"inference": {"method": "swag", "num_models": 5, "pretrain_lr": 0.1, "momentum": 0.9,
+                                       "rank": 20}}),
+    "sgld": Member("stochastic-gradient Langevin dynamics, several chains (Welling & Teh 2011)",
+                   {"inference": {"method": "sgld", "num_chains": 4, "schedule": "polynomial"}}),
+    "cyclical_sghmc": Member("cyclical SGHMC: restarts of a cosine step size, draws kept at the ends of cycles "
+                             "(Zhang et al. 2020)",
+                             {"inference": {"method": "sghmc", "num_chains": 4, "schedule": "cyclical",
+                                            "cycles": 4, "exploration": 0.5, "momentum": 0.9}}),
+    "hmc": Member("the zoo's many-chain HMC, ChEES-tuned trajectories: the gold standard for small nets",
+                  {"inference": {"method": "hmc", "num_chains": 64}}),
+    "nuts": Member("Pyro's NUTS, chain after chain", {"inference": {"method": "nuts", "num_chains": 4}}),
+    "auto_low_rank_mvn": Member("Pyro's AutoLowRankMultivariateNormal over every latent",
+                                {"guide": {"name": "auto", "auto": "low_rank_mvn"}}),
+}
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def with_member(tree: dict, normal_forms: Mapping[str, Any] | None = None) -> dict:
+    """A spec tree with its ``member`` preset underneath: the preset's sections, overridden key by key by the
+    spec's own (a section that names another part, e.g. ``guide: {name: delta}``, replaces the preset's whole).
+
+    :param tree: the spec as written, with or without ``member``.
+    :param normal_forms: a section's normal form where it can be written two ways (the prior's flat and nested
+        forms), applied to both sides before they merge.
+    :returns: the tree, the preset merged in (``member`` kept, so the run records which member it is).
+    :raises ZooInputError: a member name that is not registered.
+    """
+    name = tree.get("member")
+    if name is None:
+        return tree
+    if name not in MEMBERS:
+        allowed = f"use one of: {', '.join(MEMBERS)}"
+        raise ZooInputError("member", name, allowed, message=f"unknown member {name!r}; {allowed}")
+    normal = dict(normal_forms or {})
+    tree = {k: normal[k](v) if k in normal else v for k, v in tree.items()}
+    out = {k: normal[k](v) if k in normal else v for k, v in copy.deepcopy(MEMBERS[name].sections).items()}
+    for key, value in tree.items():
+        mine = out.get(key)
+        renames = isinstance(value, Mapping) and isinstance(mine, dict) and any(
+            k in value and k in mine and value[k] != mine[k] for k in ("name", "family", "method"))
+        out[key] = copy.deepcopy(value) if renames or not isinstance(mine, dict) or not isinstance(value, Mapping) \
+            else _merge(mine, value)
+    return out

@@ -1,0 +1,64 @@
+"""Your own ``nn.Module``, given in Python (``zoo.BNN(my_net, ...)``): the net a run was fitted on, kept with the run
+as ``net.pt`` so that ``zoo.load`` rebuilds it."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, PrivateAttr
+from torch import nn
+
+from zoo.errors import ZooInputError
+from zoo.nets.base import NetSection
+from zoo.parts import import_path
+
+NET_FILE = "net.pt"  # where a run keeps a net given in Python (the whole module, pickled by torch.save)
+
+
+class ModuleNetSpec(NetSection):
+    """A net given in Python as an nn.Module (zoo.BNN(net, ...)); a run keeps it as net.pt."""
+
+    optional: ClassVar[bool] = True  # never suggested in another net's place
+    offered: ClassVar[bool] = False  # the zoo writes it (a run's spec.yaml); a spec names a net otherwise
+    flat_rows: ClassVar[bool] = False  # it reads whatever rows the user's data have
+    convolutional: ClassVar[bool | None] = None  # the module itself tells (checked when a run is built)
+
+    name: Literal["module"] = Field(description="module")
+    target: str | None = Field(None, description=(
+        "the module's class as module.path:QualName: what must be importable to load the run again"))
+    _module: nn.Module | None = PrivateAttr(None)
+
+    @classmethod
+    def of(cls, module: nn.Module) -> ModuleNetSpec:
+        """The section of a module given in Python.
+
+        :param module: the user's net.
+        :returns: the section, holding the module.
+        :raises ZooInputError: something that is not an ``nn.Module``.
+        """
+        if not isinstance(module, nn.Module):
+            raise ZooInputError("net", type(module).__name__, "give a torch.nn.Module (or a net's name, e.g. 'mlp', "
+                                "or a spec's net section)")
+        section = cls(name="module", target=import_path(type(module)))
+        section._module = module
+        return section
+
+    def holding(self, module: nn.Module) -> ModuleNetSpec:
+        """This section with ``module`` attached (a run's ``net.pt``, read back).
+
+        :param module: the net.
+        :returns: the section itself.
+        """
+        self._module = module
+        return self
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The module it holds (None where a run's spec was read without its ``net.pt``)."""
+        return self._module
+
+    def build(self, in_dim: int, out_dim: int) -> nn.Module:
+        if self._module is None:
+            raise ZooInputError("net", self.target, f"this run's net was given in Python: load the run with "
+                                f"zoo.load(run_dir), which reads it from {NET_FILE}")
+        return self._module
