@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-bootstrapped
 DEMO_DIR ?= runs/demo
 
-.PHONY: bootstrap peer test test-configs test-all test-vision vision vision-bench lint demo benchmarks docs docs-check clean
+.PHONY: bootstrap peer test test-configs test-all test-vision vision vision-bench lint demo benchmarks docs docs-check gpu-check clean
 
 bootstrap: $(STAMP)
 
@@ -80,6 +80,15 @@ docs: $(DOCS_STAMP)
 docs-check: docs
 	@command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)
 	$(PY) docs/check_site.py build/site --screenshots build/site-check
+
+# The GPU check (benchmarks/gpu_check.py): the CUDA tests and the GPU benchmarks (SVI step against hand-written,
+# bf16 autocast, the DataLoader path, many-chain HMC at 64 / 512 / 4,096 chains, NCCL collectives) in one command,
+# one JSON + Markdown report in $(GPU_CHECK_DIR). On a GPU machine: `make gpu-check`; DEVICE=cpu runs every section
+# at tiny sizes on the CPU, a smoke test (CI's).
+DEVICE ?= cuda
+GPU_CHECK_DIR ?= build/gpu-check
+gpu-check: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --device $(DEVICE) --out $(GPU_CHECK_DIR)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"

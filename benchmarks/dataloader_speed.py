@@ -85,10 +85,10 @@ def cases() -> dict[str, tuple[type[nn.Module] | None, torch.Tensor, torch.Tenso
             "digits MLP, Dataset item by item": (mlp, x, y, Rows)}
 
 
-def seconds_per_step(make_net, data, steps: int) -> float:
-    """The fit's own wall time per SVI step (the training loop; set-up excluded)."""
+def seconds_per_step(make_net, data, steps: int, device: str = "cpu") -> float:
+    """The fit's own wall time per SVI step (the training loop; set-up excluded) on ``device``."""
     torch.manual_seed(0)
-    bnn = zoo.BNN(make_net(), guide="mean_field", likelihood="categorical", device="cpu",
+    bnn = zoo.BNN(make_net(), guide="mean_field", likelihood="categorical", device=device,
                   inference={"method": "svi", "batch_size": BATCH, "checkpoint_every": 10 * steps})
     bnn.fit(data, num_steps=steps, progress=False)
     return bnn.seconds / steps

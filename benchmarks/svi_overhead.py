@@ -41,31 +41,34 @@ INIT_RHO = -5.0
 
 
 def zoo_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec, guide_name: str = "mean_field",
-             local_reparam: bool = False):
+             local_reparam: bool = False, autocast: torch.dtype | None = None):
     """The zoo's SVI step for a mean-field MLP of layer widths ``sizes``, with the zoo's mean-field guide or Pyro's
-    AutoNormal (``guide_name="auto"``)."""
-    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
+    AutoNormal (``guide_name="auto"``), on the device ``x`` is on (``autocast``: the step's lower precision, as
+    ``inference.autocast`` sets it)."""
+    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu").to(x.device)
     names = [n for n, _ in net.named_parameters()]
     family = AllWeightsBNN(net, assign_priors(PriorSpec(), names), Categorical())
+    family.to(x.device, torch.float32)
     if guide_name == "auto":
         guide = AutoGuide(family.latent_sites(), AutoGuideSpec(name="auto", auto="normal", init_rho=INIT_RHO))
         guide.bind(family.model, x[:2], y[:2])
     else:
         guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=INIT_RHO)
+    guide.to(device=x.device)
     step = SVIStep(family.model, guide, LazyTraceMeanField_ELBO(), make_optimizer(list(guide.parameters()), spec),
-                   local_reparam=local_reparam)
-    order = batches(len(x), BATCH, seed=1)
+                   local_reparam=local_reparam, autocast=autocast)
+    order = batches(len(x), BATCH, seed=1, device=x.device)
     return lambda: step(x, y, next(order))
 
 
 def hand_step(sizes: list[int], x: torch.Tensor, y: torch.Tensor, spec: SVISpec):
-    """The same model and estimator written directly in PyTorch."""
-    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu")
+    """The same model and estimator written directly in PyTorch, on the device ``x`` is on."""
+    net = build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu").to(x.device)
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
     locs = [p.detach().clone().requires_grad_() for m in linears for p in (m.weight, m.bias)]
     rhos = [torch.full_like(p, INIT_RHO, requires_grad=True) for p in locs]
     optimizer = make_optimizer(locs + rhos, spec)
-    order = batches(len(x), BATCH, seed=1)
+    order = batches(len(x), BATCH, seed=1, device=x.device)
     n = len(x)
 
     def step() -> float:

@@ -13,11 +13,12 @@ from zoo.data.digits import load_digits
 Case = tuple[list[int], torch.Tensor, torch.Tensor]
 
 
-def batches(n: int, batch_size: int, seed: int):
-    """Endless minibatch index tensors: a fresh permutation per epoch (the same order for both sides)."""
+def batches(n: int, batch_size: int, seed: int, device: torch.device | str = "cpu"):
+    """Endless minibatch index tensors on ``device``: a fresh permutation per epoch (the same order for both
+    sides, drawn on the host)."""
     gen = torch.Generator().manual_seed(seed)
     while True:
-        yield from torch.randperm(n, generator=gen).split(batch_size)
+        yield from torch.randperm(n, generator=gen).to(device).split(batch_size)
 
 
 def optimiser_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:
@@ -54,16 +55,20 @@ def benchmark_cases(args: argparse.Namespace) -> dict[str, Case]:
 
 
 def time_side_by_side(a: Callable[[], object], b: Callable[[], object], rounds: int, steps: int,
-                      warmup: int = 20) -> tuple[list[float], list[float]]:
-    """Microseconds per call of ``a`` and ``b``, alternating in ``rounds`` blocks of ``steps`` calls each."""
+                      warmup: int = 20, sync: Callable[[], None] = lambda: None) -> tuple[list[float], list[float]]:
+    """Microseconds per call of ``a`` and ``b``, alternating in ``rounds`` blocks of ``steps`` calls each; ``sync``
+    waits for the device's queued work (``torch.cuda.synchronize`` on a GPU) before a block's clock starts and stops.
+    """
     for _ in range(warmup):
         a()
         b()
     ta, tb = [], []
     for _ in range(rounds):
         for fn, out in ((a, ta), (b, tb)):
+            sync()
             start = time.perf_counter()
             for _ in range(steps):
                 fn()
+            sync()
             out.append((time.perf_counter() - start) / steps * 1e6)
     return ta, tb

@@ -1,0 +1,278 @@
+"""The GPU check: one command that runs the CUDA tests and the GPU benchmarks and writes one report.
+
+Made for the first GPU a run gets: ``make gpu-check`` (``DEVICE=cuda``, the full sizes) runs, on that device,
+
+* **tests**: ``tests/test_cuda.py`` (every family trains and predicts on the device, HMC and NUTS, bf16 autocast,
+  the loss read-back, rows kept in host memory), its pass/fail counts;
+* **SVI step**: the zoo's mean-field SVI step against the same maths hand-written in PyTorch, and the zoo's step
+  under ``inference.autocast: bf16`` against float32, each pair timed side by side in alternating rounds
+  (``benchmarks/svi_overhead.py``'s two sides, the device synchronised at each block's ends);
+* **DataLoader**: ``zoo.BNN.fit``'s step reading a ``DataLoader`` against tensors already on the device
+  (``benchmarks/dataloader_speed.py``'s cases);
+* **HMC**: the zoo's many-chain HMC on the 1-50-1 toy at its defaults, at 64, 512 and 4,096 chains: min bulk ESS
+  of f at five inputs per second of sampling, R-hat, divergences (``benchmarks/hmc_speed.py``'s zoo side; the tiny
+  size caps trajectories at 32 leapfrog steps);
+* **collectives**: a one-rank process group on the device's backend (NCCL on CUDA, gloo on the CPU) and the
+  collectives ``--nproc`` runs use (all-reduce, all-gather, broadcast, object gather), checked for their values,
+  the all-reduce timed.
+
+A section that fails is reported with its error and the others still run; the exit code is 1 when any failed.
+``DEVICE=cpu`` (``--device cpu --size tiny``) runs the same sections at tiny sizes on the CPU: how CI keeps this
+script working where no GPU is. Figures from a CPU run are a smoke test, not a benchmark.
+
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--size full|tiny] [--out DIR] [--threads N]
+
+writes ``DIR/gpu_check.json`` (every ratio under a key containing ``ratio``) and ``DIR/gpu_check.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dataloader_speed import BATCH as LOADER_BATCH  # noqa: E402 - sibling modules of this script
+from dataloader_speed import cases as loader_cases  # noqa: E402
+from dataloader_speed import seconds_per_step  # noqa: E402
+from hmc_speed import TOY, run_zoo  # noqa: E402
+from svi_overhead import hand_step, zoo_step  # noqa: E402
+from timing import time_side_by_side  # noqa: E402
+
+from zoo.data.digits import load_digits  # noqa: E402
+from zoo.errors import ZooInputError  # noqa: E402
+from zoo.runs import write_json, write_text  # noqa: E402
+from zoo.spec import SVISpec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# per size: what each section runs (tiny: a smoke test of every path in a few minutes on a CPU)
+SIZES = {
+    "full": {"svi_cases": ("digits 64-100-10", "784-400-400-10"), "svi_rounds": 10, "svi_steps": 50,
+             "svi_warmup": 20, "loader_cases": ("digits 64-100-10 MLP", "digits conv net (1x8x8)"),
+             "loader_rounds": 10, "loader_steps": 60, "hmc_chains": (64, 512, 4096), "hmc_warmup": 200,
+             "hmc_samples": 200, "hmc_set": (), "collective_floats": 2**22, "collective_reps": 50},
+    "tiny": {"svi_cases": ("digits 64-100-10",), "svi_rounds": 3, "svi_steps": 10, "svi_warmup": 3,
+             "loader_cases": ("digits 64-100-10 MLP",), "loader_rounds": 2, "loader_steps": 10,
+             "hmc_chains": (4, 8), "hmc_warmup": 30, "hmc_samples": 30,
+             "hmc_set": ("inference.max_leapfrog_steps=32",),  # 30 warm-up steps leave trajectories at the cap
+             "collective_floats": 2**12, "collective_reps": 5},
+}
+
+
+def synchroniser(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work (nothing on the CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def device_name(device: torch.device) -> str:
+    """The device in words: the GPU's name, or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+# ------------------------------------------------------------------------------------------------ sections
+def run_tests(device: torch.device, size: dict) -> dict:
+    """``tests/test_cuda.py`` on ``device`` (``ZOO_TEST_DEVICE``), in a process of its own: its pytest counts."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+                          cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "ZOO_TEST_DEVICE": device.type, "PYTHONPATH": str(REPO)})
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", done.stdout)}
+    row = {"exit_code": done.returncode, "seconds": time.perf_counter() - started, **counts}
+    if done.returncode != 0:
+        raise RuntimeError(f"tests/test_cuda.py exited {done.returncode} ({counts}):\n{done.stdout[-3000:]}")
+    return row
+
+
+def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """``svi_overhead.py``'s cases, their rows on ``device``."""
+    torch.manual_seed(0)
+    digits = load_digits(seed=0)
+    x784, y784 = torch.randn(10_000, 784), torch.randint(0, 10, (10_000,))
+    every = {"digits 64-100-10": ([64, 100, 10], digits.x_train, digits.y_train),
+             "784-400-400-10": ([784, 400, 400, 10], x784, y784)}
+    return {name: (every[name][0], every[name][1].float().to(device), every[name][2].to(device)) for name in names}
+
+
+def run_svi(device: torch.device, size: dict) -> dict:
+    """The zoo's SVI step against the hand-written one, and bf16 autocast against float32, side by side."""
+    spec, sync, out = SVISpec(lr=1e-3), synchroniser(device), {}
+    timing = (size["svi_rounds"], size["svi_steps"], size["svi_warmup"])
+    for name, (sizes, x, y) in svi_cases(device, size["svi_cases"]).items():
+        zoo_us, hand_us = time_side_by_side(zoo_step(sizes, x, y, spec), hand_step(sizes, x, y, spec), *timing,
+                                            sync=sync)
+        bf16_us, fp32_us = time_side_by_side(zoo_step(sizes, x, y, spec, autocast=torch.bfloat16),
+                                             zoo_step(sizes, x, y, spec), *timing, sync=sync)
+        out[name] = {"zoo_us_per_step": statistics.median(zoo_us), "hand_us_per_step": statistics.median(hand_us),
+                     "zoo_to_hand_ratio": statistics.median(z / h for z, h in zip(zoo_us, hand_us, strict=True)),
+                     "bf16_us_per_step": statistics.median(bf16_us),
+                     "bf16_to_fp32_ratio": statistics.median(b / f for b, f in zip(bf16_us, fp32_us, strict=True))}
+    return out
+
+
+def run_loader(device: torch.device, size: dict) -> dict:
+    """``zoo.BNN.fit`` reading a ``DataLoader`` against tensors on the device, side by side, per case."""
+    out, every = {}, loader_cases()
+    for name in size["loader_cases"]:
+        make_net, x, y, rows = every[name]
+
+        def loader(rows=rows, x=x, y=y) -> torch.utils.data.DataLoader:
+            return torch.utils.data.DataLoader(rows(x, y), batch_size=LOADER_BATCH, shuffle=True)
+
+        seconds_per_step(make_net, (x, y), 5, device.type)  # warm-up of both paths
+        seconds_per_step(make_net, loader(), 5, device.type)
+        in_memory, streamed = [], []
+        for _ in range(size["loader_rounds"]):
+            in_memory.append(seconds_per_step(make_net, (x, y), size["loader_steps"], device.type))
+            streamed.append(seconds_per_step(make_net, loader(), size["loader_steps"], device.type))
+        out[name] = {"in_memory_us_per_step": statistics.median(in_memory) * 1e6,
+                     "dataloader_us_per_step": statistics.median(streamed) * 1e6,
+                     "dataloader_ratio": statistics.median(s / m for s, m in zip(streamed, in_memory, strict=True))}
+    return out
+
+
+def run_hmc(device: torch.device, size: dict) -> dict:
+    """The zoo's many-chain HMC on the toy at its defaults (tiny: trajectories capped), at each chain count: min
+    ESS/s, R-hat, divergences."""
+    args = argparse.Namespace(warmup=size["hmc_warmup"], samples=size["hmc_samples"], seed=0, data_dir=None,
+                              zoo_set=[f"device={device.type}", *size["hmc_set"]])
+    out = {}
+    for chains in size["hmc_chains"]:
+        row = run_zoo("hmc", chains, args, TOY)
+        out[f"{chains} chains"] = {key: row[key] for key in ("chains", "warmup", "samples", "seconds", "min_ess",
+                                                             "min_ess_per_s", "rhat_max", "divergences")}
+    return out
+
+
+def free_port() -> int:
+    """A TCP port free on this host (for the one-rank group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_collectives(device: torch.device, size: dict) -> dict:
+    """A one-rank process group on the device's backend, the collectives of ``--nproc`` runs checked and timed."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        values = torch.arange(size["collective_floats"], dtype=torch.float32, device=device)
+        reduced = values.clone()
+        dist.all_reduce(reduced)
+        parts = [torch.empty_like(values)]
+        dist.all_gather(parts, values)
+        copied = values.clone()
+        dist.broadcast(copied, src=0)
+        objects: list[object] = [None]
+        dist.all_gather_object(objects, {"rank": 0})
+        if not (torch.equal(reduced, values) and torch.equal(parts[0], values) and torch.equal(copied, values)
+                and objects == [{"rank": 0}]):
+            raise RuntimeError(f"a one-rank {backend} collective changed its values")
+        sync = synchroniser(device)
+        sync()
+        started = time.perf_counter()
+        for _ in range(size["collective_reps"]):
+            dist.all_reduce(reduced)
+        sync()
+        seconds = (time.perf_counter() - started) / size["collective_reps"]
+    finally:
+        dist.destroy_process_group()
+    return {"backend": backend, "floats": size["collective_floats"], "all_reduce_us": seconds * 1e6,
+            "all_reduce_gb_per_s": values.numel() * 4 / seconds / 1e9}
+
+
+SECTIONS: dict[str, Callable[[torch.device, dict], dict]] = {
+    "tests": run_tests, "svi": run_svi, "dataloader": run_loader, "hmc": run_hmc, "collectives": run_collectives}
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return "" if value is None else str(value)
+
+
+def markdown(report: dict) -> str:
+    """The report as Markdown: the machine, then a table per section (or its error)."""
+    lines = [f"# GPU check: {report['device_name']}", "",
+             f"`{report['command']}` on {report['date']}: torch {report['torch']}, CUDA {report['cuda']}, "
+             f"size {report['size']}, {report['threads']} CPU thread(s).", ""]
+    for name, section in report["sections"].items():
+        lines += [f"## {name}", ""]
+        if "error" in section:
+            lines += ["**failed**:", "", "```", section["error"].strip(), "```", ""]
+            continue
+        rows = section["figures"]
+        if rows and all(isinstance(v, dict) for v in rows.values()):
+            keys = list(next(iter(rows.values())))
+            lines += ["| case | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+            lines += [f"| {case} | " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for case, row in rows.items()]
+        else:
+            lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows.items()]
+        lines += ["", f"{section['seconds']:.0f} s", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every section on the device, write the JSON and Markdown report; 1 when a section failed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="where everything runs")
+    parser.add_argument("--size", choices=tuple(SIZES), help="full (default on CUDA) or tiny (default on the CPU)")
+    parser.add_argument("--out", default="build/gpu-check", help="the report's folder")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
+    args = parser.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown or not only:
+        raise ZooInputError("--only", args.only, f"name sections of: {', '.join(SECTIONS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ZooInputError("--device", "cuda", "no CUDA device is visible here: on a machine without a GPU run "
+                            "make gpu-check DEVICE=cpu (a smoke test at tiny sizes)")
+    if args.threads < 1:
+        raise ZooInputError("--threads", args.threads, "give 1 or more")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    size_name = args.size or ("full" if device.type == "cuda" else "tiny")
+    report = {"device": device.type, "device_name": device_name(device), "size": size_name,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "threads": args.threads,
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "sections": {}}
+    for name in only:
+        print(f"gpu check: {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            report["sections"][name] = {"figures": SECTIONS[name](device, SIZES[size_name])}
+        except Exception:  # noqa: BLE001 - every section is reported, a failed one with its traceback
+            report["sections"][name] = {"error": traceback.format_exc(limit=8)}
+        report["sections"][name]["seconds"] = time.perf_counter() - started
+    report["failed"] = [name for name, section in report["sections"].items() if "error" in section]
+    out = Path(args.out)
+    write_json(out / "gpu_check.json", report)
+    text = markdown(report)
+    write_text(out / "gpu_check.md", text)
+    print(text)
+    print(f"written: {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
+    return 1 if report["failed"] else 0
+
+
+if __name__ == "__main__":
+    from zoo.cli import exit_code
+
+    sys.exit(exit_code(main))

@@ -1,0 +1,45 @@
+"""The GPU check writes one report of every section, ratios under keys containing 'ratio', a failed section with its
+error (and exit 1) while the others still run; bad options are refused. The whole check, every section at its tiny
+size on the CPU, is CI's ``make gpu-check DEVICE=cpu``."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+from zoo.errors import ZooInputError  # noqa: E402
+
+
+def test_the_report_holds_every_section_and_a_failed_one_with_its_error(tmp_path, monkeypatch, capsys):
+    def broken(device, size):
+        raise RuntimeError("the device fell over")
+
+    monkeypatch.setitem(gpu_check.SECTIONS, "tests", broken)
+    code = gpu_check.main(["--device", "cpu", "--only", "tests,svi,dataloader,collectives", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert code == 1 and report["failed"] == ["tests"]
+    assert "the device fell over" in report["sections"]["tests"]["error"]
+    assert report["size"] == "tiny" and report["device"] == "cpu"
+    svi = report["sections"]["svi"]["figures"]["digits 64-100-10"]
+    assert svi["zoo_to_hand_ratio"] > 0 and svi["bf16_to_fp32_ratio"] > 0
+    assert report["sections"]["dataloader"]["figures"]["digits 64-100-10 MLP"]["dataloader_ratio"] > 0
+    collectives = report["sections"]["collectives"]["figures"]
+    assert collectives["backend"] == "gloo" and collectives["all_reduce_us"] > 0
+    page = (tmp_path / "gpu_check.md").read_text()
+    assert "## tests" in page and "**failed**" in page and "| digits 64-100-10 |" in page
+    assert "bf16_to_fp32_ratio" in capsys.readouterr().out
+    assert not torch.distributed.is_initialized()  # the one-rank group is taken down again
+
+
+def test_bad_options_are_refused_saying_what_to_give(tmp_path):
+    with pytest.raises(ZooInputError, match="name sections of"):
+        gpu_check.main(["--device", "cpu", "--only", "tests,warp", "--out", str(tmp_path)])
+    if not torch.cuda.is_available():
+        with pytest.raises(ZooInputError, match="DEVICE=cpu"):
+            gpu_check.main(["--device", "cuda", "--out", str(tmp_path)])
