@@ -113,6 +113,18 @@ def test_the_site_check_finds_a_broken_link_a_missing_anchor_and_a_missing_image
     assert (tmp_path / "shots" / "front_page.png").is_file() and (tmp_path / "shots" / "tutorial.png").is_file()
 
 
+def test_a_notebooks_links_to_site_pages_name_the_built_page_not_its_markdown():
+    # mkdocs rewrites .md links in Markdown pages; a notebook's cells are rendered as they are, so a link to another
+    # page of the site must name the built .html page (make docs-check finds the broken link; this finds it sooner)
+    import nbformat
+
+    wrong = [f"{path.name}: {target}" for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+             for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "markdown"
+             for target in re.findall(r"\]\(([^)\s]+)\)", cell.source)
+             if not re.match(r"[a-z]+://", target) and re.search(r"\.md(#|$)", target)]
+    assert not wrong, "link the built page (.html) from a notebook: " + ", ".join(wrong)
+
+
 # The modules whose public functions, classes and methods must state their arguments (``:param name:``) and, when
 # they return something, their return value (``:returns:``) in their docstrings: the API reference renders these
 # fields as tables (docs/reference/api.md, Sphinx style). Add a module here when its docstrings follow the style.
