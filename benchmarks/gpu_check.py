@@ -51,9 +51,8 @@ from dataloader_speed import cases as loader_cases  # noqa: E402
 from dataloader_speed import seconds_per_step  # noqa: E402
 from hmc_speed import TOY, run_zoo  # noqa: E402
 from svi_overhead import hand_step, zoo_step  # noqa: E402
-from timing import time_side_by_side  # noqa: E402
+from timing import benchmark_cases, time_side_by_side  # noqa: E402
 
-from zoo.data.digits import load_digits  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.runs import write_json, write_text  # noqa: E402
 from zoo.spec import SVISpec  # noqa: E402
@@ -100,12 +99,8 @@ def run_tests(device: torch.device, size: dict) -> dict:
 
 
 def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """``svi_overhead.py``'s cases, their rows on ``device``."""
-    torch.manual_seed(0)
-    digits = load_digits(seed=0)
-    x784, y784 = torch.randn(10_000, 784), torch.randint(0, 10, (10_000,))
-    every = {"digits 64-100-10": ([64, 100, 10], digits.x_train, digits.y_train),
-             "784-400-400-10": ([784, 400, 400, 10], x784, y784)}
+    """``svi_overhead.py``'s cases (:func:`timing.benchmark_cases`), their rows on ``device``."""
+    every = benchmark_cases(argparse.Namespace(threads=None, synthetic_rows=10_000))
     return {name: (every[name][0], every[name][1].float().to(device), every[name][2].to(device)) for name in names}
 
 

@@ -101,7 +101,7 @@ class Dataset:
     @property
     def n_train(self) -> int:
         """Number of training examples (the full-data size that minibatch likelihoods are scaled to)."""
-        return self.streamed_rows if self.train_loader is not None else int(self.x_train.shape[0])
+        return self.streamed_rows if self.streamed else int(self.x_train.shape[0])
 
     @property
     def streamed(self) -> bool:
@@ -665,14 +665,14 @@ def _sampler_order(batch_sampler: Any) -> Iterator[torch.Tensor] | None:
     if type(batch_sampler) is not data.BatchSampler:
         return None
     sampler = batch_sampler.sampler
-    n = len(getattr(sampler, "data_source", ()))
     if type(sampler) is data.SequentialSampler:
         generator = None
     elif (type(sampler) is data.RandomSampler and not sampler.replacement and sampler.generator is not None
-          and sampler.num_samples == n):
+          and sampler.num_samples == len(sampler.data_source)):
         generator = sampler.generator
     else:
         return None
+    n = len(sampler.data_source)
 
     def batches() -> Iterator[torch.Tensor]:
         order = torch.arange(n) if generator is None else torch.randperm(n, generator=generator)
