@@ -9,18 +9,24 @@ Made for the first GPU a run gets: ``make gpu-check`` (``DEVICE=cuda``, the full
   (``benchmarks/svi_overhead.py``'s two sides, the device synchronised at each block's ends);
 * **DataLoader**: ``zoo.BNN.fit``'s step reading a ``DataLoader`` against tensors already on the device
   (``benchmarks/dataloader_speed.py``'s cases);
-* **HMC**: the zoo's many-chain HMC on the 1-50-1 toy at its defaults, at 64, 512 and 4,096 chains: min bulk ESS
-  of f at five inputs per second of sampling, R-hat, divergences (``benchmarks/hmc_speed.py``'s zoo side; the tiny
-  size caps trajectories at 32 leapfrog steps);
+* **leapfrog step**: one leapfrog step of the many-chain HMC on the 1-50-1 toy (the potential's value and gradient
+  for every chain, and the position and momentum updates) with the potential run eagerly against
+  ``inference.compile: true``, side by side, at 64, 512 and 4,096 chains;
+* **HMC**: the zoo's many-chain HMC on the toy at its defaults with ``inference.compile: true`` (full size: the
+  first H200 run measured the eager step at about 5 ms, which puts 64 chains x (200 + 200) draws past 10 minutes),
+  at 64, 512 and 4,096 chains: min bulk ESS of f at five inputs per second of sampling, R-hat, divergences
+  (``benchmarks/hmc_speed.py``'s zoo side; the tiny size runs eagerly and caps trajectories at 32 leapfrog steps);
 * **collectives**: a one-rank process group on the device's backend (NCCL on CUDA, gloo on the CPU) and the
   collectives ``--nproc`` runs use (all-reduce, all-gather, broadcast, object gather), checked for their values,
   the all-reduce timed.
 
-A section that fails is reported with its error and the others still run; the exit code is 1 when any failed.
+A section that fails is reported with its error and the others still run; the exit code is 1 when any failed. The
+report is rewritten (atomically) after every case, so a run cut off by a lease or a timeout keeps what it measured;
+``--budget-s`` stops starting new cases once that many seconds have passed (the rest are listed as not run).
 ``DEVICE=cpu`` (``--device cpu --size tiny``) runs the same sections at tiny sizes on the CPU: how CI keeps this
 script working where no GPU is. Figures from a CPU run are a smoke test, not a benchmark.
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--size full|tiny] [--out DIR] [--threads N]
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--size full|tiny] [--out DIR] [--threads N] [--budget-s S]
 
 writes ``DIR/gpu_check.json`` (every ratio under a key containing ``ratio``) and ``DIR/gpu_check.md``.
 """
@@ -37,7 +43,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -49,11 +55,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dataloader_speed import BATCH as LOADER_BATCH  # noqa: E402 - sibling modules of this script
 from dataloader_speed import cases as loader_cases  # noqa: E402
 from dataloader_speed import seconds_per_step  # noqa: E402
-from hmc_speed import TOY, run_zoo  # noqa: E402
+from hmc_speed import TOY, build_spec, run_zoo  # noqa: E402
 from svi_overhead import hand_step, zoo_step  # noqa: E402
 from timing import benchmark_cases, time_side_by_side  # noqa: E402
 
+import zoo.pipeline  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.inference.potential import Potential  # noqa: E402
 from zoo.runs import write_json, write_text  # noqa: E402
 from zoo.spec import SVISpec  # noqa: E402
 
@@ -62,10 +70,12 @@ REPO = Path(__file__).resolve().parents[1]
 SIZES = {
     "full": {"svi_cases": ("digits 64-100-10", "784-400-400-10"), "svi_rounds": 10, "svi_steps": 50,
              "svi_warmup": 20, "loader_cases": ("digits 64-100-10 MLP", "digits conv net (1x8x8)"),
-             "loader_rounds": 10, "loader_steps": 60, "hmc_chains": (64, 512, 4096), "hmc_warmup": 200,
-             "hmc_samples": 200, "hmc_set": (), "collective_floats": 2**22, "collective_reps": 50},
+             "loader_rounds": 10, "loader_steps": 60, "leapfrog_chains": (64, 512, 4096), "leapfrog_rounds": 10,
+             "leapfrog_steps": 50, "hmc_chains": (64, 512, 4096), "hmc_warmup": 200, "hmc_samples": 200,
+             "hmc_set": ("inference.compile=true",), "collective_floats": 2**22, "collective_reps": 50},
     "tiny": {"svi_cases": ("digits 64-100-10",), "svi_rounds": 3, "svi_steps": 10, "svi_warmup": 3,
              "loader_cases": ("digits 64-100-10 MLP",), "loader_rounds": 2, "loader_steps": 10,
+             "leapfrog_chains": (8,), "leapfrog_rounds": 2, "leapfrog_steps": 5,
              "hmc_chains": (4, 8), "hmc_warmup": 30, "hmc_samples": 30,
              "hmc_set": ("inference.max_leapfrog_steps=32",),  # 30 warm-up steps leave trajectories at the cap
              "collective_floats": 2**12, "collective_reps": 5},
@@ -85,17 +95,22 @@ def device_name(device: torch.device) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ sections
-def run_tests(device: torch.device, size: dict) -> dict:
+# Each section yields (case, figures) pairs; the report is written after each one.
+Rows = Iterator[tuple[str, dict]]
+
+
+def run_tests(device: torch.device, size: dict) -> Rows:
     """``tests/test_cuda.py`` on ``device`` (``ZOO_TEST_DEVICE``), in a process of its own: its pytest counts."""
     started = time.perf_counter()
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py"],
                           cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "ZOO_TEST_DEVICE": device.type, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "ZOO_TEST_DEVICE": device.type, "PYTHONPATH": path})
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", done.stdout)}
     row = {"exit_code": done.returncode, "seconds": time.perf_counter() - started, **counts}
     if done.returncode != 0:
         raise RuntimeError(f"tests/test_cuda.py exited {done.returncode} ({counts}):\n{done.stdout[-3000:]}")
-    return row
+    yield "tests/test_cuda.py", row
 
 
 def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor]]:
@@ -104,25 +119,24 @@ def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[l
     return {name: (every[name][0], every[name][1].float().to(device), every[name][2].to(device)) for name in names}
 
 
-def run_svi(device: torch.device, size: dict) -> dict:
+def run_svi(device: torch.device, size: dict) -> Rows:
     """The zoo's SVI step against the hand-written one, and bf16 autocast against float32, side by side."""
-    spec, sync, out = SVISpec(lr=1e-3), synchroniser(device), {}
+    spec, sync = SVISpec(lr=1e-3), synchroniser(device)
     timing = (size["svi_rounds"], size["svi_steps"], size["svi_warmup"])
     for name, (sizes, x, y) in svi_cases(device, size["svi_cases"]).items():
         zoo_us, hand_us = time_side_by_side(zoo_step(sizes, x, y, spec), hand_step(sizes, x, y, spec), *timing,
                                             sync=sync)
         bf16_us, fp32_us = time_side_by_side(zoo_step(sizes, x, y, spec, autocast=torch.bfloat16),
                                              zoo_step(sizes, x, y, spec), *timing, sync=sync)
-        out[name] = {"zoo_us_per_step": statistics.median(zoo_us), "hand_us_per_step": statistics.median(hand_us),
+        yield name, {"zoo_us_per_step": statistics.median(zoo_us), "hand_us_per_step": statistics.median(hand_us),
                      "zoo_to_hand_ratio": statistics.median(z / h for z, h in zip(zoo_us, hand_us, strict=True)),
                      "bf16_us_per_step": statistics.median(bf16_us),
                      "bf16_to_fp32_ratio": statistics.median(b / f for b, f in zip(bf16_us, fp32_us, strict=True))}
-    return out
 
 
-def run_loader(device: torch.device, size: dict) -> dict:
+def run_loader(device: torch.device, size: dict) -> Rows:
     """``zoo.BNN.fit`` reading a ``DataLoader`` against tensors on the device, side by side, per case."""
-    out, every = {}, loader_cases()
+    every = loader_cases()
     for name in size["loader_cases"]:
         make_net, x, y, rows = every[name]
 
@@ -135,23 +149,57 @@ def run_loader(device: torch.device, size: dict) -> dict:
         for _ in range(size["loader_rounds"]):
             in_memory.append(seconds_per_step(make_net, (x, y), size["loader_steps"], device.type))
             streamed.append(seconds_per_step(make_net, loader(), size["loader_steps"], device.type))
-        out[name] = {"in_memory_us_per_step": statistics.median(in_memory) * 1e6,
+        yield name, {"in_memory_us_per_step": statistics.median(in_memory) * 1e6,
                      "dataloader_us_per_step": statistics.median(streamed) * 1e6,
                      "dataloader_ratio": statistics.median(s / m for s, m in zip(streamed, in_memory, strict=True))}
-    return out
 
 
-def run_hmc(device: torch.device, size: dict) -> dict:
+def leapfrog_step(potential: Potential, chains: int, seed: int = 0) -> Callable[[], None]:
+    """One leapfrog step (full momentum kick, position drift, the potential's value and gradient) for ``chains``
+    chains from random points near the prior's centre, repeated in place on every call."""
+    gen = torch.Generator(device=potential.log_joint.x.device).manual_seed(seed)
+    shape = (chains, potential.coords.dim)
+    like = {"generator": gen, "device": gen.device, "dtype": potential.log_joint.x.dtype}
+    z, momentum, eps = 0.1 * torch.randn(shape, **like), torch.randn(shape, **like), 1e-3
+    _, grad = potential.value_and_grad(z)
+
+    def step() -> None:
+        nonlocal z, momentum, grad
+        momentum = momentum - eps * grad
+        z = z + eps * momentum
+        _, grad = potential.value_and_grad(z)
+
+    return step
+
+
+def run_leapfrog(device: torch.device, size: dict) -> Rows:
+    """The many-chain leapfrog step with the potential run eagerly and compiled, side by side, per chain count."""
+    spec = build_spec("hmc", 4, 1, 1, [f"device={device.type}"], TOY)
+    data, family, _, _ = zoo.pipeline.prepare(spec)
+    eager, compiled = Potential(family, data), Potential(family, data, compile=True)
+    for chains in size["leapfrog_chains"]:
+        eager_us, compiled_us = time_side_by_side(leapfrog_step(eager, chains), leapfrog_step(compiled, chains),
+                                                  size["leapfrog_rounds"], size["leapfrog_steps"], warmup=3,
+                                                  sync=synchroniser(device))
+        if not compiled.compiled:
+            raise RuntimeError("compiling the potential failed (see the warning above): only the eager step ran")
+        yield f"{chains} chains", {
+            "chains": chains, "eager_us_per_step": statistics.median(eager_us),
+            "compiled_us_per_step": statistics.median(compiled_us),
+            "compiled_to_eager_ratio": statistics.median(c / e for c, e in zip(compiled_us, eager_us, strict=True)),
+            "eager_ns_per_chain_step": statistics.median(eager_us) * 1e3 / chains}
+
+
+def run_hmc(device: torch.device, size: dict) -> Rows:
     """The zoo's many-chain HMC on the toy at its defaults (tiny: trajectories capped), at each chain count: min
     ESS/s, R-hat, divergences."""
     args = argparse.Namespace(warmup=size["hmc_warmup"], samples=size["hmc_samples"], seed=0, data_dir=None,
                               zoo_set=[f"device={device.type}", *size["hmc_set"]])
-    out = {}
     for chains in size["hmc_chains"]:
         row = run_zoo("hmc", chains, args, TOY)
-        out[f"{chains} chains"] = {key: row[key] for key in ("chains", "warmup", "samples", "seconds", "min_ess",
-                                                             "min_ess_per_s", "rhat_max", "divergences")}
-    return out
+        yield f"{chains} chains", {key: row[key] for key in ("chains", "warmup", "samples", "seconds", "min_ess",
+                                                             "min_ess_per_s", "rhat_max", "divergences",
+                                                             "leapfrog_steps_per_draw")}
 
 
 def free_port() -> int:
@@ -161,7 +209,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_collectives(device: torch.device, size: dict) -> dict:
+def run_collectives(device: torch.device, size: dict) -> Rows:
     """A one-rank process group on the device's backend, the collectives of ``--nproc`` runs checked and timed."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
@@ -187,12 +235,15 @@ def run_collectives(device: torch.device, size: dict) -> dict:
         seconds = (time.perf_counter() - started) / size["collective_reps"]
     finally:
         dist.destroy_process_group()
-    return {"backend": backend, "floats": size["collective_floats"], "all_reduce_us": seconds * 1e6,
-            "all_reduce_gb_per_s": values.numel() * 4 / seconds / 1e9}
+    yield f"one-rank {backend}", {"backend": backend, "floats": size["collective_floats"],
+                                  "all_reduce_us": seconds * 1e6,
+                                  "all_reduce_gb_per_s": values.numel() * 4 / seconds / 1e9}
 
 
-SECTIONS: dict[str, Callable[[torch.device, dict], dict]] = {
-    "tests": run_tests, "svi": run_svi, "dataloader": run_loader, "hmc": run_hmc, "collectives": run_collectives}
+# in the order they run: the costliest (HMC at thousands of chains) last, so a short lease measures the rest first
+SECTIONS: dict[str, Callable[[torch.device, dict], Rows]] = {
+    "tests": run_tests, "svi": run_svi, "dataloader": run_loader, "collectives": run_collectives,
+    "leapfrog": run_leapfrog, "hmc": run_hmc}
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -209,18 +260,29 @@ def markdown(report: dict) -> str:
              f"size {report['size']}, {report['threads']} CPU thread(s).", ""]
     for name, section in report["sections"].items():
         lines += [f"## {name}", ""]
-        if "error" in section:
-            lines += ["**failed**:", "", "```", section["error"].strip(), "```", ""]
-            continue
         rows = section["figures"]
-        if rows and all(isinstance(v, dict) for v in rows.values()):
-            keys = list(next(iter(rows.values())))
+        if rows:
+            keys = list(dict.fromkeys(k for row in rows.values() for k in row))
             lines += ["| case | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
             lines += [f"| {case} | " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for case, row in rows.items()]
-        else:
-            lines += ["| figure | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows.items()]
-        lines += ["", f"{section['seconds']:.0f} s", ""]
+            lines += [""]
+        if "error" in section:
+            lines += ["**failed**:", "", "```", section["error"].strip(), "```", ""]
+        if section.get("stopped"):
+            lines += [f"**{section['stopped']}**", ""]
+        lines += [f"{section['seconds']:.0f} s", ""]
+    if report.get("not_run"):
+        lines += [f"Not run (the {report['budget_s']:.0f} s budget was spent): {', '.join(report['not_run'])}.", ""]
     return "\n".join(lines)
+
+
+def write_report(report: dict, out: Path) -> str:
+    """The report's JSON and Markdown, each written atomically; the Markdown returned."""
+    report["failed"] = [name for name, section in report["sections"].items() if "error" in section]
+    write_json(out / "gpu_check.json", report)
+    text = markdown(report)
+    write_text(out / "gpu_check.md", text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="build/gpu-check", help="the report's folder")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
+    parser.add_argument("--budget-s", type=float, help="start no new case after this many seconds (a lease's length)")
     args = parser.parse_args(argv)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
@@ -241,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                             "make gpu-check DEVICE=cpu (a smoke test at tiny sizes)")
     if args.threads < 1:
         raise ZooInputError("--threads", args.threads, "give 1 or more")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise ZooInputError("--budget-s", args.budget_s, "give a positive number of seconds, or leave it out")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     size_name = args.size or ("full" if device.type == "cuda" else "tiny")
@@ -248,20 +313,35 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "cuda": torch.version.cuda, "threads": args.threads,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "sections": {}}
+              "budget_s": args.budget_s, "sections": {}, "not_run": []}
+    out, began = Path(args.out), time.perf_counter()
+
+    def spent() -> bool:
+        return args.budget_s is not None and time.perf_counter() - began > args.budget_s
+
     for name in only:
+        if spent():
+            report["not_run"].append(name)
+            continue
         print(f"gpu check: {name} ...", flush=True)
         started = time.perf_counter()
+        section = report["sections"][name] = {"figures": {}, "seconds": 0.0}
         try:
-            report["sections"][name] = {"figures": SECTIONS[name](device, SIZES[size_name])}
+            rows = SECTIONS[name](device, SIZES[size_name])
+            for case, figures in rows:
+                section["figures"][case] = figures
+                section["seconds"] = time.perf_counter() - started
+                print(f"  {case}: " + ", ".join(f"{k} {_cell(v)}" for k, v in figures.items()), flush=True)
+                write_report(report, out)
+                if spent():
+                    section["stopped"] = f"the {args.budget_s:.0f} s budget was spent after {case}: no further case run"
+                    rows.close()
+                    break
         except Exception:  # noqa: BLE001 - every section is reported, a failed one with its traceback
-            report["sections"][name] = {"error": traceback.format_exc(limit=8)}
-        report["sections"][name]["seconds"] = time.perf_counter() - started
-    report["failed"] = [name for name, section in report["sections"].items() if "error" in section]
-    out = Path(args.out)
-    write_json(out / "gpu_check.json", report)
-    text = markdown(report)
-    write_text(out / "gpu_check.md", text)
+            section["error"] = traceback.format_exc(limit=8)
+        section["seconds"] = time.perf_counter() - started
+        write_report(report, out)
+    text = write_report(report, out)
     print(text)
     print(f"written: {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
     return 1 if report["failed"] else 0

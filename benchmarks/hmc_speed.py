@@ -140,7 +140,7 @@ def parse_candidates(text: str, methods: tuple[str, ...], option: str) -> list[t
 
 def eval_inputs(data: Dataset) -> torch.Tensor:
     """The toy's five evaluation inputs ``[5, 1]``, standardised like the training inputs."""
-    x = torch.tensor(X_EVAL, dtype=data.x_train.dtype).unsqueeze(-1)
+    x = torch.tensor(X_EVAL, dtype=data.x_train.dtype, device=data.x_train.device).unsqueeze(-1)
     return (x - data.x_mean.to(x)) / data.x_std.to(x)
 
 
@@ -248,7 +248,7 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchMode
            "seconds_compile_inclusive": total, "compile_seconds": total - result.seconds,
            "divergences": int(result.stats["diverging"].sum()),
            "settings": {k: float(v) for k, v in result.settings.items()},
-           **diagnostics(f.reshape(chains, samples, -1).double().numpy())}
+           **diagnostics(f.reshape(chains, samples, -1).double().cpu().numpy())}
     steps = result.stats.get("n_steps")
     row["leapfrog_steps_per_draw"] = float(steps.float().mean()) if steps is not None else None
     if "tree_depth" in result.stats:

@@ -29,7 +29,7 @@ def test_the_report_holds_every_section_and_a_failed_one_with_its_error(tmp_path
     svi = report["sections"]["svi"]["figures"]["digits 64-100-10"]
     assert svi["zoo_to_hand_ratio"] > 0 and svi["bf16_to_fp32_ratio"] > 0
     assert report["sections"]["dataloader"]["figures"]["digits 64-100-10 MLP"]["dataloader_ratio"] > 0
-    collectives = report["sections"]["collectives"]["figures"]
+    collectives = report["sections"]["collectives"]["figures"]["one-rank gloo"]
     assert collectives["backend"] == "gloo" and collectives["all_reduce_us"] > 0
     page = (tmp_path / "gpu_check.md").read_text()
     assert "## tests" in page and "**failed**" in page and "| digits 64-100-10 |" in page
@@ -37,9 +37,21 @@ def test_the_report_holds_every_section_and_a_failed_one_with_its_error(tmp_path
     assert not torch.distributed.is_initialized()  # the one-rank group is taken down again
 
 
+def test_a_spent_budget_stops_new_cases_and_keeps_what_was_measured(tmp_path):
+    code = gpu_check.main(["--device", "cpu", "--only", "svi,collectives", "--budget-s", "0.001",
+                           "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert code == 0 and report["not_run"] == ["collectives"]
+    assert report["sections"]["svi"]["figures"]["digits 64-100-10"]["zoo_to_hand_ratio"] > 0
+    assert "budget was spent" in report["sections"]["svi"]["stopped"]
+    assert "Not run" in (tmp_path / "gpu_check.md").read_text()
+
+
 def test_bad_options_are_refused_saying_what_to_give(tmp_path):
     with pytest.raises(ZooInputError, match="name sections of"):
         gpu_check.main(["--device", "cpu", "--only", "tests,warp", "--out", str(tmp_path)])
+    with pytest.raises(ZooInputError, match="positive number of seconds"):
+        gpu_check.main(["--device", "cpu", "--budget-s", "0", "--out", str(tmp_path)])
     if not torch.cuda.is_available():
         with pytest.raises(ZooInputError, match="DEVICE=cpu"):
             gpu_check.main(["--device", "cuda", "--out", str(tmp_path)])

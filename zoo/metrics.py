@@ -210,7 +210,7 @@ def _bin_index(confidence: Tensor, n_bins: int) -> Tensor:
     # Bins are (k/n, (k+1)/n] for k = 0..n-1 (the first also takes 0). The upper edges are computed as float64 k/n and
     # cast to the confidence dtype, i.e. exactly as a Python literal ``k / n`` becomes a tensor, so a confidence equal
     # to an upper edge lands in that bin whatever its dtype.
-    upper = (torch.arange(1, n_bins + 1, dtype=torch.float64) / n_bins).to(confidence.dtype)
+    upper = (torch.arange(1, n_bins + 1, dtype=torch.float64) / n_bins).to(confidence.device, confidence.dtype)
     return torch.bucketize(confidence, upper, right=False).clamp_(max=n_bins - 1)
 
 
@@ -226,6 +226,7 @@ def reliability_bins(confidence: Tensor, correct: Tensor, n_bins: int = 15) -> d
         outside ``[0, 1]``, or ``n_bins`` is not a positive int.
     """
     confidence, correct = _check_confidence(confidence, correct, n_bins)
+    confidence, correct = confidence.cpu(), correct.cpu()  # a few numbers per bin, returned as numpy arrays
     idx = _bin_index(confidence, n_bins)
     count = torch.bincount(idx, minlength=n_bins).double()
     hits = torch.bincount(idx, weights=correct.double(), minlength=n_bins)
@@ -370,7 +371,7 @@ def ood_auroc(log_probs_in: Tensor, log_probs_out: Tensor) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in scores:
         fn = OOD_SCORES[key]
-        values = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).numpy()
+        values = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).cpu().numpy()
         out[key] = float(roc_auc_score(labels, values))
     return out
 
@@ -399,7 +400,7 @@ def ood_detection(log_probs_in: Tensor, log_probs_out: Tensor, tpr: float = 0.95
     out: dict[str, dict[str, float]] = {}
     for key in scores:
         fn = OOD_SCORES[key]
-        u = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).numpy()
+        u = torch.cat([fn(log_probs_in.double()), fn(log_probs_out.double())]).cpu().numpy()
         fpr, tpr_in, _ = roc_curve(1 - is_out, -u)  # in-distribution positive, detected by low uncertainty
         out[key] = {"auroc": float(roc_auc_score(is_out, u)),
                     "aupr_in": float(average_precision_score(1 - is_out, -u)),

@@ -132,14 +132,14 @@ class Regression(Task):
         member = torch.randint(loc.shape[1], (num_draws, 1, loc.shape[2]), generator=generator)
         loc, scale = loc.gather(1, member)[:, 0], scale.gather(1, member)[:, 0]
         eps = torch.randn(loc.shape, generator=generator, dtype=torch.float64)
-        return ((loc + scale * eps) * data.y_std + data.y_mean).numpy()
+        return ((loc + scale * eps) * data.y_std + data.y_mean).cpu().numpy()
 
     def comparison_draws(self, pred: PredictiveDraws, data: Dataset, seed: int) -> np.ndarray:
         """Samples of y ``[R, B]`` in original units, several per weight draw."""
         loc, scale = pred.loc.detach().cpu().double(), pred.scale.detach().cpu().double()
         per_draw = max(1, math.ceil(Y_SAMPLES / loc.shape[0]))
         eps = torch.randn((per_draw, *loc.shape), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        return ((loc + scale * eps) * data.y_std + data.y_mean).reshape(-1, loc.shape[-1]).numpy()
+        return ((loc + scale * eps) * data.y_std + data.y_mean).reshape(-1, loc.shape[-1]).cpu().numpy()
 
     def compare(self, run: np.ndarray, reference: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
         """``coverage_95`` (the reference's predictive mass inside the run's central 95% interval; 0.95 is ideal)
@@ -202,7 +202,7 @@ class Classification(Task):
                   ) -> np.ndarray:
         log_probs = self._mixed(pred, num_draws).detach().cpu().double()
         u = torch.rand(log_probs.shape, generator=generator, dtype=torch.float64).clamp(1e-12, 1 - 1e-12)
-        return (log_probs - (-u.log()).log()).argmax(-1).numpy()  # Gumbel-max: one class per draw
+        return (log_probs - (-u.log()).log()).argmax(-1).cpu().numpy()  # Gumbel-max: one class per draw
 
     def comparison_draws(self, pred: PredictiveDraws, data: Dataset, seed: int) -> np.ndarray:
         """The mean predictive class probabilities ``[B, C]``."""
