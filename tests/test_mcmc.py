@@ -325,3 +325,99 @@ def test_many_chain_hmc_at_its_defaults_converges_on_the_toy_bnn():
     assert float(az.rhat(dataset)["f"].max()) <= 1.01
     assert float(az.ess(dataset)["f"].min()) >= 400
     assert int(result.stats["diverging"].sum()) == 0
+
+
+# -- adding draws to a finished many-chain HMC run -----------------------------------------------------------------
+def test_draws_added_to_a_finished_hmc_run_are_those_it_would_have_drawn_from_the_start(tmp_path):
+    short = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6))
+    longer = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=12))
+    data, family, guide, _ = prepare(short)
+    straight = fit_mcmc(family, guide, data, longer.inference, 0, progress=False)
+    first = fit_mcmc(family, guide, data, short.inference, 0, run_dir=tmp_path, progress=False)
+    grown = fit_mcmc(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    for name, value in straight.draws.items():
+        assert grown.draws[name].shape == (4, 12, *value.shape[2:])
+        assert torch.equal(grown.draws[name], value)
+        assert torch.equal(grown.draws[name][:, :6], first.draws[name])
+    for key, value in straight.stats.items():
+        assert torch.equal(grown.stats[key], value)
+    assert grown.seconds > first.seconds and grown.settings == straight.settings
+    again = fit_mcmc(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    assert torch.equal(again.draws["out.weight"], grown.draws["out.weight"])  # finished at 12: nothing to add
+
+
+def test_draws_cannot_be_added_to_a_nuts_run(tmp_path):
+    spec = load_spec(linear_spec("nuts", num_chains=1, warmup_steps=10, num_samples=5))
+    data, family, guide, _ = prepare(spec)
+    fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    more = spec.inference.model_copy(update={"num_samples": 10})
+    with pytest.raises(ZooInputError, match="only to a finished many-chain HMC run"):
+        fit_mcmc(family, guide, data, more, 0, run_dir=tmp_path, resume=True, progress=False)
+
+
+def test_a_resume_may_grow_num_samples_of_hmc_only_and_a_smaller_one_continues_the_run_as_grown(tmp_path):
+    run = tmp_path / "run"
+    train(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6), run, progress=False, echo=None)
+    train(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=10), run, resume=True, progress=False,
+          echo=None)
+    assert yaml.safe_load((run / "spec.yaml").read_text())["inference"]["num_samples"] == 10
+    train(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6), run, resume=True, progress=False,
+          echo=None)  # the first command again: the run stays at 10 draws
+    assert runs.load_torch(run / SAMPLES_FILE)["draws"]["out.weight"].shape[:2] == (4, 10)
+    with pytest.raises(ZooInputError, match="only inference.num_samples may grow"):
+        train(linear_spec("hmc", num_chains=4, warmup_steps=8, num_samples=12), run, resume=True, progress=False,
+              echo=None)
+
+
+def test_zoo_train_add_draws_until_converged_grows_a_run_round_by_round(tmp_path, capsys, monkeypatch):
+    from zoo.cli import STRICT_EXIT, main
+    from zoo.diagnostics import checks
+
+    monkeypatch.setattr(checks, "plot_trace", lambda *args, **kwargs: None)  # 32 chains' plots: 20 s a verdict
+    spec = tmp_path / "linear.yaml"
+    spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=32, warmup_steps=150, num_samples=5)))
+    run = str(tmp_path / "run")
+    assert main(["train", str(spec), "--out", run, "--no-progress"]) == STRICT_EXIT  # 160 draws: ESS < 400
+    # a budget spent at once: one round of 2 draws, then the verdict (still failing) and the way on
+    assert main(["train", str(spec), "--out", run, "--add-draws", "2", "--until-converged", "--budget-minutes",
+                 "1e-6", "--no-progress"]) == STRICT_EXIT
+    out = capsys.readouterr().out
+    assert "sampling to 7 draws per chain" in out and "budget is spent: 7 draws per chain" in out
+    assert main(["train", str(spec), "--out", run, "--add-draws", "100", "--until-converged", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    grown = yaml.safe_load((tmp_path / "run" / "spec.yaml").read_text())["inference"]["num_samples"]
+    assert grown > 7 and (grown - 7) % 100 == 0 and f"sampling to {grown} draws per chain" in out
+    assert out.rstrip().splitlines()[-1].startswith("converged")
+
+
+def test_add_draws_refuses_what_it_cannot_do(tmp_path):
+    from zoo.cli import main
+
+    spec = tmp_path / "linear.yaml"
+    spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6)))
+    empty = str(tmp_path / "empty")
+    assert main(["train", str(spec), "--out", empty, "--add-draws", "5", "--no-progress"]) == 2  # no run there
+    assert main(["train", str(spec), "--out", empty, "--until-converged", "--no-progress"]) == 2  # no N
+    assert main(["train", str(spec), "--out", empty, "--add-draws", "5", "--budget-minutes", "3",
+                 "--no-progress"]) == 2  # a budget bounds --until-converged rounds only
+
+
+def test_the_verdict_names_the_leapfrog_cap_when_it_cut_the_trajectory_chees_settled_on(tmp_path, capsys,
+                                                                                         monkeypatch):
+    from zoo.cli import STRICT_EXIT, main
+    from zoo.diagnostics import checks
+
+    monkeypatch.setattr(checks, "plot_trace", lambda *args, **kwargs: None)
+    spec = tmp_path / "capped.yaml"  # one step per draw: below the two that ChEES settles on for this posterior
+    spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10,
+                                               max_leapfrog_steps=1)))
+    assert main(["train", str(spec), "--out", str(tmp_path / "run"), "--no-progress"]) == STRICT_EXIT
+    verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
+    settings = runs.load_torch(tmp_path / "run" / SAMPLES_FILE)["settings"]
+    wanted = math.ceil(settings["chees_trajectory_length"] / settings["step_size"])
+    assert wanted > 1 and settings["trajectory_length"] <= settings["step_size"] * (1 + 1e-9)
+    assert verdict.startswith("NOT CONVERGED") and f"set inference.max_leapfrog_steps={wanted}" in verdict
+    # uncapped, the same warm-up says nothing of the cap
+    spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10)))
+    main(["train", str(spec), "--out", str(tmp_path / "free"), "--no-progress"])
+    assert "max_leapfrog_steps" not in capsys.readouterr().out

@@ -317,6 +317,27 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------------------------ the object
+def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
+    """The spec a resume of ``run`` continues with: the run's own. Only ``inference.num_samples`` of a method that
+    adds draws (many-chain HMC) may differ: a larger value adds draws to the run, a smaller one continues it as it
+    was asked for (so the first command resumes a run that a later one had grown).
+
+    :raises ZooInputError: when anything else differs.
+    """
+    asked, had = spec.model_dump(), saved.model_dump()
+    if asked == had:
+        return spec
+    grows = spec.inference.method in registry.method_of(spec).adds_draws
+    if not grows or {**asked, "inference": {**asked["inference"], "num_samples": 0}} != {
+            **had, "inference": {**had["inference"], "num_samples": 0}}:
+        raise ZooInputError("--resume", str(run), "the spec differs from the run's spec.yaml; resume with that spec"
+                            + (" (only inference.num_samples may grow, to add draws)" if grows else ""))
+    if spec.inference.num_samples >= saved.inference.num_samples:
+        return spec
+    return spec.model_copy(update={"inference": spec.inference.model_copy(
+        update={"num_samples": saved.inference.num_samples})})
+
+
 class BNN:
     """A Bayesian neural network: ``net`` made Bayesian by a model family, under priors, with a likelihood, fitted
     by an inference method to a posterior.
@@ -471,11 +492,8 @@ class BNN:
         with distributed.joined(resolve_device(spec.device)) as team, (
                 claimed_run_directory(Path(out), resume) if team.is_writer else contextlib.nullcontext(Path(out))
         ) as run:
-            if resume:
-                saved = run / SPEC_FILE
-                if saved.exists() and load_spec(saved).model_dump() != spec.model_dump():
-                    raise ZooInputError("--resume", str(run),
-                                        "the spec differs from the run's spec.yaml; resume with that spec")
+            if resume and (run / SPEC_FILE).exists():
+                spec = self._spec = resumed_spec(spec, load_spec(run / SPEC_FILE), run)
             elif team.is_writer and holds_a_fit(run):
                 raise ZooInputError("--out", str(run),
                                     "already holds a run; pass --resume to continue it, or pick a new --out")

@@ -58,6 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from zoo.sweep import refuse_run_in_sweep
 
     refuse_run_in_sweep(args.out)  # a run and a sweep never share a directory
+    if args.add_draws is not None or args.until_converged or args.budget_minutes is not None:
+        return _add_draws(args, spec)
     if args.nproc != 1:
         return _launch(args, spec)
     try:
@@ -74,6 +76,56 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary.chains:
         return _convergence_verdict(summary.run_dir, args.strict)
     return 0
+
+
+def _add_draws(args: argparse.Namespace, spec) -> int:
+    """``zoo train SPEC --out RUN --add-draws N [--until-converged [--budget-minutes M]]``: continue a finished
+    many-chain HMC run for N more draws per chain, then give its verdict; with ``--until-converged``, again while
+    the verdict fails and the budget lasts. Each round is an ordinary resume, so a round cut short is finished by the
+    same command (or by ``--resume``)."""
+    import time
+
+    from zoo.inference.draws import SAMPLES_FILE
+    from zoo.pipeline import describe, train
+    from zoo.runs import SPEC_FILE, load_checkpoint
+    from zoo.spec import load_spec
+
+    if args.add_draws is None or args.add_draws < 1:
+        raise ZooInputError("--add-draws", args.add_draws, "give the draws per chain each round adds (1 or more); "
+                            "--until-converged and --budget-minutes go with it")
+    if args.budget_minutes is not None and (not args.until_converged or args.budget_minutes <= 0):
+        raise ZooInputError("--budget-minutes", args.budget_minutes, "give a positive number of minutes, with "
+                            "--until-converged (it bounds the rounds)")
+    if args.nproc != 1:
+        raise ZooInputError("--nproc", args.nproc, "rounds of draws run in one process; to grow a run over N "
+                            "processes, resume it with --set inference.num_samples=<total per chain> --nproc N")
+    run = Path(args.out)
+    if not (run / SPEC_FILE).is_file() or not (run / SAMPLES_FILE).is_file():
+        raise ZooInputError("--out", str(run), "holds no MCMC run to add draws to: train it first, without "
+                            "--add-draws")
+    deadline = None if args.budget_minutes is None else time.monotonic() + 60 * args.budget_minutes
+    while True:
+        saved = load_spec(run / SPEC_FILE).inference.num_samples
+        finished = load_checkpoint(run / SAMPLES_FILE).get("done", False)
+        total = saved + args.add_draws if finished else saved  # an unfinished round is finished first
+        inference = spec.inference.model_copy(update={"num_samples": total})
+        console.print(f"{run}: sampling to {total} draws per chain", soft_wrap=True, markup=False)
+        try:
+            summary = train(spec.model_copy(update={"inference": inference}), run, resume=True,
+                            progress=not args.no_progress,
+                            echo=lambda line: console.print(line, soft_wrap=True, markup=False))
+        except KeyboardInterrupt as err:
+            raise Interrupted(signal_of(err), "the round's draws so far are saved: the same command continues "
+                              "it") from None
+        console.print(_metric_list(f"{describe(spec)} on {spec.data.name}, {total} draws per chain",
+                                   summary.metrics))
+        code = _convergence_verdict(summary.run_dir, args.strict)
+        if code == 0 or not args.until_converged:
+            return code
+        if deadline is not None and time.monotonic() > deadline:
+            console.print(f"the {args.budget_minutes:g}-minute budget is spent: {total} draws per chain so far; the "
+                          "same command adds more", soft_wrap=True, markup=False)
+            return code
 
 
 def _launch(args: argparse.Namespace, spec) -> int:
@@ -357,6 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes on this node (torchrun): SVI "
                    "shares each global minibatch, MCMC (nuts, hmc) its chains; other methods are refused; one per "
                    "GPU on CUDA")
+    p.add_argument("--add-draws", type=int, metavar="N", help="continue the finished many-chain HMC run in --out "
+                   "for N more draws per chain (its chains, settings and random stream carried on), then its verdict")
+    p.add_argument("--until-converged", action="store_true", help="with --add-draws: add rounds of N draws until "
+                   f"the convergence verdict passes (exit 0) or --budget-minutes is spent (exit {STRICT_EXIT})")
+    p.add_argument("--budget-minutes", type=float, metavar="M", help="with --until-converged: start no new round "
+                   "after M minutes (the same command adds more later)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="re-evaluate a run directory")

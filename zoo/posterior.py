@@ -148,12 +148,13 @@ class ChainPosterior(SamplePosterior):
     :param family: the model family the draws belong to.
     :param chains: the draws of each chain ``{site: [C, S, ...]}``.
     :param stats: per-draw sampler statistics ``{name: [C, S]}`` (e.g. ``diverging``, ``energy``); none by default.
+    :param settings: the sampler's adapted settings (e.g. ``step_size``), which its convergence advice reads.
     """
 
     def __init__(self, family: ModelFamily, chains: dict[str, torch.Tensor],
-                 stats: dict[str, torch.Tensor] | None = None) -> None:
+                 stats: dict[str, torch.Tensor] | None = None, settings: dict[str, float] | None = None) -> None:
         super().__init__(family, {name: value.flatten(0, 1) for name, value in chains.items()})
-        self.chains, self.stats = chains, stats or {}
+        self.chains, self.stats, self.settings = chains, stats or {}, settings or {}
 
 
 class MaskedPosterior(Posterior):

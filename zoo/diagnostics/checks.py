@@ -375,8 +375,10 @@ def verdict(result: dict[str, Any]) -> str:
                 f"come from {result.get('method', 'a sampler')} without a Metropolis correction, so they are judged "
                 "chain by chain and in function space (the per-chain table), not as one converged MCMC run; they "
                 "are never a reference for zoo compare. zoo train --strict exits 3 on this")
+    advice = "".join(f"; {line}" for line in result.get("advice", []))
     return (f"NOT CONVERGED: {figures}; {len(result['warnings'])} check(s) failed (above). Do not use these draws as "
-            "a reference: run more warm-up and draws (or more chains) and check again with zoo diagnose --strict")
+            "a reference: run more warm-up and draws (or more chains) and check again with zoo diagnose --strict"
+            f"{advice}")
 
 
 def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
@@ -494,13 +496,15 @@ def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict
     # iid draws of an approximation with a density (a guide, or a posterior that scores its draws, e.g. SWAG)
     density = posterior.density()
     if density is not None:
-        draws = {n: torch.tensor(idata.posterior[n].values[0], device=data.x_train.device)
+        draws = {n: torch.tensor(idata.posterior[n].values[0], device=data.device)  # the model's, not the rows'
                  for n in posterior.family.latent_sites()}
         lp = torch.tensor(idata.posterior["lp"].values[0])
         pareto = pareto_k(density, draws, lp)
     out = check(idata, pareto, full_stats)
+    method = registry.method_of(spec)
     return {"run_dir": str(run), "method": attrs["method"], "family": attrs["family"], "data": data.name,
-            "exact_sampler": registry.method_of(spec).exact, **out}, idata
+            "exact_sampler": method.exact, "advice": method.convergence_advice(spec.inference, posterior),
+            **out}, idata
 
 
 def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = True) -> dict[str, Any]:

@@ -57,6 +57,19 @@ class InferenceMethod(ABC):
     # What the processes of ``zoo train --nproc N`` share, by method name (e.g. each global minibatch); a method
     # left out would run its whole fit in every process, so ``--nproc`` is refused for it
     shared_work: ClassVar[dict[str, str]] = {}
+    # The method names whose finished runs take more draws: resumed with a larger ``inference.num_samples``, they
+    # continue their chains to that many draws instead of starting again (a reference grown until it converges)
+    adds_draws: ClassVar[tuple[str, ...]] = ()
+
+    def convergence_advice(self, spec: Any, posterior: Any) -> list[str]:
+        """What to change when this run's draws fail their convergence checks, read off the fit (e.g. a cap the
+        sampler's adaptation ran into); the verdict's generic advice covers the rest. None by default.
+
+        :param spec: the run's ``inference`` section.
+        :param posterior: the run's posterior.
+        :returns: one sentence per setting to change.
+        """
+        return []
 
     def describe(self, spec: Any) -> str:
         """What the run's ``inference`` section does, in a phrase: ``sampled by hmc``.

@@ -59,7 +59,7 @@ def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str 
         raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
                             "finish it with zoo train --resume")
     result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
-    result.posterior = ChainPosterior(family, result.draws, result.stats)
+    result.posterior = ChainPosterior(family, result.draws, result.stats, result.settings)
     return result
 
 

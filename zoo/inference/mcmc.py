@@ -419,6 +419,7 @@ class ManyChainHMC:
         self.log_steps: list[float] = []  # log step-size iterates since dual averaging last restarted
         self.centre: torch.Tensor | None = None  # each chain's running mean position (ChEES)
         self.rows: torch.Tensor | None = None  # function-space ChEES: the rows' log-likelihoods at the chains' z
+        self.chees_length: float | None = None  # the length ChEES settled on, before max_leapfrog_steps cut it
         self.iteration = 0
 
     def state_dict(self) -> dict:
@@ -556,8 +557,8 @@ class ManyChainHMC:
             settled = self.log_steps[len(self.log_steps) // 2:]
             self.step_size = math.exp(sum(settled) / len(settled)) if settled else self.dual.final
             if spec.adapt_trajectory_length and self.adam_t > 0:
-                self.trajectory = min(max(math.exp(self.log_trajectory_average), self.step_size),
-                                      self.step_size * spec.max_leapfrog_steps)
+                self.chees_length = math.exp(self.log_trajectory_average)
+                self.trajectory = min(max(self.chees_length, self.step_size), self.step_size * spec.max_leapfrog_steps)
 
 
 def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,
@@ -624,7 +625,29 @@ def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, 
         f"{potential.evaluations} batched gradients" + (f" per process ({team.size})" if team.size > 1 else ""))
     return {"z": torch.stack(every_chain(kept), dim=1),
             "stats": {k: torch.stack(every_chain(v), dim=1) for k, v in stats.items()},
-            "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory}}
+            "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory}
+            | ({"chees_trajectory_length": sampler.chees_length} if sampler.chees_length else {}),
+            "sampler": sampler.state_dict()}
+
+
+def continuation(state: dict, coords: Coordinates, spec: MCMCSpec, run_dir: Path) -> dict:
+    """The state that continues a finished many-chain HMC run to ``spec.num_samples`` draws per chain: its sampler
+    (positions, adapted settings, random stream) and the draws it kept, as an interrupted run's checkpoint holds
+    them, so the chains go on exactly as if they had been asked for more draws from the start.
+
+    :raises ZooInputError: for a NUTS run, or one stored without its sampler's state.
+    """
+    if state["method"] != "hmc" or "sampler" not in state:
+        why = ("NUTS runs its chains one after another and does not keep their kernels" if state["method"] != "hmc"
+               else "the run was written before finished runs kept their sampler's state")
+        raise ZooInputError("inference.num_samples", spec.num_samples,
+                            f"draws can be added only to a finished many-chain HMC run ({why}); train a new run "
+                            f"with the number of draws wanted, or resume {run_dir} with its own num_samples")
+    draws = state["draws"]
+    z = coords.pack({n: v.flatten(0, 1) for n, v in draws.items()}).unflatten(0, next(iter(draws.values())).shape[:2])
+    return {"z0": state["z0"], "method": "hmc", "done": False, "sampler": state["sampler"],
+            "kept": list(z.unbind(1)), "stats": {k: list(v.unbind(1)) for k, v in state["stats"].items()},
+            "seconds": state["seconds"]}
 
 
 # ------------------------------------------------------------------------------------------ entry point
@@ -664,8 +687,12 @@ def fit_mcmc(
     if resume and state is None:
         raise ZooInputError("--resume", str(run_dir), f"no {SAMPLES_FILE} there to resume; drop --resume")
     if state is not None and state.get("done"):
-        log("the run had finished; nothing to resume")
-        return load_samples(run_dir, family, data.x_train.device)
+        stored = next(iter(state["draws"].values())).shape[1]
+        if spec.num_samples <= stored:
+            log("the run had finished; nothing to resume")
+            return load_samples(run_dir, family, data.x_train.device)
+        state = continuation(state, coords, spec, run_dir)
+        log(f"adding draws: {stored} -> {spec.num_samples} per chain, the chains continued where they stopped")
     torch.manual_seed(seed)
     pyro.set_rng_seed(seed)
     z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, log, start,
@@ -679,25 +706,27 @@ def fit_mcmc(
             save_checkpoint(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
 
     with pyro.validation_enabled(False):  # diverging trajectories reach non-finite values: rejected, not errors
-        draws, stats, seconds, settings = _sample(potential, z0, spec, seed, state, progress, log, write, team)
+        draws, stats, seconds, settings, sampler = _sample(potential, z0, spec, seed, state, progress, log, write,
+                                                           team)
     result = MCMCResult(draws, stats, seconds, spec.method, settings)
-    if path is not None:
+    if path is not None:  # HMC keeps its sampler's state: draws can be added later (see continuation)
         save_checkpoint(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
-                          "seconds": seconds, "settings": settings})
+                          "seconds": seconds, "settings": settings} | ({"sampler": sampler} if sampler else {}))
     diverging = int(stats["diverging"].sum())
     if diverging:
         log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
             "inference.target_accept_prob or reparameterise the prior")
-    result.posterior = ChainPosterior(family, result.draws, result.stats)
+    result.posterior = ChainPosterior(family, result.draws, result.stats, result.settings)
     if monitor is not None:  # no intermediate posterior: scored once, at the end
         monitor.final(result.posterior, data)
     return result
 
 
 def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, state: dict | None, progress: bool,
-            log, write, team: World) -> tuple[dict, dict, float, dict]:
+            log, write, team: World) -> tuple[dict, dict, float, dict, dict | None]:
     """Run the spec's sampler from ``z0`` (or a saved state); every chain's draws by site ``[chains, samples, ...]``
-    (the chains shared by ``team``'s processes)."""
+    (the chains shared by ``team``'s processes), their statistics, seconds, settings and (HMC) the sampler's
+    final state."""
     if spec.method == "nuts":
         chains: list[dict] = state["chains"] if state is not None else []
         unfinished: dict[int, dict] = state.get("unfinished", {}) if state is not None else {}
@@ -707,12 +736,13 @@ def _sample(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, s
         stats = {k: torch.stack([c["stats"][k] for c in chains]) for k in chains[0]["stats"]}
         seconds = sum(c["seconds"] for c in chains)
         settings = {"step_size": sum(c["settings"]["step_size"] for c in chains) / len(chains)}
+        sampler = None
     else:
         out = _run_hmc(potential, z0, spec, seed, progress, log, state, write, team)
-        z, stats, seconds, settings = out["z"], out["stats"], out["seconds"], out["settings"]
+        z, stats, seconds, settings, sampler = out["z"], out["stats"], out["seconds"], out["settings"], out["sampler"]
     with torch.no_grad():
         values, _ = potential.coords.unpack(z.flatten(0, 1))
-    return {n: v.unflatten(0, z.shape[:2]) for n, v in values.items()}, stats, seconds, settings
+    return {n: v.unflatten(0, z.shape[:2]) for n, v in values.items()}, stats, seconds, settings, sampler
 
 
 class MCMC(StoredDraws):
@@ -723,12 +753,26 @@ class MCMC(StoredDraws):
     spec = MCMCSpec
     exact = True
     shared_work = {"nuts": "the chains, one per process at a time", "hmc": "the chains, num_chains / N each"}
+    adds_draws = ("hmc",)
     fitter = staticmethod(fit_mcmc)
     summary = ("nuts: Pyro's NUTS on the family's model, chain after chain (the gold standard); hmc: all chains as "
                "one tensor computation, ChEES-tuned trajectory length")
 
     def describe(self, spec: MCMCSpec) -> str:
         return f"sampled by {spec.method}"
+
+    def convergence_advice(self, spec: MCMCSpec, posterior: Posterior) -> list[str]:
+        """For many-chain HMC: whether ``max_leapfrog_steps`` cut the trajectory length ChEES settled on (the
+        low-noise regime: a tiny step, so the length it wants takes more steps than the cap allows)."""
+        settings = posterior.settings if isinstance(posterior, ChainPosterior) else {}
+        wanted, step = settings.get("chees_trajectory_length"), settings.get("step_size")
+        if spec.method != "hmc" or not wanted or not step or wanted <= step * spec.max_leapfrog_steps:
+            return []
+        steps = math.ceil(wanted / step)
+        return [f"the trajectory was cut at inference.max_leapfrog_steps = {spec.max_leapfrog_steps:,} steps of "
+                f"{step:.3g} (length {step * spec.max_leapfrog_steps:.3g}), where ChEES settled on {wanted:.3g} "
+                f"({steps:,} steps): set inference.max_leapfrog_steps={steps} (each draw then costs up to that "
+                "many gradients) or draw more; with divergences, also raise inference.target_accept_prob"]
 
     def check_processes(self, spec: MCMCSpec, nproc: int) -> None:
         if spec.method == "hmc":  # every process steps an equal share of the chains; NUTS deals them out in rounds
