@@ -84,7 +84,7 @@ def evaluate_run(run_dir: Path, angles: list[float]) -> dict[float, dict[str, fl
     out = {}
     for angle in angles:
         turned = load_spec(spec, f"data.rotation={angle}")
-        rotated = load_dataset(turned.data, spec.seed).to(data.x_train.device, data.x_train.dtype)
+        rotated = load_dataset(turned.data, spec.seed).to(data.device, data.dtype)
         metrics = evaluate(posterior, rotated, spec.inference.predictive_samples, spec.seed)
         out[angle] = {k: float(metrics[k]) for k in METRICS}
     return out

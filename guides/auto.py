@@ -125,6 +125,8 @@ class AutoGuide(Guide):
         if self.spec.auto == "low_rank_mvn":
             check_rank(self.spec.rank, latent_dim(trace))
         values = {n: s.init for n, s in self.sites.items()} | dict(init or {})
+        if example:  # a likelihood's own sites (a learned noise) start on the host; AutoContinuous concatenates all
+            values = {n: v.to(example[0].device) for n, v in values.items()}
         options: dict = {"init_loc_fn": init_to_value(values=values)}
         if self.spec.auto in ("normal", "low_rank_mvn", "mvn"):
             options["init_scale"] = softplus(self.spec.init_rho)

@@ -126,7 +126,7 @@ def _check_regression(loc: Tensor, scale: Tensor, y: Tensor, y_std: float) -> tu
     s, b = loc.shape
     if s == 0 or b == 0:
         raise ValueError(f"loc needs at least one draw and one point; got shape {(s, b)}")
-    scale = torch.as_tensor(scale, dtype=loc.dtype)
+    scale = torch.as_tensor(scale, dtype=loc.dtype, device=loc.device)  # a float noise: beside loc, not on the host
     try:
         bshape = torch.broadcast_shapes(loc.shape, scale.shape)
     except RuntimeError as err:

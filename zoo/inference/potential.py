@@ -276,8 +276,9 @@ def initial_points(family: ModelFamily, coords: Coordinates, chains: int, data: 
     if family.point_parameters():
         raise ZooInputError("inference.init", fresh, "this family has point-estimated weights that this method "
                             "does not fit: train it with SVI first and set inference.init to that run directory")
-    if fresh == "net":
-        return coords.pack(_net_initialisations(family, chains))
+    if fresh == "net":  # a likelihood's own sites (a learned noise) start on the host: to the data's device
+        return coords.pack({n: v.to(device=data.device, dtype=data.dtype)
+                            for n, v in _net_initialisations(family, chains).items()})
     if fresh == "weights":
         log(f"{chains} chain(s) start at the net's own weights")
         return coords.pack({n: s.init.unsqueeze(0).expand(chains, *s.shape).to(device=data.device, dtype=data.dtype)
