@@ -322,6 +322,10 @@ def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
     adds draws (many-chain HMC) may differ: a larger value adds draws to the run, a smaller one continues it as it
     was asked for (so the first command resumes a run that a later one had grown).
 
+    :param spec: the spec the resume was given.
+    :param saved: the run's own spec (its spec.yaml).
+    :param run: the run directory, for the message.
+    :returns: the spec to continue the run with.
     :raises ZooInputError: when anything else differs.
     """
     asked, had = spec.model_dump(), saved.model_dump()
