@@ -635,6 +635,11 @@ def continuation(state: dict, coords: Coordinates, spec: MCMCSpec, run_dir: Path
     (positions, adapted settings, random stream) and the draws it kept, as an interrupted run's checkpoint holds
     them, so the chains go on exactly as if they had been asked for more draws from the start.
 
+    :param state: the finished run's samples.pt.
+    :param coords: the potential's coordinates (the kept draws are stored by site, the sampler works in ``z``).
+    :param spec: the run's ``inference`` section, its ``num_samples`` the new total per chain.
+    :param run_dir: the run directory, for the message.
+    :returns: the state of an unfinished run at the finished run's last draw.
     :raises ZooInputError: for a NUTS run, or one stored without its sampler's state.
     """
     if state["method"] != "hmc" or "sampler" not in state:
