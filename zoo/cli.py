@@ -104,10 +104,10 @@ def _add_draws(args: argparse.Namespace, spec) -> int:
         raise ZooInputError("--out", str(run), "holds no MCMC run to add draws to: train it first, without "
                             "--add-draws")
     deadline = None if args.budget_minutes is None else time.monotonic() + 60 * args.budget_minutes
+    total = load_spec(run / SPEC_FILE).inference.num_samples
+    if load_checkpoint(run / SAMPLES_FILE).get("done", False):  # a round cut short is finished before a new one
+        total += args.add_draws
     while True:
-        saved = load_spec(run / SPEC_FILE).inference.num_samples
-        finished = load_checkpoint(run / SAMPLES_FILE).get("done", False)
-        total = saved + args.add_draws if finished else saved  # an unfinished round is finished first
         inference = spec.inference.model_copy(update={"num_samples": total})
         console.print(f"{run}: sampling to {total} draws per chain", soft_wrap=True, markup=False)
         try:
@@ -115,8 +115,7 @@ def _add_draws(args: argparse.Namespace, spec) -> int:
                             progress=not args.no_progress,
                             echo=lambda line: console.print(line, soft_wrap=True, markup=False))
         except KeyboardInterrupt as err:
-            raise Interrupted(signal_of(err), "the round's draws so far are saved: the same command continues "
-                              "it") from None
+            raise Interrupted(signal_of(err), _what_was_kept(args)) from None
         console.print(_metric_list(f"{describe(spec)} on {spec.data.name}, {total} draws per chain",
                                    summary.metrics))
         code = _convergence_verdict(summary.run_dir, args.strict)
@@ -126,6 +125,7 @@ def _add_draws(args: argparse.Namespace, spec) -> int:
             console.print(f"the {args.budget_minutes:g}-minute budget is spent: {total} draws per chain so far; the "
                           "same command adds more", soft_wrap=True, markup=False)
             return code
+        total += args.add_draws
 
 
 def _launch(args: argparse.Namespace, spec) -> int:
