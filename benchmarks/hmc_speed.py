@@ -1,4 +1,4 @@
-"""HMC speed: the zoo's best sampler against NumPyro's NUTS and BlackJAX's ChEES-HMC on a BNN, by function-space ESS/s.
+"""HMC speed: the zoo's samplers against NumPyro's NUTS, BlackJAX's ChEES-HMC and MAMS on a BNN, by function ESS/s.
 
 Models (``--model``; every side samples exactly the chosen density on the same standardised float32 tensors):
 
@@ -19,12 +19,14 @@ from the spec the zoo side builds (``numpyro_model_of``), so ``--zoo-set`` overr
 or its prior reach every side, and a model the JAX sides cannot write is refused.
 
 Zoo side: the model built as a run builds it (``zoo.spec.load_spec`` -> ``zoo.pipeline.prepare``), sampled by
-``zoo.inference.mcmc.fit_mcmc`` for each ``--zoo-methods`` candidate: ``hmc:C`` is the zoo's many-chain HMC
-(C chains in lockstep, its default adaptation: function-space ChEES trajectory), ``nuts:C`` Pyro's NUTS chain after
-chain (very slow, off by
-default). Time: ``result.seconds``, the wall time of warm-up + sampling; the rest of the ``fit_mcmc`` call
-(start-up: initial points, the check against the traced model, and with ``inference.compile=true`` tracing and
-compiling the potential) is reported as the zoo's compile time, and the whole call as ``seconds_compile_inclusive``.
+``zoo.inference.mcmc.fit_mcmc`` for each ``--zoo-methods`` candidate: ``hmc:C`` is the zoo's many-chain HMC (C
+chains in lockstep, its default adaptation: function-space ChEES trajectory), ``mams:C`` the same sampler with
+``inference.kernel: mams`` (isokinetic dynamics, Metropolis-adjusted, the same adaptation), ``hmc_mclachlan:C`` and
+``mams_mclachlan:C`` those two with ``inference.integrator: mclachlan``, ``nuts:C`` Pyro's NUTS chain after chain
+(very slow, off by default). Time: ``result.seconds``, the wall time of warm-up + sampling; the rest of the
+``fit_mcmc`` call (start-up: initial points, the check against the traced model, and with ``inference.compile=true``
+tracing and compiling the potential) is reported as the zoo's compile time, and the whole call as
+``seconds_compile_inclusive``.
 NumPyro side: the same model written in NumPyro, ``NUTS`` with default settings, one run per
 ``--numpyro-methods`` candidate (``vectorized:C``, ``sequential:C``, ``parallel:C``; ``parallel`` runs one chain
 per host device, of which this script asks XLA for 2 at import time). Time: the wall time of ``mcmc.run``
@@ -51,7 +53,14 @@ when warm-up + samples is a power of two its last draw gets u = 0, a move of zer
 warm-up keeps no per-step record (``get_filter_adapt_info_fn()``; nothing here reads it). Time: as NumPyro's, the
 wall time of initialisation (prior draws), warm-up and sampling, blocked on the results, measured once, with the
 JAX compile events during it reported as compile time; divergences and leapfrog steps are the sampling phase's.
-``--blackjax-methods ''`` skips the side.
+``adjusted_mclmc:C`` is BlackJAX's Metropolis-adjusted microcanonical sampler (MAMS) as its documentation runs it:
+each of the C chains tuned on its own by ``adjusted_mclmc_find_L_and_step_size`` (dual averaging to 0.9 acceptance,
+the target its docs use, as the function has no default; diagonal preconditioning; BlackJAX 1.7's default of an
+average of 2 integration steps per proposal; its two tuning passes given ``--warmup`` iterations in equal halves),
+then ``adjusted_mclmc_dynamic`` draws (isokinetic McLachlan, two gradients a step; the number of steps drawn
+uniformly with that mean), the chains vmapped; its settings are the chains' medians. ``--blackjax-methods ''``
+(or ``--numpyro-methods ''``) skips the side. Every row also gives the gradients per draw (sampling phase) and the min
+ESS per 1,000 of them over all chains: what a gradient buys, whatever it costs.
 
 Figure: function-space ESS. f(x), the net's output (the mean of y, standardised), at five inputs: on ``toy``
 over the whole input range (outside left, left cluster, the gap's centre, right cluster, outside right: -1.5,
@@ -115,9 +124,11 @@ NOISE = 0.1  # toy: likelihood sigma in ORIGINAL target units (the spec's conven
 X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # toy, original input units: outside, left cluster, gap, right cluster, outside
 TEST_ROWS = 5  # UCI: f is read at the first this many test rows of the split
 JAX_ACTIVATIONS = ("tanh", "relu")  # the hidden activations the NumPyro model writes
-ZOO_METHODS = ("hmc", "nuts")
+# mams: method hmc with inference.kernel mams; a _mclachlan suffix: inference.integrator mclachlan
+ZOO_METHODS = ("hmc", "mams", "nuts", "hmc_mclachlan", "mams_mclachlan")
 NUMPYRO_METHODS = ("vectorized", "sequential", "parallel")
-BLACKJAX_METHODS = ("chees", "chees_diag")
+BLACKJAX_METHODS = ("chees", "chees_diag", "adjusted_mclmc")
+MCLMC_TARGET_ACCEPT = 0.9  # adjusted_mclmc_find_L_and_step_size has no default target; 0.9 as BlackJAX's docs run it
 CHEES_LEARNING_RATE = 0.025  # Adam on the log trajectory length, as BlackJAX's ChEES documentation runs it
 CHEES_INITIAL_STEP_SIZE = 0.01
 INSTALL_HINT = "hmc_speed.py needs NumPyro and JAX (pip install -e .[bench]) and ArviZ (pip install arviz)"
@@ -195,10 +206,18 @@ def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: l
         sections["data"]["dir"] = data_dir
     return zoo.spec.load_spec({
         **sections,
-        "inference": {"method": method, "num_chains": chains, "warmup_steps": warmup, "num_samples": samples},
+        "inference": zoo_sampler(method) | {"num_chains": chains, "warmup_steps": warmup, "num_samples": samples},
         "device": "cpu",
         "seed": DATA_SEED,
     }, overrides)
+
+
+def zoo_sampler(method: str) -> dict:
+    """A zoo candidate's name as its inference settings: ``hmc`` (ChEES-HMC), ``mams``, ``nuts``, and the first two
+    with ``_mclachlan`` (the two-stage integrator)."""
+    name, _, integrator = method.partition("_")
+    return ({"method": "hmc", "kernel": "mams"} if name == "mams" else {"method": name}) | (
+        {"integrator": integrator} if integrator else {})
 
 
 def resolve_data_dir(explicit: str | None) -> str:
@@ -255,7 +274,18 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchMode
         row["mean_tree_depth"] = float(result.stats["tree_depth"].float().mean())
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], total)
+    per_step = len(zoo.inference.mcmc.INTEGRATORS[spec.inference.integrator][1])  # gradients per integrator step
+    add_gradient_figures(row, per_step * row["leapfrog_steps_per_draw"] if steps is not None else None)
     return row
+
+
+def add_gradient_figures(row: dict, gradients_per_draw: float | None) -> None:
+    """What a gradient buys: ``gradients_per_draw`` (of the sampling phase, per chain) and min ESS per 1,000 of the
+    sampling phase's gradients over all chains (the cost of a gradient aside)."""
+    row["gradients_per_draw"] = gradients_per_draw
+    spent = gradients_per_draw * row["chains"] * row["samples"] if gradients_per_draw else None
+    row["min_ess_per_1k_gradients"] = (1000 * row["min_ess"] / spent
+                                       if spent and row.get("min_ess") is not None else None)
 
 
 # ------------------------------------------------------------------------------------------ NumPyro side
@@ -371,7 +401,7 @@ def run_numpyro(method: str, chains: int, args: argparse.Namespace, problem: Pro
 
 
 def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, draws: dict, wall: float,
-            compile_seconds: float, divergent, n_steps, **extra) -> dict:
+            compile_seconds: float, divergent, n_steps, gradients_per_step: int = 1, **extra) -> dict:
     """One JAX-side candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and
     R-hat of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
     import jax
@@ -384,6 +414,7 @@ def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, 
            "host_devices": jax.local_device_count(), **extra, **diagnostics(f)}
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
+    add_gradient_figures(row, gradients_per_step * row["leapfrog_steps_per_draw"])
     return row
 
 
@@ -447,6 +478,50 @@ def chees_sampler(logdensity: Callable, chains: int, warmup: int, samples: int, 
     return jax.jit(run)
 
 
+def adjusted_mclmc_sampler(logdensity: Callable, chains: int, warmup: int, samples: int) -> Callable:
+    """``run(key, positions)``, jitted: BlackJAX's adjusted MCLMC (MAMS), each chain tuned on its own by
+    ``adjusted_mclmc_find_L_and_step_size`` for ``warmup`` iterations (its two dual-averaging passes, equal halves,
+    diagonal preconditioning, its default average of 2 integration steps per proposal), then ``samples`` draws of
+    ``adjusted_mclmc_dynamic`` (isokinetic McLachlan integrator, steps drawn uniformly with that mean); the chains
+    are vmapped. Returns what :func:`chees_sampler` returns, the step size and length of every chain (each chain
+    tunes its own)."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+    from blackjax.mcmc.adjusted_mclmc import rescale
+
+    def steps_of(key, average):  # the number of integration steps of one proposal, mean ``average``
+        return jnp.ceil(jax.random.uniform(key) * rescale(average)).astype(jnp.int32)
+
+    kernel = blackjax.mcmc.adjusted_mclmc_dynamic.build_kernel(integration_steps_fn=steps_of)
+    half = warmup / (2 * samples)  # the two passes' fractions of num_steps = samples: warmup iterations in all
+
+    def one_chain(key, position):
+        init_key, tune_key, sample_key = jax.random.split(key, 3)
+        state = blackjax.mcmc.adjusted_mclmc_dynamic.init(position, logdensity, init_key)
+        state, params, _ = blackjax.adjusted_mclmc_find_L_and_step_size(
+            mclmc_kernel=kernel, logdensity_fn=logdensity, num_steps=samples, state=state, rng_key=tune_key,
+            target=MCLMC_TARGET_ACCEPT, frac_tune1=half, frac_tune2=half)
+        average = params.L / params.step_size
+
+        def draw(state, key):
+            state, info = kernel(key, state, logdensity, params.step_size,
+                                 inverse_mass_matrix=params.inverse_mass_matrix,
+                                 integration_steps_params=(average,))
+            return state, (state.position, info.is_divergent, info.num_integration_steps)
+
+        _, (draws, divergent, n_steps) = jax.lax.scan(draw, state, jax.random.split(sample_key, samples))
+        return draws, divergent, n_steps, params.step_size, params.L
+
+    def run(rng_key, positions):
+        draws, divergent, n_steps, step_size, length = jax.vmap(one_chain)(jax.random.split(rng_key, chains),
+                                                                           positions)
+        # [chains, samples, ...] -> [samples, chains, ...] as chees_sampler returns them
+        return jnp.swapaxes(draws, 0, 1), divergent.T, n_steps.T, step_size, length
+
+    return jax.jit(run)
+
+
 def run_blackjax(method: str, chains: int, args: argparse.Namespace, problem: Problem) -> dict:
     """One BlackJAX candidate (``chees`` or ``chees_diag``): ChEES-tuned jittered HMC on the NumPyro model's density,
     timed like NumPyro's run (prior draws, warm-up and sampling, blocked on) with JAX's compile time measured inside."""
@@ -457,13 +532,26 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, problem: Pr
     compile_before = clock.seconds
     started = time.perf_counter()
     logdensity, positions, site_values = blackjax_problem(problem.model, problem.data, chains, init_key)
-    run = chees_sampler(logdensity, chains, args.warmup, args.samples, diagonal=method == "chees_diag")
+    run = (adjusted_mclmc_sampler(logdensity, chains, args.warmup, args.samples) if method == "adjusted_mclmc"
+           else chees_sampler(logdensity, chains, args.warmup, args.samples, diagonal=method == "chees_diag"))
     draws, divergent, n_steps, step_size, length = jax.block_until_ready(run(run_key, positions))
     wall = time.perf_counter() - started
     compile_seconds = min(clock.seconds - compile_before, wall)  # before the conversion below compiles its own
     values = jax.vmap(jax.vmap(site_values))(jax.numpy.swapaxes(draws, 0, 1))  # {site: [chains, samples, ...]}
     return jax_row("blackjax", method, args, problem, values, wall, compile_seconds, divergent, n_steps,
-                   settings={"step_size": float(step_size), "trajectory_length": float(length)})
+                   gradients_per_step=2 if method == "adjusted_mclmc" else 1,  # McLachlan: two gradients a step
+                   settings=tuned_settings(np.asarray(step_size), np.asarray(length)))
+
+
+def tuned_settings(step_size: np.ndarray, length: np.ndarray) -> dict:
+    """The adapted step size and trajectory length; where each chain tuned its own (adjusted MCLMC), their medians
+    over the chains whose tuning ended finite, and how many did not."""
+    if step_size.ndim == 0:
+        return {"step_size": float(step_size), "trajectory_length": float(length)}
+    finite = np.isfinite(step_size) & np.isfinite(length)
+    return {"step_size": float(np.median(step_size[finite])) if finite.any() else float("nan"),
+            "trajectory_length": float(np.median(length[finite])) if finite.any() else float("nan"),
+            "chains_tuned_to_nan": int((~finite).sum())}
 
 
 # ------------------------------------------------------------------------------------------ driver
@@ -506,12 +594,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=200, help="warm-up iterations per chain")
     parser.add_argument("--samples", type=int, default=200, help="kept draws per chain")
     parser.add_argument("--zoo-methods", default="hmc:64",
-                        help="zoo candidates METHOD:CHAINS, comma-separated (hmc, nuts); e.g. hmc:128,nuts:2")
+                        help="zoo candidates METHOD:CHAINS, comma-separated (hmc: ChEES-HMC, mams, nuts; "
+                        "hmc_mclachlan, mams_mclachlan: with the two-stage integrator); e.g. hmc:128,mams:128,nuts:2")
     parser.add_argument("--numpyro-methods", default="vectorized:4,sequential:4,parallel:2",
-                        help="NumPyro NUTS candidates CHAIN_METHOD:CHAINS (vectorized, sequential, parallel)")
+                        help="NumPyro NUTS candidates CHAIN_METHOD:CHAINS (vectorized, sequential, parallel); '' "
+                        "skips the side")
     parser.add_argument("--blackjax-methods", default="chees:64,chees_diag:64",
                         help="BlackJAX candidates METHOD:CHAINS (chees: ChEES-tuned dynamic HMC; chees_diag: the same "
-                        "with BlackJAX's diagonal mass matrix); '' skips the side")
+                        "with BlackJAX's diagonal mass matrix; adjusted_mclmc: BlackJAX's MAMS, each chain tuned by "
+                        "adjusted_mclmc_find_L_and_step_size); '' skips the side")
     parser.add_argument("--threads", type=int, help="torch intra-op threads; 1 also makes XLA's CPU compute "
                         "single-threaded per device (default: each library's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both samplers (the data set stays seed 0)")
@@ -533,7 +624,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--warmup must be >= 1 and --samples >= 4 (ESS needs a few draws per chain)")
     try:
         zoo_candidates = parse_candidates(args.zoo_methods, ZOO_METHODS, "--zoo-methods")
-        numpyro_candidates = parse_candidates(args.numpyro_methods, NUMPYRO_METHODS, "--numpyro-methods")
+        numpyro_candidates = (parse_candidates(args.numpyro_methods, NUMPYRO_METHODS, "--numpyro-methods")
+                              if args.numpyro_methods.strip() else [])
         blackjax_candidates = (parse_candidates(args.blackjax_methods, BLACKJAX_METHODS, "--blackjax-methods")
                                if args.blackjax_methods.strip() else [])
     except ValueError as exc:
@@ -675,7 +767,7 @@ def print_tables(results: dict) -> None:
                         f"{ESS_MIN:.0f}, no divergences (torch threads {results['torch_threads']}, "
                         f"{results['host_devices']} XLA host devices)")
     for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
-                "divergences", "leapfrog/draw", "converged"):
+                "divergences", "leapfrog/draw", "grad/draw", "ESS/1k grad", "converged"):
         table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
     for side in ("zoo", "numpyro", "blackjax"):
         for name, row in results[side].items():
@@ -684,6 +776,7 @@ def print_tables(results: dict) -> None:
                           _fmt(row["min_ess"], ".0f"), _fmt(row["min_ess_per_s"], ".2f"),
                           _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
                           str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"),
+                          _fmt(row.get("gradients_per_draw"), ".0f"), _fmt(row.get("min_ess_per_1k_gradients"), ".2f"),
                           "yes" if row["converged"] else "NO")
     summary = Table(title="zoo best ÷ NumPyro best, the headline, and ÷ BlackJAX best (min ESS/s; higher is better)")
     for col in ("figure", "zoo best", "peer best", "ratio", f"≥ {TARGET_RATIO}"):
@@ -704,7 +797,7 @@ def print_tables(results: dict) -> None:
                                 f"{peer} {peer_name}: "
                                 f"{_fmt(results[f'{peer}_best{suffix}_min_ess_per_s{inclusive}'], '.2f')}",
                                 _fmt(r, ".3f"), target)
-    console = Console(width=max(Console().width, 170))  # wide enough for every column when piped to a file
+    console = Console(width=max(Console().width, 210))  # wide enough for every column when piped to a file
     console.print(table)
     console.print(summary)
 

@@ -45,12 +45,13 @@ def test_every_family_trains_and_predicts_on_cuda(family, tmp_path):
     assert on_device(draws.log_probs)
 
 
-@pytest.mark.parametrize("method", ["hmc", "nuts"])
-def test_samplers_run_on_cuda(method, tmp_path):
+@pytest.mark.parametrize(("method", "kernel"), [("hmc", {}), ("hmc", {"kernel": "mams", "integrator": "mclachlan"}),
+                                               ("nuts", {})], ids=["hmc", "hmc-mams-mclachlan", "nuts"])
+def test_samplers_run_on_cuda(method, kernel, tmp_path):
     spec = load_spec({"data": {"name": "toy_gap", "n_train": 40}, "net": {"hidden": [8], "activation": "tanh"},
                       "model": {"family": "all_weights"}, "guide": {"name": "delta"}, "likelihood": {"noise": 0.1},
                       "inference": {"method": method, "num_chains": 4 if method == "hmc" else 1,
-                                    "warmup_steps": 20, "num_samples": 20}, "device": DEVICE, "seed": 0})
+                                    "warmup_steps": 20, "num_samples": 20, **kernel}, "device": DEVICE, "seed": 0})
     summary = train(spec, tmp_path / method, progress=False, echo=None)
     assert math.isfinite(summary.metrics["test_ll"])
 

@@ -169,10 +169,11 @@ def draws(run: Path) -> dict[str, torch.Tensor]:
 
 
 @needs_two_cores
-def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkpoint(tmp_path):
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
+def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkpoint(tmp_path, kernel):
     """The adaptation pools all chains in one order and each process draws every chain's random numbers, so the
-    draws are bit-identical; a checkpoint written by two processes continues in one."""
-    spec = write(tmp_path / "s.yaml", HMC)
+    draws are bit-identical; a checkpoint written by two processes continues in one. Both kernels."""
+    spec = write(tmp_path / "s.yaml", {**HMC, "inference": {**HMC["inference"], "kernel": kernel}})
     assert main(["train", str(spec), "--out", str(tmp_path / "one"), "--no-progress"]) in (0, 3)
     assert main(["train", str(spec), "--out", str(tmp_path / "two"), "--no-progress", "--nproc", "2"]) in (0, 3)
     one, two = draws(tmp_path / "one"), draws(tmp_path / "two")

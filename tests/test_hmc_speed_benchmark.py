@@ -34,18 +34,30 @@ ROW_KEYS = {"side", "method", "chains", "warmup", "samples", "seconds", "compile
 def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
     pytest.importorskip("blackjax", reason="the BlackJAX side needs the bench extra: pip install -e .[bench]")
     out = tmp_path / "hmc_speed.json"
-    hmc_speed.main(["--warmup", "10", "--samples", "10", "--zoo-methods", "hmc:4", "--numpyro-methods",
-                    "vectorized:2", "--blackjax-methods", "chees:2", "--zoo-set", "inference.max_leapfrog_steps=8",
-                    "--json", str(out)])
+    hmc_speed.main(["--warmup", "10", "--samples", "10", "--zoo-methods", "hmc:4,mams:4", "--numpyro-methods",
+                    "vectorized:2", "--blackjax-methods", "chees:2,adjusted_mclmc:2", "--zoo-set",
+                    "inference.max_leapfrog_steps=8", "--json", str(out)])
     figures = json.loads(out.read_text())
     assert figures["warmup"] == 10 and figures["samples"] == 10 and figures["n_train"] == 100
     assert figures["noise_original_units"] == 0.1
     assert figures["noise_standardised"] == pytest.approx(0.1 / figures["y_std"])
     assert len(figures["x_eval"]) == len(figures["x_eval_standardised"]) == 5
-    assert set(figures["zoo"]) == {"hmc:4"} and set(figures["numpyro"]) == {"vectorized:2"}
-    assert figures["zoo_best"] == "hmc:4" and figures["numpyro_best"] == "vectorized:2"
-    assert set(figures["blackjax"]) == {"chees:2"} and figures["blackjax_best"] == "chees:2"
+    assert set(figures["zoo"]) == {"hmc:4", "mams:4"} and set(figures["numpyro"]) == {"vectorized:2"}
+    assert figures["numpyro_best"] == "vectorized:2"
+    assert set(figures["blackjax"]) == {"chees:2", "adjusted_mclmc:2"}
     zoo, npy, bjx = figures["zoo"]["hmc:4"], figures["numpyro"]["vectorized:2"], figures["blackjax"]["chees:2"]
+    mams, mclmc = figures["zoo"]["mams:4"], figures["blackjax"]["adjusted_mclmc:2"]
+    # what a gradient buys: ESS per 1,000 of the sampling phase's gradients (McLachlan takes two a step)
+    for row, per_step in ((zoo, 1), (mams, 1), (npy, 1), (bjx, 1), (mclmc, 2)):
+        assert row["gradients_per_draw"] == per_step * row["leapfrog_steps_per_draw"]
+        assert row["min_ess_per_1k_gradients"] == pytest.approx(
+            1000 * row["min_ess"] / (row["gradients_per_draw"] * row["chains"] * row["samples"]))
+    assert mams["leapfrog_steps_per_draw"] <= 8
+    assert set(mclmc["settings"]) == {"step_size", "trajectory_length", "chains_tuned_to_nan"}
+    # the best of a side is its highest min ESS/s, and the ratios are the best's
+    for side in ("zoo", "blackjax"):
+        assert figures[f"{side}_best"] == max(figures[side], key=lambda k: figures[side][k]["min_ess_per_s"])
+    zoo_best, bjx_best = figures["zoo"][figures["zoo_best"]], figures["blackjax"][figures["blackjax_best"]]
     assert set(bjx) == set(npy) | {"settings"} and bjx["side"] == "blackjax"
     assert set(bjx["settings"]) == {"step_size", "trajectory_length"}
     assert bjx["settings"]["step_size"] > 0 and bjx["settings"]["trajectory_length"] > 0
@@ -66,22 +78,22 @@ def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
     assert bjx["min_ess_per_s_compile_inclusive"] == bjx["min_ess"] / bjx["seconds_compile_inclusive"]
     assert {"ratio_zoo_over_numpyro", "ratio_zoo_over_numpyro_compile_inclusive"} <= {k for k in figures if
                                                                                        "ratio" in k}
-    assert figures["zoo_best_min_ess_per_s"] == zoo["min_ess_per_s"]
+    assert figures["zoo_best_min_ess_per_s"] == zoo_best["min_ess_per_s"]
     assert figures["numpyro_best_min_ess_per_s"] == npy["min_ess_per_s"]
-    assert figures["ratio_zoo_over_numpyro"] == zoo["min_ess_per_s"] / npy["min_ess_per_s"]
-    assert figures["blackjax_best_min_ess_per_s"] == bjx["min_ess_per_s"]
-    assert figures["ratio_zoo_over_blackjax"] == zoo["min_ess_per_s"] / bjx["min_ess_per_s"]
-    assert figures["ratio_zoo_over_blackjax_compile_inclusive"] == (
-        zoo["min_ess_per_s_compile_inclusive"] / bjx["min_ess_per_s_compile_inclusive"])
+    assert figures["ratio_zoo_over_numpyro"] == zoo_best["min_ess_per_s"] / npy["min_ess_per_s"]
+    assert figures["blackjax_best_min_ess_per_s"] == bjx_best["min_ess_per_s"]
+    assert figures["ratio_zoo_over_blackjax"] == zoo_best["min_ess_per_s"] / bjx_best["min_ess_per_s"]
     assert {"blackjax", "optax"} <= set(figures["versions"])
     assert zoo["compile_seconds"] >= 0 and zoo["seconds_compile_inclusive"] == pytest.approx(
         zoo["seconds"] + zoo["compile_seconds"])
     assert zoo["min_ess_per_s_compile_inclusive"] == zoo["min_ess"] / zoo["seconds_compile_inclusive"]
+    inclusive_best = figures["zoo"][figures["zoo_best_compile_inclusive"]]
     assert figures["ratio_zoo_over_numpyro_compile_inclusive"] == (
-        zoo["min_ess_per_s_compile_inclusive"] / npy["min_ess_per_s_compile_inclusive"])
+        inclusive_best["min_ess_per_s_compile_inclusive"] / npy["min_ess_per_s_compile_inclusive"])
     assert figures["ratio_within_target"] is (figures["ratio_zoo_over_numpyro"] >= hmc_speed.TARGET_RATIO)
     printed = capsys.readouterr().out
     assert "zoo hmc:4" in printed and "numpyro vectorized:2" in printed and "blackjax chees:2" in printed
+    assert "zoo mams:4" in printed and "blackjax adjusted_mclmc:2" in printed and "ESS/1k grad" in printed
     assert "ratio" in printed and "÷ BlackJAX" in printed
     assert "…" not in printed  # no column cut short when the output is not a terminal
     # ten draws per chain cannot reach ESS 400: no candidate is converged, so no "converged" best or ratio

@@ -66,7 +66,8 @@ def assert_matches_conjugate(result, data, temperature: float = 1.0) -> tuple[to
                  marks=COMPILED_STEP_MARKS),
     pytest.param("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "compile": True},
                  marks=COMPILED_STEP_MARKS),
-], ids=["nuts", "hmc", "nuts-compiled", "hmc-compiled"])
+    ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "kernel": "mams"}),
+], ids=["nuts", "hmc", "nuts-compiled", "hmc-compiled", "hmc-mams"])
 def test_samplers_recover_the_conjugate_linear_regression_posterior(method, settings):
     spec = load_spec(linear_spec(method, **settings))
     data, family, guide, _ = prepare(spec)
@@ -79,8 +80,10 @@ def test_samplers_recover_the_conjugate_linear_regression_posterior(method, sett
     assert abs(float(corr - got_corr)) < (0.15 if method == "nuts" else 0.1)
     n_chains = settings["num_chains"]
     assert result.draws["out.weight"].shape == (n_chains, settings["num_samples"], 1, 1)
-    for name in ("energy", "acceptance_rate", "diverging", "step_size"):
+    for name in ("acceptance_rate", "diverging", "step_size"):
         assert result.stats[name].shape == (n_chains, settings["num_samples"])
+    # the Hamiltonian (for E-BFMI) where there is one: MAMS's unit-speed velocity has no Gaussian kinetic energy
+    assert ("energy" in result.stats) is (settings.get("kernel") != "mams")
     assert int(result.stats["diverging"].sum()) == 0
     assert 0.5 < float(result.stats["acceptance_rate"].mean()) <= 1.0
     assert ("tree_depth" if method == "nuts" else "n_steps") in result.stats
@@ -228,8 +231,10 @@ def test_point_estimated_weights_need_a_fitted_run_to_start_from():
         fit_mcmc(family, guide, data, spec.inference, 0, progress=False)
 
 
-def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch):
-    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6, checkpoint_every=4))
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
+def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, kernel):
+    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6, checkpoint_every=4,
+                                 kernel=kernel))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, mcmc)
     full = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
@@ -421,3 +426,107 @@ def test_the_verdict_names_the_leapfrog_cap_when_it_cut_the_trajectory_chees_set
     spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10)))
     main(["train", str(spec), "--out", str(tmp_path / "free"), "--no-progress"])
     assert "max_leapfrog_steps" not in capsys.readouterr().out
+
+
+# -- MAMS: the isokinetic kernel -----------------------------------------------------------------------------------
+def unit_rows(*shape: int, seed: int = 0) -> torch.Tensor:
+    rows = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return rows / rows.norm(dim=-1, keepdim=True)
+
+
+def test_esh_velocity_update_is_the_exact_flow_under_a_constant_score():
+    velocity, score = unit_rows(5, 7), 3.0 * torch.randn(5, 7, generator=torch.Generator().manual_seed(1),
+                                                          dtype=torch.float64)
+    turned, change = mcmc.esh_velocity_update(velocity, score, 0.3)
+    torch.testing.assert_close(turned.norm(dim=-1), torch.ones(5, dtype=torch.float64))  # unit speed kept
+    # a flow: two updates of 0.1 and 0.2 are one of 0.3, their kinetic energy changes adding up
+    half, first = mcmc.esh_velocity_update(velocity, score, 0.1)
+    whole, second = mcmc.esh_velocity_update(half, score, 0.2)
+    torch.testing.assert_close(whole, turned)
+    torch.testing.assert_close(first + second, change)
+    # along the score the velocity stays put and the kinetic energy falls by step |score| (the potential's own
+    # change along a unit-speed move): (D - 1)(delta - log 2 + log 2) = step |score|; against it, it rises as much
+    direction = score / score.norm(dim=-1, keepdim=True)
+    for sign in (1.0, -1.0):
+        still, moved = mcmc.esh_velocity_update(sign * direction, score, 0.3)
+        torch.testing.assert_close(still, sign * direction)
+        torch.testing.assert_close(moved, sign * 0.3 * score.norm(dim=-1))
+    # no time, no change
+    same, none = mcmc.esh_velocity_update(velocity, score, 0.0)
+    torch.testing.assert_close(same, velocity)
+    torch.testing.assert_close(none, torch.zeros(5, dtype=torch.float64))
+
+
+def sampler_in_the_bulk(kernel: str = "mams", integrator: str = "leapfrog",
+                        step_size: float = 0.05) -> mcmc.ManyChainHMC:
+    """The many-chain sampler on the conjugate model, three chains in its posterior's bulk, under a metric near (not
+    equal to) its variances. (Far out in the tails a D = 2 target's score, over D - 1 = 1, turns MAMS's velocity
+    almost completely within a step: exact, but so contracting a map that its inverse amplifies rounding error by
+    ~e^(step |score|).)"""
+    spec = load_spec(linear_spec("hmc", num_chains=3, kernel=kernel, integrator=integrator, step_size=step_size))
+    data, family, _, _ = prepare(spec)
+    potential = Potential(family, data)
+    mean, cov = closed_form(data, NOISE / data.y_std)
+    z0 = mean + cov.diagonal().sqrt() * torch.randn(3, 2, generator=torch.Generator().manual_seed(2),
+                                                    dtype=torch.float64)
+    sampler = mcmc.ManyChainHMC(potential, z0, spec.inference, torch.Generator().manual_seed(0))
+    sampler.inv_mass = cov.diagonal() * torch.tensor([0.5, 2.0], dtype=torch.float64)  # whitening is exercised
+    return sampler
+
+
+def energy_error(sampler: mcmc.ManyChainHMC, velocity: torch.Tensor, steps: int) -> torch.Tensor:
+    """The Metropolis test's energy error of one trajectory (MAMS: potential plus kinetic change; HMC: H)."""
+    z, v, energy, _, kinetic = sampler._integrate(sampler.z, velocity, sampler.grad, steps)
+    if sampler.spec.kernel == "mams":
+        return energy + kinetic - sampler.energy
+    hamiltonian = lambda u, p: u + 0.5 * (sampler.inv_mass * p**2).sum(-1)  # noqa: E731
+    return hamiltonian(energy, v) - hamiltonian(sampler.energy, velocity)
+
+
+def start_velocity(sampler: mcmc.ManyChainHMC) -> torch.Tensor:
+    noise = torch.randn(3, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if sampler.spec.kernel == "mams":
+        return noise / noise.norm(dim=-1, keepdim=True)
+    return noise / sampler.inv_mass.sqrt()
+
+
+@pytest.mark.parametrize("integrator", ["leapfrog", "mclachlan"])
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
+def test_trajectories_are_reversible_and_their_energy_error_shrinks_as_the_step_squared(kernel, integrator):
+    sampler = sampler_in_the_bulk(kernel, integrator)
+    velocity = start_velocity(sampler)
+    z, v, _, grad, kinetic = sampler._integrate(sampler.z, velocity, sampler.grad, 20)
+    back, v_back, _, _, kinetic_back = sampler._integrate(z, -v, grad, 20)
+    torch.testing.assert_close(back, sampler.z)  # flip the velocity and the trajectory retraces itself ...
+    torch.testing.assert_close(-v_back, velocity)
+    torch.testing.assert_close(torch.as_tensor(kinetic_back), -torch.as_tensor(kinetic))  # ... undoing its change
+    time = 0.8 * sampler.time_scale  # a fixed integration time, at two step sizes
+    sampler.step_size = time / 20
+    coarse = energy_error(sampler, velocity, 20).abs()
+    sampler.step_size = time / 40
+    fine = energy_error(sampler, velocity, 40).abs()
+    assert bool((coarse > 1e-9).all())  # a real error to compare
+    torch.testing.assert_close(coarse / fine, torch.full_like(coarse, 4.0), rtol=0.2, atol=0.0)  # second order
+
+
+@pytest.mark.parametrize("kernel", ["chees", "mams"])
+def test_mclachlan_has_a_smaller_energy_error_than_leapfrog_per_gradient(kernel):
+    errors = {}
+    for integrator, steps in (("leapfrog", 40), ("mclachlan", 20)):  # 40 gradients each, the same time
+        sampler = sampler_in_the_bulk(kernel, integrator)
+        sampler.step_size = 0.8 * sampler.time_scale / steps
+        errors[integrator] = energy_error(sampler, start_velocity(sampler), steps).abs()
+    assert bool((errors["mclachlan"] < errors["leapfrog"] / 2).all()), errors
+
+
+def test_mams_starts_from_hmc_scaled_settings_and_aims_at_its_own_acceptance():
+    sampler = sampler_in_the_bulk("mams", step_size=0.05)
+    assert sampler.step_size == pytest.approx(0.05 * math.sqrt(2))  # unit speed: sqrt(D) times HMC's time
+    assert sampler.spec.target_accept_prob == mcmc.MAMS_TARGET_ACCEPT == 0.9
+    assert load_spec(linear_spec("hmc", kernel="mams", target_accept_prob=0.7)).inference.target_accept_prob == 0.7
+    assert load_spec(linear_spec("hmc")).inference.target_accept_prob == 0.8
+    with pytest.raises(ZooInputError, match="kernel of the many-chain method 'hmc'"):
+        load_spec(linear_spec("nuts", kernel="mams"))
+    with pytest.raises(ZooInputError, match="option of the many-chain method 'hmc'"):
+        load_spec(linear_spec("nuts", integrator="mclachlan"))
+

@@ -19,6 +19,14 @@ looping start cannot survive), and ChEES refines it by Adam on log T. By default
 training rows' log-likelihoods (``trajectory_criterion: function``): function space is what predictions depend
 on, and it is the same for every permutation of hidden units, where the weights' own criterion rewards the
 slowest weight direction. The sampling phase uses a running average of log T since the last metric change.
+
+The many-chain sampler has two kernels under that one adaptation (``inference.kernel``): ``chees``, HMC with a
+Gaussian momentum, and ``mams``, the Metropolis-adjusted microcanonical sampler (Robnik, Cohn-Gordon & Seljak 2025):
+a unit-speed velocity in the whitened coordinates, refreshed uniformly on the sphere every draw, moved by the
+isokinetic (ESH) dynamics, whose exact velocity update under a constant gradient gives a kinetic energy change that
+replaces HMC's kinetic energy in the Metropolis test. MAMS aims at 0.9 acceptance and measures its step and length in
+units sqrt(D) larger (unit speed against HMC's |p| ~ sqrt(D)). Either integrates by leapfrog or by McLachlan's
+minimal-norm two-stage scheme (``inference.integrator``).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Literal
 
 import pyro
 import torch
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from pyro import poutine
 from pyro.infer.mcmc import NUTS
 from tqdm.auto import tqdm
@@ -50,15 +58,21 @@ from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
+# a step of each integrator: its kick coefficients (b0, b1, ..., b0) and drift coefficients, in units of the step
+MCLACHLAN_B = 0.1931833275037836  # McLachlan's minimal-norm two-stage scheme (also BlackJAX's MAMS default)
+INTEGRATORS = {"leapfrog": ((0.5, 0.5), (1.0,)),
+               "mclachlan": ((MCLACHLAN_B, 1.0 - 2.0 * MCLACHLAN_B, MCLACHLAN_B), (0.5, 0.5))}
+MAMS_TARGET_ACCEPT = 0.9  # Robnik et al. 2025's recommended acceptance rate for MAMS
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
 
 
 class MCMCSpec(Tempered):
     """Markov chain Monte Carlo on the family's own Pyro model (full batch): the gold-standard posterior.
 
-    ``nuts`` is Pyro's NUTS kernel, one chain after another. ``hmc`` is the zoo's HMC that runs all chains as one
-    tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion, in function space by
-    default (use many chains, e.g. 64-256). Both adapt the step size and a diagonal mass matrix during warm-up.
+    ``nuts`` is Pyro's NUTS kernel, one chain after another. ``hmc`` is the zoo's sampler that runs all chains as
+    one tensor computation and tunes a shared, jittered trajectory length by the ChEES criterion, in function space
+    by default (use many chains, e.g. 64-256), with an HMC (``kernel: chees``) or a MAMS (``kernel: mams``)
+    transition. Both methods adapt the step size and a diagonal mass matrix during warm-up.
     """
 
     method: Literal["nuts", "hmc"] = Field(description=(
@@ -66,8 +80,16 @@ class MCMCSpec(Tempered):
     num_chains: PositiveInt = Field(4, description="independent chains (hmc: use many, e.g. 64-256)")
     warmup_steps: PositiveInt = Field(500, description="adaptation steps per chain, discarded")
     num_samples: PositiveInt = Field(500, description="draws kept per chain")
+    kernel: Literal["chees", "mams"] = Field("chees", description=(
+        "hmc: the transition: chees (Hamiltonian dynamics, Gaussian momentum) or mams (the Metropolis-adjusted "
+        "microcanonical sampler: isokinetic dynamics, a unit-speed velocity; Robnik et al. 2025), both exact and "
+        "tuned by the same many-chain adaptation"))
+    integrator: Literal["leapfrog", "mclachlan"] = Field("leapfrog", description=(
+        "hmc: leapfrog (velocity Verlet, one gradient a step) or mclachlan (the minimal-norm two-stage scheme: two "
+        "gradients a step, a ~10x smaller energy error at the same step size); max_leapfrog_steps counts its steps"))
     target_accept_prob: float = Field(0.8, gt=0.0, lt=1.0, description=(
-        "the acceptance rate the step-size adaptation aims at"))
+        "the acceptance rate the step-size adaptation aims at (left out: 0.8, and 0.9 for kernel mams, the rate "
+        "its paper recommends)"))
     step_size: PositiveFloat = Field(0.01, description="initial step size (adapted during warm-up)")
     max_tree_depth: PositiveInt = Field(10, le=15, description="nuts: at most 2^depth leapfrog steps per draw")
     trajectory_length: PositiveFloat = Field(1.0, description="hmc: integration time until the first mass-matrix "
@@ -94,6 +116,23 @@ class MCMCSpec(Tempered):
     checkpoint_every: PositiveInt = Field(100, description="iterations between checkpoints (nuts: within a chain, "
                                           "in a one-process run)")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kernel_acceptance(cls, data: object) -> object:
+        """MAMS aims at 0.9 acceptance unless the spec says otherwise (a plain HMC or NUTS at 0.8); it is a kernel of
+        the many-chain ``hmc`` only."""
+        if isinstance(data, dict) and data.get("integrator") not in (None, "leapfrog") and data.get("method") != "hmc":
+            raise ValueError(f"integrator '{data['integrator']}' is an option of the many-chain method 'hmc' (NUTS "
+                             "runs Pyro's leapfrog): set inference.method: hmc, or drop inference.integrator")
+        if not isinstance(data, dict) or data.get("kernel") != "mams":
+            return data
+        if data.get("method") != "hmc":
+            raise ValueError(f"kernel 'mams' is a kernel of the many-chain method 'hmc', not of "
+                             f"'{data.get('method')}': set inference.method: hmc, or drop inference.kernel")
+        return data if data.get("target_accept_prob") is not None else {**data, "target_accept_prob":
+                                                                            MAMS_TARGET_ACCEPT}
 
 
 def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
@@ -392,6 +431,27 @@ def slowest_quarter_period(window: torch.Tensor, inv_mass: torch.Tensor, iterati
     return math.pi / 2 * math.sqrt(max(float(value), 1e-12))
 
 
+def esh_velocity_update(velocity: torch.Tensor, score: torch.Tensor, step: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact isokinetic (ESH) velocity update over time ``step`` under a constant whitened score.
+
+    ``velocity`` ``[C, D]`` has unit norm; ``score`` is the whitened gradient of the log density. The velocity
+    turns toward the score and stays on the unit sphere; the returned kinetic energy change is
+    (D - 1) (delta - log 2 + log(1 + u.e + (1 - u.e) zeta^2)) with e = score / |score|, delta = step |score| / (D - 1)
+    and zeta = exp(-delta) (Robnik et al. 2023, Steeg & Galstyan 2021): what the Metropolis test of MAMS adds to
+    the potential's change.
+    """
+    dim = velocity.shape[-1]
+    norm = score.norm(dim=-1, keepdim=True)
+    direction = score / norm.clamp(min=1e-30)
+    along = (velocity * direction).sum(-1, keepdim=True)
+    delta = step * norm / (dim - 1)
+    zeta = torch.exp(-delta)
+    turned = direction * (1 - zeta) * (1 + zeta + along * (1 - zeta)) + 2 * zeta * velocity
+    turned = turned / turned.norm(dim=-1, keepdim=True)
+    change = (dim - 1) * (delta - math.log(2.0) + torch.log(1 + along + (1 - along) * zeta**2))
+    return turned, change.squeeze(-1)
+
+
 class ManyChainHMC:
     """HMC for C chains at once, with shared step size, diagonal mass matrix and ChEES-tuned trajectory length.
 
@@ -411,7 +471,11 @@ class ManyChainHMC:
         self.z = z[self.mine].detach().clone()
         self.energy, self.grad = potential.value_and_grad(self.z)
         self.inv_mass = torch.ones(z.shape[1], dtype=z.dtype, device=z.device)
-        self.step_size, self.trajectory = spec.step_size, spec.trajectory_length
+        # MAMS moves at unit speed in the whitened space, HMC at |p| ~ sqrt(D): the same motion takes sqrt(D)
+        # times the integration time, so the spec's HMC-scaled step and length are rescaled
+        self.time_scale = math.sqrt(z.shape[1]) if spec.kernel == "mams" else 1.0
+        self.step_size = spec.step_size * self.time_scale
+        self.trajectory = spec.trajectory_length * self.time_scale
         self.dual = DualAveraging(self.step_size, spec.target_accept_prob)
         self.adam_v, self.adam_t = 0.0, 0  # Adam on log T, with beta1 = 0 as in the ChEES paper
         self.log_trajectory_average, self.average_count = math.log(self.trajectory), 0  # since the last metric change
@@ -451,25 +515,54 @@ class ManyChainHMC:
     def _randn(self, shape: torch.Size) -> torch.Tensor:
         return self._all_chains_draw(torch.randn, *shape[1:])
 
-    def _leapfrog(self, z, momentum, grad, steps: int) -> tuple[torch.Tensor, ...]:
-        eps = self.step_size
-        momentum = momentum - 0.5 * eps * grad
+    def _integrate(self, z, velocity, grad, steps: int) -> tuple[torch.Tensor, ...]:
+        """``steps`` steps of the spec's integrator from ``z`` with ``velocity`` (HMC: the momentum; MAMS: the unit
+        velocity in whitened coordinates). Returns the end point, its velocity, potential and gradient, and (MAMS) the
+        kinetic energy change along the way, which enters MAMS's Metropolis test in place of HMC's kinetic energy.
+
+        One step is the palindrome kick(b0) drift(a0) kick(b1) ... drift(a_last) kick(b0): a kick moves the velocity
+        under the gradient (HMC: p -= t grad; MAMS: the exact isokinetic turn toward the whitened score, which also
+        returns a kinetic energy change), a drift moves the position along it; the last kick of a step and the first
+        of the next are one, so a step costs one gradient per drift."""
+        kicks, drifts = INTEGRATORS[self.spec.integrator]
+        eps, mams = self.step_size, self.spec.kernel == "mams"
+        scale = self.inv_mass.sqrt() if mams else self.inv_mass  # dz/dt = scale * velocity
+
+        def kick(velocity, grad, time: float):
+            if mams:
+                return esh_velocity_update(velocity, -self.inv_mass.sqrt() * grad, time)
+            return velocity - time * grad, 0.0
+
+        velocity, kinetic = kick(velocity, grad, kicks[0] * eps)
         energy = None
         for i in range(steps):
-            z = z + eps * self.inv_mass * momentum
-            energy, grad = self.potential.value_and_grad(z)
-            momentum = momentum - (eps if i + 1 < steps else 0.5 * eps) * grad
-        return z, momentum, energy, grad
+            for j, drift in enumerate(drifts):
+                z = z + drift * eps * scale * velocity
+                energy, grad = self.potential.value_and_grad(z)
+                last = j + 1 == len(drifts)
+                velocity, change = kick(velocity, grad, (kicks[j + 1] + (kicks[0] if last and i + 1 < steps else 0.0))
+                                        * eps)
+                kinetic = kinetic + change
+        return z, velocity, energy, grad, kinetic
 
     def step(self, warmup: bool) -> dict[str, torch.Tensor]:
         """One draw for every chain; during warm-up, also adapt. Returns the draw's statistics per chain."""
         self.iteration += 1
         jitter = halton(self.iteration)
         steps = max(1, min(self.spec.max_leapfrog_steps, math.ceil(jitter * self.trajectory / self.step_size)))
-        momentum = self._randn(self.z.shape) / self.inv_mass.sqrt()
-        start = self.energy + 0.5 * (self.inv_mass * momentum**2).sum(-1)
-        z_new, p_new, u_new, g_new = self._leapfrog(self.z, momentum, self.grad, steps)
-        end = u_new + 0.5 * (self.inv_mass * p_new**2).sum(-1)
+        noise = self._randn(self.z.shape)
+        if self.spec.kernel == "mams":  # a fresh direction, uniform on the sphere, at unit speed
+            velocity = noise / noise.norm(dim=-1, keepdim=True)
+            start = self.energy
+            z_new, v_new, u_new, g_new, kinetic = self._integrate(self.z, velocity, self.grad, steps)
+            end = u_new + kinetic
+            dz_dt = self.inv_mass.sqrt() * v_new
+        else:
+            momentum = noise / self.inv_mass.sqrt()
+            start = self.energy + 0.5 * (self.inv_mass * momentum**2).sum(-1)
+            z_new, p_new, u_new, g_new, _ = self._integrate(self.z, momentum, self.grad, steps)
+            end = u_new + 0.5 * (self.inv_mass * p_new**2).sum(-1)
+            dz_dt = self.inv_mass * p_new
         error = torch.where(torch.isfinite(end), end - start, torch.full_like(end, math.inf))
         accept_prob = torch.exp(-error.clamp(min=0.0))
         diverging = error > MAX_ENERGY_ERROR
@@ -478,14 +571,15 @@ class ManyChainHMC:
         self.z = torch.where(keep, z_new, self.z)
         self.grad = torch.where(keep, g_new, self.grad)
         self.energy = torch.where(accepted, u_new, self.energy)
-        info = {"energy": torch.where(accepted, end, start), "acceptance_rate": accept_prob, "diverging": diverging,
-                "n_steps": torch.full_like(accept_prob, steps), "step_size": torch.full_like(accept_prob,
-                                                                                             self.step_size)}
+        info = {"acceptance_rate": accept_prob, "diverging": diverging, "n_steps": torch.full_like(accept_prob, steps),
+                "step_size": torch.full_like(accept_prob, self.step_size)}
+        if self.spec.kernel != "mams":  # the Hamiltonian, for E-BFMI (MAMS has no Gaussian momentum to compare)
+            info = {"energy": torch.where(accepted, end, start)} | info
         if warmup:
-            self._adapt(z_old, z_new, p_new, accept_prob, accepted, steps * self.step_size)
+            self._adapt(z_old, z_new, dz_dt, accept_prob, accepted, steps * self.step_size)
         return info
 
-    def _adapt(self, z_old, z_new, p_new, accept_prob, accepted, integration_time: float) -> None:
+    def _adapt(self, z_old, z_new, dz_dt, accept_prob, accepted, integration_time: float) -> None:
         spec, t = self.spec, self.iteration
         # step size: dual averaging on the chains' mean acceptance
         every_accept = self.team.all_chains(accept_prob)  # pooled over all C chains, summed in one order
@@ -502,7 +596,7 @@ class ManyChainHMC:
             if function_space:  # the training rows' log-likelihoods: before, at the proposal (with their rate
                 # of change along it once ChEES runs) and after the accept step, which the next draw starts from
                 old = self.rows if self.rows is not None else self.potential.pointwise(z_old)
-                new, velocity = (self.potential.pointwise(z_new, self.inv_mass * p_new) if chees
+                new, velocity = (self.potential.pointwise(z_new, dz_dt) if chees
                                  else (self.potential.pointwise(z_new), None))
                 here = self.rows = torch.where(accepted.unsqueeze(-1), new, old)
             self.centre = here.clone() if self.centre is None else self.centre + 0.05 * (here - self.centre)
@@ -512,7 +606,7 @@ class ManyChainHMC:
             else:
                 scale = self.inv_mass.sqrt()  # standardised coordinates: position / scale, velocity * scale ...
                 centred_new, centred_old = (z_new - self.centre) / scale, (z_old - self.centre) / scale
-                velocity = p_new * scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
+                velocity = dz_dt / scale  # ... so the time derivative of |centred|^2 is 2 centred . velocity
             growth = (centred_new**2).sum(-1) - (centred_old**2).sum(-1)
             # d criterion / d log T, with the time this draw actually integrated (jitter x T, capped steps)
             per_chain = integration_time * growth * (centred_new * velocity).sum(-1)
@@ -547,7 +641,7 @@ class ManyChainHMC:
                 self.dual.reset(self.step_size)
                 self.log_steps = []
                 if spec.adapt_trajectory_length:  # T restarts in the new metric's units, ChEES refines it from there
-                    self.trajectory = slowest_quarter_period(window, self.inv_mass)
+                    self.trajectory = slowest_quarter_period(window, self.inv_mass) * self.time_scale
                     self.adam_v, self.adam_t, self.average_count = 0.0, 0, 0
                     self.log_trajectory_average = math.log(self.trajectory)
         if t == spec.warmup_steps:  # freeze the adapted settings for sampling
@@ -761,7 +855,7 @@ class MCMC(StoredDraws):
     adds_draws = ("hmc",)
     fitter = staticmethod(fit_mcmc)
     summary = ("nuts: Pyro's NUTS on the family's model, chain after chain (the gold standard); hmc: all chains as "
-               "one tensor computation, ChEES-tuned trajectory length")
+               "one tensor computation, ChEES-tuned trajectory length, an HMC or MAMS kernel")
 
     def describe(self, spec: MCMCSpec) -> str:
         return f"sampled by {spec.method}"
