@@ -393,6 +393,11 @@ def test_zoo_train_add_draws_until_converged_grows_a_run_round_by_round(tmp_path
     grown = yaml.safe_load((tmp_path / "run" / "spec.yaml").read_text())["inference"]["num_samples"]
     assert grown > 7 and (grown - 7) % 100 == 0 and f"sampling to {grown} draws per chain" in out
     assert out.rstrip().splitlines()[-1].startswith("converged")
+    # a converged run grows no further: its verdict first, and no round
+    assert main(["train", str(spec), "--out", run, "--add-draws", "100", "--until-converged", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"converged at {grown} draws per chain; no draws added" in out and "sampling to" not in out
+    assert yaml.safe_load((tmp_path / "run" / "spec.yaml").read_text())["inference"]["num_samples"] == grown
 
 
 def test_add_draws_refuses_what_it_cannot_do(tmp_path):

@@ -81,8 +81,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _add_draws(args: argparse.Namespace, spec) -> int:
     """``zoo train SPEC --out RUN --add-draws N [--until-converged [--budget-minutes M]]``: continue a finished
     many-chain HMC run for N more draws per chain, then give its verdict; with ``--until-converged``, again while
-    the verdict fails and the budget lasts. Each round is an ordinary resume, so a round cut short is finished by the
-    same command (or by ``--resume``)."""
+    the verdict fails and the budget lasts (and not at all when the finished run's verdict passes already). Each
+    round is an ordinary resume, so a round cut short is finished by the same command (or by ``--resume``)."""
     import time
 
     from zoo.inference.draws import SAMPLES_FILE
@@ -106,6 +106,10 @@ def _add_draws(args: argparse.Namespace, spec) -> int:
     deadline = None if args.budget_minutes is None else time.monotonic() + 60 * args.budget_minutes
     total = load_spec(run / SPEC_FILE).inference.num_samples
     if load_checkpoint(run / SAMPLES_FILE).get("done", False):  # a round cut short is finished before a new one
+        if args.until_converged and _convergence_verdict(run, args.strict) == 0:
+            console.print(f"{run}: converged at {total} draws per chain; no draws added", soft_wrap=True,
+                          markup=False)
+            return 0
         total += args.add_draws
     while True:
         inference = spec.inference.model_copy(update={"num_samples": total})
