@@ -62,6 +62,7 @@ from zoo.sections import Tempered
 MCLACHLAN_B = 0.1931833275037836  # McLachlan's minimal-norm two-stage scheme (also BlackJAX's MAMS default)
 INTEGRATORS = {"leapfrog": ((0.5, 0.5), (1.0,)),
                "mclachlan": ((MCLACHLAN_B, 1.0 - 2.0 * MCLACHLAN_B, MCLACHLAN_B), (0.5, 0.5))}
+HMC_ONLY_DEFAULTS = {"kernel": "chees", "integrator": "leapfrog"}  # what NUTS, Pyro's kernel, runs as it is
 MAMS_TARGET_ACCEPT = 0.9  # Robnik et al. 2025's recommended acceptance rate for MAMS
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
 
@@ -117,22 +118,20 @@ class MCMCSpec(Tempered):
                                           "in a one-process run)")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
 
-
     @model_validator(mode="before")
     @classmethod
-    def _kernel_acceptance(cls, data: object) -> object:
-        """MAMS aims at 0.9 acceptance unless the spec says otherwise (a plain HMC or NUTS at 0.8); it is a kernel of
-        the many-chain ``hmc`` only."""
-        if isinstance(data, dict) and data.get("integrator") not in (None, "leapfrog") and data.get("method") != "hmc":
-            raise ValueError(f"integrator '{data['integrator']}' is an option of the many-chain method 'hmc' (NUTS "
-                             "runs Pyro's leapfrog): set inference.method: hmc, or drop inference.integrator")
-        if not isinstance(data, dict) or data.get("kernel") != "mams":
+    def _many_chain_options(cls, data: object) -> object:
+        """``kernel`` and ``integrator`` other than their defaults belong to the many-chain ``hmc`` (NUTS is Pyro's
+        kernel and leapfrog); MAMS aims at 0.9 acceptance unless the spec says otherwise."""
+        if not isinstance(data, dict):
             return data
-        if data.get("method") != "hmc":
-            raise ValueError(f"kernel 'mams' is a kernel of the many-chain method 'hmc', not of "
-                             f"'{data.get('method')}': set inference.method: hmc, or drop inference.kernel")
-        return data if data.get("target_accept_prob") is not None else {**data, "target_accept_prob":
-                                                                            MAMS_TARGET_ACCEPT}
+        for name, default in HMC_ONLY_DEFAULTS.items():
+            if data.get(name) not in (None, default) and data.get("method") != "hmc":
+                raise ValueError(f"{name} '{data[name]}' is an option of the many-chain method 'hmc', not of "
+                                 f"'{data.get('method')}': set inference.method: hmc, or drop inference.{name}")
+        if data.get("kernel") == "mams" and data.get("target_accept_prob") is None:
+            return {**data, "target_accept_prob": MAMS_TARGET_ACCEPT}
+        return data
 
 
 def check_size(coords: Coordinates, spec: MCMCSpec) -> None:
@@ -488,7 +487,8 @@ class ManyChainHMC:
 
     def state_dict(self) -> dict:
         """Everything needed to continue sampling exactly, with every chain's tensors (whichever process runs it)."""
-        state = {k: v for k, v in vars(self).items() if k not in ("potential", "spec", "gen", "dual", "team", "mine")}
+        state = {k: v for k, v in vars(self).items()
+                 if k not in ("potential", "spec", "gen", "dual", "team", "mine", "time_scale")}  # set by spec and D
         for key in self.CHAIN_STATE:
             if state[key] is not None:
                 state[key] = self.team.all_chains(state[key])
@@ -529,8 +529,8 @@ class ManyChainHMC:
         scale = self.inv_mass.sqrt() if mams else self.inv_mass  # dz/dt = scale * velocity
 
         def kick(velocity, grad, time: float):
-            if mams:
-                return esh_velocity_update(velocity, -self.inv_mass.sqrt() * grad, time)
+            if mams:  # the score in whitened coordinates
+                return esh_velocity_update(velocity, -scale * grad, time)
             return velocity - time * grad, 0.0
 
         velocity, kinetic = kick(velocity, grad, kicks[0] * eps)
