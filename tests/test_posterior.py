@@ -36,6 +36,23 @@ def test_predict_matches_the_net_run_draw_by_draw():
         assert torch.allclose(pred.scale[s], draws["noise_scale"][s].expand(len(data.x_test)))
 
 
+def test_many_draws_are_predicted_in_row_chunks_that_bound_draws_times_rows(monkeypatch):
+    """A grown MCMC reference has ~10^5 draws: predict scores few rows per call then (draws x rows <= the budget),
+    with the same predictions as one call."""
+    import zoo.posterior
+
+    data, family, posterior = _toy_posterior()
+    draws = posterior.sample(40)
+    whole = posterior.predict(data.x_test, draws=draws, chunk_size=len(data.x_test))
+    seen = []
+    predict = family.predict
+    monkeypatch.setattr(family, "predict", lambda d, x: seen.append(len(x)) or predict(d, x))
+    monkeypatch.setattr(zoo.posterior, "PREDICT_DRAW_ROWS", 40 * 7)  # 7 rows per call at 40 draws
+    chunked = posterior.predict(data.x_test, draws=draws)
+    assert seen[:-1] == [7] * (len(seen) - 1) and sum(seen) == len(data.x_test) and 0 < seen[-1] <= 7
+    assert torch.allclose(chunked.loc, whole.loc, atol=1e-6) and torch.equal(chunked.scale, whole.scale)
+
+
 def test_stored_draws_are_thinned_evenly():
     data, family, posterior = _toy_posterior()
     stored = posterior.sample(10)

@@ -16,6 +16,9 @@ from pyro.poutine.util import site_is_subsample
 from zoo.likelihoods import PredictiveDraws
 from zoo.models.base import ModelFamily
 
+MAX_PREDICT_ROWS = 4096  # inputs one predict call scores at a time, at most
+PREDICT_DRAW_ROWS = 2**20  # ... and at most this many draws x inputs (the activations grow with both)
+
 
 class Density(Protocol):
     """What scores a posterior approximation's own draws (for PSIS k-hat): a guide, or a posterior with a density
@@ -60,17 +63,20 @@ class Posterior(ABC):
 
     def predict(
         self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
-        chunk_size: int = 4096,
+        chunk_size: int | None = None,
     ) -> PredictiveDraws:
         """Per-draw predictive distributions at inputs ``x`` (pass ``draws`` to reuse the same weight draws).
 
-        The inputs are scored ``chunk_size`` rows at a time, without gradients.
+        The inputs are scored ``chunk_size`` rows at a time, without gradients. By default as many rows as keep
+        draws x rows at most 2^20 (at most 4,096 rows): the net's activations for all draws at once grow with both,
+        and a grown MCMC reference has 10^5 draws (bostonHousing's, 100,000 draws on the 455 training rows, peaked
+        at 19 GB in one call).
 
         :param x: inputs ``[B, ...]``, standardised like the training rows.
         :param num_samples: how many new weight draws to take; ignored when ``draws`` is given.
         :param draws: weight draws ``{site: [S, ...]}`` to predict with, e.g. those of :meth:`sample` for another
             set of inputs.
-        :param chunk_size: inputs scored at a time.
+        :param chunk_size: inputs scored at a time (None: the default above).
         :returns: one predictive distribution per draw at the ``B`` inputs (``log_probs [S, B, C]``, or ``loc`` and
             ``scale [S, B]``).
         :raises ValueError: when neither ``num_samples`` nor ``draws`` is given.
@@ -79,6 +85,8 @@ class Posterior(ABC):
             if num_samples is None:
                 raise ValueError("predict needs num_samples or draws")
             draws = self.sample(num_samples)
+        if chunk_size is None:
+            chunk_size = max(1, min(MAX_PREDICT_ROWS, PREDICT_DRAW_ROWS // next(iter(draws.values())).shape[0]))
         with torch.no_grad():
             return PredictiveDraws.concat([self.family.predict(draws, xc) for xc in x.split(chunk_size)])
 

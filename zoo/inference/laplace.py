@@ -141,7 +141,7 @@ class LaplacePosterior(GuidePosterior):
         return torch.cat(means), torch.cat(covs)
 
     def predict(self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
-                chunk_size: int = 4096) -> PredictiveDraws:
+                chunk_size: int | None = None) -> PredictiveDraws:
         """GLM: closed form (regression) or probit (classification) when no draws are given, else the linearised
         net at each draw; NN: the net itself at each draw.
 
