@@ -60,7 +60,9 @@ average of 2 integration steps per proposal; its two tuning passes given ``--war
 then ``adjusted_mclmc_dynamic`` draws (isokinetic McLachlan, two gradients a step; the number of steps drawn
 uniformly with that mean), the chains vmapped; its settings are the chains' medians. ``--blackjax-methods ''``
 (or ``--numpyro-methods ''``) skips the side. Every row also gives the gradients per draw (sampling phase) and the min
-ESS per 1,000 of them over all chains: what a gradient buys, whatever it costs.
+ESS per 1,000 of them over all chains: what a gradient buys, whatever it costs; and, where the sampler reports its
+warm-up (the zoo's many-chain HMC, BlackJAX's ChEES), the gradients each chain spent in warm-up and the min ESS per
+1,000 gradients of the whole run, warm-up included: with the cost per gradient level, this is what sets min ESS/s.
 
 Figure: function-space ESS. f(x), the net's output (the mean of y, standardised), at five inputs: on ``toy``
 over the whole input range (outside left, left cluster, the gap's centre, right cluster, outside right: -1.5,
@@ -275,17 +277,22 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchMode
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], total)
     per_step = len(zoo.inference.mcmc.INTEGRATORS[spec.inference.integrator][1])  # gradients per integrator step
-    add_gradient_figures(row, per_step * row["leapfrog_steps_per_draw"] if steps is not None else None)
+    add_gradient_figures(row, per_step * row["leapfrog_steps_per_draw"] if steps is not None else None,
+                         result.settings.get("warmup_gradients"))
     return row
 
 
-def add_gradient_figures(row: dict, gradients_per_draw: float | None) -> None:
+def add_gradient_figures(row: dict, gradients_per_draw: float | None, warmup_gradients: float | None = None) -> None:
     """What a gradient buys: ``gradients_per_draw`` (of the sampling phase, per chain) and min ESS per 1,000 of the
-    sampling phase's gradients over all chains (the cost of a gradient aside)."""
+    sampling phase's gradients over all chains (the cost of a gradient aside); with ``warmup_gradients`` (per chain,
+    the whole warm-up), also min ESS per 1,000 of all gradients, warm-up included: what the run's time buys."""
     row["gradients_per_draw"] = gradients_per_draw
     spent = gradients_per_draw * row["chains"] * row["samples"] if gradients_per_draw else None
-    row["min_ess_per_1k_gradients"] = (1000 * row["min_ess"] / spent
-                                       if spent and row.get("min_ess") is not None else None)
+    found = spent and row.get("min_ess") is not None
+    row["min_ess_per_1k_gradients"] = 1000 * row["min_ess"] / spent if found else None
+    row["warmup_gradients_per_chain"] = warmup_gradients
+    row["min_ess_per_1k_gradients_with_warmup"] = (1000 * row["min_ess"] / (spent + warmup_gradients * row["chains"])
+                                                   if found and warmup_gradients is not None else None)
 
 
 # ------------------------------------------------------------------------------------------ NumPyro side
@@ -401,7 +408,8 @@ def run_numpyro(method: str, chains: int, args: argparse.Namespace, problem: Pro
 
 
 def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, draws: dict, wall: float,
-            compile_seconds: float, divergent, n_steps, gradients_per_step: int = 1, **extra) -> dict:
+            compile_seconds: float, divergent, n_steps, gradients_per_step: int = 1,
+            warmup_gradients: float | None = None, **extra) -> dict:
     """One JAX-side candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and
     R-hat of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
     import jax
@@ -414,7 +422,7 @@ def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, 
            "host_devices": jax.local_device_count(), **extra, **diagnostics(f)}
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
-    add_gradient_figures(row, gradients_per_step * row["leapfrog_steps_per_draw"])
+    add_gradient_figures(row, gradients_per_step * row["leapfrog_steps_per_draw"], warmup_gradients)
     return row
 
 
@@ -449,7 +457,8 @@ def chees_sampler(logdensity: Callable, chains: int, warmup: int, samples: int, 
     """``run(key, positions)``, jitted: ChEES warm-up, then ``samples`` dynamic-HMC draws of all chains in one scan.
 
     Returns ``(draws [samples, chains, D], divergent [samples, chains], integration steps [samples, chains],
-    step size, trajectory length)``, the last two the adapted values the draws used.
+    step size, trajectory length, warm-up integration steps per chain)``, the step size and length the adapted
+    values the draws used (the warm-up keeps only its integration steps, nothing else).
     """
     import blackjax
     import jax
@@ -457,12 +466,13 @@ def chees_sampler(logdensity: Callable, chains: int, warmup: int, samples: int, 
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
     adaptation = blackjax.chees_adaptation(logdensity, num_chains=chains,
-                                           adaptation_info_fn=get_filter_adapt_info_fn(),
+                                           adaptation_info_fn=get_filter_adapt_info_fn(
+                                               info_keys={"num_integration_steps"}),
                                            mass_matrix_estimation="diagonal" if diagonal else None)
 
     def run(rng_key, positions):
         warmup_key, sample_key = jax.random.split(rng_key)
-        (states, parameters), _ = adaptation.run(warmup_key, positions, step_size=CHEES_INITIAL_STEP_SIZE,
+        (states, parameters), info = adaptation.run(warmup_key, positions, step_size=CHEES_INITIAL_STEP_SIZE,
                                                  optim=optax.adam(CHEES_LEARNING_RATE), num_steps=warmup,
                                                  max_sampling_steps=samples + 1)
         step = jax.vmap(blackjax.dynamic_hmc(logdensity, **parameters).step)
@@ -473,7 +483,9 @@ def chees_sampler(logdensity: Callable, chains: int, warmup: int, samples: int, 
 
         _, (draws, divergent, n_steps) = jax.lax.scan(draw, states, jax.random.split(sample_key, samples))
         step_size = parameters["step_size"]
-        return draws, divergent, n_steps, step_size, parameters["integration_steps_params"][0] * step_size
+        warmup_steps = info.info.num_integration_steps.sum(0).mean()  # [warmup, chains] -> per chain
+        return (draws, divergent, n_steps, step_size, parameters["integration_steps_params"][0] * step_size,
+                warmup_steps)
 
     return jax.jit(run)
 
@@ -484,7 +496,7 @@ def adjusted_mclmc_sampler(logdensity: Callable, chains: int, warmup: int, sampl
     diagonal preconditioning, its default average of 2 integration steps per proposal), then ``samples`` draws of
     ``adjusted_mclmc_dynamic`` (isokinetic McLachlan integrator, steps drawn uniformly with that mean); the chains
     are vmapped. Returns what :func:`chees_sampler` returns, the step size and length of every chain (each chain
-    tunes its own)."""
+    tunes its own), and no warm-up count (the tuner's passes do not report their integration steps)."""
     import blackjax
     import jax
     import jax.numpy as jnp
@@ -517,7 +529,7 @@ def adjusted_mclmc_sampler(logdensity: Callable, chains: int, warmup: int, sampl
         draws, divergent, n_steps, step_size, length = jax.vmap(one_chain)(jax.random.split(rng_key, chains),
                                                                            positions)
         # [chains, samples, ...] -> [samples, chains, ...] as chees_sampler returns them
-        return jnp.swapaxes(draws, 0, 1), divergent.T, n_steps.T, step_size, length
+        return jnp.swapaxes(draws, 0, 1), divergent.T, n_steps.T, step_size, length, None
 
     return jax.jit(run)
 
@@ -534,12 +546,13 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, problem: Pr
     logdensity, positions, site_values = blackjax_problem(problem.model, problem.data, chains, init_key)
     run = (adjusted_mclmc_sampler(logdensity, chains, args.warmup, args.samples) if method == "adjusted_mclmc"
            else chees_sampler(logdensity, chains, args.warmup, args.samples, diagonal=method == "chees_diag"))
-    draws, divergent, n_steps, step_size, length = jax.block_until_ready(run(run_key, positions))
+    draws, divergent, n_steps, step_size, length, warmup_steps = jax.block_until_ready(run(run_key, positions))
     wall = time.perf_counter() - started
     compile_seconds = min(clock.seconds - compile_before, wall)  # before the conversion below compiles its own
     values = jax.vmap(jax.vmap(site_values))(jax.numpy.swapaxes(draws, 0, 1))  # {site: [chains, samples, ...]}
     return jax_row("blackjax", method, args, problem, values, wall, compile_seconds, divergent, n_steps,
                    gradients_per_step=2 if method == "adjusted_mclmc" else 1,  # McLachlan: two gradients a step
+                   warmup_gradients=None if warmup_steps is None else float(warmup_steps),
                    settings=tuned_settings(np.asarray(step_size), np.asarray(length)))
 
 
@@ -767,7 +780,8 @@ def print_tables(results: dict) -> None:
                         f"{ESS_MIN:.0f}, no divergences (torch threads {results['torch_threads']}, "
                         f"{results['host_devices']} XLA host devices)")
     for col in ("sampler", "chains", "time s", "compile s", "min ESS", "min ESS/s", "+compile", "R-hat max",
-                "divergences", "leapfrog/draw", "grad/draw", "ESS/1k grad", "converged"):
+                "divergences", "leapfrog/draw", "grad/draw", "ESS/1k grad", "warm-up grad", "ESS/1k grad+w",
+                "converged"):
         table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
     for side in ("zoo", "numpyro", "blackjax"):
         for name, row in results[side].items():
@@ -777,6 +791,8 @@ def print_tables(results: dict) -> None:
                           _fmt(row["min_ess_per_s_compile_inclusive"], ".2f"), _fmt(row["rhat_max"], ".3f"),
                           str(row["divergences"]), _fmt(row["leapfrog_steps_per_draw"], ".0f"),
                           _fmt(row.get("gradients_per_draw"), ".0f"), _fmt(row.get("min_ess_per_1k_gradients"), ".2f"),
+                          _fmt(row.get("warmup_gradients_per_chain"), ",.0f"),
+                          _fmt(row.get("min_ess_per_1k_gradients_with_warmup"), ".2f"),
                           "yes" if row["converged"] else "NO")
     summary = Table(title="zoo best ÷ NumPyro best, the headline, and ÷ BlackJAX best (min ESS/s; higher is better)")
     for col in ("figure", "zoo best", "peer best", "ratio", f"≥ {TARGET_RATIO}"):

@@ -52,6 +52,13 @@ def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
         assert row["gradients_per_draw"] == per_step * row["leapfrog_steps_per_draw"]
         assert row["min_ess_per_1k_gradients"] == pytest.approx(
             1000 * row["min_ess"] / (row["gradients_per_draw"] * row["chains"] * row["samples"]))
+    # and, where the sampler reports its warm-up, what all of the run's gradients buy: the zoo counts every warm-up
+    # step (at most 8 here, one gradient each), BlackJAX's ChEES its adaptation's integration steps
+    for row in (zoo, mams, bjx):
+        assert 10 <= row["warmup_gradients_per_chain"] <= (80 if row["side"] == "zoo" else 10 * 1000)
+        assert row["min_ess_per_1k_gradients_with_warmup"] == pytest.approx(1000 * row["min_ess"] / (
+            row["chains"] * (row["gradients_per_draw"] * row["samples"] + row["warmup_gradients_per_chain"])))
+    assert mclmc["warmup_gradients_per_chain"] is None and mclmc["min_ess_per_1k_gradients_with_warmup"] is None
     assert mams["leapfrog_steps_per_draw"] <= 8
     assert set(mclmc["settings"]) == {"step_size", "trajectory_length", "chains_tuned_to_nan"}
     # the best of a side is its highest min ESS/s, and the ratios are the best's
@@ -59,6 +66,7 @@ def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
         assert figures[f"{side}_best"] == max(figures[side], key=lambda k: figures[side][k]["min_ess_per_s"])
     zoo_best, bjx_best = figures["zoo"][figures["zoo_best"]], figures["blackjax"][figures["blackjax_best"]]
     assert set(bjx) == set(npy) | {"settings"} and bjx["side"] == "blackjax"
+    assert npy["warmup_gradients_per_chain"] is None  # NumPyro's warm-up is not counted
     assert set(bjx["settings"]) == {"step_size", "trajectory_length"}
     assert bjx["settings"]["step_size"] > 0 and bjx["settings"]["trajectory_length"] > 0
     assert 1 <= bjx["leapfrog_steps_per_draw"] <= 1000

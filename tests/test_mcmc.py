@@ -426,6 +426,7 @@ def test_the_verdict_names_the_leapfrog_cap_when_it_cut_the_trajectory_chees_set
     settings = runs.load_torch(tmp_path / "run" / SAMPLES_FILE)["settings"]
     wanted = math.ceil(settings["chees_trajectory_length"] / settings["step_size"])
     assert wanted > 1 and settings["trajectory_length"] <= settings["step_size"] * (1 + 1e-9)
+    assert settings["warmup_gradients"] == 60  # what warm-up cost each chain: one step, one gradient, per draw
     assert verdict.startswith("NOT CONVERGED") and f"set inference.max_leapfrog_steps={wanted}" in verdict
     # uncapped, the same warm-up says nothing of the cap
     spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10)))

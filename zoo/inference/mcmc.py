@@ -484,6 +484,7 @@ class ManyChainHMC:
         self.rows: torch.Tensor | None = None  # function-space ChEES: the rows' log-likelihoods at the chains' z
         self.chees_length: float | None = None  # the length ChEES settled on, before max_leapfrog_steps cut it
         self.iteration = 0
+        self.warmup_gradients = 0  # gradient evaluations per chain spent in warm-up (what adaptation costs)
 
     def state_dict(self) -> dict:
         """Everything needed to continue sampling exactly, with every chain's tensors (whichever process runs it)."""
@@ -576,6 +577,7 @@ class ManyChainHMC:
         if self.spec.kernel != "mams":  # the Hamiltonian, for E-BFMI (MAMS has no Gaussian momentum to compare)
             info = {"energy": torch.where(accepted, end, start)} | info
         if warmup:
+            self.warmup_gradients += steps * len(INTEGRATORS[self.spec.integrator][1])
             self._adapt(z_old, z_new, dz_dt, accept_prob, accepted, steps * self.step_size)
         return info
 
@@ -716,10 +718,12 @@ def _run_hmc(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, 
     seconds += time.perf_counter() - started
     log(f"hmc: step size {sampler.step_size:.3g}, trajectory length {sampler.trajectory:.3g} "
         f"(~{math.ceil(sampler.trajectory / sampler.step_size)} leapfrog steps at most), "
-        f"{potential.evaluations} batched gradients" + (f" per process ({team.size})" if team.size > 1 else ""))
+        f"{potential.evaluations} batched gradients" + (f" per process ({team.size})" if team.size > 1 else "")
+        + f"; warm-up took {sampler.warmup_gradients} gradients per chain")
     return {"z": torch.stack(every_chain(kept), dim=1),
             "stats": {k: torch.stack(every_chain(v), dim=1) for k, v in stats.items()},
-            "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory}
+            "seconds": seconds, "settings": {"step_size": sampler.step_size, "trajectory_length": sampler.trajectory,
+                                             "warmup_gradients": sampler.warmup_gradients}
             | ({"chees_trajectory_length": sampler.chees_length} if sampler.chees_length else {}),
             "sampler": sampler.state_dict()}
 
