@@ -110,7 +110,7 @@ from zoo.diagnostics import (
     run_predictive,
     trusted_reference,
 )
-from zoo.errors import ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics
 from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
@@ -397,7 +397,9 @@ def table_of(figures: dict[str, Any]) -> Table:
     for row in figures["rows"]:
         differs = row["differs_from_reference"]
         same = "yes" if not differs else f"no: {', '.join(differs)}"
-        table.add_row(row["label"], *(_fmt(k, row.get(k)) for k in figures["columns"]), same, strict)
+        cells = ["training failed", *["-"] * (len(figures["columns"]) - 1)] if "failed" in row else [
+            _fmt(k, row.get(k)) for k in figures["columns"]]
+        table.add_row(row["label"], *cells, same, strict)
     return table
 
 
@@ -425,6 +427,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     if not standing.trusted:
         echo(f"{reference} {standing.column()} (kept by --allow-unconverged)")
     members: list[tuple[str, Path, str, float]] = []
+    failed: list[dict] = []  # members whose training diverged: a row that says so, and the others go on
     specs = [ref_spec]  # a reused run's spec.yaml equals the one built here (obtain_run checks)
     for name in names:
         if topic in REAL_DATA_TOPICS and name not in member_configs(topic):
@@ -432,7 +435,14 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
             continue
         spec = member_spec(ref_spec, name, task, args.steps)
         t0 = time.perf_counter()
-        run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
+        try:
+            run_dir, how = obtain_run(spec, name, reference, runs_dir, echo)
+        except TrainingDiverged as exc:
+            echo(f"{name}: training failed on {reference} ({exc}); its row says so")
+            failed.append({"member": name, "label": member_label(name, task, topic), "run": str(runs_dir / name),
+                           "how": "failed", "failed": str(exc), "differs_from_reference": posterior_differences(
+                               ref_spec, spec), "obtain_seconds": round(time.perf_counter() - t0, 1)})
+            continue
         members.append((name, run_dir, how, time.perf_counter() - t0))
         specs.append(spec)
 
@@ -452,6 +462,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
                      "obtain_seconds": round(seconds, 1), **fidelity, **draw_figures(predictive),
                      "train_seconds": stored.get("train_seconds"),
                      "stored_metrics": {k: v for k, v in stored.items() if isinstance(v, int | float)}})
+    rows += failed
     return jsonable({"reference": str(reference), "reference_method": method, "reference_check": reference_check,
                      "task": task, "topic": topic, "data": ref_data.name,
                      "split": ref_spec.data.model_dump().get("split"), "seed": ref_spec.seed,
@@ -461,16 +472,20 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
 
 def summarise_splits(per_reference: list[dict]) -> list[dict]:
     """Per data set, every member's figures as mean and standard error over the references (splits), by the UCI
-    table's convention (:func:`zoo.metrics.mean_and_standard_error`)."""
+    table's convention (:func:`zoo.metrics.mean_and_standard_error`), over the splits where it trained (``failed``
+    names the others)."""
     summaries = []
     for data in dict.fromkeys(f["data"] for f in per_reference):
         group = [f for f in per_reference if f["data"] == data]
         columns, rows = group[0]["columns"], []
-        for position, first in enumerate(group[0]["rows"]):
-            row = {"member": first["member"], "label": first["label"],
-                   "differs_from_reference": first["differs_from_reference"]}
+        by_member = [{r["member"]: r for r in f["rows"]} for f in group]
+        for member in dict.fromkeys(r["member"] for f in group for r in f["rows"]):
+            first = next(rows_of[member] for rows_of in by_member if member in rows_of)
+            row = {"member": member, "label": first["label"], "differs_from_reference": first["differs_from_reference"],
+                   "failed": [f["split"] if f["split"] is not None else f["seed"] for f, rows_of in
+                              zip(group, by_member, strict=True) if "failed" in rows_of.get(member, {})]}
             for key in columns:
-                values = [f["rows"][position].get(key) for f in group]
+                values = [rows_of[member].get(key) for rows_of in by_member if member in rows_of]
                 values = [v for v in values if v is not None and math.isfinite(v)]
                 mean, spread = mean_and_standard_error(values) if values else (None, None)
                 row[key], row[f"{key}_se"] = mean, spread if len(values) > 1 else None  # no s.e. of one split
@@ -492,7 +507,8 @@ def summary_table(summary: dict) -> Table:
         cells = [_fmt(k, row[k]) + (f" ± {row[k + '_se']:.3f}" if row[f"{k}_se"] is not None else "")
                  for k in summary["columns"]]
         differs = row["differs_from_reference"]
-        table.add_row(row["label"], *cells, "yes" if not differs else f"no: {', '.join(differs)}", passing)
+        label = row["label"] + (f" (training failed on {', '.join(map(str, row['failed']))})" if row["failed"] else "")
+        table.add_row(label, *cells, "yes" if not differs else f"no: {', '.join(differs)}", passing)
     return table
 
 

@@ -167,6 +167,44 @@ def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_
     assert "posterior fidelity on uci:tiny, splits [0, 1]" in printed and "0/2" in printed
 
 
+def test_a_member_whose_training_diverges_gets_a_row_saying_so_and_the_rest_go_on(reference, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from zoo.errors import TrainingDiverged
+
+    monkeypatch.setenv("COLUMNS", "400")
+    obtain = fidelity.obtain_run
+
+    def diverging_map(spec, name, *args):
+        if name == "map":
+            raise TrainingDiverged("SGD diverged at step 3 (lr 0.05); lower inference.lr")
+        return obtain(spec, name, *args)
+
+    monkeypatch.setattr(fidelity, "obtain_run", diverging_map)
+    figures = fidelity.main(["--reference", str(reference), "--allow-unconverged", "--members", "map,mean_field",
+                             "--runs-dir", str(tmp_path / "runs"), "--steps", "20", "--samples", "20"])
+    assert [r["member"] for r in figures["rows"]] == ["nuts", "mean_field", "map"]
+    failed = figures["rows"][2]
+    assert failed["how"] == "failed" and "SGD diverged at step 3" in failed["failed"] and "w1" not in failed
+    assert figures["rows"][1]["w1"] > 0  # the other member was compared as usual
+    printed = capsys.readouterr().out
+    assert "map: training failed on" in printed and "training failed" in printed.split("posterior fidelity")[-1]
+
+
+def test_summary_over_splits_skips_a_member_where_its_training_failed():
+    def row(member, **figures):
+        return {"member": member, "label": member.upper(), "differs_from_reference": [], **figures}
+
+    figures = [{"data": "uci:a", "split": s, "seed": 0, "topic": "uci", "columns": ["w1"], "reference_method": "hmc",
+                "num_samples": 10, "reference_check": {"passes_strict": True},
+                "rows": [row("hmc", w1=0.0), row("swag", failed="SGD diverged") if s == 1 else row("swag", w1=1.0 + s)]}
+               for s in range(3)]
+    (summary,) = fidelity.summarise_splits(figures)
+    hmc, swag = summary["rows"]
+    assert hmc["failed"] == [] and swag["failed"] == [1]
+    assert swag["w1"] == pytest.approx(2.0) and swag["w1_se"] == pytest.approx(1 / math.sqrt(2))  # splits 0 and 2
+    assert "training failed on 1" in str(fidelity.summary_table(summary).columns[0]._cells)
+
+
 def test_summary_of_hand_figures():
     rows = [{"member": "hmc", "label": "HMC", "differs_from_reference": [], "w1": 0.0, "test_ll": -1.0},
             {"member": "map", "label": "MAP", "differs_from_reference": [], "w1": 0.5, "test_ll": None}]
