@@ -321,9 +321,13 @@ def obtain_run(spec: RunSpec, name: str, reference_dir: Path, runs_dir: Path, ec
                                 "remove it or pick another --runs-dir")
         if _finished(out):
             return out, "reused"
-        echo(f"{name}: resuming {out}")
-        train(spec, out, resume=True, progress=False, echo=None)
-        return out, "resumed"
+        try:
+            train(spec, out, resume=True, progress=False, echo=None)
+            echo(f"{name}: resumed {out}")
+            return out, "resumed"
+        except ZooInputError as exc:  # a run that stopped before its first checkpoint (it diverged): start over
+            if exc.field != "--resume":
+                raise
     echo(f"{name}: training into {out}")
     train(spec, out, progress=False, echo=None)
     return out, "trained"

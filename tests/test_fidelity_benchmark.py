@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -13,6 +14,7 @@ import fidelity  # noqa: E402
 
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.pipeline import train  # noqa: E402
+from zoo.runs import claimed_run_directory  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -188,6 +190,19 @@ def test_a_member_whose_training_diverges_gets_a_row_saying_so_and_the_rest_go_o
     assert figures["rows"][1]["w1"] > 0  # the other member was compared as usual
     printed = capsys.readouterr().out
     assert "map: training failed on" in printed and "training failed" in printed.split("posterior fidelity")[-1]
+
+
+def test_a_member_run_that_stopped_before_its_first_checkpoint_is_trained_afresh(reference, tmp_path, monkeypatch):
+    spec = fidelity.member_spec(fidelity.load_run(reference)[0], "map", "regression", steps=5)
+    out = tmp_path / "runs" / "map"
+    with claimed_run_directory(out):  # what a run that diverged before its first checkpoint leaves: marker, spec
+        (out / fidelity.SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    calls = []
+    real_train = fidelity.train
+    monkeypatch.setattr(fidelity, "train", lambda *a, **k: calls.append(k.get("resume", False)) or real_train(*a, **k))
+    run_dir, how = fidelity.obtain_run(spec, "map", reference, tmp_path / "runs", lambda message: None)
+    assert (run_dir, how) == (out, "trained") and calls == [True, False]  # the resume found nothing, so it started over
+    assert fidelity._finished(out)
 
 
 def test_summary_over_splits_skips_a_member_where_its_training_failed():
