@@ -149,6 +149,7 @@ def time_sides(sides: dict[str, Callable[[], object]], rounds: int, steps: int) 
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Time every side at each chain count, print the table; returns the figures (also written with --json)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=list(hmc_speed.MODELS), default=hmc_speed.TOY.name)
     parser.add_argument("--data-dir", help="UCI models: the folder holding bostonHousing/")
@@ -161,6 +162,10 @@ def main(argv: list[str] | None = None) -> dict:
     chain_counts = parse_chains(args.chains)
     if args.steps < 1 or args.rounds < 1:
         raise ZooInputError("--steps/--rounds", f"{args.steps}/{args.rounds}", "both must be at least 1")
+    try:  # the JAX side: the bench extra
+        import blackjax  # noqa: F401
+    except ImportError:
+        sys.exit("hmc_step.py's JAX side needs JAX, NumPyro and BlackJAX: pip install -e .[bench]")
     bench = hmc_speed.MODELS[args.model]
     data_dir = hmc_speed.resolve_data_dir(args.data_dir) if bench.uci else None
     torch.set_num_threads(args.threads)
@@ -195,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(results: dict) -> None:
+    """The sides' µs per step (per chain-step) by chain count, then the ratios."""
     table = Table(title=f"one leapfrog step of all chains, {results['model']} ({results['n_train']} rows, "
                   f"D = {results['dim']}), {results['torch_threads']} thread(s); median µs per step (per chain-step)")
     table.add_column("side")
