@@ -477,7 +477,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
 def summarise_splits(per_reference: list[dict]) -> list[dict]:
     """Per data set, every member's figures as mean and standard error over the references (splits), by the UCI
     table's convention (:func:`zoo.metrics.mean_and_standard_error`), over the splits where it trained (``failed``
-    names the others)."""
+    lists the others as ``failed_on``)."""
     summaries = []
     for data in dict.fromkeys(f["data"] for f in per_reference):
         group = [f for f in per_reference if f["data"] == data]
@@ -486,7 +486,7 @@ def summarise_splits(per_reference: list[dict]) -> list[dict]:
         for member in dict.fromkeys(r["member"] for f in group for r in f["rows"]):
             first = next(rows_of[member] for rows_of in by_member if member in rows_of)
             row = {"member": member, "label": first["label"], "differs_from_reference": first["differs_from_reference"],
-                   "failed": [f["split"] if f["split"] is not None else f["seed"] for f, rows_of in
+                   "failed_on": [f["split"] if f["split"] is not None else f["seed"] for f, rows_of in
                               zip(group, by_member, strict=True) if "failed" in rows_of.get(member, {})]}
             for key in columns:
                 values = [rows_of[member].get(key) for rows_of in by_member if member in rows_of]
@@ -511,7 +511,8 @@ def summary_table(summary: dict) -> Table:
         cells = [_fmt(k, row[k]) + (f" ± {row[k + '_se']:.3f}" if row[f"{k}_se"] is not None else "")
                  for k in summary["columns"]]
         differs = row["differs_from_reference"]
-        label = row["label"] + (f" (training failed on {', '.join(map(str, row['failed']))})" if row["failed"] else "")
+        failed_on = ", ".join(map(str, row["failed_on"]))
+        label = row["label"] + (f" (training failed on {failed_on})" if failed_on else "")
         table.add_row(label, *cells, "yes" if not differs else f"no: {', '.join(differs)}", passing)
     return table
 

@@ -276,7 +276,7 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchMode
         row["mean_tree_depth"] = float(result.stats["tree_depth"].float().mean())
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], total)
-    per_step = len(zoo.inference.mcmc.INTEGRATORS[spec.inference.integrator][1])  # gradients per integrator step
+    per_step = zoo.inference.mcmc.gradients_per_step(spec.inference.integrator)
     add_gradient_figures(row, per_step * row["leapfrog_steps_per_draw"] if steps is not None else None,
                          result.settings.get("warmup_gradients"))
     return row

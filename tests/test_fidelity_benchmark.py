@@ -215,7 +215,7 @@ def test_summary_over_splits_skips_a_member_where_its_training_failed():
                for s in range(3)]
     (summary,) = fidelity.summarise_splits(figures)
     hmc, swag = summary["rows"]
-    assert hmc["failed"] == [] and swag["failed"] == [1]
+    assert hmc["failed_on"] == [] and swag["failed_on"] == [1]
     assert swag["w1"] == pytest.approx(2.0) and swag["w1_se"] == pytest.approx(1 / math.sqrt(2))  # splits 0 and 2
     assert "training failed on 1" in str(fidelity.summary_table(summary).columns[0]._cells)
 

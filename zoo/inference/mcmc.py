@@ -67,6 +67,11 @@ MAMS_TARGET_ACCEPT = 0.9  # Robnik et al. 2025's recommended acceptance rate for
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
 
 
+def gradients_per_step(integrator: str) -> int:
+    """Gradient evaluations in one step of ``integrator`` (one per drift: leapfrog 1, McLachlan 2)."""
+    return len(INTEGRATORS[integrator][1])
+
+
 class MCMCSpec(Tempered):
     """Markov chain Monte Carlo on the family's own Pyro model (full batch): the gold-standard posterior.
 
@@ -577,7 +582,7 @@ class ManyChainHMC:
         if self.spec.kernel != "mams":  # the Hamiltonian, for E-BFMI (MAMS has no Gaussian momentum to compare)
             info = {"energy": torch.where(accepted, end, start)} | info
         if warmup:
-            self.warmup_gradients += steps * len(INTEGRATORS[self.spec.integrator][1])
+            self.warmup_gradients += steps * gradients_per_step(self.spec.integrator)
             self._adapt(z_old, z_new, dz_dt, accept_prob, accepted, steps * self.step_size)
         return info
 
