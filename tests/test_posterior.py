@@ -53,6 +53,50 @@ def test_many_draws_are_predicted_in_row_chunks_that_bound_draws_times_rows(monk
     assert torch.allclose(chunked.loc, whole.loc, atol=1e-6) and torch.equal(chunked.scale, whole.scale)
 
 
+def _counting_predict(monkeypatch, family) -> list[int]:
+    """Record the draw count of every call of ``family.predict``."""
+    seen = []
+    predict = family.predict
+    monkeypatch.setattr(family, "predict", lambda d, x: seen.append(next(iter(d.values())).shape[0]) or predict(d, x))
+    return seen
+
+
+def test_draws_of_one_point_are_predicted_once_and_repeated(monkeypatch):
+    """A point estimate's S draws are one point: scored with one draw, the predictions repeated S times, the same as
+    scoring all S (what made the shift report of a MAP net cost as much as that of 32 different nets)."""
+    data, family, guide, _ = prepare(make_spec("toy", "guide.name=delta", "likelihood.noise=learned"))
+    posterior = GuidePosterior(family, guide)
+    draws = posterior.sample(6)
+    every = family.predict(draws, data.x_test)
+    seen = _counting_predict(monkeypatch, family)
+    pred = posterior.predict(data.x_test, draws=draws)
+    assert seen == [1]
+    assert pred.loc.shape == (6, len(data.x_test)) and torch.allclose(pred.loc, every.loc, atol=1e-6)
+    assert torch.allclose(pred.scale.expand_as(pred.loc), every.scale.expand_as(every.loc))
+
+
+def test_one_point_of_ensemble_members_keeps_the_draw_by_member_order(monkeypatch):
+    """BatchEnsemble's draw is all K members (S draws -> S*K predictive draws, draw-major): the repeated predictions
+    are in the order scoring every draw gives."""
+    data, family, guide, _ = prepare(make_spec("digits", "model:={family: rank1, members: 3}",
+                                               "guide:={name: batch_ensemble}", "prior:={name: normal, loc: 1.0}",
+                                               "inference.local_reparam=false"))
+    posterior = GuidePosterior(family, guide)
+    draws = posterior.sample(4)
+    every = family.predict(draws, data.x_test)
+    seen = _counting_predict(monkeypatch, family)
+    pred = posterior.predict(data.x_test, draws=draws)
+    assert seen == [1] and pred.log_probs.shape == every.log_probs.shape == (12, len(data.x_test), 8)
+    assert torch.allclose(pred.log_probs, every.log_probs, atol=1e-6)
+
+
+def test_draws_that_differ_are_all_scored(monkeypatch):
+    data, family, posterior = _toy_posterior()
+    seen = _counting_predict(monkeypatch, family)
+    posterior.predict(data.x_test, num_samples=5)
+    assert seen == [5]
+
+
 def test_stored_draws_are_thinned_evenly():
     data, family, posterior = _toy_posterior()
     stored = posterior.sample(10)

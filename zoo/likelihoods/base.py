@@ -50,6 +50,24 @@ class PredictiveDraws:
 
         return PredictiveDraws(log_probs=cat("log_probs"), loc=cat("loc"), scale=cat("scale"))
 
+    def tiled(self, times: int) -> PredictiveDraws:
+        """These draws repeated ``times`` times along the draw dim (the predictions of ``times`` copies of the weight
+        draws they came from, in the same order); a field broadcast along the draw dim (leading size 1 where the
+        others have more) stays as it is.
+
+        :param times: how many copies.
+        :returns: the tiled predictions.
+        """
+        fields = {f: getattr(self, f) for f in ("log_probs", "loc", "scale")}
+        draws = max(v.shape[0] for v in fields.values() if v is not None and v.dim() > 0)
+
+        def tile(value: torch.Tensor | None) -> torch.Tensor | None:
+            if value is None or value.dim() == 0 or (value.shape[0] == 1 < draws):
+                return value
+            return value.repeat(times, *[1] * (value.dim() - 1))
+
+        return PredictiveDraws(**{f: tile(v) for f, v in fields.items()})
+
 
 class Likelihood(ABC):
     """An observation model p(y | f(x)) on the net's outputs f: what the families observe and predict with."""
