@@ -13,7 +13,9 @@ draw at a time under the zoo's own loop, so that a chain can be checkpointed bet
 trajectory lengths in HMC"), so each leapfrog step is one batched gradient for all chains. Warm-up adapts, shared
 by all chains: the step size (dual averaging on the chains' mean acceptance; sampling uses the iterates' geometric
 mean over the second half of the last window), a diagonal mass matrix (within-chain variance pooled over chains,
-in windows ending at 15, 30 and 60% of warm-up) and a jittered trajectory length T. After every mass-matrix
+in Stan's layout: an initial buffer of 15% of warm-up under the unit metric while the chains leave their starting
+points, then windows over 15-30% and 30-60%, the rest for the step size and T under the last metric) and a jittered
+trajectory length T. After every mass-matrix
 update T restarts at a quarter turn of the slowest whitened direction, pi/2 sqrt(lambda_max) (so a collapsed or
 looping start cannot survive), and ChEES refines it by Adam on log T. By default ChEES measures the jumps of the
 training rows' log-likelihoods (``trajectory_criterion: function``): function space is what predictions depend
@@ -65,6 +67,11 @@ INTEGRATORS = {"leapfrog": ((0.5, 0.5), (1.0,)),
 HMC_ONLY_DEFAULTS = {"kernel": "chees", "integrator": "leapfrog"}  # what NUTS, Pyro's kernel, runs as it is
 MAMS_TARGET_ACCEPT = 0.9  # Robnik et al. 2025's recommended acceptance rate for MAMS
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
+# warm-up fractions: the initial buffer in which only the step size adapts (chains in transit from their starting
+# points would give the metric variances 3x too large, median over weights), and the ends of the mass-matrix windows
+# that follow it (docs/results/hmc.md, "Where the warm-up goes")
+METRIC_BUFFER = 0.15
+METRIC_WINDOW_ENDS = (0.3, 0.6)
 
 
 def gradients_per_step(integrator: str) -> int:
@@ -593,11 +600,11 @@ class ManyChainHMC:
         self.step_size = self.dual.update(float(every_accept.nan_to_num(0.0).mean()))
         self.log_steps.append(math.log(self.step_size))
         # trajectory length: one Adam step on log T along the ChEES gradient estimate (acceptance-weighted), once
-        # the chains have left their starting points (after the first mass-matrix window). Each chain's jump is
+        # the chains have left their starting points (after the initial buffer). Each chain's jump is
         # measured from its own running mean, not the mean over chains: chains in different modes of a BNN
         # posterior would otherwise make the criterion measure distances between modes, and T collapses.
         function_space = spec.trajectory_criterion == "function"
-        chees = spec.adapt_trajectory_length and t > 0.15 * spec.warmup_steps
+        chees = spec.adapt_trajectory_length and t > METRIC_BUFFER * spec.warmup_steps
         if spec.adapt_trajectory_length:
             here = self.z
             if function_space:  # the training rows' log-likelihoods: before, at the proposal (with their rate
@@ -636,8 +643,9 @@ class ManyChainHMC:
         # diagonal mass matrix: each chain's variance over a window of warm-up, pooled over the chains (within-
         # chain, as Stan's windows: chains in different modes of a BNN posterior must not inflate it)
         if spec.adapt_mass_matrix:
-            self.window.append(self.z.detach())
-            ends = {int(spec.warmup_steps * f) for f in (0.15, 0.3, 0.6)}
+            if t > METRIC_BUFFER * spec.warmup_steps:
+                self.window.append(self.z.detach())
+            ends = {int(spec.warmup_steps * f) for f in METRIC_WINDOW_ENDS}
             if t in ends and len(self.window) > 2:
                 window = self.team.all_chains(torch.stack(self.window), dim=1)  # [window, all C chains, D]
                 n = len(self.window)
