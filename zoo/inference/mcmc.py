@@ -9,18 +9,18 @@ whenever the two disagree.
 
 ``nuts`` runs Pyro's NUTS kernel chain after chain (step size and diagonal mass matrix adapted in warm-up), one
 draw at a time under the zoo's own loop, so that a chain can be checkpointed between draws and stopped within one.
-``hmc`` runs all chains in lockstep (Hoffman, Radul & Sountsov 2021, "An adaptive MCMC scheme for setting
-trajectory lengths in HMC"), so each leapfrog step is one batched gradient for all chains. Warm-up adapts, shared
-by all chains: the step size (dual averaging on the chains' mean acceptance; sampling uses the iterates' geometric
-mean over the second half of the last window), a diagonal mass matrix (within-chain variance pooled over chains,
-in Stan's layout: an initial buffer of 15% of warm-up under the unit metric while the chains leave their starting
+``hmc`` runs all chains in lockstep (Hoffman, Radul & Sountsov 2021, "An adaptive MCMC scheme for setting trajectory
+lengths in HMC"), so each leapfrog step is one batched gradient for all chains. Warm-up adapts, shared by all
+chains: the step size (dual averaging on the chains' mean acceptance; sampling uses the iterates' geometric mean
+over the second half of the last window), a diagonal mass matrix (within-chain variance pooled over chains, in
+Stan's layout: an initial buffer of 15% of warm-up under the unit metric while the chains leave their starting
 points, then windows over 15-30% and 30-60%, the rest for the step size and T under the last metric) and a jittered
-trajectory length T. After every mass-matrix
-update T restarts at a quarter turn of the slowest whitened direction, pi/2 sqrt(lambda_max) (so a collapsed or
-looping start cannot survive), and ChEES refines it by Adam on log T. By default ChEES measures the jumps of the
-training rows' log-likelihoods (``trajectory_criterion: function``): function space is what predictions depend
-on, and it is the same for every permutation of hidden units, where the weights' own criterion rewards the
-slowest weight direction. The sampling phase uses a running average of log T since the last metric change.
+trajectory length T. After every mass-matrix update T restarts at a quarter turn of the slowest whitened direction,
+pi/2 sqrt(lambda_max) (so a collapsed or looping start cannot survive), and ChEES refines it by Adam on log T. By
+default ChEES measures the jumps of the training rows' log-likelihoods (``trajectory_criterion: function``):
+function space is what predictions depend on, and it is the same for every permutation of hidden units, where the
+weights' own criterion rewards the slowest weight direction. The sampling phase uses a running average of log T
+since the last metric change.
 
 The many-chain sampler has two kernels under that one adaptation (``inference.kernel``): ``chees``, HMC with a
 Gaussian momentum, and ``mams``, the Metropolis-adjusted microcanonical sampler (Robnik, Cohn-Gordon & Seljak 2025):
@@ -69,7 +69,8 @@ MAMS_TARGET_ACCEPT = 0.9  # Robnik et al. 2025's recommended acceptance rate for
 MAX_ENERGY_ERROR = 1000.0  # a leapfrog trajectory whose energy error exceeds this is a divergence (as Stan, Pyro)
 # warm-up fractions: the initial buffer in which only the step size adapts (chains in transit from their starting
 # points would give the metric variances 3x too large, median over weights), and the ends of the mass-matrix windows
-# that follow it (docs/results/hmc.md, "Where the warm-up goes")
+# that follow it (docs/results/hmc.md, "The warm-up in Stan's layout": half the warm-up gradients of windows from
+# iteration 1)
 METRIC_BUFFER = 0.15
 METRIC_WINDOW_ENDS = (0.3, 0.6)
 
