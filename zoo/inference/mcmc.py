@@ -605,7 +605,8 @@ class ManyChainHMC:
         # measured from its own running mean, not the mean over chains: chains in different modes of a BNN
         # posterior would otherwise make the criterion measure distances between modes, and T collapses.
         function_space = spec.trajectory_criterion == "function"
-        chees = spec.adapt_trajectory_length and t > METRIC_BUFFER * spec.warmup_steps
+        past_buffer = t > METRIC_BUFFER * spec.warmup_steps
+        chees = spec.adapt_trajectory_length and past_buffer
         if spec.adapt_trajectory_length:
             here = self.z
             if function_space:  # the training rows' log-likelihoods: before, at the proposal (with their rate
@@ -644,7 +645,7 @@ class ManyChainHMC:
         # diagonal mass matrix: each chain's variance over a window of warm-up, pooled over the chains (within-
         # chain, as Stan's windows: chains in different modes of a BNN posterior must not inflate it)
         if spec.adapt_mass_matrix:
-            if t > METRIC_BUFFER * spec.warmup_steps:
+            if past_buffer:
                 self.window.append(self.z.detach())
             ends = {int(spec.warmup_steps * f) for f in METRIC_WINDOW_ENDS}
             if t in ends and len(self.window) > 2:
