@@ -6,6 +6,7 @@ import copy
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,7 @@ def load_benchmark(name: str, as_name: str | None = None):
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(as_name or f"{name}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: a dataclass defined in it looks its module up there
     spec.loader.exec_module(module)
     return module
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import shutil
 import warnings
+from pathlib import Path
 
 import arviz as az
 import pytest
@@ -372,6 +374,24 @@ def test_a_resume_may_grow_num_samples_of_hmc_only_and_a_smaller_one_continues_t
     with pytest.raises(ZooInputError, match="only inference.num_samples may grow"):
         train(linear_spec("hmc", num_chains=4, warmup_steps=8, num_samples=12), run, resume=True, progress=False,
               echo=None)
+
+
+def test_a_resume_may_read_the_data_from_another_directory(tmp_path):
+    """data.dir says where the data lives (a run grown on another machine reads it from there), not what it is."""
+    from tests.test_uci_benchmark import write_folder
+
+    run, here, there = tmp_path / "run", tmp_path / "here", tmp_path / "there"
+    shutil.copytree(write_folder(here, "tiny").parent, there)
+
+    def spec(data_dir: Path, num_samples: int) -> dict:
+        return {**linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=num_samples),
+                "data": {"name": "uci:tiny", "split": 0, "dir": str(data_dir)}}
+
+    train(spec(here, 6), run, progress=False, echo=None)
+    train(spec(there, 8), run, resume=True, progress=False, echo=None)
+    saved = yaml.safe_load((run / "spec.yaml").read_text())
+    assert saved["data"]["dir"] == str(there) and saved["inference"]["num_samples"] == 8
+    assert runs.load_torch(run / SAMPLES_FILE)["draws"]["out.weight"].shape[:2] == (4, 8)
 
 
 def test_zoo_train_add_draws_until_converged_grows_a_run_round_by_round(tmp_path, capsys, monkeypatch):

@@ -320,7 +320,9 @@ class Prediction:
 def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
     """The spec a resume of ``run`` continues with: the run's own. Only ``inference.num_samples`` of a method that
     adds draws (many-chain HMC) may differ: a larger value adds draws to the run, a smaller one continues it as it
-    was asked for (so the first command resumes a run that a later one had grown).
+    was asked for (so the first command resumes a run that a later one had grown). ``data.dir`` says where the data
+    lives, not what it is, so it may differ too (a run copied to another machine resumes there) and the resume
+    reads from the directory it was given.
 
     :param spec: the spec the resume was given.
     :param saved: the run's own spec (its spec.yaml).
@@ -329,6 +331,8 @@ def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
     :raises ZooInputError: when anything else differs.
     """
     asked, had = spec.model_dump(), saved.model_dump()
+    if "dir" in asked["data"] and "dir" in had["data"]:
+        had["data"]["dir"] = asked["data"]["dir"]
     if asked == had:
         return spec
     grows = spec.inference.method in registry.method_of(spec).adds_draws

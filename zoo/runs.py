@@ -322,6 +322,18 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
         yield out
 
 
+def writer_of(out: Path) -> str | None:
+    """The pid of the live process writing the run or sweep directory ``out`` (as its lock file says), or None when
+    no process holds its lock. Takes the lock for an instant when it is free, so it never blocks."""
+    lock = Path(out) / LOCK_FILE
+    if not lock.is_file():
+        return None
+    with open(lock, "rb+") as handle:
+        if _try_lock(handle):
+            return None  # free: closing the file releases it again
+        return handle.read().decode(errors="replace").strip() or "unknown"
+
+
 @contextlib.contextmanager
 def locked_directory(out: Path, what: str, marker: str) -> Iterator[Path]:
     """Hold the OS lock of ``out`` (a ``what``: run or sweep directory) for the block, with this process's pid in

@@ -1,0 +1,112 @@
+"""benchmarks/uci_references.py: the progress table, the estimate, the budget's stop and a tiny reference grown to a
+passing verdict by the real ``zoo train`` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.conftest import load_benchmark
+from tests.test_uci_benchmark import write_folder
+from zoo.diagnostics.checks import ESS_MIN, RHAT_MAX
+
+REPO = Path(__file__).resolve().parents[1]
+references = load_benchmark("uci_references")
+
+# a reference that converges in seconds: linear regression (no hidden layer) with 16 chains, uncompiled
+TINY = ["--set", "net.hidden=[]", "--set", "inference.num_chains=16", "--set", "inference.warmup_steps=100",
+        "--set", "inference.compile=false", "--set", "inference.predictive_samples=8"]
+
+
+def test_estimated_draws_scale_r_hat_and_ess_in_proportion_to_the_draws():
+    assert references.estimated_draws(1000, 1.0 + 2 * (RHAT_MAX - 1), ESS_MIN) == 2000  # R-hat binds
+    assert references.estimated_draws(1000, 1.0, ESS_MIN / 4) == 4000  # ESS binds
+    assert references.estimated_draws(1000, 1.0 + 3 * (RHAT_MAX - 1), ESS_MIN / 2) == 3000  # the larger
+    assert references.estimated_draws(1000, RHAT_MAX, 2 * ESS_MIN) == 1000  # passing: no more
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "--budget-minutes"),
+    (["--budget-minutes", "0"], "--budget-minutes"),
+    (["--status", "--add-draws", "0"], "--add-draws"),
+    (["--status", "--spec", "no/such.yaml"], "--spec"),
+    (["--status", "--splits", "3-1"], "--splits"),
+    (["--budget-minutes", "1", "--datasets", "concrete", "--set-for", "energy:inference.num_samples=10"],
+     "--set-for"),
+])
+def test_bad_input_exits_2_before_anything_runs(argv, message, tmp_path, capsys):
+    assert references.main([*argv, "--runs-dir", str(tmp_path / "refs")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "refs").exists()
+
+
+def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+             "print('started', flush=True)\n"
+             "time.sleep(120)\n")
+    console = Console(record=True, width=200)
+    started = time.monotonic()
+    code = references.run_until([sys.executable, "-c", child, "-", "x"], tmp_path / "logs" / "r.log",
+                                time.monotonic() + 2, 1, console)
+    assert code is None and time.monotonic() - started < 60
+    assert "budget is spent" in console.export_text()
+    assert (tmp_path / "logs" / "r.log").read_text().startswith("\n$ ")
+
+
+def test_a_reference_stopped_mid_run_reads_as_sampling_with_its_iterations(tmp_path):
+    write_folder(tmp_path / "uci", "tiny", n_rows=40)
+    run = tmp_path / "refs" / "tiny-split00"
+    command = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, str(tmp_path / "uci"),
+                                       [o for o in TINY if o != "--set"] + ["inference.num_samples=1000000",
+                                                                            "inference.checkpoint_every=50"],
+                                       "not started", 10, 1.0)
+    assert command[-1] == "--no-progress"  # a fresh run: the plain zoo train, no --add-draws yet
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "samples.pt").is_file() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        assert (run / "samples.pt").is_file(), job.stderr.read().decode() if job.poll() is not None else "no draws"
+        busy = references.progress("tiny/0", run)
+        assert busy.state == "sampling" and busy.writer_pid == str(job.pid)
+        references._stop(job)
+    finally:
+        job.kill()
+    assert job.returncode == 143
+    row = references.progress("tiny/0", run)
+    assert row.state == "sampling" and row.writer_pid is None
+    assert 0 < row.iterations_done < row.iterations_asked == 100 + 1_000_000
+    assert row.estimated_hours_left > 0 and row.r_hat_max is None
+    # the next command continues it: --add-draws finishes the cut-short run before adding rounds
+    again = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, "uci", [], row.state, 10, 1.0)
+    assert again[-5:] == ["--add-draws", "10", "--until-converged", "--budget-minutes", "1.00"]
+
+
+def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, capsys):
+    write_folder(tmp_path / "uci", "tiny", n_rows=40)
+    runs, out_json = tmp_path / "refs", tmp_path / "progress.json"
+    common = ["--datasets", "tiny", "--splits", "0", "--data-dir", str(tmp_path / "uci"), "--runs-dir", str(runs),
+              "--spec", str(references.DEFAULT_SPEC), *TINY]
+    assert references.main([*common, "--status", "--json", str(out_json)]) == references.NOT_CONVERGED_EXIT
+    assert json.loads(out_json.read_text())["references"][0]["state"] == "not started"
+    # 20 draws per chain miss R-hat; one round of 300 more passes
+    code = references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10",
+                            "--add-draws", "300", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, (runs / "logs" / "tiny-split00.log").read_text()[-3000:]
+    assert out.count("$ train") == 2 and "--add-draws 300" in out
+    row = json.loads(out_json.read_text())["references"][0]
+    assert row["state"] == "converged" and row["draws_per_chain"] == 320 and row["iterations_done"] == 420
+    assert row["r_hat_max"] <= RHAT_MAX and row["ess_min"] >= ESS_MIN and row["divergences"] == 0
+    log = (runs / "logs" / "tiny-split00.log").read_text()
+    assert "sampling to 320 draws per chain" in log and log.rstrip().splitlines()[-1].startswith("converged")
+    # converged: the next call runs nothing
+    assert references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10"]) == 0
+    assert "$ train" not in capsys.readouterr().out
