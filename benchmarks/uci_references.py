@@ -53,6 +53,7 @@ from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, s
 
 from zoo.diagnostics.checks import ESS_MIN, RHAT_MAX  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
 from zoo.runs import write_text  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +187,7 @@ def run_until(command: list[str], log: Path, deadline: float, threads: int, cons
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     log.parent.mkdir(parents=True, exist_ok=True)
-    console.print(f"$ {' '.join(command[3:])}    (log: {log})", soft_wrap=True, markup=False, style="dim")
+    console.print(f"$ zoo {' '.join(command[3:])}    (log: {log})", soft_wrap=True, markup=False, style="dim")
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(command)}\n")
         out.flush()
@@ -197,13 +198,18 @@ def run_until(command: list[str], log: Path, deadline: float, threads: int, cons
             console.print("the budget is spent: stopping the command at a checkpoint", markup=False)
             _stop(job)
             return None
-        except KeyboardInterrupt:  # Ctrl-C reached the child too; wait for its checkpoint
-            _stop(job)
+        except KeyboardInterrupt as err:
+            # Ctrl-C reaches the command too (one process group): let it checkpoint and end by itself. A SIGTERM
+            # sent to this script alone is passed on.
+            _stop(job, signal_of(err) == signal.SIGINT)
             raise
 
 
-def _stop(job: subprocess.Popen) -> None:
-    job.send_signal(signal.SIGTERM)
+def _stop(job: subprocess.Popen, signalled_already: bool = False) -> None:
+    """End a ``zoo train`` at its next checkpoint (SIGTERM, unless it got the signal itself); killed only if it has
+    not ended after :data:`STOP_GRACE_SECONDS`."""
+    if not signalled_already:
+        job.send_signal(signal.SIGTERM)
     try:
         job.wait(timeout=STOP_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             return stopped
         return 0 if all(r.state == "converged" for r in rows) else NOT_CONVERGED_EXIT
 
-    return exit_code(work)
+    with sigterm_interrupts():  # SIGTERM, as Ctrl-C, stops the running command at a checkpoint first
+        return exit_code(work)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ passing verdict by the real ``zoo train`` commands."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -60,31 +61,33 @@ def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
     assert (tmp_path / "logs" / "r.log").read_text().startswith("\n$ ")
 
 
-def test_a_reference_stopped_mid_run_reads_as_sampling_with_its_iterations(tmp_path):
+def test_sigterm_to_the_script_checkpoints_the_running_reference_which_then_reads_as_sampling(tmp_path):
     write_folder(tmp_path / "uci", "tiny", n_rows=40)
-    run = tmp_path / "refs" / "tiny-split00"
-    command = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, str(tmp_path / "uci"),
-                                       [o for o in TINY if o != "--set"] + ["inference.num_samples=1000000",
-                                                                            "inference.checkpoint_every=50"],
-                                       "not started", 10, 1.0)
-    assert command[-1] == "--no-progress"  # a fresh run: the plain zoo train, no --add-draws yet
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
+    runs = tmp_path / "refs"
+    run = runs / "tiny-split00"
+    argv = [sys.executable, str(REPO / "benchmarks" / "uci_references.py"), "--datasets", "tiny", "--splits", "0",
+            "--data-dir", str(tmp_path / "uci"), "--runs-dir", str(runs), "--budget-minutes", "30", *TINY,
+            "--set", "inference.num_samples=1000000", "--set", "inference.checkpoint_every=50"]
+    job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, text=True)
     try:
         deadline = time.monotonic() + 180
         while not (run / "samples.pt").is_file() and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.5)
-        assert (run / "samples.pt").is_file(), job.stderr.read().decode() if job.poll() is not None else "no draws"
+        assert (run / "samples.pt").is_file(), job.communicate()[1] if job.poll() is not None else "no draws"
         busy = references.progress("tiny/0", run)
-        assert busy.state == "sampling" and busy.writer_pid == str(job.pid)
-        references._stop(job)
+        assert busy.state == "sampling" and busy.writer_pid not in (None, str(job.pid))  # the zoo train it runs
+        job.send_signal(signal.SIGTERM)
+        out, err = job.communicate(timeout=120)
     finally:
         job.kill()
-    assert job.returncode == 143
+    assert job.returncode == 143, err
+    assert "interrupted by SIGTERM" in (runs / "logs" / "tiny-split00.log").read_text()
+    assert "Traceback" not in err
     row = references.progress("tiny/0", run)
     assert row.state == "sampling" and row.writer_pid is None
     assert 0 < row.iterations_done < row.iterations_asked == 100 + 1_000_000
     assert row.estimated_hours_left > 0 and row.r_hat_max is None
-    # the next command continues it: --add-draws finishes the cut-short run before adding rounds
+    # what the next call runs: --add-draws, which finishes the cut-short run before it adds rounds
     again = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, "uci", [], row.state, 10, 1.0)
     assert again[-5:] == ["--add-draws", "10", "--until-converged", "--budget-minutes", "1.00"]
 
@@ -101,7 +104,7 @@ def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, cap
                             "--add-draws", "300", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert code == 0, (runs / "logs" / "tiny-split00.log").read_text()[-3000:]
-    assert out.count("$ train") == 2 and "--add-draws 300" in out
+    assert out.count("$ zoo train") == 2 and "--add-draws 300" in out
     row = json.loads(out_json.read_text())["references"][0]
     assert row["state"] == "converged" and row["draws_per_chain"] == 320 and row["iterations_done"] == 420
     assert row["r_hat_max"] <= RHAT_MAX and row["ess_min"] >= ESS_MIN and row["divergences"] == 0
@@ -109,4 +112,4 @@ def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, cap
     assert "sampling to 320 draws per chain" in log and log.rstrip().splitlines()[-1].startswith("converged")
     # converged: the next call runs nothing
     assert references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10"]) == 0
-    assert "$ train" not in capsys.readouterr().out
+    assert "$ zoo train" not in capsys.readouterr().out
