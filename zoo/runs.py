@@ -323,8 +323,12 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
 
 
 def writer_of(out: Path) -> str | None:
-    """The pid of the live process writing the run or sweep directory ``out`` (as its lock file says), or None when
-    no process holds its lock. Takes the lock for an instant when it is free, so it never blocks."""
+    """Which live process, if any, is writing a run or sweep directory. Takes the lock for an instant when it is
+    free, so it never blocks.
+
+    :param out: the run or sweep directory.
+    :returns: the pid its lock file names while a live process holds the lock, else None.
+    """
     lock = Path(out) / LOCK_FILE
     if not lock.is_file():
         return None
