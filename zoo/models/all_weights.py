@@ -13,12 +13,11 @@ import pyro.distributions as dist
 import torch
 from pydantic import Field
 from torch import nn
-from torch.func import functional_call, vmap
 
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
-from zoo.nets import ParameterSwap, has_batch_norm, prediction_mode
+from zoo.nets import ParameterSwap, forward_stacked, has_batch_norm, prediction_mode
 from zoo.priors import PriorSection, prior_distribution
 from zoo.sites import WEIGHT_MATRICES, LatentSite
 
@@ -119,7 +118,7 @@ class AllWeightsBNN(ModelFamily):
         weights = {name: draws[name] for name in self.weight_names}
         if next(iter(weights.values())).shape[0] == 1:  # one draw (e.g. a NUTS chain): no vmap overhead
             return self.forward({n: w[0] for n, w in weights.items()}, x).unsqueeze(0)
-        return vmap(lambda w: functional_call(self.net, w, (x,)))(weights)
+        return forward_stacked(self.net, weights, x)
 
 
 class AllWeightsModelSpec(FamilySection, ModuleChoice):

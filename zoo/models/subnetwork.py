@@ -23,7 +23,6 @@ import pyro.distributions as dist
 import torch
 from pydantic import Field, field_validator
 from torch import nn
-from torch.func import functional_call, vmap
 
 from guides.delta import DeltaGuide
 from zoo.curvature import LayerFactors, ParameterLayout
@@ -32,7 +31,7 @@ from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.all_weights import AllWeightsBNN
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, StructureFit, restore_buffers
-from zoo.nets import ParameterSwap
+from zoo.nets import ParameterSwap, forward_stacked
 from zoo.priors import PriorSection
 from zoo.runs import POINT_ESTIMATE_FILE, load_point_values, load_torch, save_torch
 from zoo.sections import Strict, SVISpec
@@ -395,7 +394,7 @@ class SubnetworkBNN(ModelFamily):
         subnet = draws[SITE]
         if subnet.shape[0] == 1:
             return self.forward(subnet[0], x).unsqueeze(0)
-        return vmap(lambda w: functional_call(self.net, w, (x,), strict=False))(self.weights(subnet))
+        return forward_stacked(self.net, self.weights(subnet), x)
 
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
         """Per-draw predictive distributions at ``x`` under S joint draws (the net itself, not linearised)."""

@@ -25,6 +25,7 @@ from zoo.nets.base import (
     batch_dependent,
     check_patterns,
     evaluation_mode,
+    forward_stacked,
     has_batch_norm,
     has_convolutions,
     image_shape,
@@ -48,8 +49,9 @@ __all__ = ["ACTIVATIONS", "NETS", "NET_FILE", "NORMALISATION_LAYERS", "NORM_LAYE
            "module_matches", "parametric_modules", "ModuleNetSpec", "NetConfig", "NetSection",
            "ParameterSwap", "PythonNetSpec",
            "batch_dependent", "build_cnn", "build_lenet5", "build_mlp", "build_net", "build_resnet",
-           "build_torchvision", "build_wrn", "evaluation_mode", "has_batch_norm", "has_convolutions", "image_shape",
-           "input_image_shape", "load_weights", "net_section", "prediction_mode", "read_weights", "reinitialise"]
+           "build_torchvision", "build_wrn", "evaluation_mode", "forward_stacked", "has_batch_norm",
+           "has_convolutions", "image_shape", "input_image_shape", "load_weights", "net_section", "prediction_mode",
+           "read_weights", "reinitialise"]
 
 NETS = Catalogue("net", MLPSpec, CNNSpec, LeNet5Spec, ResNetSpec, WRNSpec, TorchvisionSpec, PythonNetSpec,
                  ModuleNetSpec)

@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar
 import torch
 from pydantic import AfterValidator, Field
 from torch import nn
+from torch.func import functional_call, vmap
 
 from zoo.errors import ZooInputError
 from zoo.parts import Strict
@@ -209,12 +210,32 @@ def has_batch_norm(net: nn.Module) -> bool:
 
 
 def has_convolutions(net: nn.Module) -> bool:
-    """Whether the net has convolution layers (the deep ensemble then runs its members one after another).
+    """Whether the net has convolution layers (stacked parameter sets then run one after another).
 
     :param net: the net.
     :returns: whether any of its modules is a convolution.
     """
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
+
+
+def forward_stacked(net: nn.Module, stacked: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The net's outputs under S parameter sets at once, e.g. S posterior draws of its weights.
+
+    An MLP runs all S as one ``torch.func.vmap`` (one batched matmul per layer). A net with convolutions runs them
+    one after another: vmap turns its convolutions into one grouped convolution and its pooling into one S times
+    larger batch, which cost more on the CPU than S plain passes (``benchmarks/predict_speed.py``).
+
+    :param net: the net; what ``stacked`` names replaces its tensors, the rest (e.g. BatchNorm's running statistics)
+        stay its own.
+    :param stacked: ``{name: [S, *shape]}``, the S sets stacked along a first dimension.
+    :param x: the inputs ``[B, ...]``, the same for every set.
+    :returns: the outputs ``[S, B, out]``.
+    """
+    if has_convolutions(net):
+        count = next(iter(stacked.values())).shape[0]
+        return torch.stack([functional_call(net, {n: v[s] for n, v in stacked.items()}, (x,))
+                            for s in range(count)])
+    return vmap(lambda one: functional_call(net, one, (x,)))(stacked)
 
 
 def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:
