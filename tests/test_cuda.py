@@ -56,6 +56,28 @@ def test_samplers_run_on_cuda(method, kernel, tmp_path):
     assert math.isfinite(summary.metrics["test_ll"])
 
 
+def test_the_compiled_potential_on_cuda_is_a_cuda_graph_whose_results_outlive_the_next_call():
+    """On a GPU the compiled potential is captured as a CUDA graph (on the CPU: compiled alone). A replay writes
+    into the last one's output memory, so each call's results must be copies that the next call leaves alone (the
+    sampler keeps the accepted point's gradient while it evaluates proposals)."""
+    from zoo.inference.potential import Potential
+    from zoo.pipeline import prepare
+
+    spec = make_spec("toy", "net.hidden=[8]", "net.activation=tanh", f"device={DEVICE}")
+    data, family, _, _ = prepare(spec)
+    eager, compiled = Potential(family, data), Potential(family, data, compile=True)
+    gen = torch.Generator().manual_seed(0)
+    points = [torch.randn(16, eager.coords.dim, generator=gen).to(DEVICE) for _ in range(3)]
+    results = [compiled.value_and_grad(z) for z in points]  # the first call compiles (and captures) the graph
+    assert compiled.compiled, "the potential did not compile"
+    for z, (energy, grad) in zip(points, results, strict=True):
+        assert on_device(energy) and on_device(grad)
+        reference_energy, reference_grad = eager.value_and_grad(z)
+        torch.testing.assert_close(energy, reference_energy, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(grad, reference_grad, rtol=1e-3, atol=1e-3)
+    assert results[1][1].data_ptr() != results[2][1].data_ptr()
+
+
 @pytest.mark.parametrize("family", ["mean_field", "rank1", "map"])
 def test_bf16_steps_train_every_autocast_family_on_cuda(family, tmp_path):
     summary = train(spec_of(family, f"device={DEVICE}", "inference.autocast=bf16"), tmp_path / "run", progress=False,

@@ -177,6 +177,31 @@ def test_compiled_potential_matches_the_eager_one(spec_factory):
     torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("device, captured", [("cpu", False), ("meta", False), ("cuda", True)])
+def test_the_potential_is_captured_as_a_cuda_graph_only_from_gpu_inputs(device, captured, monkeypatch):
+    """``TracedCompile(cuda_graphs=True)`` asks Inductor for a CUDA graph only when its inputs are on a GPU, and then
+    returns copies of the outputs (a replay overwrites the last one's memory). Checked without a GPU by recording
+    what ``torch.compile`` is asked for; tests/test_cuda.py runs the real capture on one."""
+    from zoo.inference import compiled as compiled_module
+
+    asked = []
+
+    def fake_compile(graph, **kwargs):
+        asked.append(kwargs["options"])
+        return lambda *inputs: (inputs[0] * 2,)
+
+    monkeypatch.setattr(compiled_module.torch, "compile", fake_compile)
+    monkeypatch.setattr(compiled_module, "make_fx", lambda fn: lambda *inputs: fn)
+    traced = compiled_module.TracedCompile(lambda x: (x * 2,), "a test", cuda_graphs=True)
+    x = torch.ones(3)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device(device)))
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self: ("copy", self))
+    out = traced(x)
+    assert asked == [compiled_module.compile_options(captured)]
+    assert ("triton.cudagraphs" in asked[0]) == captured and asked[0]["fallback_random"]
+    assert (out[0][0] == "copy") if captured else isinstance(out[0], torch.Tensor)
+
+
 def test_exp_tanh_rewrites_tanh_in_value_and_gradient():
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -25,11 +25,17 @@ class TracedCompile:
     returns the compiled result, or ``None`` once tracing or compiling has failed (a model branching in Python
     on a tensor's value, no C++ compiler): that is said once as a warning and the caller runs ``fn`` eagerly
     from then on.
+
+    With ``cuda_graphs``, a graph whose inputs are on a GPU is also captured as a CUDA graph (Inductor's
+    ``triton.cudagraphs``, what ``mode="reduce-overhead"`` sets): a call replays its kernels with one launch, where a
+    small net's eager step is bound by launching many small kernels from Python. Only for a ``fn`` that draws no
+    random numbers. A replay writes its outputs into the same memory as the last one, so they are copied before
+    they are returned (the HMC sampler keeps the last accepted point's gradient across calls).
     """
 
     def __init__(self, fn: Callable[..., Any], what: str,
-                 rewrite: Callable[[torch.fx.GraphModule], None] | None = None) -> None:
-        self.fn, self.what, self.rewrite = fn, what, rewrite
+                 rewrite: Callable[[torch.fx.GraphModule], None] | None = None, cuda_graphs: bool = False) -> None:
+        self.fn, self.what, self.rewrite, self.cuda_graphs = fn, what, rewrite, cuda_graphs
         self.active = True
         self._graphs: dict[tuple, Callable[..., Any]] = {}
 
@@ -46,13 +52,27 @@ class TracedCompile:
                     self.rewrite(graph)
                 # random draws stay eager ops: Inductor's own generator made a mean-field step slower than eager
                 # on CPU (784-400-400-10: 52 ms compiled against 29 ms eager), and different from eager's draws
-                self._graphs[key] = torch.compile(graph, dynamic=False, options={"fallback_random": True})
-            return self._graphs[key](*inputs)
+                self._graphs[key] = torch.compile(graph, dynamic=False, options=compile_options(
+                    self.cuda_graphs and any(t.device.type == "cuda" for t in inputs)))
+            out = self._graphs[key](*inputs)
+            if self.cuda_graphs and any(t.device.type == "cuda" for t in inputs):
+                out = torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
+            return out
         except Exception as exc:  # the maths is the same eagerly, only slower
             warnings.warn(f"compiling {self.what} failed ({type(exc).__name__}: {exc}); running it eagerly",
                           stacklevel=3)
             self.active = False
             return None
+
+
+def compile_options(cuda_graphs: bool) -> dict[str, bool]:
+    """Inductor's options for a traced graph: random draws as eager ops, and with ``cuda_graphs`` its kernels
+    captured as a CUDA graph.
+
+    :param cuda_graphs: whether to capture the compiled graph as a CUDA graph (its inputs must be on a GPU).
+    :returns: the ``options`` for ``torch.compile``.
+    """
+    return {"fallback_random": True, **({"triton.cudagraphs": True} if cuda_graphs else {})}
 
 
 def exp_tanh(graph: torch.fx.GraphModule) -> None:
