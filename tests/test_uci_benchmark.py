@@ -316,6 +316,23 @@ def test_resume_refuses_a_run_dir_of_another_spec(tmp_path, capsys):
     assert "give the same --runs-dir" in capsys.readouterr().err
 
 
+def test_resume_reads_back_a_runs_dir_whose_data_now_live_elsewhere(tmp_path, capsys):
+    """Runs copied to another machine: the same command with that machine's --data-dir reads them back."""
+    import shutil
+
+    root, moved = tmp_path / "uci", tmp_path / "elsewhere" / "uci"
+    write_folder(root, "tiny", n_rows=40)
+    shutil.copytree(root, moved)
+    runs, out_json = tmp_path / "runs", tmp_path / "out.json"
+    common = ["--spec", str(CONFIG), "--datasets", "tiny", "--splits", "0", "--runs-dir", str(runs),
+              "--json", str(out_json), *TINY_SETS]
+    assert uci.main([*common, "--data-dir", str(root)]) == 0
+    first = json.loads(out_json.read_text())["datasets"]["tiny"]
+    assert uci.main([*common, "--data-dir", str(moved), "--resume"]) == 0
+    again = json.loads(out_json.read_text())["datasets"]["tiny"]
+    assert again["reused_splits"] == 1 and again["test_ll"] == first["test_ll"]
+
+
 # ------------------------------------------------------------------------------------------------ failed splits
 def test_a_diverging_split_is_recorded_and_the_finished_splits_kept(tmp_path, capsys, monkeypatch):
     """Issue 39: one split that diverged ended the benchmark with exit 1 and no JSON, losing the finished splits."""

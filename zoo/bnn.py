@@ -52,7 +52,7 @@ from zoo.runs import (
     write_json,
     write_text,
 )
-from zoo.spec import RunSpec, load_spec, spec_to_yaml
+from zoo.spec import RunSpec, load_spec, run_identity, spec_to_yaml
 from zoo.tasks import task_of
 
 DEVICE_SHARE = 0.5  # the most of a GPU's free memory the training rows may take (the rest: the net, activations)
@@ -330,9 +330,7 @@ def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
     :returns: the spec to continue the run with.
     :raises ZooInputError: when anything else differs.
     """
-    asked, had = spec.model_dump(), saved.model_dump()
-    if "dir" in asked["data"] and "dir" in had["data"]:
-        had["data"]["dir"] = asked["data"]["dir"]
+    asked, had = run_identity(spec), run_identity(saved)
     if asked == had:
         return spec
     grows = spec.inference.method in registry.method_of(spec).adds_draws

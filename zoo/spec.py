@@ -425,6 +425,18 @@ def spec_to_yaml(spec: RunSpec) -> str:
     return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
 
 
+def run_identity(spec: RunSpec) -> dict:
+    """What makes two specs the same run: the spec as a dict, less where its data lives (``data.dir``), so a run
+    directory copied to another machine resumes there with that machine's data directory.
+
+    :param spec: a validated spec.
+    :returns: ``spec.model_dump()`` without ``data.dir``.
+    """
+    tree = spec.model_dump()
+    tree["data"].pop("dir", None)
+    return tree
+
+
 # ----------------------------------------------------------------------------------------- the reference
 @dataclass(frozen=True)
 class SectionReference:
