@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, split_run_dir  # noqa: E402
 
-from zoo.diagnostics.checks import ESS_MIN, RHAT_MAX  # noqa: E402
+from zoo.cli import STRICT_EXIT as NOT_CONVERGED_EXIT  # noqa: E402 - zoo train's exit when the verdict fails
+from zoo.diagnostics.checks import DIAGNOSTICS_FILE, ESS_MIN, RHAT_MAX  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
 from zoo.runs import write_text  # noqa: E402
@@ -59,7 +60,6 @@ from zoo.runs import write_text  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = REPO_ROOT / "configs" / "hmc_uci.yaml"
 DEFAULT_DATASETS = "bostonHousing,concrete,wine-quality-red,energy"
-NOT_CONVERGED_EXIT = 3  # zoo train's exit when the verdict fails
 STOP_GRACE_SECONDS = 600  # how long a stopped command may take to write its checkpoint before it is killed
 
 
@@ -95,7 +95,7 @@ def _verdict(run: Path, draws: int) -> dict:
     fresh diagnosis (minutes for a long run), which writes it."""
     from zoo.diagnostics.checks import diagnose
 
-    stored = run / "diagnostics.json"
+    stored = run / DIAGNOSTICS_FILE
     if stored.is_file():
         result = json.loads(stored.read_text())
         if result.get("num_draws") == draws:
@@ -110,17 +110,15 @@ def _check_value(result: dict, starts: str) -> float | None:
 
 def progress(reference: str, run: Path) -> Progress:
     """Read one reference's state from its run directory (its spec, checkpoint and verdict); runs nothing."""
-    import torch
-
     from zoo.inference.draws import SAMPLES_FILE
-    from zoo.runs import SPEC_FILE, writer_of
+    from zoo.runs import SPEC_FILE, load_checkpoint, writer_of
     from zoo.spec import load_spec
 
     row = Progress(reference, str(run), "not started", writer_of(run) if run.is_dir() else None)
     if not (run / SPEC_FILE).is_file() or not (run / SAMPLES_FILE).is_file():
         return row
     spec = load_spec(run / SPEC_FILE)
-    saved = torch.load(run / SAMPLES_FILE, map_location="cpu", weights_only=False)
+    saved = load_checkpoint(run / SAMPLES_FILE)
     inference = spec.inference
     done = bool(saved.get("done", False))
     row.iterations_asked = inference.warmup_steps + inference.num_samples

@@ -177,7 +177,7 @@ def test_compiled_potential_matches_the_eager_one(spec_factory):
     torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("device, captured", [("cpu", False), ("meta", False), ("cuda", True)])
+@pytest.mark.parametrize("device, captured", [("cpu", False), ("cuda", True)])
 def test_the_potential_is_captured_as_a_cuda_graph_only_from_gpu_inputs(device, captured, monkeypatch):
     """``TracedCompile(cuda_graphs=True)`` asks Inductor for a CUDA graph only when its inputs are on a GPU, and then
     returns copies of the outputs (a replay overwrites the last one's memory). Checked without a GPU by recording

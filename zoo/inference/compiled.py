@@ -45,6 +45,7 @@ class TracedCompile:
             return None
         static = static or {}
         key = (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), tuple(sorted(static.items())))
+        captured = self.cuda_graphs and any(t.device.type == "cuda" for t in inputs)
         try:
             if key not in self._graphs:
                 graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
@@ -52,10 +53,9 @@ class TracedCompile:
                     self.rewrite(graph)
                 # random draws stay eager ops: Inductor's own generator made a mean-field step slower than eager
                 # on CPU (784-400-400-10: 52 ms compiled against 29 ms eager), and different from eager's draws
-                self._graphs[key] = torch.compile(graph, dynamic=False, options=compile_options(
-                    self.cuda_graphs and any(t.device.type == "cuda" for t in inputs)))
+                self._graphs[key] = torch.compile(graph, dynamic=False, options=compile_options(captured))
             out = self._graphs[key](*inputs)
-            if self.cuda_graphs and any(t.device.type == "cuda" for t in inputs):
+            if captured:  # the next replay would overwrite these outputs
                 out = torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
             return out
         except Exception as exc:  # the maths is the same eagerly, only slower
