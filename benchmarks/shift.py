@@ -5,7 +5,8 @@ digits (scikit-learn's, enlarged to MNIST's frame: AUROC and FPR95 by max-probab
 
     python benchmarks/shift.py --spec configs/map_digits.yaml --spec configs/mc_dropout_digits.yaml \\
         [--set 'net:={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
-        --runs-dir runs/shift [--threads 1] [--predictive-samples N] [--json PATH] [--plot PATH]
+        --runs-dir runs/shift [--reports DIR] [--threads 1] [--predictive-samples N] [--json PATH] \\
+        [--plot PATH]
 
 Every member gets ``data.name=mnist5k``, ``data.ood_classes=[]`` and ``data.calibration_fraction=0.1`` (the
 same 3,600 training rows for all; the other 400 are the calibration rows that temperature scaling is fitted
@@ -13,6 +14,9 @@ on), then ``--set`` and its ``--set-for``. ``--temperature-scale STEM`` adds a r
 predictive after temperature scaling. Resumable: a run directory that holds a finished run is evaluated, not
 retrained, and one with a checkpoint resumes; each run's report is kept in it as ``shift_benchmark_draws<N>.json``
 (N: the posterior draws per prediction, each spec's own unless ``--predictive-samples`` sets one for all).
+``--reports DIR`` also keeps each run's report with its fit time and spec as ``DIR/<stem>_seed<k>_draws<N>.json``:
+small files that can be committed and copied, from which a rerun on another machine rebuilds the tables without
+the run directories (a kept report made by another spec is refused, not overwritten).
 """
 
 from __future__ import annotations
@@ -72,6 +76,35 @@ def evaluate_member(run_dir: Path, temperature_scale: bool, draws: int | None = 
     return json.loads(cache.read_text())  # as a rerun reads it (levels as strings), so seeds combine alike
 
 
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def kept_report(path: Path, identity: dict) -> dict | None:
+    """The report kept at ``path`` by ``--reports`` (None when there is none), refused when another spec made it.
+
+    :param path: ``DIR/<stem>_seed<k>_draws<N>.json``.
+    :param identity: the asked run's :func:`zoo.spec.run_identity`, as JSON reads it back.
+    :returns: the kept record: ``identity``, ``train_seconds``, ``report`` and, once asked for, ``scaled``.
+    :raises ZooInputError: when the kept record's spec differs from the asked one (naming the keys).
+    """
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    kept, asked = _flat(record["identity"]), _flat(identity)
+    differ = sorted(k for k in kept.keys() | asked.keys() if kept.get(k) != asked.get(k))
+    if differ:
+        raise ZooInputError("--reports", str(path), f"this report was made by another spec (it differs at "
+                            f"{', '.join(differ[:6])}); remove the file or give another --reports directory")
+    return record
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
     """Mean and standard error over seeds (0 for one seed)."""
     a = np.asarray(values, dtype=np.float64)
@@ -123,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature-scale", action="append", default=[], metavar="STEM",
                    help="also report member STEM after temperature scaling on its calibration rows")
     p.add_argument("--runs-dir", required=True, metavar="DIR", help="the runs, DIR/<stem>_seed<k> (resumable)")
+    p.add_argument("--reports", metavar="DIR", help="also keep each run's report, fit time and spec in DIR (small "
+                   "files a rerun elsewhere rebuilds the tables from, without the runs)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--predictive-samples", type=int, metavar="N",
                    help="posterior draws per prediction in the evaluation (default: each spec's own)")
@@ -136,7 +171,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
 
     from zoo.pipeline import holds_a_fit, train
     from zoo.runs import write_json
-    from zoo.spec import load_spec
+    from zoo.spec import load_spec, run_identity
 
     if args.threads < 1:
         raise ZooInputError("--threads", args.threads, "use 1 or more")
@@ -157,13 +192,27 @@ def run(args: argparse.Namespace, console: Console) -> dict:
         for seed in seeds:
             spec = load_spec(path, [*overrides, f"seed={seed}"])
             run_dir = Path(args.runs_dir) / f"{stem}_seed{seed}"
+            draws = spec.inference.predictive_samples if args.predictive_samples is None else args.predictive_samples
+            identity = json.loads(json.dumps(run_identity(spec), default=str))
+            kept_at = Path(args.reports) / f"{stem}_seed{seed}_draws{draws}.json" if args.reports else None
+            record = kept_report(kept_at, identity) if kept_at else None
+            wants_scaled = stem in args.temperature_scale
             started = time.perf_counter()
-            if not (run_dir / "metrics.json").is_file():
-                train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True, echo=None)
-            fit_seconds.append(json.loads((run_dir / "metrics.json").read_text())["train_seconds"])
-            reports.append(evaluate_member(run_dir, False, args.predictive_samples))
-            if stem in args.temperature_scale:
-                scaled.append(evaluate_member(run_dir, True, args.predictive_samples))
+            if record is None or (wants_scaled and "scaled" not in record):
+                if not (run_dir / "metrics.json").is_file():
+                    train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True,
+                          echo=None)
+                record = {"identity": identity, "draws": draws,
+                          "train_seconds": json.loads((run_dir / "metrics.json").read_text())["train_seconds"],
+                          "report": evaluate_member(run_dir, False, draws)}
+                if wants_scaled:
+                    record["scaled"] = evaluate_member(run_dir, True, draws)
+                if kept_at:
+                    write_json(kept_at, record)
+            fit_seconds.append(record["train_seconds"])
+            reports.append(record["report"])
+            if wants_scaled:
+                scaled.append(record["scaled"])
             console.print(f"{stem} seed {seed}: cNLL {reports[-1]['corruptions']['summary']['c_nll']:.3f} "
                           f"({time.perf_counter() - started:.0f} s)", markup=False)
         results[stem] = {**member_figures(reports), "fit_seconds": float(np.mean(fit_seconds))}

