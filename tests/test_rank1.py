@@ -557,3 +557,25 @@ def test_rank1_members_of_a_net_with_an_embedding_and_transposed_convolutions_eq
                     layer.weight.mul_((r[:, None] * s).view(*layer.weight.shape[:2], *[1] * (layer.weight.dim() - 2)))
                 layer.bias = nn.Parameter(bias_of[name][k].clone())
             assert torch.allclose(together[k], member(ids), atol=1e-5), k
+
+
+def test_a_conv_nets_draws_are_predicted_one_draw_per_pass_as_they_would_be_in_one(monkeypatch):
+    # S draws of K members: a net with convolutions runs K member rows per pass (S passes), not S*K at once, and
+    # the predictions are those of the single pass an MLP takes
+    torch.manual_seed(1)
+    net, members, count = SignalNet(), 3, 4
+    priors = assign_priors(PriorSpec(default=NormalPrior(loc=1.0)), Rank1BNN.prior_sites(net))
+    family = Rank1BNN(net, priors, Categorical(), members=members)
+    posterior = GuidePosterior(family, MixtureGuide(family.latent_sites(), init_scale=0.3))
+    draws, ids = posterior.sample(count), torch.randint(0, 10, (5, 6))
+    passes = []
+    forward = family.forward_members
+    monkeypatch.setattr(family, "forward_members", lambda f, b, x: passes.append(len(b[0])) or forward(f, b, x))
+    per_draw = posterior.predict(ids, draws=draws)
+    assert passes == [members] * count
+    passes.clear()
+    monkeypatch.setattr(rank1, "has_convolutions", lambda net: False)
+    together = posterior.predict(ids, draws=draws)
+    assert passes == [members * count]
+    assert per_draw.log_probs.shape == (count * members, 5, 2)
+    assert torch.allclose(per_draw.log_probs, together.log_probs, atol=1e-6)

@@ -24,7 +24,7 @@ from torch.distributions import constraints
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
-from zoo.nets import has_batch_norm, prediction_mode
+from zoo.nets import has_batch_norm, has_convolutions, prediction_mode
 from zoo.priors import PRIORS, PriorSection, prior_distribution
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
@@ -298,10 +298,19 @@ class Rank1BNN(ModelFamily):
         return members, [b.repeat(n_draws, 1) for b in self.member_bias.values()]
 
     def predict(self, draws: dict[str, torch.Tensor], x: torch.Tensor) -> PredictiveDraws:
-        """S draws of the K components become S*K predictive draws (the mixture over components and samples)."""
+        """S draws of the K components become S*K predictive draws (the mixture over components and samples).
+
+        A net with convolutions runs one draw's K members per pass (as :func:`zoo.nets.forward_stacked` runs a
+        conv net's draws one after another): all S*K in one pass hold S*K copies of every activation at once
+        (LeNet-5, 32 x 4 members x 1,000 images: 2.4 GB in its first layer alone)."""
         members, biases = self._member_draws(draws)
+        factors = self.factors(members)
+        total = biases[0].shape[0] if biases else next(iter(factors.values())).shape[0]
+        step = self.members if has_convolutions(self.net) else total
         with prediction_mode(self.net, self.batch_norm):
-            return self.likelihood.predictive(self.forward_members(self.factors(members), biases, x), members)
+            out = torch.cat([self.forward_members({n: v[i:i + step] for n, v in factors.items()},
+                                                  [b[i:i + step] for b in biases], x) for i in range(0, total, step)])
+            return self.likelihood.predictive(out, members)
 
     def log_likelihood(self, draws: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Pointwise log-likelihood of the model's ``obs`` site (members' mixture or average), per draw: ``[S, B]``."""
