@@ -1,7 +1,8 @@
 """Shift and OOD benchmark (the seed papers' protocol): train each member on the 5,000 real MNIST digits of
 ``mnist5k`` for several seeds, then score it on the clean test images, on the generated corruption suite (14
 corruptions x 5 severities: cNLL, cAcc, cECE, cBrier), on rotated test images (15-180 degrees) and on far-OOD
-digits (scikit-learn's, enlarged to MNIST's frame: AUROC and FPR95 by max-probability, entropy and MI).
+digits (scikit-learn's, enlarged to MNIST's frame: AUROC, AUPR-in/out and FPR95 by max-probability,
+entropy and MI).
 
     python benchmarks/shift.py --spec configs/map_digits.yaml --spec configs/mc_dropout_digits.yaml \\
         [--set 'net:={name: lenet5}'] [--set-for STEM:k=v ...] [--seeds 0-2] [--temperature-scale map_digits] \\
@@ -121,7 +122,7 @@ def member_figures(reports: list[dict]) -> dict:
     ood = [r["corruptions"]["ood"].get(OOD_SET, {}) for r in reports]
     for score in ("max_prob", "entropy", "mi"):
         if all(score in o for o in ood):
-            for metric in ("auroc", "fpr95"):
+            for metric in ("auroc", "aupr_in", "aupr_out", "fpr95"):
                 out[f"ood_{score}_{metric}"] = mean_se([o[score][metric] for o in ood])
     out["by_severity"] = {level: {k: float(np.mean([r["corruptions"]["by_severity"][level][k] for r in reports]))
                                   for k in ("accuracy", "nll", "ece")}

@@ -77,3 +77,19 @@ def test_kept_reports_rebuild_the_tables_without_the_runs_and_refuse_another_spe
     other["inference"]["epochs"] = 2
     with pytest.raises(ZooInputError, match=r"differs at inference\.epochs\)"):
         bench.kept_report(kept / "map_digits_seed0_draws1.json", other)
+
+
+def test_the_committed_shift_table_is_the_kept_reports_combined():
+    """benchmarks/results/shift_mnist5k_lenet5.json (the results page's tables) is what its kept reports give."""
+    table = REPO / "benchmarks" / "results" / "shift_mnist5k_lenet5.json"
+    kept = REPO / "benchmarks" / "results" / "shift_mnist5k_lenet5"
+    out = json.loads(table.read_text())
+    assert len(out["seeds"]) >= 3
+    for member, figures in out["members"].items():
+        stem, _, scaled = member.partition(" + ")
+        records = [json.loads((kept / f"{stem}_seed{s}_draws{out['predictive_samples']}.json").read_text())
+                   for s in out["seeds"]]
+        reports = [r["scaled" if scaled else "report"] for r in records]
+        again = json.loads(json.dumps(bench.member_figures(reports)))
+        assert {k: figures[k] for k in again} == again, member
+        assert figures["fit_seconds"] == pytest.approx(sum(r["train_seconds"] for r in records) / len(records))
