@@ -305,7 +305,7 @@ class Rank1BNN(ModelFamily):
         (LeNet-5, 32 x 4 members x 1,000 images: 2.4 GB in its first layer alone)."""
         members, biases = self._member_draws(draws)
         factors = self.factors(members)
-        total = biases[0].shape[0] if biases else next(iter(factors.values())).shape[0]
+        total = next(iter(factors.values())).shape[0]  # S*K
         step = self.members if has_convolutions(self.net) else total
         with prediction_mode(self.net, self.batch_norm):
             out = torch.cat([self.forward_members({n: v[i:i + step] for n, v in factors.items()},
