@@ -17,7 +17,10 @@ retrained, and one with a checkpoint resumes; each run's report is kept in it as
 (N: the posterior draws per prediction, each spec's own unless ``--predictive-samples`` sets one for all).
 ``--reports DIR`` also keeps each run's report with its fit time and spec as ``DIR/<stem>_seed<k>_draws<N>.json``:
 small files that can be committed and copied, from which a rerun on another machine rebuilds the tables without
-the run directories (a kept report made by another spec is refused, not overwritten).
+the run directories (a kept report made by another spec is refused, not overwritten). A run that training stops
+(:class:`~zoo.errors.TrainingDiverged`: a NaN objective, a sampler chain that strayed) does not stop the benchmark:
+its diagnosis is printed, kept (a rerun does not train it again) and written under ``stopped`` in the JSON, and
+the member's row averages the seeds that finished, naming how many.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rotated_mnist import add_member_options, member_overrides  # noqa: E402 - sibling module of this script
 
 from zoo.cli import exit_code  # noqa: E402
-from zoo.errors import ZooInputError  # noqa: E402
+from zoo.errors import TrainingDiverged, ZooInputError  # noqa: E402
 
 SUITES = ("corruptions", "rotation")
 SUMMARY = ("clean_accuracy", "clean_nll", "clean_ece", "c_accuracy", "c_nll", "c_ece", "c_brier")
@@ -142,7 +145,9 @@ def tables(results: dict[str, dict]) -> list[Table]:
     ood = Table(title=f"far OOD ({OOD_SET}): AUROC / FPR95 by score", title_justify="left")
     for column in ("member", "max-prob AUROC", "entropy AUROC", "MI AUROC", "entropy FPR95"):
         ood.add_column(column, justify="left" if column == "member" else "right")
-    for member, f in results.items():
+    for name, f in results.items():
+        kept, asked = len(f["seeds"]), f["seeds_total"]
+        member = name if kept == asked else f"{name} ({kept} of {asked} seeds)"
         shift.add_row(member, *(_cell(f[k]) for k in ("clean_accuracy", "clean_nll", "clean_ece", "c_accuracy",
                                                      "c_nll", "c_ece", "rotated_nll")), f"{f['fit_seconds']:.0f}")
         ood.add_row(member, *(_cell(f.get(k)) for k in ("ood_max_prob_auroc", "ood_entropy_auroc", "ood_mi_auroc",
@@ -187,9 +192,10 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             raise ZooInputError("--temperature-scale", stem, f"name one of the specs' stems: {', '.join(stems)}")
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
+    stopped: dict[str, dict[int, str]] = {}
     for path, stem in zip(args.spec, stems, strict=True):
         overrides = member_overrides(path, ["data.calibration_fraction=0.1", *args.set], args.set_for)
-        reports, scaled, fit_seconds = [], [], []
+        reports, scaled, fit_seconds, finished = [], [], [], []
         for seed in seeds:
             spec = load_spec(path, [*overrides, f"seed={seed}"])
             run_dir = Path(args.runs_dir) / f"{stem}_seed{seed}"
@@ -199,10 +205,20 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             record = kept_report(kept_at, identity) if kept_at else None
             wants_scaled = stem in args.temperature_scale
             started = time.perf_counter()
+            if record is None or (wants_scaled and "scaled" not in record and "stopped" not in record):
+                try:
+                    if not (run_dir / "metrics.json").is_file():
+                        train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True,
+                              echo=None)
+                except TrainingDiverged as stop:
+                    record = {"identity": identity, "draws": draws, "stopped": str(stop)}
+                    if kept_at:
+                        write_json(kept_at, record)
+            if record is not None and "stopped" in record:
+                stopped.setdefault(stem, {})[seed] = record["stopped"]
+                console.print(f"{stem} seed {seed}: training stopped: {record['stopped']}", markup=False)
+                continue
             if record is None or (wants_scaled and "scaled" not in record):
-                if not (run_dir / "metrics.json").is_file():
-                    train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True,
-                          echo=None)
                 record = {"identity": identity, "draws": draws,
                           "train_seconds": json.loads((run_dir / "metrics.json").read_text())["train_seconds"],
                           "report": evaluate_member(run_dir, False, draws)}
@@ -211,20 +227,27 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                 if kept_at:
                     write_json(kept_at, record)
             fit_seconds.append(record["train_seconds"])
+            finished.append(seed)
             reports.append(record["report"])
             if wants_scaled:
                 scaled.append(record["scaled"])
             console.print(f"{stem} seed {seed}: cNLL {reports[-1]['corruptions']['summary']['c_nll']:.3f} "
                           f"({time.perf_counter() - started:.0f} s)", markup=False)
-        results[stem] = {**member_figures(reports), "fit_seconds": float(np.mean(fit_seconds))}
+        if not reports:
+            continue
+        seeds_run = {"seeds": finished, "seeds_total": len(seeds), "fit_seconds": float(np.mean(fit_seconds))}
+        results[stem] = {**member_figures(reports), **seeds_run}
         if scaled:
-            results[f"{stem} + TS"] = {**member_figures(scaled), "fit_seconds": float(np.mean(fit_seconds)),
+            results[f"{stem} + TS"] = {**member_figures(scaled), **seeds_run,
                                        "temperature": mean_se([r["corruptions"]["temperature"] for r in scaled])}
     for table in tables(results):
         console.print(table)
+    for stem, by_seed in stopped.items():
+        console.print(f"not in the tables: {stem} seed(s) {', '.join(map(str, by_seed))} (training stopped; "
+                      f"the diagnosis is above and in the JSON under 'stopped')", markup=False)
     out = {"seeds": seeds, "threads": args.threads, "predictive_samples": args.predictive_samples,
            "overrides": args.set, "overrides_per_spec": args.set_for,
-           "members": results}
+           "members": results, "stopped": stopped}
     written = []
     if args.json:
         written.append(str(write_json(Path(args.json), out)))

