@@ -287,6 +287,16 @@ def test_pruning_curve_writes_png(tmp_path):
     _assert_png(path, returned)
 
 
+def test_shift_curves_draws_every_member_in_its_own_style(tmp_path):
+    """Fifteen members (the shift benchmark's rows) get fifteen distinct lines, drawn in that style on each panel."""
+    levels = {float(k): {"accuracy": 0.9 - 0.1 * k, "nll": 0.2 + k, "ece": 0.01 * k} for k in range(6)}
+    path = tmp_path / "shift.png"
+    _assert_png(path, plots.shift_curves({f"member {i}": levels for i in range(15)}, path, title="t"))
+    for n in (1, 10, 15, 45):
+        styles = plots._distinct_styles(n)
+        assert len({(s["color"], s.get("linestyle", "-"), s["marker"]) for s in styles}) == n
+
+
 # ------------------------------------------------------------------------------------------------ tasks
 class _FixedPosterior:
     """A posterior whose predictive at any inputs is one given set of draws (what a task reads of a posterior)."""

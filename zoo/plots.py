@@ -168,17 +168,33 @@ def shift_curves(curves: Mapping[str, Mapping[float, Mapping[str, float]]], path
     """Accuracy, NLL and ECE against the shift's severity (or angle), one line per member: ``curves[member][level]``
     holds that level's metrics (means over the corruption types)."""
     fig, axes = new_figure(1, len(SHIFT_METRICS), (4.2 * len(SHIFT_METRICS), 3.6))
+    styles = _distinct_styles(len(curves))
     for ax, (key, label) in zip(axes[0], SHIFT_METRICS, strict=True):
-        for member, levels in curves.items():
+        for (member, levels), style in zip(curves.items(), styles, strict=True):
             xs = sorted(levels)
-            ax.plot(xs, [levels[x][key] for x in xs], marker="o", markersize=3, label=member)
+            ax.plot(xs, [levels[x][key] for x in xs], markersize=3, label=member, **style)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize="small")
+    # beside the panels, not over one: a dozen members' legend would hide a panel's lines
+    fig.subplots_adjust(wspace=0.3)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="center left", fontsize="small", frameon=False,
+               bbox_to_anchor=(axes[0, -1].get_position().x1 + 0.01, 0.5))
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)
+
+
+def _distinct_styles(n: int) -> list[dict]:
+    """``n`` line styles no two alike: up to 10 colours of ``tab10`` with a solid line, then ``tab20``'s 20 colours
+    with solid, dashed and dotted lines and changing markers (a repeated colour alone would make two lines one)."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [{"color": colormaps["tab10"](i), "marker": "o"} for i in range(n)]
+    lines, markers = ("-", "--", ":"), ("o", "s", "^", "D")
+    return [{"color": colormaps["tab20"](i % 20), "linestyle": lines[(i // 20) % 3], "marker": markers[i % 4]}
+            for i in range(n)]
 
 
 def reliability_by_severity(confidence: Mapping[float, ArrayLike], correct: Mapping[float, ArrayLike],
