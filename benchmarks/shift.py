@@ -176,7 +176,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
     import torch
 
     from zoo.pipeline import holds_a_fit, train
-    from zoo.runs import write_json
+    from zoo.runs import SPEC_FILE, write_json
     from zoo.spec import load_spec, run_identity
 
     if args.threads < 1:
@@ -206,6 +206,10 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             wants_scaled = stem in args.temperature_scale
             started = time.perf_counter()
             if record is None or (wants_scaled and "scaled" not in record and "stopped" not in record):
+                kept_spec = run_dir / SPEC_FILE
+                if kept_spec.is_file() and run_identity(load_spec(kept_spec)) != run_identity(spec):
+                    raise ZooInputError("--runs-dir", str(run_dir), "holds a run of another spec (another --set, "
+                                        "--set-for or config): give the same command, or pick a new --runs-dir")
                 try:
                     if not (run_dir / "metrics.json").is_file():
                         train(spec, run_dir, resume=run_dir.is_dir() and holds_a_fit(run_dir), progress=True,

@@ -49,6 +49,9 @@ def test_a_member_and_its_temperature_scaled_row_and_a_rerun_reads_the_runs_back
     assert bench.main([*argv[:-1], str(tmp_path / "c.json"), "--predictive-samples", "3"]) == 0
     assert {p.name for p in run.glob("shift_benchmark*.json")} - own == {"shift_benchmark_draws3.json",
                                                                           "shift_benchmark_ts_draws3.json"}
+    # a run directory holding another spec's run is refused, not evaluated as if it were this spec's
+    assert bench.main([*argv[:-2], "--set", "inference.epochs=2"]) == 2
+    assert (run / "metrics.json").stat().st_mtime_ns == trained_at
     assert bench.main([*argv[:6], "--predictive-samples", "0"]) == 2
     assert bench.main([*argv[:6], "--temperature-scale", "lenet"]) == 2
 
