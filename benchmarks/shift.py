@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, console: Console) -> dict:
     import torch
 
-    from zoo.pipeline import holds_a_fit, train
-    from zoo.runs import SPEC_FILE, write_json
+    from zoo.pipeline import holds_a_fit, holds_another_spec, train
+    from zoo.runs import write_json
     from zoo.spec import load_spec, run_identity
 
     if args.threads < 1:
@@ -205,9 +205,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             record = kept_report(kept_at, identity) if kept_at else None
             wants_scaled = stem in args.temperature_scale
             started = time.perf_counter()
-            if record is None or (wants_scaled and "scaled" not in record and "stopped" not in record):
-                kept_spec = run_dir / SPEC_FILE
-                if kept_spec.is_file() and run_identity(load_spec(kept_spec)) != run_identity(spec):
+            needs_run = record is None or (wants_scaled and "scaled" not in record and "stopped" not in record)
+            if needs_run:
+                if holds_another_spec(run_dir, spec):
                     raise ZooInputError("--runs-dir", str(run_dir), "holds a run of another spec (another --set, "
                                         "--set-for or config): give the same command, or pick a new --runs-dir")
                 try:
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace, console: Console) -> dict:
                 stopped.setdefault(stem, {})[seed] = record["stopped"]
                 console.print(f"{stem} seed {seed}: training stopped: {record['stopped']}", markup=False)
                 continue
-            if record is None or (wants_scaled and "scaled" not in record):
+            if needs_run:
                 record = {"identity": identity, "draws": draws,
                           "train_seconds": json.loads((run_dir / "metrics.json").read_text())["train_seconds"],
                           "report": evaluate_member(run_dir, False, draws)}

@@ -153,12 +153,12 @@ def _user_set(overrides: list[str], key: str) -> bool:
 def finished_run(spec: RunSpec, run_dir: Path) -> dict | None:
     """A kept run of ``spec`` that finished (its metrics written) as :func:`run_split`'s result, else None; a run
     dir holding another spec is refused rather than silently mixed into the table."""
+    from zoo.pipeline import holds_another_spec
     from zoo.runs import METRICS_FILE, SPEC_FILE
-    from zoo.spec import load_spec, run_identity
 
     if not (run_dir / SPEC_FILE).is_file():
         return None
-    if run_identity(load_spec(run_dir / SPEC_FILE)) != run_identity(spec):  # the data may live elsewhere now
+    if holds_another_spec(run_dir, spec):  # the data may live elsewhere now
         raise ZooInputError("--resume", str(run_dir), "holds a run of another spec (other --set, --tune choices or "
                             "config): resume with the same command, or pick a new --runs-dir")
     if not (run_dir / METRICS_FILE).is_file():

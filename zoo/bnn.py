@@ -246,6 +246,19 @@ def holds_a_fit(run_dir: Path) -> bool:
             or (run / SUBNET_FILE).exists() or (run / MAP_DIR).exists())
 
 
+def holds_another_spec(run_dir: Path, spec: RunSpec) -> bool:
+    """Whether a run directory holds a run of a spec other than ``spec`` (its spec.yaml differs beyond where the data
+    lives, :func:`zoo.spec.run_identity`): a script that reuses run directories refuses such a one rather than report
+    its figures as ``spec``'s.
+
+    :param run_dir: the directory (it may not exist yet).
+    :param spec: the spec the caller is about to run or read back.
+    :returns: whether it does; False when the directory holds no spec.yaml.
+    """
+    kept = Path(run_dir) / SPEC_FILE
+    return kept.is_file() and run_identity(load_spec(kept)) != run_identity(spec)
+
+
 # ------------------------------------------------------------------------------------------ the parts
 def _tree(value: Any, key: str) -> Any:
     """A part given by name (``"rank1"``), as a section object, or as the spec's dict, as the spec's dict."""

@@ -20,6 +20,7 @@ from zoo.bnn import (  # noqa: F401 - the building blocks, re-exported for scrip
     check_host_rows,
     describe,
     holds_a_fit,
+    holds_another_spec,
     place,
     resolve_device,
     starting_posterior,
