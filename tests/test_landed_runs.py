@@ -21,6 +21,12 @@ from zoo.pipeline import load_run
 LANDED = Path(__file__).parent / "fixtures" / "landed_runs"
 RUNS = sorted(p.name for p in LANDED.iterdir() if (p / "spec.yaml").is_file())
 SAME = 1e-5  # relative: the same draws through the same maths, up to float32 summation order
+# Rank and bin statistics are not smooth in the draws: two entropies (or a confidence and a bin edge) that differ by
+# float32 rounding can swap places when the summation order changes with the thread count, and one swapped pair
+# moves an AUROC by 1 / (n_in * n_out) (1/n for a row that changes ECE bin). A few such swaps stay below 1e-3 on the
+# fixtures' hundreds of rows; the smooth metrics (NLL, accuracy, Brier, RMSE) keep SAME.
+SWAPPABLE = ("auroc", "aupr", "fpr95", "ece")
+SWAPS = 1e-3
 
 
 def test_the_fixtures_cover_every_family_method_and_guide():
@@ -44,4 +50,5 @@ def test_a_landed_run_directory_loads_and_scores_as_it_did(run, tmp_path):
     for key, value in written.items():
         if key == "train_seconds":
             continue
-        assert metrics[key] == pytest.approx(value, rel=SAME, abs=1e-6), key
+        swappable = any(part in key for part in SWAPPABLE)
+        assert metrics[key] == pytest.approx(value, rel=SAME, abs=SWAPS if swappable else 1e-6), key
