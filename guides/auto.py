@@ -27,6 +27,7 @@ from torch.distributions import Normal, biject_to
 
 from guides.base import ExactDrawMultivariateNormal, Guide, GuideSection, InitRho, softplus
 from zoo.errors import ZooInputError
+from zoo.runs import check_covariance_fits
 from zoo.sites import LatentSite
 
 LBFGS_MAX_ITER = 2000  # laplace_approximation: the most L-BFGS iterations polishing the MAP point into the mode
@@ -89,6 +90,11 @@ def check_rank(rank: int, dim: int) -> None:
                             "full covariance)")
 
 
+# the D x D matrices held at once: mvn's scale_tril, its gradient and Adam's two moments; laplace_approximation's
+# Hessian, its Cholesky factor, the covariance and the completed Gaussian's scale_tril
+FULL_COVARIANCE = {"mvn": 4, "laplace_approximation": 4}
+
+
 class AutoGuide(Guide):
     """One of Pyro's autoguides (``guide.auto``) over the family's own model; :meth:`bind` builds it on the model.
 
@@ -124,6 +130,11 @@ class AutoGuide(Guide):
                                     "need continuous latents: use the zoo's own guides for this family")
         if self.spec.auto == "low_rank_mvn":
             check_rank(self.spec.rank, latent_dim(trace))
+        if self.spec.auto in FULL_COVARIANCE:  # D x D: refused before Pyro allocates it
+            check_covariance_fits("guide.auto", self.spec.auto, latent_dim(trace), example[0].element_size()
+                                  if example and example[0].is_floating_point() else 4, FULL_COVARIANCE[self.spec.auto],
+                                  lambda dim: f"a full covariance fits up to about {dim:,} latent dimensions here; use "
+                                  "guide.auto: low_rank_mvn (D x rank) or normal, or a smaller net")
         values = {n: s.init for n, s in self.sites.items()} | dict(init or {})
         if example:  # a likelihood's own sites (a learned noise) start on the host; AutoContinuous concatenates all
             values = {n: v.to(example[0].device) for n, v in values.items()}

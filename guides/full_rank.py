@@ -19,6 +19,7 @@ from torch.distributions import constraints
 from guides.base import ExactDrawMultivariateNormal, GuideSection, InitRho, _key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.errors import ZooInputError
+from zoo.runs import check_covariance_fits
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 
@@ -34,6 +35,12 @@ class FullRankGuide(MeanFieldNormalGuide):
         if wide:
             raise ZooInputError("guide.name", "full_rank", f"the full-rank guide takes vector sites, and {wide[:2]} "
                                 "are matrices; use it with model.family: subnetwork, or use the mean_field guide")
+        full = [n for n in sites if sites[n].support is constraints.real and sites[n].event_dim == 1
+                and sites[n].plate is None]
+        dim = max((sites[n].shape[0] for n in full), default=0)
+        check_covariance_fits("guide.name", "full_rank", dim, 4, 4, lambda most: f"a full covariance fits up to "
+                              f"about {most:,} weights here; use a smaller subnetwork (model.selection.size) or the "
+                              "mean_field guide")
         super().__init__(sites, init_rho)
         self.off_diagonal = nn.ParameterDict({
             _key(n): nn.Parameter(torch.zeros(s.shape[0], s.shape[0])) for n, s in sites.items() if self._full(n)

@@ -44,6 +44,25 @@ SPECS: dict[str, dict] = {
 }
 
 
+def refused(argv: list[str], capsys, fragments: str | tuple[str, ...], expected: int = 2) -> str:
+    """``zoo ARGV`` (in-process) exits ``expected`` with one ``error:`` paragraph holding every fragment, and no
+    traceback; returns the message."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    message = captured.err.strip()
+    assert code == expected, captured
+    assert message.startswith("error: "), message
+    assert "Traceback" not in captured.err + captured.out
+    assert_fragments(message, fragments)
+    return message
+
+
+def assert_fragments(message: str, fragments: str | tuple[str, ...]) -> None:
+    """Every fragment (one string or several) is in the message."""
+    for fragment in (fragments,) if isinstance(fragments, str) else fragments:
+        assert fragment in message, (fragment, message)
+
+
 def assert_input_error(tree: dict, overrides: list[str], patterns: list[str], tmp_path: Path, capsys) -> str:
     """``zoo train`` of spec ``tree`` with ``--set`` overrides exits 2 with a one-line error (no traceback) that
     matches every regex in ``patterns``, and leaves no checkpoint; returns the message."""

@@ -532,8 +532,8 @@ def test_a_draw_count_below_one_is_refused(finished_svi_run, capsys, command, sa
 def test_draws_that_cannot_fit_in_memory_are_refused_up_front_with_the_estimate(finished_svi_run, capsys):
     run = str(finished_svi_run[1])
     code, err = exit_and_error(capsys, ["eval", run, "--samples", "100000000000"])
-    assert code == 2 and "--samples: got 100000000000; 100,000,000,000 draws would take about" in err
-    assert "GiB available: use --samples" in err and "or fewer" in err
+    assert code == 2 and "--samples: got 100000000000; 100,000,000,000 draws scored on 300 rows would take about" in err
+    assert "of memory available" in err and "use --samples" in err and "or fewer" in err
     fits = int(err.split("use --samples ")[1].split(" or fewer")[0].replace(",", ""))
     assert 1 <= fits < 100_000_000_000
 

@@ -419,3 +419,22 @@ def test_a_singular_laplace_fit_stops_with_a_diagnosis(tmp_path, monkeypatch):
     monkeypatch.setattr(laplace, "precision_to_scale_tril", singular)
     with pytest.raises(TrainingDiverged, match="model.map.num_steps"):
         train(spec(TOY), tmp_path / "run", progress=False, echo=None)
+
+
+def test_post_hoc_laplace_of_a_net_with_a_learned_noise_starts_it_at_the_residuals(tmp_path):
+    """A trained net's own weights hold no learned noise (``map_from: net`` once raised KeyError 'noise_scale'): it
+    starts at its maximum-likelihood value at those weights, the residuals' root mean square, and the evidence tunes
+    it from there."""
+    import zoo
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 3)
+    y = x[:, 0] + 0.3 * torch.randn(64)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    residual_rms = float((net(x)[:, 0] - y).square().mean().sqrt())
+    bnn = zoo.BNN(net, member="subnetwork_laplace", family={"family": "subnetwork", "map_from": "net"},
+                  likelihood={"name": "gaussian", "noise": "learned"})
+    bnn.fit((x, y), val=(x, y), progress=False)
+    site = bnn.family.likelihood.noise_site
+    assert float(bnn.family.map_values[site]) == pytest.approx(residual_rms, rel=1e-5)
+    assert math.isfinite(bnn.metrics["test_ll"])

@@ -16,9 +16,11 @@ the same messages. ``zoo train`` builds a :class:`BNN` from the spec and fits it
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,10 @@ from pydantic import BaseModel
 from torch import nn
 
 from zoo import distributed, registry
-from zoo.data import DataSection, Dataset, dataset_from, load_dataset
-from zoo.data.given import GIVEN_FILE, GivenData, from_stand_in, stand_in
+from zoo.data import DataSection, Dataset, data_section, dataset_from, load_dataset
+from zoo.data.given import GIVEN_FILE, GivenData, as_training_rows, evaluation_rows, from_stand_in, stand_in
 from zoo.errors import ZooInputError
-from zoo.evaluate import ValidationMonitor, evaluate, plot_predictive
+from zoo.evaluate import ValidationMonitor, check_draws_fit, evaluate, plot_predictive
 from zoo.inference.svi import SVI
 from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, PredictiveDraws
 from zoo.models.base import ModelFamily, StructureFit
@@ -45,6 +47,7 @@ from zoo.runs import (
     POINT_ESTIMATE_FILE,
     SPEC_FILE,
     RunLog,
+    check_size_fits,
     claimed_run_directory,
     load_point_values,
     load_torch,
@@ -52,7 +55,7 @@ from zoo.runs import (
     write_json,
     write_text,
 )
-from zoo.spec import RunSpec, load_spec, run_identity, spec_to_yaml
+from zoo.spec import RunSpec, load_spec, run_identity, spec_differences, spec_to_yaml
 from zoo.tasks import task_of
 
 DEVICE_SHARE = 0.5  # the most of a GPU's free memory the training rows may take (the rest: the net, activations)
@@ -115,6 +118,13 @@ def check_outputs(net: nn.Module, likelihood: Likelihood, data: Dataset) -> None
                             f"{tuple(rows.shape[1:])}: {type(err).__name__}: {detail}") from None
     finally:
         net.train(was_training)
+    if isinstance(out, tuple | list | dict):  # e.g. (logits, features), {"out": ...}, an RNN's (output, hidden)
+        raise ZooInputError("net", type(net).__name__, f"its forward returns a {type(out).__name__}, and the zoo "
+                            "reads one tensor of outputs [rows, outputs]: return that tensor alone (e.g. wrap the net "
+                            "in a module whose forward returns net(x)[0] or net(x)['out'])")
+    if not any(True for _ in net.parameters()):
+        raise ZooInputError("net", type(net).__name__, "it has no parameters (buffers are not weights): a BNN puts "
+                            "its distributions on the net's weights; give a net with trainable layers")
     want = likelihood.net_outputs(data.out_dim)
     if isinstance(out, torch.Tensor) and out.dim() == 2 and data.n_classes and out.shape[-1] < want:
         raise ZooInputError("targets", f"labels 0 .. {data.n_classes - 1}", f"the net gives {out.shape[-1]} logits per "
@@ -202,6 +212,9 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim), data.image_shape, data.name)
     net.to(device=data.device, dtype=data.dtype)
     check_outputs(net, likelihood, data)
+    rows = data.x_train[:2].to(data.device)
+    batch = getattr(spec.inference, "batch_size", None) or data.n_train
+    spec.model.check_size(net, rows, min(batch, data.n_train))
     problem = registry.method_of(spec).check_net(spec.inference, spec.model, has_convolutions(net))
     if problem is not None:
         raise problem
@@ -347,14 +360,40 @@ def resumed_spec(spec: RunSpec, saved: RunSpec, run: Path) -> RunSpec:
     if asked == had:
         return spec
     grows = spec.inference.method in registry.method_of(spec).adds_draws
-    if not grows or {**asked, "inference": {**asked["inference"], "num_samples": 0}} != {
-            **had, "inference": {**had["inference"], "num_samples": 0}}:
-        raise ZooInputError("--resume", str(run), "the spec differs from the run's spec.yaml; resume with that spec"
+    differ = [(field, was, given) for field, was, given in spec_differences(had, asked)
+              if not (grows and field == "inference.num_samples")]
+    if differ:
+        fields = "; ".join(f"{field}: {was!r} in the run, {given!r} given" for field, was, given in differ)
+        raise ZooInputError("--resume", str(run), f"the spec differs from the run's {SPEC_FILE} in {len(differ)} "
+                            f"field(s): {fields}; resume with the run's own spec (e.g. {run / SPEC_FILE})"
                             + (" (only inference.num_samples may grow, to add draws)" if grows else ""))
     if spec.inference.num_samples >= saved.inference.num_samples:
         return spec
     return spec.model_copy(update={"inference": spec.inference.model_copy(
         update={"num_samples": saved.inference.num_samples})})
+
+
+def draw_count(num_samples: Any, default: int) -> int:
+    """A count of posterior draws asked of the Python API: ``default`` for None, else a positive whole number.
+
+    :param num_samples: the count asked for.
+    :param default: the spec's ``predictive_samples``.
+    :returns: the count.
+    :raises ZooInputError: naming ``num_samples``, for anything but a whole number of 1 or more.
+    """
+    if num_samples is None:
+        return default
+    try:
+        count = operator.index(num_samples)  # an int or NumPy integer, not a float or a bool
+    except TypeError:
+        count = None
+    if count is None or isinstance(num_samples, bool):
+        raise ZooInputError("num_samples", num_samples, "give a whole number of posterior draws, 1 or more (None: "
+                            f"the spec's predictive_samples, {default})")
+    if count < 1:
+        raise ZooInputError("num_samples", num_samples, "give 1 or more posterior draws (None: the spec's "
+                            f"predictive_samples, {default})")
+    return count
 
 
 class BNN:
@@ -459,6 +498,8 @@ class BNN:
 
     def _dataset(self, data: Any, val: Any) -> tuple[Dataset, DataSection]:
         """The data to fit, and the spec's data section for it."""
+        if isinstance(data, Mapping) and "name" in data:  # the spec's data section, as a dict
+            data = data_section(**data)
         if isinstance(data, DataSection):
             if val is not None:
                 raise ZooInputError("val", type(val).__name__, "a data set named by the spec brings its own "
@@ -466,12 +507,13 @@ class BNN:
             return load_dataset(data, self._spec.seed), data
         if isinstance(data, Dataset):
             dataset = data if val is None else dataset_from((data.x_train, data.y_train), val, task=data.task,
-                                                            n_classes=data.n_classes, name=data.name)
+                                                            n_classes=data.n_classes, name=data.name,
+                                                            test_name="val")
         else:
             likelihood = self._spec.likelihood
             task = None if isinstance(likelihood, AutoLikelihoodSpec) else likelihood.task
             batch = self._spec.inference.model_dump().get("batch_size") or 128
-            dataset = dataset_from(data, val, task=task, batch_size=batch)
+            dataset = dataset_from(data, val, task=task, batch_size=batch, test_name="val")
         return dataset, GivenData.of(dataset)
 
     def fit(self, data: Any, *, val: Any = None, out: str | Path | None = None, resume: bool = False,
@@ -529,6 +571,8 @@ class BNN:
                 dataset = dataset.materialised()
             placed, device = place(spec, dataset, log)
             family, guide = build(spec, placed, run, log, progress and team.is_writer)
+            if len(placed.y_test):  # the test set is scored at the end: refused now, not after the fit
+                check_draws_fit(family, placed, spec.inference.predictive_samples, "inference.predictive_samples")
             log(f"{placed.name}: {placed.n_train} train / {len(placed.y_test)} test, {placed.in_dim} inputs -> "
                 f"{placed.out_dim} outputs; {describe(spec)}, device {device}"
                 + (f", {team.size} processes" if team.size > 1 else ""))
@@ -558,6 +602,7 @@ class BNN:
     def _inputs(self, x: Any) -> torch.Tensor:
         data = self.data
         x = torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
+        x = as_training_rows(x, data.x_train, "predict x")  # another row shape: named here, not in a batched call
         if data.x_mean is not None:  # a zoo data set standardises its inputs: predict takes them as it gave them
             x = (x.to(data.x_mean) - data.x_mean) / data.x_std
         return x.to(device=data.device, dtype=data.dtype if x.is_floating_point() else x.dtype)
@@ -569,9 +614,16 @@ class BNN:
         :param num_samples: posterior draws (None: the inference method's ``predictive_samples``).
         :returns: the mixture's :attr:`~Prediction.probs` or :attr:`~Prediction.mean` and
             :attr:`~Prediction.variance`, and every draw's own predictive.
+        :raises ZooInputError: ``num_samples`` not a positive whole number, or more draws than fit in memory.
         """
-        samples = num_samples or self._spec.inference.predictive_samples
-        draws = self.posterior.predict(self._inputs(x), samples)
+        samples = draw_count(num_samples, self._spec.inference.predictive_samples)
+        posterior, rows = self.posterior, self._inputs(x)
+        latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
+        each = (latent + 3 * len(rows) * max(self.data.out_dim, 1)) * rows.element_size()
+        check_size_fits("num_samples", samples, samples * each, lambda allowed: f"use num_samples="
+                        f"{max(1, int(allowed // each)):,} or fewer ({each:,} bytes a draw), or predict on fewer rows "
+                        "at a time", f"{samples:,} draws on {len(rows):,} rows")
+        draws = posterior.predict(rows, samples)
         return Prediction(draws, self.data.y_mean, self.data.y_std)
 
     def evaluate(self, data: Any, num_samples: int | None = None) -> dict[str, float]:
@@ -582,14 +634,14 @@ class BNN:
         :returns: the metrics, as ``metrics.json`` holds them.
         """
         posterior, fitted = self.posterior, self.data  # an unfitted BNN is refused by .posterior
-        rows = dataset_from(data, task=fitted.task, n_classes=fitted.n_classes)
-        y = rows.y_train.to(fitted.device)
+        x, y = evaluation_rows(data, fitted)  # every row, whatever the form: a loader is read whole, not streamed
+        y = y.to(fitted.device)
         if y.is_floating_point():  # targets as the data gave them, standardised as the fit's were
             y = ((y - fitted.y_mean) / fitted.y_std).to(fitted.dtype)
-        scored = Dataset(fitted.name, fitted.task, fitted.x_train, fitted.y_train, self._inputs(rows.x_train), y,
+        scored = Dataset(fitted.name, fitted.task, fitted.x_train, fitted.y_train, self._inputs(x), y,
                          n_classes=fitted.n_classes, y_mean=fitted.y_mean, y_std=fitted.y_std,
                          image_shape=fitted.image_shape)
-        return evaluate(posterior, scored, num_samples or self._spec.inference.predictive_samples,
+        return evaluate(posterior, scored, draw_count(num_samples, self._spec.inference.predictive_samples),
                         seed=self._spec.seed)
 
     def save(self, out: str | Path) -> Path:

@@ -283,8 +283,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> None:
     """Compare runs' test predictives with a reference run's; print the table, write the plot (and JSON)."""
     from zoo.diagnostics import COMPARE_DRAWS, compare, compare_table
+    from zoo.diagnostics.comparison import compare_outputs
     from zoo.runs import write_json
 
+    compare_outputs(args.out, args.json)  # before anything is drawn: a user's file is never replaced
     rows = compare(args.reference, args.runs, num_samples=COMPARE_DRAWS if args.samples is None else args.samples,
                    out_dir=args.out, allow_unconverged=args.allow_unconverged)
     console.print(compare_table(rows))

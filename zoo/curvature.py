@@ -92,7 +92,8 @@ class ParameterLayout:
         for name, param in net.named_parameters():
             module_name, _, kind = name.rpartition(".")
             module = modules[module_name]
-            fixed = (chosen is not None and not chosen(module_name, module)) or isinstance(module, FIXED_LAYERS)
+            fixed = ((chosen is not None and not chosen(module_name, module)) or isinstance(module, FIXED_LAYERS)
+                     or not param.requires_grad)  # a frozen parameter keeps its value
             self.slots.append(ParameterSlot(name, module_name, module, kind, param.shape, offset, fixed))
             offset += param.numel()
         self.size = offset

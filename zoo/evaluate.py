@@ -12,8 +12,9 @@ import torch
 
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
-from zoo.posterior import GuidePosterior, MaskedPosterior, Posterior
-from zoo.runs import available_memory
+from zoo.models.base import ModelFamily
+from zoo.posterior import GuidePosterior, MaskedPosterior, Posterior, SamplePosterior
+from zoo.runs import check_size_fits
 from zoo.tasks import task_of
 
 
@@ -41,7 +42,7 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     return task_of(data).evaluate(posterior, data, num_samples)
 
 
-def draws_memory(posterior: Posterior, data: Dataset, num_samples: int) -> int:
+def draws_memory(posterior: Posterior | ModelFamily, data: Dataset, num_samples: int) -> int:
     """Bytes that ``num_samples`` draws take while the test and OOD inputs are scored: every latent element of
     each draw, and three copies of its outputs (the net's output, the predictive's log-probabilities, a working
     copy) on every input scored, at the data's precision.
@@ -51,29 +52,31 @@ def draws_memory(posterior: Posterior, data: Dataset, num_samples: int) -> int:
     :param num_samples: the number of draws.
     :returns: the estimate in bytes.
     """
-    latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
+    family = getattr(posterior, "family", posterior)  # a posterior, or the family it will be of
+    latent = sum(site.shape.numel() for site in family.latent_sites().values())
     rows = len(data.x_test) + sum(len(x) for x in data.x_ood.values())
     return num_samples * (latent + 3 * rows * max(data.out_dim, 1)) * data.x_test.element_size()
 
 
-def check_draws_fit(posterior: Posterior, data: Dataset, num_samples: int, field: str = "--samples") -> None:
+def check_draws_fit(posterior: Posterior | ModelFamily, data: Dataset, num_samples: int,
+                    field: str = "--samples") -> None:
     """Refuse, before any draw, a number of draws whose scoring would take more than half the memory available
     (:func:`draws_memory`), with the estimate and the largest count that fits.
 
-    :param posterior: the posterior whose latent sites are drawn.
+    :param posterior: the posterior whose latent sites are drawn (or, before a fit, its family).
     :param data: the data set whose test and OOD inputs are scored.
     :param num_samples: the number of draws asked for.
     :param field: the option or setting that asked for them, named in the refusal.
-    :raises ZooInputError: when the draws would take more than half the memory available (never where the memory
-        available is unknown).
+    :raises ZooInputError: when the draws would take more than half the memory available
+        (:func:`zoo.runs.check_size_fits`; never where the memory available is unknown).
     """
-    free = available_memory()
     need = draws_memory(posterior, data, num_samples)
-    if free is not None and need > free / 2:
-        fits = max(1, int(num_samples * (free / 2) / need))
-        raise ZooInputError(field, num_samples, f"{num_samples:,} draws would take about {need / 2**30:.1f} GiB to "
-                            f"score ({need // num_samples:,} bytes each), more than half the {free / 2**30:.1f} GiB "
-                            f"available: use {field} {fits:,} or fewer")
+    each = max(1, need // num_samples)
+    check_size_fits(field, num_samples, need,
+                    lambda allowed: f"use {field}{' ' if field.startswith('-') else ': '}"
+                    f"{max(1, int(allowed // each)):,} or fewer ({each:,} bytes a draw)",
+                    f"{num_samples:,} draws scored on {len(data.x_test) + sum(len(x) for x in data.x_ood.values()):,}"
+                    " rows")
 
 
 class ValidationMonitor:
@@ -153,6 +156,34 @@ def plot_predictive(posterior: Posterior, data: Dataset, run_dir: Path, num_samp
     return task_of(data).plot(posterior, data, run_dir, num_samples)
 
 
+def _not_prunable(posterior: Posterior) -> tuple[str, str]:
+    """What a posterior that cannot be pruned is, and why it cannot: (its kind, the reason)."""
+    from guides.delta import DeltaGuide
+    from guides.dropout import DropoutGuide
+    from guides.mixture import BatchEnsembleGuide, MixtureGuide
+
+    if isinstance(posterior, SamplePosterior):
+        return ("stored draws", f"this run's posterior is {len(next(iter(posterior.draws.values()), []))} stored "
+                "draws of the weights (an MCMC or SG-MCMC run), with no mean and scale per weight")
+    if not isinstance(posterior, GuidePosterior):
+        kind = type(posterior).__name__.removesuffix("Posterior") or type(posterior).__name__
+        how = ("a Gaussian whose low-rank covariance couples the weights (SWAG)" if kind.startswith("SWAG")
+               else f"a {kind} posterior")
+        return (kind, f"this run's posterior is {how}, not a mean-field guide's independent scale per weight")
+    guide = posterior.guide
+    if isinstance(guide, DeltaGuide):
+        why = "this run's guide is a point estimate (delta: MAP or an ensemble member), which has no scales"
+    elif isinstance(guide, MixtureGuide | BatchEnsembleGuide):
+        why = "this run's guide is over rank-1 factors, which scale whole units, not individual weights"
+    elif isinstance(guide, DropoutGuide):
+        why = "this run's guide is MC dropout's masks, which have no scale per weight"
+    elif any(s.plate for s in guide.sites.values()):
+        why = "this run's guide has one copy of each weight per ensemble member (a plate), not one scale per weight"
+    else:
+        why = f"this run's guide ({type(guide).__name__}) has no independent mean and scale per weight"
+    return (type(guide).__name__, why)
+
+
 def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
     """Fix the ``fraction`` of weights with the lowest signal-to-noise |mu|/sigma at zero (Blundell et al. 2015).
 
@@ -165,9 +196,10 @@ def prune_by_snr(posterior: Posterior, fraction: float) -> MaskedPosterior:
     guide = posterior.guide if isinstance(posterior, GuidePosterior) else None
     snr = guide.signal_to_noise() if guide is not None else None
     if snr is None or any(s.plate for s in guide.sites.values()):
-        raise ZooInputError("zoo prune", type(guide).__name__,
-                            "pruning needs a mean-field guide over individual weights (|mu|/sigma); "
-                            "rank-1 factors scale whole units, so they are not pruned")
+        what, why = _not_prunable(posterior)
+        raise ZooInputError("zoo prune", what, f"{why}; pruning ranks weights by |mu|/sigma, the means and scales of "
+                            "a mean-field guide over individual weights: prune a run of inference.method: svi with "
+                            "guide.name: mean_field")
     if not 0.0 <= fraction < 1.0:
         raise ZooInputError("--fractions", fraction, "each fraction must be in [0, 1)")
     flat = torch.cat([v.flatten() for v in snr.values()])

@@ -236,13 +236,41 @@ def import_target(target: str, field: str) -> Any:
     try:
         obj = importlib.import_module(module_name)
     except ImportError as err:
+        missing = getattr(err, "name", None)
+        if isinstance(err, ModuleNotFoundError) and missing and not f"{module_name}.".startswith(f"{missing}."):
+            raise ZooInputError(field, target, f"module {module_name!r} imports {missing!r}, which is not installed "
+                                f"here ({describe_failure(err)}): install it in this environment") from None
         raise ZooInputError(field, target, f"module {module_name!r} does not import ({type(err).__name__}: {err}); "
                             "install it, or run from the directory that holds it (it must be on sys.path)") from None
+    except SyntaxError as err:  # IndentationError too: the file and line Python could not read
+        raise ZooInputError(field, target, f"module {module_name!r} does not import: {type(err).__name__} in "
+                            f"{err.filename}, line {err.lineno}: {err.msg}; fix the file") from None
+    except Exception as err:  # noqa: BLE001 - the module's own code failed as it ran: named, not a traceback
+        raise ZooInputError(field, target, f"module {module_name!r} does not import: running it raised "
+                            f"{describe_failure(err)}; fix the module") from None
     for part in attribute.split("."):
         if part not in vars(obj) and not hasattr(type(obj), part):
             raise ZooInputError(field, target, f"module {module_name!r} has no attribute {attribute!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def describe_failure(err: BaseException) -> str:
+    """An exception raised in user code, in one line: ``Type: message (at file, line n)``, the line that of the
+    innermost frame in the user's own files (outside the zoo and installed packages) where there is one.
+
+    :param err: the exception.
+    :returns: the line.
+    """
+    import traceback
+    from pathlib import Path
+
+    zoo_dir = str(Path(__file__).resolve().parent)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith((zoo_dir, "<")) and "site-packages" not in f.filename]
+    message = str(err).splitlines()[0][:200] if str(err) else ""
+    where = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}{': ' if message else ''}{message}{where}"
 
 
 def import_path(obj: object) -> str:

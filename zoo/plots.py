@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from zoo.metrics import ece, expected_calibration_error, predictive_log_probs, reliability_bins
-from zoo.runs import write_atomically
+from zoo.runs import PNG_MARK_KEY, write_atomically
 
 __all__ = ["pruning_curve", "reliability_by_severity", "reliability_diagram", "shift_curves", "uncertainty_band"]
 
@@ -40,11 +40,14 @@ def new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_k
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
 
 
-def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Save ``fig`` to ``path`` atomically (:func:`zoo.runs.write_atomically`); return the path."""
+def save_figure(fig: Figure, path: str | os.PathLike, mark: str | None = None) -> Path:
+    """Save ``fig`` to ``path`` atomically (:func:`zoo.runs.write_atomically`); return the path. A PNG gets ``mark``
+    in its ``zoo`` text chunk: what lets the command that wrote it replace it (:func:`zoo.runs.carries_mark`)."""
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    metadata = {PNG_MARK_KEY: mark} if mark is not None and fmt == "png" else None
     try:
-        return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight"))
+        return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight",
+                                                                    metadata=metadata))
     finally:
         fig.clear()
 

@@ -29,7 +29,7 @@ from zoo.errors import ZooInputError
 from zoo.metrics import mean_and_standard_error
 from zoo.pipeline import describe
 from zoo.plots import new_figure, save_figure
-from zoo.runs import MARKER_FILE, METRICS_FILE, SPEC_FILE, SWEEP_MARKER, write_text
+from zoo.runs import MARKER_FILE, METRICS_FILE, SPEC_FILE, SWEEP_MARKER, carries_mark, write_text
 from zoo.spec import RunSpec, load_spec
 
 MISSING = "—"
@@ -568,17 +568,12 @@ def report_outputs(out: str | Path, suffixes: Sequence[str] = (".csv", ".png")) 
         kind = "sweep" if (folder / SWEEP_MARKER).is_file() else "run"
         raise ZooInputError("--out", str(out), f"{folder} is a {kind} directory; write the report outside it (e.g. "
                             f"--out {folder.parent / (folder.name + '_report.md')})")
-    ours = out.is_file() and _first_line(out) == REPORT_MARK
+    ours = carries_mark(out, REPORT_MARK)
     for path in (out, *(out.with_suffix(s) for s in suffixes)):
         if path.exists() and not ours:
             raise ZooInputError("--out", str(out), f"{path} exists and was not written by zoo report; choose another "
                                 "--out name (a report writes its .md, .csv and .png and overwrites only its own)")
     return out
-
-
-def _first_line(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return handle.readline().decode("utf-8", "replace").rstrip("\r\n")
 
 
 def write_report(run_dirs: Sequence[str | Path], out: str | Path, group_by: str | None = None,

@@ -249,6 +249,123 @@ def available_memory() -> int | None:
     return None if found is None else max(0, found)
 
 
+MEMORY_SHARE = 0.5  # the share of the memory available that one size asked for may take
+
+
+def check_size_fits(field: str, value: Any, need: int, fix: str | Callable[[float], str], what: str) -> None:
+    """The one size guard: refuse, before anything is allocated, a setting whose estimated memory (``need`` bytes,
+    from counts and shapes) is more than :data:`MEMORY_SHARE` of the memory available (never where that is unknown).
+
+    :param field: the option or setting that asked for the size, named in the refusal (e.g. ``--samples``).
+    :param value: the value asked for.
+    :param need: the estimate in bytes.
+    :param fix: what to change, or a function of the bytes allowed that says it (e.g. the largest value that fits).
+    :param what: what would take the memory, e.g. ``"100,000,000 draws"``.
+    :raises ZooInputError: naming the estimate, the limit and the fix.
+    """
+    free = available_memory()
+    if free is None or need <= free * MEMORY_SHARE:
+        return
+    allowed = free * MEMORY_SHARE
+    advice = fix(allowed) if callable(fix) else fix
+    raise ZooInputError(field, value, f"{what} would take about {_gib(need)}, more than {MEMORY_SHARE:.0%} of "
+                        f"the {_gib(free)} of memory available ({_gib(allowed)}): {advice}")
+
+
+def _gib(size: float) -> str:
+    """Bytes in GiB (to three significant digits below 1 GiB)."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**30:.3g} GiB"
+
+
+def check_covariance_fits(field: str, value: Any, dim: int, element_size: int, copies: int,
+                          advice: Callable[[int], str]) -> None:
+    """:func:`check_size_fits` for a full D x D matrix (a covariance, its Cholesky factor, a Hessian) kept in
+    ``copies`` copies of ``element_size`` bytes an entry: refused before any is allocated.
+
+    :param field: the setting that asked for it.
+    :param value: its value.
+    :param dim: D.
+    :param element_size: bytes an entry.
+    :param copies: how many D x D matrices are held at once.
+    :param advice: what to change, given the largest D that fits.
+    """
+    per = copies * element_size
+    check_size_fits(field, value, dim * dim * per, lambda allowed: advice(int((allowed / per) ** 0.5)),
+                    f"{copies} full {dim:,} x {dim:,} matrices (covariance, Cholesky factor, ...)")
+
+
+def largest_fitting(need_of: Callable[[int], int], allowed: float, high: int) -> int:
+    """The largest count ``n`` in ``[0, high]`` whose ``need_of(n)`` (bytes, growing with ``n``) is at most
+    ``allowed`` (a bisection; 0 where not even 1 fits).
+
+    :param need_of: the estimate in bytes of a count.
+    :param allowed: the bytes allowed.
+    :param high: a count known not to fit (or the largest to try).
+    :returns: the largest count that fits.
+    """
+    low = 0
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if need_of(mid) <= allowed else (low, mid - 1)
+    return low
+
+
+PNG_MARK_KEY = "zoo"  # the PNG text chunk that holds the mark of the zoo command that wrote a plot
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def carries_mark(path: Path, mark: str) -> bool:
+    """Whether ``path`` is a file that the zoo command whose ``mark`` this is wrote (so that command may replace it):
+    a PNG holds the mark in its ``zoo`` text chunk (:func:`zoo.plots.save_figure` with ``mark``), any other file on
+    its first line (``zoo report``'s Markdown). A file the user wrote carries no mark, so it is never replaced.
+
+    :param path: the file.
+    :param mark: the command's mark.
+    :returns: whether ``path`` is a file carrying ``mark``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as handle:
+        if handle.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE:
+            return _png_text(handle).get(PNG_MARK_KEY) == mark
+        handle.seek(0)
+        return handle.readline().decode("utf-8", "replace").rstrip("\r\n") == mark
+
+
+def _png_text(handle: BinaryIO) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG read from just after its signature (a cut-short file gives what was read)."""
+    found = {}
+    while len(head := handle.read(8)) == 8 and head[4:] != b"IEND":
+        length = int.from_bytes(head[:4], "big")
+        if head[4:] == b"tEXt":
+            key, _, value = handle.read(length).partition(b"\0")
+            found[key.decode("latin-1")] = value.decode("latin-1")
+        else:
+            handle.seek(length, os.SEEK_CUR)
+        handle.seek(4, os.SEEK_CUR)  # the chunk's CRC
+    return found
+
+
+def refuse_to_replace(path: Path, mark: str, field: str, command: str, fix: str) -> None:
+    """The one guard of a command's output files: refuse ``path`` where it is a directory, or a file that does not
+    carry the command's ``mark`` (:func:`carries_mark`: the user's own data, never replaced).
+
+    :param path: the file the command is about to write.
+    :param mark: the command's mark.
+    :param field: the option that named the file (or its folder), for the message.
+    :param command: the command, e.g. ``zoo compare``.
+    :param fix: what to do instead, e.g. ``choose another --out``.
+    :raises ZooInputError: naming the file and the fix.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ZooInputError(field, str(path), f"{path} is a directory; {command} writes a file there: {fix}")
+    if path.exists() and not carries_mark(path, mark):
+        raise ZooInputError(field, str(path), f"{path} exists and was not written by {command}, so it is not "
+                            f"replaced: {fix}")
+
+
 def check_writable_directory(out: Path) -> None:
     """Refuse an --out that is a file, lies under a file, or cannot be created or written, before anything runs.
 

@@ -37,6 +37,8 @@ from zoo.posterior import Posterior
 from zoo.tasks import task_of
 
 GENERATED = ("corruptions", "mnist-c", "cifar-c")
+IMAGES_HELD = "uint8 images [N, H, W] or [N, H, W, C] with pixel values 0..255"
+LABELS_HELD = "integer class labels [N]"
 ROTATION_ANGLES = tuple(range(15, 181, 15))
 SUITE_HELP = ("corruptions (= mnist-c = cifar-c: 14 corruptions x 5 severities generated from the test images), "
               "rotation (15..180 degrees), or a directory of published CIFAR-10-C / MNIST-C .npy files")
@@ -142,9 +144,9 @@ def published_suite(data: Dataset, directory: Path) -> Iterator[ShiftedSet]:
     cifar_files = sorted(p for p in directory.glob("*.npy") if p.name != "labels.npy")
     mnist_dirs = sorted(p for p in directory.iterdir() if (p / "test_images.npy").is_file())
     if cifar_files and (directory / "labels.npy").is_file():
-        labels = np.load(directory / "labels.npy")
+        labels = _load_npy(directory / "labels.npy", LABELS_HELD)
         for path in cifar_files:
-            images = _published_images(np.load(path), path)
+            images = _published_images(_load_npy(path, IMAGES_HELD), path)
             if len(images) != len(labels) or len(images) % len(SEVERITIES):
                 raise ZooInputError("--shift", str(path), f"{len(images)} images for {len(labels)} labels: a "
                                     "CIFAR-10-C file stacks the five severities of one test set")
@@ -154,15 +156,47 @@ def published_suite(data: Dataset, directory: Path) -> Iterator[ShiftedSet]:
                 yield ShiftedSet(path.stem, severity, image_rows(data, images[part]), _labels(data, labels[part]))
     elif mnist_dirs:
         for sub in mnist_dirs:
-            labels = np.load(sub / "test_labels.npy")
-            images = _published_images(np.load(sub / "test_images.npy"), sub / "test_images.npy")
+            labels = _load_npy(sub / "test_labels.npy", LABELS_HELD)
+            images = _published_images(_load_npy(sub / "test_images.npy", IMAGES_HELD), sub / "test_images.npy")
+            if len(images) != len(labels):
+                raise ZooInputError("--shift", str(sub / "test_images.npy"), f"{len(images)} images for {len(labels)} "
+                                    f"labels in {sub / 'test_labels.npy'}: an MNIST-C folder holds one label per image")
             yield ShiftedSet(sub.name, 1, image_rows(data, images), _labels(data, labels))
     else:
         raise ZooInputError("--shift", str(directory), "no shift files there: expected CIFAR-10-C's <corruption>.npy "
                             "with labels.npy, or MNIST-C's <corruption>/test_images.npy and test_labels.npy")
 
 
+def _load_npy(path: Path, holds: str) -> np.ndarray:
+    """A published shift file's array, refused naming the file where it is not a NumPy array of whole numbers."""
+    with open(path, "rb") as handle:
+        magic = handle.read(6)
+    if magic != b"\x93NUMPY":
+        what = ("a pickle of Python objects (e.g. from pickle.dump or ndarray.dump), which is not loaded (it could "
+                "run code)" if magic[:1] == b"\x80" else "an empty file" if not magic else "a file without a NumPy "
+                "header")
+        raise ZooInputError("--shift", str(path), f"is not a .npy file but {what}; a shift file holds {holds}, saved "
+                            "with np.save")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as err:
+        if "Object arrays" in str(err) or "pickled" in str(err):
+            raise ZooInputError("--shift", str(path), f"holds an array of pickled Python objects, which are not "
+                                f"loaded (they could run code); a shift file holds {holds}, saved with np.save") \
+                from None
+        raise ZooInputError("--shift", str(path), f"cannot be read ({err}): it is truncated or corrupt; a shift file "
+                            f"holds {holds}, saved with np.save") from None
+    if array.dtype.kind not in "ui":
+        raise ZooInputError("--shift", str(path), f"holds an array of {array.dtype}; a shift file holds {holds}" + (
+            " (images in [0, 1]: save (images * 255).round().astype(np.uint8))"
+            if array.dtype.kind == "f" and holds == IMAGES_HELD else ""))
+    return array
+
+
 def _published_images(array: np.ndarray, path: Path) -> np.ndarray:
+    if array.size and (array.min() < 0 or array.max() > 255):
+        raise ZooInputError("--shift", str(path), f"pixel values {array.min()}..{array.max()}: a shift file holds "
+                            f"{IMAGES_HELD}")
     if array.ndim == 3:
         array = array[..., None]
     if array.ndim != 4:

@@ -12,8 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
+import torch
 import yaml
-from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    NonNegativeInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from guides import GUIDES, GuideConfig
 from guides.auto import AutoGuideSpec  # noqa: F401 - re-exported: users build specs from zoo.spec alone
@@ -85,6 +95,18 @@ _CATALOGUES = {"data": (DATA_SETS, None), "net": (NETS, "mlp"), "model": (FAMILI
                "guide": (GUIDES, "mean_field"), "likelihood": (LIKELIHOODS, None)}
 
 
+# NumPy's global generator (which Pyro seeds with the run's seed) takes seeds below 2**32, and the run also seeds
+# streams with seed + 1 (the predictive draws, the minibatch order)
+SEED_MAX = 2**32 - 2
+
+
+def _seed_in_range(v: int) -> int:
+    if v > SEED_MAX:
+        raise ValueError(f"a seed is a whole number from 0 to {SEED_MAX} (2**32 - 2: NumPy's generator, which Pyro "
+                         "seeds too, takes seeds below 2**32, and the run also seeds seed + 1); e.g. seed: 3")
+    return v
+
+
 class RunSpec(Strict):
     """A whole run: any valid combination of parts is one spec away."""
 
@@ -102,8 +124,8 @@ class RunSpec(Strict):
         "heteroscedastic noise"))
     inference: InferenceSpec = Field(default_factory=SVISpec, description=(
         "how the posterior is computed, chosen by inference.method (svi, nuts, hmc, laplace, sgld, sghmc, swag)"))
-    seed: NonNegativeInt = Field(0, description=(
-        "seeds torch, Pyro and every sampler of the run; the same seed gives the same run"))
+    seed: Annotated[NonNegativeInt, AfterValidator(_seed_in_range)] = Field(0, description=(
+        f"seeds torch, Pyro and every sampler of the run; the same seed gives the same run; 0 to {SEED_MAX}"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
         "auto is CUDA when present, else the CPU; cuda without a visible GPU is refused"))
     dtype: Literal["float32", "float64"] = Field("float32", description=(
@@ -184,6 +206,10 @@ class RunSpec(Strict):
                        f"{' or '.join(takes_hierarchical)}")
         for field, value, allowed in self.model.refusals(self.prior.every_prior()):
             refuse(field, value, allowed)
+        priors = {"prior.default": self.prior.default, **{f"prior.sites.{k}": v for k, v in self.prior.sites.items()}}
+        for where, prior in priors.items():
+            for field, value, allowed in prior.scale_refusals(getattr(torch, self.dtype)):
+                refuse(f"{where}.{field}", value, allowed)
 
         method = registry.method_of(self)
         builder = next((m for m in registry.METHODS.values() if m.own_guide == self.guide.name), None)
@@ -435,6 +461,38 @@ def run_identity(spec: RunSpec) -> dict:
     tree = spec.model_dump()
     tree["data"].pop("dir", None)
     return tree
+
+
+_KINDS = ("name", "method", "family")  # the keys that choose a section's kind: another kind has other fields
+
+
+def spec_differences(had: Any, asked: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Every field where two spec trees (:func:`run_identity`) differ, as ``(dotted path, had, asked)``; where a
+    section's kind differs (its ``name``, ``method`` or ``family``), that field alone stands for the section.
+
+    :param had: one tree (e.g. the run's own spec).
+    :param asked: the other (e.g. the spec a resume was given).
+    :param path: the dotted path of the trees (empty at the top).
+    :returns: the differences, in the trees' order; a field one tree lacks has the value :data:`MISSING`.
+    """
+    if not isinstance(had, dict) or not isinstance(asked, dict):
+        return [] if had == asked else [(path or "spec", had, asked)]
+    where = f"{path}." if path else ""
+    for kind in _KINDS:
+        if kind in had and kind in asked and had[kind] != asked[kind]:
+            return [(f"{where}{kind}", had[kind], asked[kind])]
+    out = []
+    for key in [*had, *(k for k in asked if k not in had)]:
+        out += spec_differences(had.get(key, MISSING), asked.get(key, MISSING), f"{where}{key}")
+    return out
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "not set"
+
+
+MISSING = _Missing()  # a field one spec tree has and the other does not
 
 
 # ----------------------------------------------------------------------------------------- the reference

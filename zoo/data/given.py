@@ -23,7 +23,11 @@ def _tensor(value: Any, what: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach()
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
+        try:
+            return torch.from_numpy(value)
+        except TypeError:
+            raise ZooInputError(what, f"a numpy array of {value.dtype}", "give numbers: encode strings or objects "
+                                "as integer labels or floats first (e.g. sklearn's LabelEncoder)") from None
     raise ZooInputError(what, type(value).__name__, "give a torch.Tensor or a numpy array")
 
 
@@ -35,6 +39,9 @@ def _rows(source: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
 
     if isinstance(source, tuple | list) and len(source) == 2 and not isinstance(source[0], tuple | list):
         return _tensor(source[0], f"{what} inputs"), _tensor(source[1], f"{what} targets")
+    if isinstance(source, tuple) and source and all(isinstance(v, torch.Tensor | np.ndarray) for v in source):
+        raise ZooInputError(what, f"a tuple of {len(source)} arrays", "give (inputs, targets): two arrays, or a "
+                            "DataLoader of (inputs, targets) batches")
     if isinstance(source, TorchDataset) and not isinstance(source, torch.utils.data.IterableDataset):
         source = DataLoader(source, batch_size=256, shuffle=False)
     if not isinstance(source, Iterable):
@@ -92,6 +99,9 @@ def _streamed(loader: Any, task: str | None, n_classes: int | None) -> dict[str,
         if task not in LABELLED:
             raise ZooInputError("task", task, f"use one of: {', '.join(LABELLED)}")
         y = _targets(y, task, f"training data batch {k}")
+        if x.dim() < 2:
+            raise ZooInputError(f"training data batch {k} inputs", f"shape {tuple(x.shape)}", "give rows of "
+                                "features: shape [B, features] (x[:, None] for one feature per row)")
         if len(x) != len(y):
             raise ZooInputError(f"training data batch {k}", f"{len(x)} input rows, {len(y)} targets",
                                 "give one target per input row")
@@ -119,13 +129,87 @@ def _streamed(loader: Any, task: str | None, n_classes: int | None) -> dict[str,
             "examples": examples}
 
 
+def _checked(x: torch.Tensor, y: torch.Tensor, task: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` paired row for row, finite, with targets of the task's kind (:func:`_targets`)."""
+    if x.dim() < 2:
+        raise ZooInputError(f"{what} inputs", f"shape {tuple(x.shape)}", "give rows of features: shape [N, features] "
+                            "(x[:, None] for one feature per row)")
+    if len(x) != len(y):
+        raise ZooInputError(what, f"{len(x)} input rows, {len(y)} targets", "give one target per input row")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        row = int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])
+        raise ZooInputError(f"{what} inputs", f"NaN/inf values (first at row {row})", "clean or drop those rows")
+    y = _targets(y, task, what)
+    if not LABELLED[task] and not bool(torch.isfinite(y).all()):
+        raise ZooInputError(f"{what} targets", "NaN/inf values", "clean or drop those rows")
+    return x, y
+
+
+def as_training_rows(x: torch.Tensor, x_train: torch.Tensor, what: str) -> torch.Tensor:
+    """Rows of the training rows' shape after the row dimension (the net reads nothing else), in their dtype.
+
+    :param x: the rows ``[N, ...]``.
+    :param x_train: the training rows (or the two a streamed data set keeps).
+    :param what: what the rows are called in messages.
+    :returns: ``x`` in the training rows' floating-point dtype (integer rows as they are).
+    :raises ZooInputError: a single row without its batch dimension, rows of another shape, floating-point rows for
+        a net of integer inputs.
+    """
+    if tuple(x.shape) == tuple(x_train.shape[1:]):
+        raise ZooInputError(f"{what} inputs", f"one row of shape {tuple(x.shape)}", "give a batch of rows: x[None] "
+                            "for a single row")
+    if tuple(x.shape[1:]) != tuple(x_train.shape[1:]):
+        raise ZooInputError(f"{what} inputs", f"rows of shape {tuple(x.shape[1:])}", f"the training rows are "
+                            f"{tuple(x_train.shape[1:])}: give rows of the same shape (the net reads nothing else)")
+    if x_train.is_floating_point():
+        return x.to(x_train.dtype)
+    if x.is_floating_point():
+        raise ZooInputError(f"{what} inputs", str(x.dtype), f"the training inputs are {x_train.dtype} (e.g. token "
+                            "ids): give rows of that dtype")
+    return x
+
+
+def _check_labels(y: torch.Tensor, n_classes: int, what: str) -> None:
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise ZooInputError("targets", f"{what} labels {int(y.min())} .. {int(y.max())}",
+                            f"classification labels are 0 .. {n_classes - 1} ({n_classes} classes)")
+
+
+def _no_rows(source: Any, what: str) -> None:
+    """Refuse a torch ``Dataset`` of no items before a loader is made of it (torch's own message names a sampler)."""
+    if hasattr(source, "__len__") and not isinstance(source, tuple | list) and len(source) == 0:
+        raise ZooInputError(what, f"an empty {type(source).__name__}", "give at least one row")
+
+
+def evaluation_rows(source: Any, fitted: Dataset, what: str = "evaluation data") -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row of ``source`` (a pair of tensors or arrays, a torch ``Dataset`` or a ``DataLoader``; read whole,
+    never streamed), checked against the data a fit was made on: the same row shape and input dtype, targets of its
+    task, labels among its classes.
+
+    :param source: the rows.
+    :param fitted: the data set the posterior was fitted on (its training rows may be two stand-in rows).
+    :param what: what the rows are called in messages.
+    :returns: inputs ``[N, ...]`` and targets ``[N]``.
+    :raises ZooInputError: no rows, rows of another shape, non-finite values, labels outside the classes.
+    """
+    _no_rows(source, what)
+    x, y = _checked(*_rows(source, what), fitted.task, what)
+    if not len(x):
+        raise ZooInputError(what, "no rows", "give at least one row")
+    x = as_training_rows(x, fitted.x_train, what)
+    if LABELLED[fitted.task]:
+        _check_labels(y, fitted.n_classes, what)
+    return x, y
+
+
 def dataset_from(train: Any, test: Any = None, *, task: str | None = None, n_classes: int | None = None,
-                 name: str = "given", batch_size: int = 128) -> Dataset:
+                 name: str = "given", batch_size: int = 128, test_name: str = "test data") -> Dataset:
     """The zoo's :class:`~zoo.data.base.Dataset` of data given in Python, as given (no standardisation).
 
     Training rows from a ``DataLoader`` (or a map-style torch ``Dataset``, which gets a shuffling loader of its own)
     are streamed: one pass counts and checks them before any fit, and fits read them batch by batch, so the whole
-    training set is never in memory; the likelihood is scaled to the data set's rows, not to a batch's.
+    training set is never in memory; the likelihood is scaled to the data set's rows, not to a batch's. Test rows are
+    read whole, whatever their form.
 
     :param train: the training rows: ``(x, y)`` tensors or arrays, a map-style torch ``Dataset`` of ``(x, y)`` items,
         or a ``DataLoader`` of ``(x, y)`` batches.
@@ -135,55 +219,49 @@ def dataset_from(train: Any, test: Any = None, *, task: str | None = None, n_cla
     :param n_classes: the classes of a classification (None: the largest label + 1).
     :param name: what the data set is called in logs and reports.
     :param batch_size: the batch size of the loader a torch ``Dataset`` of training rows gets.
+    :param test_name: what the test rows are called in messages (``fit(val=...)``: ``val``).
     :returns: the data set.
-    :raises ZooInputError: rows and targets that do not pair up, targets of the wrong shape or kind, non-finite
-        values, labels outside the classes.
+    :raises ZooInputError: no training rows, rows and targets that do not pair up, test rows of another shape than
+        the training rows, targets of the wrong shape or kind, non-finite values, labels outside the classes.
     """
     from torch.utils.data import DataLoader
     from torch.utils.data import Dataset as TorchDataset
 
+    _no_rows(train, "training data")
     if isinstance(train, TorchDataset):
         train = DataLoader(train, batch_size=batch_size, shuffle=not isinstance(train, IterableDataset))
-    if isinstance(train, DataLoader):
-        seen = _streamed(train, task, n_classes)
-        task, n_classes = seen["task"], seen["n_classes"]
-        x_train, y_train = seen["examples"]
-        x_test, y_test = _rows(test, "test data") if test is not None else (x_train[:0], y_train[:0])
-        y_test = _targets(y_test, task, "test data")
-        if LABELLED[task] and len(y_test) and (int(y_test.min()) < 0 or int(y_test.max()) >= n_classes):
-            raise ZooInputError("targets", f"test labels {int(y_test.min())} .. {int(y_test.max())}",
-                                f"classification labels are 0 .. {n_classes - 1} ({n_classes} classes)")
-        return Dataset(name, task, x_train, y_train, x_test.to(x_train.dtype) if x_train.is_floating_point()
-                       else x_test, y_test, n_classes=n_classes, train_loader=train, streamed_rows=seen["rows"],
-                       streamed_batches=seen["batches"])
-    x_train, y_train = _rows(train, "training data")
-    x_test, y_test = _rows(test, "test data") if test is not None else (x_train[:0], y_train[:0])
-    task = task or task_of_targets(y_train)
-    if task not in LABELLED:
-        raise ZooInputError("task", task, f"use one of: {', '.join(LABELLED)}")
-    for what, x, y in (("training data", x_train, y_train), ("test data", x_test, y_test)):
-        if len(x) != len(y):
-            raise ZooInputError(what, f"{len(x)} input rows, {len(y)} targets", "give one target per input row")
-        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            row = int((~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()[0])
-            raise ZooInputError(f"{what} inputs", f"NaN/inf values (first at row {row})", "clean or drop those rows")
-    y_train, y_test = _targets(y_train, task, "training data"), _targets(y_test, task, "test data")
-    if not LABELLED[task] and not bool(torch.isfinite(torch.cat([y_train, y_test])).all()):
-        raise ZooInputError("targets", "NaN/inf values", "clean or drop those rows")
-    if x_train.is_floating_point():
-        x_test = x_test.to(x_train.dtype)
+    streamed = _streamed(train, task, n_classes) if isinstance(train, DataLoader) else None
+    if streamed is not None:
+        task, n_classes = streamed["task"], streamed["n_classes"]
+        x_train, y_train = streamed["examples"]
+    else:
+        x_train, y_train = _rows(train, "training data")
+        if not len(x_train):
+            raise ZooInputError("training data", "no rows", "give at least one row")
+        task = task or task_of_targets(y_train)
+        if task not in LABELLED:
+            raise ZooInputError("task", task, f"use one of: {', '.join(LABELLED)}")
+        x_train, y_train = _checked(x_train, y_train, task, "training data")
+    if test is not None:
+        _no_rows(test, test_name)
+        x_test, y_test = _checked(*_rows(test, test_name), task, test_name)
+        x_test = as_training_rows(x_test, x_train, test_name)
+    else:
+        x_test, y_test = x_train[:0], y_train[:0]
     if LABELLED[task]:
-        labels = torch.cat([y_train, y_test])
-        n_classes = n_classes or int(labels.max()) + 1
-        if n_classes < 2:
-            raise ZooInputError("targets", f"{n_classes} class", "a classification needs labels of at least two "
-                                "classes; floating-point targets are a regression")
-        if int(labels.min()) < 0 or int(labels.max()) >= n_classes:
-            raise ZooInputError("targets", f"labels {int(labels.min())} .. {int(labels.max())}",
-                                f"classification labels are 0 .. {n_classes - 1} ({n_classes} classes)")
+        if streamed is None:
+            n_classes = n_classes or int(torch.cat([y_train, y_test]).max()) + 1
+            if n_classes < 2:
+                raise ZooInputError("targets", f"{n_classes} class", "a classification needs labels of at least two "
+                                    "classes; floating-point targets are a regression")
+            _check_labels(y_train, n_classes, "training")
+        _check_labels(y_test, n_classes, test_name)
     else:
         n_classes = None
-    return Dataset(name, task, x_train, y_train, x_test, y_test, n_classes=n_classes)
+    if streamed is None:
+        return Dataset(name, task, x_train, y_train, x_test, y_test, n_classes=n_classes)
+    return Dataset(name, task, x_train, y_train, x_test, y_test, n_classes=n_classes, train_loader=train,
+                   streamed_rows=streamed["rows"], streamed_batches=streamed["batches"])
 
 
 class GivenData(DataSection):

@@ -12,7 +12,7 @@ from pydantic import Field
 from zoo.data.base import DataSection, Dataset
 from zoo.data.given import dataset_from
 from zoo.errors import ZooInputError
-from zoo.parts import import_target
+from zoo.parts import describe_failure, import_target
 
 
 class PythonData(DataSection):
@@ -32,7 +32,17 @@ class PythonData(DataSection):
         make = import_target(self.target, "data.target")
         if not callable(make):
             raise ZooInputError("data.target", self.target, "names something that cannot be called")
-        train, test = split_returned(make(**self.kwargs))
+        try:
+            out = make(**self.kwargs)
+        except ZooInputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's code: named with its exception, not a traceback
+            raise ZooInputError("data.target", self.target, f"the call {self.target}(**data.kwargs) raised "
+                                f"{describe_failure(err)}; fix it there (or data.kwargs: {self.kwargs})") from None
+        if out is None:
+            raise ZooInputError("data.target", self.target, "returned None; return (train, test), "
+                                "{'train': ..., 'test': ...} or the training rows alone")
+        train, test = split_returned(out)
         return dataset_from(train, test, task=self.task, name=self.target.rpartition(":")[2])
 
 
@@ -46,7 +56,17 @@ def split_returned(out: Any) -> tuple[Any, Any]:
     if isinstance(out, dict):
         if "train" not in out:
             raise ZooInputError("data.target", sorted(out), "a dict of data needs 'train' (and may have 'test')")
+        unread = sorted(str(k) for k in out if k not in ("train", "test"))
+        if unread:
+            raise ZooInputError("data.target", sorted(str(k) for k in out), f"a dict of data has 'train' and "
+                                f"'test' only; {', '.join(map(repr, unread))} would not be read: merge those rows "
+                                "into train or test, or leave them out")
         return out["train"], out.get("test")
     if isinstance(out, tuple | list) and len(out) == 2 and not isinstance(out[0], torch.Tensor | np.ndarray):
         return out[0], out[1]
+    if isinstance(out, tuple | list) and len(out) != 2:
+        raise ZooInputError("data.target", f"{type(out).__name__} of {len(out)} items", "return (train, test), "
+                            "{'train': ..., 'test': ...} or the training rows alone ((x, y), a torch Dataset or a "
+                            "DataLoader); a third set (e.g. validation rows) is not read: merge it into train or "
+                            "leave it out")
     return out, None

@@ -21,15 +21,18 @@ from zoo import registry
 from zoo.data.base import Dataset
 from zoo.diagnostics.checks import diagnosis, fmt, jsonable, method_label
 from zoo.errors import ZooInputError
+from zoo.evaluate import check_draws_fit
 from zoo.inference_data import as_numpy
 from zoo.likelihoods import PredictiveDraws
 from zoo.pipeline import load_run
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import Posterior
-from zoo.runs import METRICS_FILE, SPEC_FILE
+from zoo.runs import METRICS_FILE, SPEC_FILE, refuse_to_replace
 from zoo.tasks import TASKS, Classification, task_of
 
 COMPARE_PLOT = "compare.png"
+COMPARE_MARK = "written by zoo compare"  # in compare.png's zoo text chunk: what lets a rerun replace it
+ROW_KEYS = ("run", "label", "reference", "reference_check")  # what every row of zoo compare's JSON holds
 COMPARE_DRAWS = 200
 METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll")
 
@@ -65,19 +68,35 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
     :param run_dir: the run directory.
     :param num_samples: posterior draws.
     :returns: the run's predictive and stored metrics.
-    :raises ZooInputError: when ``num_samples`` is below 1, or ``run_dir`` holds no run that can be loaded.
+    :raises ZooInputError: when ``num_samples`` is below 1 or would not fit in memory, or ``run_dir`` holds no run
+        that can be loaded.
     """
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     run = Path(run_dir)
     spec, data, posterior = load_run(run)
+    check_draws_fit(posterior, data, num_samples)
     pyro.set_rng_seed(spec.seed + 1)
     pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
-    metrics_path = run / METRICS_FILE
-    stored = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
-    metrics = {k: stored[k] for k in METRIC_KEYS if k in stored}
+    metrics = _stored_metrics(run)
     return RunPredictive(run, f"{run.name} ({method_label(spec)})", data, metrics, posterior, pred,
                          task_of(data).comparison_draws(pred, data, spec.seed + 2))
+
+
+def _stored_metrics(run: Path) -> dict[str, float]:
+    """The test metrics a run recorded in its metrics.json ({} where it has none), refused where it is unreadable."""
+    path = run / METRICS_FILE
+    if not path.exists():
+        return {}
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ZooInputError("RUN", str(run), f"its {METRICS_FILE} cannot be read as JSON ({err}): it is truncated or "
+                            f"was edited; restore it, or move it aside to compare without the stored metrics") from None
+    if not isinstance(stored, dict):
+        raise ZooInputError("RUN", str(run), f"its {METRICS_FILE} must hold a JSON object of metrics, not "
+                            f"{type(stored).__name__}; restore it, or move it aside")
+    return {k: stored[k] for k in METRIC_KEYS if k in stored}
 
 
 @dataclass
@@ -193,6 +212,7 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
             raise ZooInputError("RUN", str(path), "not a run directory (it has no spec.yaml)")
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    compare_outputs(out_dir)
     standing = trusted_reference(reference_dir, allow_unconverged)
     cache: dict[Path, RunPredictive] = {}
 
@@ -204,6 +224,38 @@ def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_sampl
 
     rows = compare_predictives(get(reference_dir), [get(p) for p in run_dirs], out_dir)
     return [{**row, "reference_check": standing.column()} for row in rows]
+
+
+def compare_outputs(out_dir: str | Path | None, json_path: str | Path | None = None) -> None:
+    """Check, before anything is drawn, that ``zoo compare`` may write ``out_dir/compare.png`` and ``json_path``:
+    each must be new, or a file an earlier ``zoo compare`` wrote (the plot carries :data:`COMPARE_MARK`,
+    :func:`zoo.runs.carries_mark`; the JSON is a list of its rows); a user's file of that name is never replaced.
+
+    :param out_dir: the plot's folder (None: no plot).
+    :param json_path: the JSON file of the rows (None: none).
+    :raises ZooInputError: naming the file that would be replaced, or a path that is a directory, and the fix.
+    """
+    if out_dir is not None:
+        out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise ZooInputError("--out", str(out), "is a file; --out is the folder compare.png is written to")
+        refuse_to_replace(out / COMPARE_PLOT, COMPARE_MARK, "--out", "zoo compare", "choose another --out folder "
+                          "(zoo compare writes compare.png there and replaces only its own), or move the file")
+    if json_path is not None:
+        path = Path(json_path)
+        if path.is_dir() or not path.exists() or not _compare_rows_file(path):
+            refuse_to_replace(path, "", "--json", "zoo compare", "give a new file name for --json (zoo compare "
+                              "replaces only a rows file it wrote)")
+
+
+def _compare_rows_file(path: Path) -> bool:
+    """Whether ``path`` holds what ``zoo compare --json`` writes: a list of rows, each with :data:`ROW_KEYS`."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(rows, list) and bool(rows) and all(isinstance(r, dict) and set(ROW_KEYS) <= set(r)
+                                                          for r in rows)
 
 
 def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
@@ -228,6 +280,7 @@ def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
         row.update(run.metrics)
         rows.append(jsonable(row))
     if out_dir is not None:
+        compare_outputs(out_dir)
         rows[0]["plot"] = str(plot_compare(reference, runs, rows, per_input, Path(out_dir) / COMPARE_PLOT))
     return rows
 
@@ -256,7 +309,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
         ax.set_ylim(0, 1.05)
         ax.legend()
         ax.set_title(f"{data.name}: test predictive vs {labels[0]}")
-        return save_figure(fig, path)
+        return save_figure(fig, path, COMPARE_MARK)
     everyone = [reference, *runs]
     if data.in_dim == 1:
         x = as_numpy(data.inputs_in_original_units(data.x_test)[:, 0].double())
@@ -293,7 +346,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     ax.set_ylabel("Wasserstein-1 to the reference")
     if len(runs):
         ax.legend(fontsize="small")
-    return save_figure(fig, path)
+    return save_figure(fig, path, COMPARE_MARK)
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:

@@ -276,8 +276,9 @@ def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None
 
 def chain_seed(seed: int, chain: int) -> int:
     """The seed of NUTS chain ``chain`` of a run seeded ``seed``: its own stream, apart from the one that drew the
-    starting points, and the same whichever process runs the chain."""
-    return (seed + 1) * 1_000_003 + chain
+    starting points, and the same whichever process runs the chain; below 2**32, the seeds NumPy takes (Pyro seeds
+    it too), so every spec seed works (a seed up to 4293 gives the stream it always gave)."""
+    return ((seed + 1) * 1_000_003 + chain) % 2**32
 
 
 def _run_nuts(potential: Potential, z0: torch.Tensor, spec: MCMCSpec, seed: int, progress: bool, log,

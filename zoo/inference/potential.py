@@ -11,6 +11,8 @@ starts: from the prior, the net's own initialisation, or the posterior of a run.
 
 from __future__ import annotations
 
+import warnings
+
 import pyro
 import torch
 from pyro import poutine
@@ -24,7 +26,7 @@ from zoo.errors import ZooInputError
 from zoo.inference.base import copy_point_parameters
 from zoo.inference.compiled import TracedCompile, exp_tanh
 from zoo.models.base import ModelFamily
-from zoo.nets import batch_dependent, reinitialise
+from zoo.nets import batch_dependent, reinitialise, run_batched
 from zoo.posterior import Posterior
 
 
@@ -114,8 +116,12 @@ class LogJoint:
             model = poutine.condition(self.family.model, data=draw)
             return poutine.trace(model).get_trace(self.x, self.y).log_prob_sum()
 
+        def one_at_a_time() -> torch.Tensor:  # a net vmap cannot batch (a GRU, an LSTM): draw after draw
+            count = next(iter(values.values())).shape[0]
+            return torch.stack([one({n: v[c] for n, v in values.items()}) for c in range(count)])
+
         with pyro.validation_enabled(False):
-            return vmap(one)(values)
+            return run_batched(self.family.net, lambda: vmap(one)(values), one_at_a_time)
 
     def verify(self, values: dict[str, torch.Tensor], log=None) -> None:
         """Use the exact evaluation from now on if the fast one disagrees with it at ``values``."""
@@ -200,7 +206,15 @@ class Potential:
         with torch.no_grad(), pyro.validation_enabled(False):
             if velocity is None:
                 return rows(z.detach())
-            return torch.func.jvp(rows, (z.detach(),), (velocity.detach(),))
+            try:
+                return torch.func.jvp(rows, (z.detach(),), (velocity.detach(),))
+            except NotImplementedError as err:  # oneDNN's and cuDNN's LSTM kernels have no forward AD; torch's own do
+                if "forward AD" not in str(err):
+                    raise
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # oneDNN's flags warn of TF32 on Intel GPUs
+                    with torch.backends.mkldnn.flags(enabled=False), torch.backends.cudnn.flags(enabled=False):
+                        return torch.func.jvp(rows, (z.detach(),), (velocity.detach(),))
 
     def energy(self, z: torch.Tensor) -> torch.Tensor:
         """U at every row of ``z``, differentiable in ``z`` (for Pyro's NUTS, which takes its own gradient).

@@ -231,6 +231,16 @@ class FamilySection(Strict):
         """
         return []
 
+    def check_size(self, net: nn.Module, rows: torch.Tensor, batch: int) -> None:
+        """Refuse, before the family is built, settings whose memory would not fit (a no-op for most families).
+
+        :param net: the deterministic net.
+        :param rows: a few training rows the net reads (on the run's device and dtype).
+        :param batch: the training rows of one step.
+        :raises ZooInputError: naming the setting, the estimate and the largest value that fits
+            (:func:`zoo.runs.check_size_fits`).
+        """
+
     def check_priors(self, priors: dict[str, PriorSection]) -> None:
         """Refuse, when the family is built, the first prior of :meth:`refusals`.
 

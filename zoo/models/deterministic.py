@@ -24,7 +24,7 @@ from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.base import FamilySection, ModelFamily, per_device
-from zoo.nets import has_batch_norm, has_convolutions, prediction_mode, reinitialise
+from zoo.nets import has_batch_norm, has_convolutions, prediction_mode, reinitialise, run_batched
 from zoo.priors import PriorSection, prior_distribution
 from zoo.sites import WEIGHT_MATRICES, LatentSite
 
@@ -141,18 +141,25 @@ class DeepEnsemble(ModelFamily):
         """
         state = {n: weights[n] for n in self.weight_names}
         n_nets = next(iter(state.values())).shape[0]
-        if self.one_member_at_a_time:
+
+        def one_at_a_time() -> torch.Tensor:
             # member m's statistics are those of member m mod K: views, so training updates them in place
             return torch.stack([functional_call(self.net, {**{n: v[m] for n, v in state.items()},
                                                            **{n: b[m % self.members]
                                                               for n, b in self.member_buffers.items()}}, (x,))
                                 for m in range(n_nets)])
+
+        if self.one_member_at_a_time:
+            return one_at_a_time()
+        batched = dict(state)
         if self.member_buffers:
             copies = n_nets // self.members
             # the buffers themselves when M == K (training updates them in place), else repeated read-only copies
-            state.update({n: b if copies == 1 else b.repeat(copies, *[1] * (b.dim() - 1))
-                          for n, b in self.member_buffers.items()})
-        return vmap(lambda w: functional_call(self.net, w, (x,)))(state)
+            batched.update({n: b if copies == 1 else b.repeat(copies, *[1] * (b.dim() - 1))
+                            for n, b in self.member_buffers.items()})
+        # a net vmap cannot batch (a GRU, an LSTM) runs its members one after another
+        return run_batched(self.net, lambda: vmap(lambda w: functional_call(self.net, w, (x,)))(batched),
+                           one_at_a_time)
 
     def _member_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """S draws of every site as S*K member values (draw-major); unplated sites repeated K times."""

@@ -24,8 +24,9 @@ from torch.distributions import constraints
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
-from zoo.nets import has_batch_norm, has_convolutions, prediction_mode
+from zoo.nets import evaluation_mode, has_batch_norm, has_convolutions, prediction_mode
 from zoo.priors import PRIORS, PriorSection, prior_distribution
+from zoo.runs import check_size_fits
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
 MEMBERS = "members"
@@ -58,8 +59,30 @@ def factored_layers(net: nn.Module, choice: ModuleChoice | None = None) -> dict[
     :param choice: which modules are random (None: every supported one).
     :returns: the layers.
     """
-    return {name: m for name, m in net.named_modules()
-            if isinstance(m, FACTORED_LAYERS) and (choice is None or choice.chosen(name, m))}
+    layers = {name: m for name, m in net.named_modules()
+              if isinstance(m, FACTORED_LAYERS) and (choice is None or choice.chosen(name, m))}
+    _refuse_tied(net, layers)
+    return layers
+
+
+def _refuse_tied(net: nn.Module, layers: dict[str, nn.Module]) -> None:
+    """Refuse a factored layer whose weight another module holds too (tied weights, ``head.weight =
+    embed.weight``): the members' factors are looked up by the weight tensor, so both modules would read one layer's
+    factors, of the other's widths."""
+    holders: dict[int, dict[int, str]] = {}  # parameter -> the distinct modules holding it, by path
+    modules = dict(net.named_modules(remove_duplicate=False))
+    for name, param in net.named_parameters(remove_duplicate=False):
+        owner = modules[name.rpartition(".")[0]]
+        holders.setdefault(id(param), {}).setdefault(id(owner), name.rpartition(".")[0])
+    for layer, m in layers.items():
+        paths = list(holders.get(id(m.weight), {}).values())
+        if len(paths) > 1:
+            others = ", ".join(repr(p) for p in paths if p != layer)
+            untie = f"{paths[-1]}.weight = nn.Parameter({paths[0]}.weight.detach().clone())"
+            raise ZooInputError("model.family", "rank1", f"modules {layer!r} and {others} share one weight tensor "
+                                "(tied weights), and the rank-1 family gives each layer's weight its own per-member "
+                                f"factors: untie them (e.g. {untie}), or use a family that keeps the shared tensor "
+                                "one site (member mean_field or map)")
 
 
 class MemberLayers:
@@ -349,6 +372,37 @@ class Rank1ModelSpec(FamilySection, ModuleChoice):
             p).model_fields else p.name, f"rank-1 factors multiply the shared weights, so their prior is centred at 1, "
             f"and this {p.name} prior's centre is {p.centre:g}: use a prior with a loc ({located}) and set "
             "prior.loc: 1.0") for p in priors if p.centre != 1.0]
+
+    def check_size(self, net: nn.Module, rows: torch.Tensor, batch: int) -> None:
+        """Refuse ``members`` whose factors (r, s and biases per member; with the guide's two parameters and their
+        gradients, four copies) and K-times tiled activations of one step's ``batch`` rows (each factored layer's
+        input and output and their gradients: four copies; 2-layer MLP, K = 5,000, 64 rows: 110 kB a member
+        estimated, 91 kB measured at the peak) would not fit in memory."""
+        layers = factored_layers(net, self)
+        factors = sum(2 * _widths(m)[0] + _widths(m)[1] for m in layers.values())
+        seen = [0]
+
+        def count(module: nn.Module, inputs: tuple, output: Any) -> None:
+            seen[0] += sum(t.numel() for t in (*inputs, output)
+                           if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+        hooks = [m.register_forward_hook(count) for m in layers.values()]
+        try:
+            with torch.no_grad(), evaluation_mode(net):
+                net(rows)
+        except (RuntimeError, TypeError, ValueError):
+            return  # the dry run of check_outputs names what the net cannot read
+        finally:
+            for hook in hooks:
+                hook.remove()
+        per_row = seen[0] / max(len(rows), 1)
+        member = int((4 * factors + 4 * batch * per_row) * rows.element_size())  # one member's bytes
+        check_size_fits("model.members", self.members, self.members * member,
+                        lambda allowed: (f"use model.members: {int(allowed // member):,} or fewer" if allowed >= member
+                                         else "use fewer rows a step (inference.batch_size)")
+                        + f" ({member:,} bytes a member at {batch:,} rows a step)",
+                        f"{self.members:,} members (their factors and {batch:,} rows a step tiled {self.members:,} "
+                        "times)")
 
     def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> Rank1BNN:
         self.check_priors(priors)

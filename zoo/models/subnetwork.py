@@ -13,6 +13,7 @@ reloaded run reuses them.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from zoo.models.all_weights import AllWeightsBNN
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, StructureFit, restore_buffers
 from zoo.nets import ParameterSwap, forward_stacked
 from zoo.priors import PriorSection
-from zoo.runs import POINT_ESTIMATE_FILE, load_point_values, load_torch, save_torch
+from zoo.runs import POINT_ESTIMATE_FILE, check_covariance_fits, load_point_values, load_torch, save_torch
 from zoo.sections import Strict, SVISpec
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
@@ -65,6 +66,19 @@ def subnet_size(size: int | float, total: int) -> int:
         raise ZooInputError("model.selection.size", size, f"the net has only {total:,} weights; give at most that "
                             "many, or a fraction up to 1.0")
     return count
+
+
+def check_subnet_fits(count: int, size: int | float, element_size: int = 4) -> None:
+    """Refuse a subnetwork whose full k x k covariance (the GGN, its Cholesky factor, the covariance and the guide's
+    scale_tril: four k x k matrices) would not fit in memory, naming the largest count that does.
+
+    :param count: the subnet's weights k.
+    :param size: ``model.selection.size`` as given.
+    :param element_size: bytes an entry.
+    :raises ZooInputError: naming ``model.selection.size``.
+    """
+    check_covariance_fits("model.selection.size", size, count, element_size, 4,
+                          lambda most: f"use model.selection.size: {max(1, most):,} or fewer weights (a count)")
 
 
 class Selection(ABC):
@@ -142,7 +156,8 @@ class ByModule(Selection):
         if unknown or not wanted:
             raise ZooInputError("model.selection.modules", unknown or wanted,
                                 f"name modules of this net: {', '.join(layout.module_names)}")
-        ranges = [torch.arange(s.offset, s.offset + s.numel) for s in layout.slots if s.module_name in wanted]
+        ranges = [torch.arange(s.offset, s.offset + s.numel) for s in layout.slots
+                  if s.module_name in wanted and s.selectable]
         return torch.cat(ranges).to(context.data.device)
 
 
@@ -201,6 +216,9 @@ class SubnetworkBNN(ModelFamily):
         self.net, self.likelihood, self.spec = net, likelihood, spec
         self.prior_configs = priors
         self.layout = ParameterLayout(net, spec.chosen)
+        if spec.selection.strategy in SIZED_SELECTIONS:  # its k x k covariance, refused before the MAP fit
+            check_subnet_fits(subnet_size(spec.selection.size, self.layout.size), spec.selection.size,
+                              next(net.parameters()).element_size())
         self._swap = ParameterSwap(net)
         self._params = dict(net.named_parameters())  # the same Parameter objects across .to() and MAP copies
         self.indices: torch.Tensor | None = None
@@ -237,10 +255,14 @@ class SubnetworkBNN(ModelFamily):
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
             self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
+            self._estimate_missing_noise(data, log)
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
-            self._set_indices(selection.select(context).to(data.x_train.device))
+            chosen = selection.select(context)
+            check_subnet_fits(len(chosen), self.spec.selection.size if self.spec.selection.strategy in
+                              SIZED_SELECTIONS else self.spec.selection.strategy, data.x_train.element_size())
+            self._set_indices(chosen.to(data.x_train.device))
             if path is not None:
                 save_torch(path, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights "
@@ -264,15 +286,18 @@ class SubnetworkBNN(ModelFamily):
             if self.buffers():
                 restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
             return {n: v.to(device=data.device, dtype=data.dtype) for n, v in values.items()}
-        # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map
-        all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood)
+        # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map; a
+        # frozen parameter (requires_grad=False) keeps its value, as it stays out of the subnetwork
+        trainable = [n for n, p in self.net.named_parameters() if p.requires_grad]
+        all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood, trainable)
         guide = DeltaGuide(all_weights.latent_sites()).to(device=data.device, dtype=data.dtype)
         map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
         fit_map(all_weights, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
                 progress=progress)
-        values = guide.point_estimate()
+        values = {**{n: p.detach().clone() for n, p in self.net.named_parameters() if not p.requires_grad},
+                  **guide.point_estimate()}
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
             save_torch(map_dir / POINT_ESTIMATE_FILE, values)
         return values
@@ -301,6 +326,23 @@ class SubnetworkBNN(ModelFamily):
                 param.copy_(values[name])
         self.net.eval()
         self.map_values = {n: v.detach().clone() for n, v in values.items()}
+
+    def _estimate_missing_noise(self, data: Dataset, log) -> None:
+        """A learned Gaussian noise that the MAP values do not hold (a trained net's own weights, ``map_from: net``,
+        or a point estimate written without it) starts at its maximum-likelihood value at those weights, the root
+        mean square of the training residuals; the Laplace fit then tunes it by the evidence."""
+        site = getattr(self.likelihood, "noise_site", None)
+        if site is None or getattr(self.likelihood, "fixed_noise", 0.0) is not None or site in self.map_values:
+            return
+        total, rows = 0.0, 0
+        with torch.no_grad():
+            for xc, yc in data.train_chunks(4096):
+                total += float((self.net(xc)[:, 0] - yc).square().sum())
+                rows += len(yc)
+        sigma = max(math.sqrt(total / max(rows, 1)), 1e-6)
+        self.map_values[site] = torch.tensor(sigma, device=data.device, dtype=data.dtype)
+        log(f"noise: {sigma:.3g} (standardised), the residuals' root mean square at the MAP weights, which hold no "
+            "learned noise")
 
     def map_noise(self) -> torch.Tensor | float | None:
         """The Gaussian noise sigma at the MAP (fixed, or the MAP of a learned one); None for classification."""

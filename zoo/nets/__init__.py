@@ -23,6 +23,7 @@ from zoo.nets.base import (
     NetSection,
     ParameterSwap,
     batch_dependent,
+    check_materialised,
     check_patterns,
     evaluation_mode,
     forward_stacked,
@@ -34,6 +35,7 @@ from zoo.nets.base import (
     parametric_modules,
     prediction_mode,
     reinitialise,
+    run_batched,
 )
 from zoo.nets.cnn import CNNSpec, build_cnn
 from zoo.nets.lenet5 import LeNet5Spec, build_lenet5
@@ -44,6 +46,7 @@ from zoo.nets.resnet import ResNetSpec, WRNSpec, build_resnet, build_wrn
 from zoo.nets.torchvision import TorchvisionSpec, build_torchvision
 from zoo.nets.weights import load_weights, read_weights
 from zoo.parts import Catalogue
+from zoo.runs import check_size_fits
 
 __all__ = ["ACTIVATIONS", "NETS", "NET_FILE", "NORMALISATION_LAYERS", "NORM_LAYERS", "check_patterns",
            "module_matches", "parametric_modules", "ModuleNetSpec", "NetConfig", "NetSection",
@@ -51,7 +54,7 @@ __all__ = ["ACTIVATIONS", "NETS", "NET_FILE", "NORMALISATION_LAYERS", "NORM_LAYE
            "batch_dependent", "build_cnn", "build_lenet5", "build_mlp", "build_net", "build_resnet",
            "build_torchvision", "build_wrn", "evaluation_mode", "forward_stacked", "has_batch_norm",
            "has_convolutions", "image_shape", "input_image_shape", "load_weights", "net_section", "prediction_mode",
-           "read_weights", "reinitialise"]
+           "read_weights", "reinitialise", "check_materialised", "run_batched"]
 
 NETS = Catalogue("net", MLPSpec, CNNSpec, LeNet5Spec, ResNetSpec, WRNSpec, TorchvisionSpec, PythonNetSpec,
                  ModuleNetSpec)
@@ -104,6 +107,49 @@ def _misfit(spec: NetSection, in_dim: int, shape: tuple[int, ...] | None, data_n
             f"that fits them (net.name: {', '.join(fitting)}){larger}")
 
 
+NET_COPIES = 4  # a net's weights at once in a fit: the net, a guide's two parameters per weight, a gradient
+
+
+def _count_weights(spec: NetSection, in_dim: int, out_dim: int) -> int | None:
+    """The weights of the spec's net, counted on the meta device (nothing allocated); None where it cannot be."""
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in spec.build(in_dim, out_dim).parameters())
+    except Exception:  # noqa: BLE001 - a builder that cannot run on meta tensors: the build itself says what fails
+        return None
+
+
+def check_net_fits(spec: NetSection, in_dim: int, out_dim: int) -> None:
+    """Refuse, before it is built, a named net whose weights (:data:`NET_COPIES` copies of float32) would not fit in
+    memory, naming its widths (``net.hidden``) and the widths that fit.
+
+    :param spec: the spec's net section.
+    :param in_dim: inputs per row.
+    :param out_dim: outputs per row.
+    :raises ZooInputError: naming ``net.hidden`` (or ``net``), the estimate and the fix.
+    """
+    weights = _count_weights(spec, in_dim, out_dim)
+    if weights is None:
+        return
+    hidden = getattr(spec, "hidden", None)
+    field, value = ("net.hidden", hidden) if isinstance(hidden, list) else ("net", spec.name)
+
+    def fix(allowed: float) -> str:
+        most = int(allowed // (NET_COPIES * 4))
+        if not isinstance(hidden, list) or not hidden:
+            return f"use a smaller net (at most about {most:,} weights)"
+        scale = 1.0
+        while scale > 1e-6:  # shrink every width until the net fits
+            scale *= 0.9
+            narrower = [max(1, int(w * scale)) for w in hidden]
+            count = _count_weights(spec.model_copy(update={"hidden": narrower}), in_dim, out_dim)
+            if count is not None and count <= most:
+                return f"use narrower layers, e.g. net.hidden: {narrower} (at most about {most:,} weights)"
+        return f"use narrower layers (at most about {most:,} weights)"
+
+    check_size_fits(field, value, weights * NET_COPIES * 4, fix, f"a net of {weights:,} weights")
+
+
 def build_net(spec: NetSection, in_dim: int, out_dim: int, image_shape: tuple[int, int, int] | None = None,
               data_name: str = "the data") -> nn.Module:
     """The spec's net for the data's widths, refused where it does not fit the data: an image net reading rows
@@ -125,9 +171,12 @@ def build_net(spec: NetSection, in_dim: int, out_dim: int, image_shape: tuple[in
 
     if not spec.flat_rows:  # a user's own net: the pipeline's dry run on real rows checks it
         net = spec.build(in_dim, out_dim)
+        named = isinstance(spec, PythonNetSpec)  # built by the spec's factory, named by its target
+        check_materialised(net, "net.target" if named else "net", spec.target if named else type(net).__name__)
         if spec.weights is not None:
             load_weights(net, spec.weights)
         return net
+    check_net_fits(spec, in_dim, out_dim)
     try:  # a builder may run its layers once to size the dense ones
         net = spec.build(in_dim, out_dim)
     except RuntimeError as err:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import weakref
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, ClassVar
 
 import torch
@@ -97,25 +98,30 @@ class ParameterSwap:
     ``torch.func.functional_call`` does the same for any module but re-walks the module tree on every call; a
     training step calls this once per ELBO evaluation, so the (module, attribute) slots are resolved once here.
 
+    A parameter shared by several modules (tied weights: ``head.weight = embed.weight``) is swapped in every module
+    that holds it, as ``functional_call`` does.
+
     :param net: the net whose parameters are swapped (by their ``named_parameters`` names) on each call.
     """
 
     def __init__(self, net: nn.Module) -> None:
         self.net = net
-        modules = dict(net.named_modules())
-        self.slots = {}
-        for name, _ in net.named_parameters():
+        modules = dict(net.named_modules(remove_duplicate=False))
+        first = {id(p): name for name, p in net.named_parameters()}  # a tied parameter: named once, held twice
+        self.slots: dict[str, list[tuple[nn.Module, str]]] = {name: [] for name in first.values()}
+        for name, param in net.named_parameters(remove_duplicate=False):
             owner, _, attr = name.rpartition(".")
-            self.slots[name] = (modules[owner], attr)
+            if (modules[owner], attr) not in self.slots[first[id(param)]]:
+                self.slots[first[id(param)]].append((modules[owner], attr))
 
     def __call__(self, weights: dict[str, torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """``net(*inputs)`` with parameter ``name`` replaced by ``weights[name]`` for every name given."""
         saved = []
         try:
             for name, value in weights.items():
-                module, attr = self.slots[name]
-                saved.append((module, attr, module._parameters[attr]))
-                module._parameters[attr] = value
+                for module, attr in self.slots[name]:
+                    saved.append((module, attr, module._parameters[attr]))
+                    module._parameters[attr] = value
             return self.net(*inputs)
         finally:
             for module, attr, original in saved:
@@ -218,24 +224,89 @@ def has_convolutions(net: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in net.modules())
 
 
-def forward_stacked(net: nn.Module, stacked: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def forward_stacked(net: nn.Module, stacked: dict[str, torch.Tensor], x: torch.Tensor,
+                    loop: bool | None = None) -> torch.Tensor:
     """The net's outputs under S parameter sets at once, e.g. S posterior draws of its weights.
 
     An MLP runs all S as one ``torch.func.vmap`` (one batched matmul per layer). A net with convolutions runs them
     one after another: vmap turns its convolutions into one grouped convolution and its pooling into one S times
     larger batch, which cost more on the CPU than S plain passes (``benchmarks/predict_speed.py``).
 
+    A net vmap cannot batch (a GRU or LSTM: ``aten::gru.input`` has no batching rule) runs its sets one after
+    another too, with the same outputs (:func:`run_batched`).
+
     :param net: the net; what ``stacked`` names replaces its tensors, the rest (e.g. BatchNorm's running statistics)
         stay its own.
     :param stacked: ``{name: [S, *shape]}``, the S sets stacked along a first dimension.
     :param x: the inputs ``[B, ...]``, the same for every set.
+    :param loop: run the sets one after another (None: where vmap does not serve the net).
     :returns: the outputs ``[S, B, out]``.
     """
-    if has_convolutions(net):
+
+    def one_at_a_time() -> torch.Tensor:
         count = next(iter(stacked.values())).shape[0]
         return torch.stack([functional_call(net, {n: v[s] for n, v in stacked.items()}, (x,))
                             for s in range(count)])
-    return vmap(lambda one: functional_call(net, one, (x,)))(stacked)
+
+    if loop or (loop is None and has_convolutions(net)):
+        return one_at_a_time()
+    return run_batched(net, lambda: vmap(lambda one: functional_call(net, one, (x,)))(stacked), one_at_a_time)
+
+
+# layers torch.func.vmap has no batching rule for (aten::gru.input, aten::lstm.input, aten::rnn_tanh.input)
+UNBATCHED_LAYERS = (nn.RNNBase,)
+_UNBATCHABLE: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # nets whose vmap failed once: never tried again
+VMAP_FAILURES = ("Batching rule not implemented", "vmap: ", "functorch")
+
+
+def vmap_serves(net: nn.Module) -> bool:
+    """Whether vmap can batch the net's parameter sets: no layer of :data:`UNBATCHED_LAYERS`, and no vmap of it
+    failed before.
+
+    :param net: the net.
+    :returns: whether to try vmap.
+    """
+    return net not in _UNBATCHABLE and not any(isinstance(m, UNBATCHED_LAYERS) for m in net.modules())
+
+
+def run_batched(net: nn.Module, batched: Callable[[], torch.Tensor],
+                one_at_a_time: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``batched()`` (a vmap over the net's parameter sets) where vmap serves the net, else ``one_at_a_time()`` (the
+    same sets in a loop, the same outputs); a vmap that fails for want of a batching rule marks the net, once, and
+    the loop runs instead.
+
+    :param net: the net the sets are of.
+    :param batched: the vmapped computation.
+    :param one_at_a_time: the looped computation.
+    :returns: what the one that ran returns.
+    """
+    if not vmap_serves(net):
+        return one_at_a_time()
+    try:
+        return batched()
+    except RuntimeError as err:
+        if not any(marker in str(err) for marker in VMAP_FAILURES):
+            raise
+        _UNBATCHABLE.add(net)
+        return one_at_a_time()
+
+
+def check_materialised(net: nn.Module, field: str = "net", value: object = None) -> None:
+    """Refuse a net whose parameters or buffers lie on the meta device: shapes without values, which no fit can
+    move to a device or read.
+
+    :param net: the net.
+    :param field: the setting that gave it, for the message.
+    :param value: what the setting holds (None: the net's class name).
+    :raises ZooInputError: naming the first such tensors and how to give them values.
+    """
+    meta = [name for name, t in (*net.named_parameters(), *net.named_buffers()) if t.is_meta]
+    if meta:
+        shown = ", ".join(meta[:3]) + (f" (and {len(meta) - 3} more)" if len(meta) > 3 else "")
+        raise ZooInputError(field, value or type(net).__name__, f"its tensors {shown} lie on the meta device "
+                            "(shapes, no values): materialise the net first, net.to_empty(device='cpu') then load "
+                            "its weights (net.load_state_dict(state)) or draw them (reset_parameters()), and pass "
+                            "that net")
 
 
 def input_image_shape(net: nn.Module) -> tuple[int, int, int] | None:

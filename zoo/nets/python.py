@@ -11,7 +11,7 @@ from torch import nn
 
 from zoo.errors import ZooInputError
 from zoo.nets.base import NetSection
-from zoo.parts import import_target
+from zoo.parts import describe_failure, import_target
 
 
 class PythonNetSpec(NetSection):
@@ -43,6 +43,11 @@ class PythonNetSpec(NetSection):
             net = make(**kwargs)
         except TypeError as err:
             raise ZooInputError("net.kwargs", self.kwargs, f"{self.target} refused them: {err}") from None
+        except ZooInputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's code: named with its exception, not a traceback
+            raise ZooInputError("net.target", self.target, f"building the net raised {describe_failure(err)}; fix "
+                                f"{self.target} (or net.kwargs: {self.kwargs})") from None
         if not isinstance(net, nn.Module):
             raise ZooInputError("net.target", self.target, f"returned a {type(net).__name__}, not an nn.Module")
         return net

@@ -4,6 +4,7 @@ from them (mean-field and rank-1 at the trained weights; subnetwork Laplace, SWA
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from zoo.errors import ZooInputError
 
 POINT_ESTIMATE = "point_estimate.pt"  # what a zoo run keeps of its fit (zoo.runs.POINT_ESTIMATE_FILE)
 SHOWN = 5  # keys listed per kind of mismatch
+SOURCES = ("a state dict (a mapping of names to tensors), an nn.Module, or the path (str or pathlib.Path) of a "
+           ".pt/.pth state dict, a .safetensors file or a zoo run directory")
+SAVE = "torch.save(net.state_dict(), path)"
 
 
 def read_weights(source: Any, field: str = "net.weights") -> dict[str, torch.Tensor]:
@@ -25,34 +29,72 @@ def read_weights(source: Any, field: str = "net.weights") -> dict[str, torch.Ten
         ``state_dict``), or of a zoo run directory (its ``point_estimate.pt``).
     :param field: the setting that gave it, for messages.
     :returns: the tensors by name.
-    :raises ZooInputError: a missing file, or one that holds no state dict.
+    :raises ZooInputError: a source of another type, a missing, empty, truncated or unreadable file, a directory
+        that is not a run, or a file that holds no state dict.
     """
     if isinstance(source, nn.Module):
         return dict(source.state_dict())
     if isinstance(source, Mapping):
-        return dict(source)
+        return _state_dict(source, field, "a state dict")
+    if not isinstance(source, str | os.PathLike):
+        raise ZooInputError(field, type(source).__name__, f"give trained weights as {SOURCES}")
     path = Path(source)
     if path.is_dir():
+        if not (path / POINT_ESTIMATE).is_file():
+            raise ZooInputError(field, str(source), f"is a directory without {POINT_ESTIMATE}, so not a finished "
+                                "zoo run: give the directory zoo train wrote, or a .pt/.pth/.safetensors file")
         path = path / POINT_ESTIMATE
     if not path.is_file():
-        raise ZooInputError(field, str(source), "no such file: give a .pt/.pth state dict, a .safetensors file or a "
-                            "zoo run directory")
+        raise ZooInputError(field, str(source), f"no such file: give {SOURCES}")
+    if path.stat().st_size == 0:
+        raise ZooInputError(field, str(source), f"is empty (0 bytes): save the weights again, e.g. {SAVE}")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as err:  # noqa: BLE001 - SafetensorError, or an OSError of a file cut short
+            raise ZooInputError(field, str(source), f"is not a readable .safetensors file ({_reason(err)}): it is "
+                                "truncated or not written by safetensors; save one with "
+                                "safetensors.torch.save_file(net.state_dict(), path)") from None
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+    if head != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save writes a zip archive (a pickle before 1.6)
+        raise ZooInputError(field, str(source), f"is not a file torch.save writes (it starts as neither a zip archive "
+                            f"nor a pickle: e.g. text); save the weights with {SAVE}")
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises several kinds for a file it cannot read
-        raise ZooInputError(field, str(source), f"is not a torch state dict ({type(err).__name__}: "
-                            f"{str(err).splitlines()[0][:120]}); save one with torch.save(net.state_dict(), path)") \
-            from None
+        if "Weights only load failed" in str(err):
+            raise ZooInputError(field, str(source), "holds Python objects besides tensors (e.g. a whole nn.Module), "
+                                f"which are not unpickled (it could run code); save the state dict instead: {SAVE}") \
+                from None
+        raise ZooInputError(field, str(source), f"cannot be read as a torch file ({_reason(err)}): it is truncated "
+                            f"or not written by torch.save; save one with {SAVE}") from None
     if isinstance(loaded, Mapping) and isinstance(loaded.get("state_dict"), Mapping):
         loaded = loaded["state_dict"]
-    if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-        raise ZooInputError(field, str(source), "holds no state dict (a mapping of names to tensors): save one "
-                            "with torch.save(net.state_dict(), path)")
-    return dict(loaded)
+    return _state_dict(loaded, field, str(source))
+
+
+def _reason(err: Exception) -> str:
+    """An exception's type and the first line of its message (its type alone where it has none)."""
+    lines = str(err).strip().splitlines()
+    first = lines[0].split(". ")[0].rstrip(".")[:120] if lines else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
+def _state_dict(loaded: Any, field: str, given: str) -> dict[str, torch.Tensor]:
+    """``loaded`` as a state dict (names to tensors), refused naming what it holds where it is not one."""
+    if isinstance(loaded, Mapping):
+        bad = next(((k, v) for k, v in loaded.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)),
+                   None)
+        if bad is None:
+            return dict(loaded)
+        holds = f"a mapping whose entry {bad[0]!r} is of type {type(bad[1]).__name__}"
+    else:
+        holds = f"a {type(loaded).__name__}"
+    raise ZooInputError(field, given, f"holds {holds}, not a state dict (a mapping of parameter names to tensors): "
+                        f"save one with {SAVE}")
 
 
 def load_weights(net: nn.Module, source: Any, field: str = "net.weights") -> None:

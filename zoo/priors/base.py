@@ -3,6 +3,7 @@ is (its centre, whether it is a zero-mean Gaussian, whether it is hierarchical) 
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from typing import ClassVar
 
@@ -12,10 +13,36 @@ import torch
 from zoo.parts import Strict
 
 
+def smallest_scale(dtype: torch.dtype) -> float:
+    """The smallest prior scale a run in ``dtype`` can compute with: the KL and the log-density divide by scale², and
+    ``1 / scale²`` must stay below the dtype's largest number times its epsilon, so that a site's terms (millions of
+    weights) still sum to a finite number (float32: 1.6e-16; float64: 5.0e-147).
+
+    :param dtype: the run's floating-point type.
+    :returns: the smallest scale allowed.
+    """
+    info = torch.finfo(dtype)
+    return 1.0 / math.sqrt(info.max * info.eps)
+
+
 class PriorSection(Strict):
     """A prior on every element of a site; subclasses name themselves with ``name: Literal[...]``."""
 
     hierarchical: ClassVar[bool] = False  # per-neuron scales shared by ensemble members (rank-1 factors only)
+    scale_fields: ClassVar[tuple[str, ...]] = ("scale",)  # the settings the KL / log-density divides by
+
+    def scale_refusals(self, dtype: torch.dtype) -> list[tuple[str, float, str]]:
+        """The scale-like settings too small for a run in ``dtype`` (:func:`smallest_scale`).
+
+        :param dtype: the run's floating-point type.
+        :returns: ``(setting, value, what to change)`` for each.
+        """
+        low, name = smallest_scale(dtype), str(dtype).removeprefix("torch.")
+        wider = "" if dtype == torch.float64 else f" (or dtype: float64, down to {smallest_scale(torch.float64):.1e})"
+        return [(field, getattr(self, field), f"got {getattr(self, field):g}; the smallest {field} a {name} run "
+                 f"allows is {low:.1e}: the KL and log-density divide by {field}², which must stay finite in {name} "
+                 f"when summed over a site's weights; use {low:.1e} or more{wider}")
+                for field in self.scale_fields if getattr(self, field) < low]
 
     @abstractmethod
     def element(self, device: torch.device | str, dtype: torch.dtype) -> dist.TorchDistribution:

@@ -7,7 +7,7 @@ rank-1 family, whose factors are per-member and per-neuron) can place it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pyro.distributions as dist
 import torch
@@ -25,6 +25,8 @@ class GaussianScaleMixturePrior(PriorSection):
     an ``.r`` site over its output neurons, on both with a glob matching both."""
 
     hierarchical = True
+
+    scale_fields: ClassVar[tuple[str, ...]] = ("scale", "log_scale_sd")
 
     name: Literal["gsm"] = Field(description="gsm")
     loc: float = Field(1.0, description="centre of the factors (1: a member starts at the shared weights)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pyro.distributions as dist
 import torch
@@ -78,6 +78,8 @@ class ScaleMixtureNormal(dist.TorchDistribution):
 
 class ScaleMixturePrior(PriorSection):
     """Bayes-by-Backprop prior pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2); Monte Carlo KL."""
+
+    scale_fields: ClassVar[tuple[str, ...]] = ("sigma1", "sigma2")
 
     name: Literal["scale_mixture"] = Field(description="scale_mixture")
     pi: float = Field(0.5, gt=0.0, lt=1.0, description="weight of the wide component N(0, sigma1^2)")
