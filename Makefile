@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-bootstrapped
 DEMO_DIR ?= runs/demo
 
-.PHONY: bootstrap peer test test-configs test-all test-vision vision vision-bench lint demo benchmarks docs docs-check gpu-check clean
+.PHONY: bootstrap peer test test-slow test-configs test-all test-vision vision vision-bench lint demo benchmarks docs docs-check gpu-check clean
 
 bootstrap: $(STAMP)
 
@@ -28,10 +28,20 @@ peer: $(STAMP)
 	@$(PY) -c 'import torchvision' 2>/dev/null || $(PY) -m pip uninstall -q -y torchvision
 	$(PY) -c 'import laplace; print("laplace-torch", laplace.__version__ if hasattr(laplace, "__version__") else "ok")'
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; each test file on one worker, so a file's module fixtures
+# are built once); the tests set torch to one thread each. `make test` leaves out the tests marked slow (over ~15 s:
+# notebooks, benchmarks end to end, kill-and-resume subprocesses, torchrun, torch.compile), which `make test-slow`
+# runs; CI runs both. The 25 slowest durations close each log.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+
 test: $(STAMP)
 	$(PY) -m ruff check zoo guides tests benchmarks notebooks docs/hooks.py docs/check_site.py
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PYTEST)
+
+test-slow: $(STAMP)
+	$(PYTEST) -m slow
 
 # every shipped toy config trained by `zoo train` at its defaults, each must exit 0 (the NUTS ones excepted: tens of
 # minutes per chain, as their headers say); a few minutes, so it is its own step of CI rather than part of `make test`
@@ -91,7 +101,7 @@ gpu-check: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/gpu_check.py --device $(DEVICE) --out $(GPU_CHECK_DIR)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check zoo guides tests benchmarks notebooks docs/hooks.py docs/check_site.py

@@ -119,7 +119,9 @@ def run(args: argparse.Namespace, console: Console) -> dict:
             streamed.append(seconds_per_step(make_net, loader(), args.steps))
         ratios = [s / m for s, m in zip(streamed, in_memory, strict=True)]
         ratio = statistics.median(ratios)
-        low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratio, ratio, ratio)
+        # inclusive: quartiles among the rounds' ratios, never extrapolated beyond them (the default, exclusive, gave a
+        # negative lower quartile from two rounds)
+        low, _, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (ratio,) * 3
         figures = {"in_memory_us_per_step": statistics.median(in_memory) * 1e6,
                    "dataloader_us_per_step": statistics.median(streamed) * 1e6,
                    "dataloader_ratio": ratio, "dataloader_ratio_quartiles": [low, high],

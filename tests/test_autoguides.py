@@ -33,6 +33,7 @@ def _flat(values: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.stack([values["out.weight"].reshape(-1), values["out.bias"].reshape(-1)], dim=-1)
 
 
+@pytest.mark.slow  # a long SVI fit to a closed form: ~45 s (make test-slow)
 def test_the_full_covariance_autoguide_recovers_the_conjugate_posterior():
     spec = load_spec(_auto("mvn"))
     data, family, guide, _ = prepare(spec)
@@ -45,6 +46,7 @@ def test_the_full_covariance_autoguide_recovers_the_conjugate_posterior():
     torch.testing.assert_close(torch.cov(draws.double().T), cov, rtol=0.1, atol=0.1 * float(sd.min()) ** 2)
 
 
+@pytest.mark.slow  # a long SVI fit to a closed form: ~23 s (make test-slow)
 def test_autonormal_finds_the_mean_field_optimum():
     # the best factorised Gaussian for N(m, S) has mean m and variances 1 / (S^-1)_ii
     spec = load_spec(_auto("normal"))

@@ -136,6 +136,7 @@ def test_a_global_batch_the_processes_cannot_share_is_refused_with_both_numbers(
 
 
 # ------------------------------------------------------------------------------------------ two processes
+@pytest.mark.slow  # torchrun, two processes: 16-20 s a case (make test-slow)
 @needs_two_cores
 @pytest.mark.parametrize("tree", [
     MEAN_FIELD, RANK1, {**MEAN_FIELD, "inference": {**MEAN_FIELD["inference"], "read_loss_every": 8}},
@@ -149,6 +150,7 @@ def test_two_processes_take_the_same_steps_as_one(tmp_path, tree):
     assert "2 processes" in (tmp_path / "two" / "train.log").read_text()
 
 
+@pytest.mark.slow  # torchrun, kill and resume: ~45 s (make test-slow)
 @needs_two_cores
 def test_sigterm_stops_every_process_at_one_step_and_one_process_resumes_it(tmp_path):
     tree = {**MEAN_FIELD, "inference": {**MEAN_FIELD["inference"], "num_steps": 1500, "checkpoint_every": 100}}
@@ -168,6 +170,7 @@ def draws(run: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(run / SAMPLES_FILE)["draws"]
 
 
+@pytest.mark.slow  # torchrun: ~50 s a kernel (make test-slow)
 @needs_two_cores
 @pytest.mark.parametrize("kernel", ["chees", "mams"])
 def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkpoint(tmp_path, kernel):
@@ -192,6 +195,7 @@ def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkp
     assert all(torch.equal(one[k], again[k]) for k in one)
 
 
+@pytest.mark.slow  # torchrun: ~50 s (make test-slow)
 @needs_two_cores
 def test_two_processes_share_the_nuts_chains(tmp_path):
     tree = {**HMC, "inference": {"method": "nuts", "num_chains": 3, "warmup_steps": 20, "num_samples": 10,
@@ -203,6 +207,7 @@ def test_two_processes_share_the_nuts_chains(tmp_path):
     assert all(torch.equal(one[k], two[k]) for k in one)  # 3 chains: rounds of two, then one
 
 
+@pytest.mark.slow  # torchrun, a rendezvous timeout (make test-slow)
 def test_a_rank_that_cannot_reach_the_rendezvous_fails_within_the_timeout_naming_the_address(tmp_path):
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -218,6 +223,7 @@ def test_a_rank_that_cannot_reach_the_rendezvous_fails_within_the_timeout_naming
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow  # torchrun (make test-slow)
 @needs_two_cores
 @pytest.mark.parametrize("ending", ["normal", "agreed_signal"])
 def test_no_rank_leaves_before_rank_0_has_finished_writing(tmp_path, ending):
@@ -253,6 +259,7 @@ def test_chains_the_processes_cannot_share_evenly_are_refused():
         check_chains(5, 2)
 
 
+@pytest.mark.slow  # torchrun, a rank killed: ~27 s (make test-slow)
 @needs_two_cores
 def test_a_rank_that_dies_ends_the_job_at_once_and_the_last_checkpoint_stays_usable(tmp_path):
     psutil = pytest.importorskip("psutil")

@@ -132,6 +132,7 @@ def test_each_topic_has_the_member_configs_that_ship():
     assert fidelity.member_configs("digits")["rank1"] == "rank1_cauchy_digits.yaml"
 
 
+@pytest.mark.slow  # builds tiny UCI references: ~50 s (make test-slow)
 def test_uci_members_are_their_uci_configs_on_the_references_data(uci_references):
     ref = load_spec(uci_references[1] / "spec.yaml")
     for name, config in fidelity.member_configs("uci").items():
@@ -144,6 +145,7 @@ def test_uci_members_are_their_uci_configs_on_the_references_data(uci_references
     assert fidelity.posterior_differences(ref, mean_field) == []  # the same model as the HMC reference
 
 
+@pytest.mark.slow  # the tiny UCI references (make test-slow)
 def test_several_uci_references_are_summarised_per_data_set(uci_references, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     out = tmp_path / "fidelity.json"
@@ -245,6 +247,7 @@ def digits_reference(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # builds a digits reference: ~75 s (make test-slow)
 def test_digits_members_are_their_digits_configs_on_the_references_data(digits_reference, tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     ref = load_spec(digits_reference / "spec.yaml")

@@ -283,6 +283,7 @@ def test_an_mcmc_run_directory_round_trips(tmp_path):
     assert "chain 0:" in log and "chain 1:" in log
 
 
+@pytest.mark.slow  # NUTS end to end: ~30 s (make test-slow)
 def test_zoo_train_ends_an_mcmc_run_with_its_convergence_verdict(tmp_path, capsys):
     from zoo.cli import STRICT_EXIT, main
 

@@ -36,6 +36,7 @@ def test_every_notebook_is_tested_and_is_a_tutorial_page():
     assert all((tutorials / name).resolve() == NOTEBOOKS / name for name in NOTEBOOK_OUTPUTS)  # links, not copies
 
 
+@pytest.mark.slow  # every tutorial executed at small size: 15-210 s each (make test-slow)
 @pytest.mark.parametrize("name", list(NOTEBOOK_OUTPUTS))
 def test_notebook_runs_at_small_size(name, tmp_path, monkeypatch):
     monkeypatch.setenv("ZOO_NOTEBOOK_SIZE", "small")

@@ -30,6 +30,7 @@ def expected_counts(sizes: list[int], k: int) -> dict:
             "params_bound": deterministic + k * fans + k * biases}
 
 
+@pytest.mark.slow  # the benchmark end to end: ~80 s (make test-slow)
 def test_benchmark_writes_ratios_and_parameter_counts(tmp_path, capsys):
     out = tmp_path / "rank1.json"
     k = 3

@@ -131,6 +131,7 @@ def test_a_lock_held_by_a_killed_process_is_released(tmp_path, capsys):
     assert main(train_argv(write_spec(tmp_path / "spec.yaml"), out)) == 0  # kill -9 released the lock
 
 
+@pytest.mark.slow  # kill -9 and resume in subprocesses: ~22 s (make test-slow)
 def test_kill_9_keeps_the_last_checkpoint_and_resume_is_bit_exact(tmp_path):
     spec = write_spec(tmp_path / "spec.yaml", num_steps=1500, checkpoint_every=50)
     out = tmp_path / "killed"
@@ -298,6 +299,7 @@ def test_a_signal_that_stops_a_loop_is_named_whatever_the_loop_raises():
     assert not isinstance(plain.value, Interrupted)
 
 
+@pytest.mark.slow  # NUTS interrupted and resumed: ~18 s (make test-slow)
 def test_ctrl_c_stops_nuts_inside_a_draw_and_resume_gives_the_uninterrupted_chains(tmp_path, capsys, monkeypatch):
     """Issue 39: NUTS took signals only between chains, tens of minutes apart on the README's toy. Ctrl-C (as SIGTERM)
     now stops it inside the draw in progress, which is given up; the chain's state is saved and resumes bit for bit."""

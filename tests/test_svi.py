@@ -680,6 +680,7 @@ def _step_parts(spec):
                                      spec.inference.compile)
 
 
+@pytest.mark.slow  # torch.compile of each step: ~20 s a case (make test-slow)
 @compiled_step
 @pytest.mark.parametrize("overrides", [
     ["guide.name=delta"],  # mean-field family, MAP: no draws
@@ -730,6 +731,7 @@ def test_traced_elbo_draws_the_same_noise_as_the_eager_one(spec_factory):
     torch.testing.assert_close(traced, eager)
 
 
+@pytest.mark.slow  # torch.compile with a recompile: ~40 s (make test-slow)
 @compiled_step
 def test_compiled_svi_trains_rank1_with_a_mixture_guide_and_a_short_last_batch(spec_factory, tmp_path):
     spec = spec_factory("toy", "model.family=rank1", "guide.name=mixture", "prior.loc=1.0", "inference.compile=true",

@@ -330,6 +330,7 @@ def test_a_sweep_says_when_its_best_setting_is_at_an_edge(tmp_path, capsys):
     assert all("inference.num_steps" in row.split(" | ")[6] for row in table[2:])
 
 
+@pytest.mark.slow  # two worker processes: ~21 s (make test-slow)
 def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(TOY))
@@ -353,6 +354,7 @@ def test_two_workers_share_one_study_and_the_report_reads_it(tmp_path, capsys):
     assert main(["report", str(out), str(out / TRIALS_DIR / "0000"), "--out", str(reports / "x.md")]) == 2
 
 
+@pytest.mark.slow  # worker processes killed: ~18 s (make test-slow)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
 def test_workers_stop_when_the_sweep_process_is_killed(tmp_path):
     """kill -9 of `zoo sweep` leaves no worker running its trial to the end: each gets SIGTERM from the kernel."""

@@ -47,6 +47,7 @@ def test_bad_input_exits_2_before_anything_runs(argv, message, tmp_path, capsys)
     assert not (tmp_path / "refs").exists()
 
 
+@pytest.mark.slow  # a subprocess stopped by its budget (make test-slow)
 def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
     child = ("import signal, sys, time\n"
              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
@@ -61,6 +62,7 @@ def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
     assert (tmp_path / "logs" / "r.log").read_text().startswith("\n$ ")
 
 
+@pytest.mark.slow  # kill-and-resume subprocess: ~26 s (make test-slow)
 def test_sigterm_to_the_script_checkpoints_the_running_reference_which_then_reads_as_sampling(tmp_path):
     write_folder(tmp_path / "uci", "tiny", n_rows=40)
     runs = tmp_path / "refs"
@@ -92,6 +94,7 @@ def test_sigterm_to_the_script_checkpoints_the_running_reference_which_then_read
     assert again[-5:] == ["--add-draws", "10", "--until-converged", "--budget-minutes", "1.00"]
 
 
+@pytest.mark.slow  # the benchmark end to end: ~60 s (make test-slow)
 def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, capsys):
     write_folder(tmp_path / "uci", "tiny", n_rows=40)
     runs, out_json = tmp_path / "refs", tmp_path / "progress.json"
