@@ -32,8 +32,16 @@ from torch import nn
 
 from zoo import distributed, registry
 from zoo.data import DataSection, Dataset, data_section, dataset_from, load_dataset
-from zoo.data.given import GIVEN_FILE, GivenData, as_training_rows, evaluation_rows, from_stand_in, stand_in
-from zoo.errors import ZooInputError
+from zoo.data.given import (
+    GIVEN_FILE,
+    GivenData,
+    as_training_rows,
+    evaluation_rows,
+    from_stand_in,
+    predict_rows,
+    stand_in,
+)
+from zoo.errors import NotFitted, ZooInputError
 from zoo.evaluate import ValidationMonitor, check_draws_fit, evaluate, plot_predictive
 from zoo.inference.svi import SVI
 from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, PredictiveDraws
@@ -118,6 +126,7 @@ def check_outputs(net: nn.Module, likelihood: Likelihood, data: Dataset) -> None
                             f"{tuple(rows.shape[1:])}: {type(err).__name__}: {detail}") from None
     finally:
         net.train(was_training)
+    _check_backward(net, rows)
     if isinstance(out, tuple | list | dict):  # e.g. (logits, features), {"out": ...}, an RNN's (output, hidden)
         raise ZooInputError("net", type(net).__name__, f"its forward returns a {type(out).__name__}, and the zoo "
                             "reads one tensor of outputs [rows, outputs]: return that tensor alone (e.g. wrap the net "
@@ -134,6 +143,58 @@ def check_outputs(net: nn.Module, likelihood: Likelihood, data: Dataset) -> None
         raise ZooInputError("likelihood", type(likelihood).__name__, f"it reads {want} output(s) per row "
                             f"({data.task}, {data.out_dim if data.n_classes else 1} target(s)), and the net gives "
                             f"{got} for 2 rows: give the net {want} outputs, or another likelihood")
+
+
+def _check_backward(net: nn.Module, rows: torch.Tensor) -> None:
+    """Refuse a net whose forward breaks its own gradient (an in-place op on a tensor autograd saved, e.g.
+    ``h.relu_(); h[:, 0] = 0``): one backward pass on two rows, in evaluation mode, that leaves ``.grad`` alone."""
+    trained = [p for p in net.parameters() if p.requires_grad]
+    if not trained:
+        return
+    was_training = net.training
+    net.eval()
+    try:
+        out = net(rows)
+        if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
+            torch.autograd.grad(out.sum(), trained, allow_unused=True)
+    except RuntimeError as err:
+        if "inplace operation" not in str(err):
+            raise
+        detail = str(err).split(". Hint")[0][:200]
+        raise ZooInputError("net", type(net).__name__, f"its forward modifies in place a tensor autograd needs for "
+                            f"the gradient ({detail}): use the out-of-place form (torch.relu(h) for h.relu_(), "
+                            "h = h * mask or torch.where(...) for h[:, 0] = 0, nn.ReLU(inplace=False))") from None
+    finally:
+        net.train(was_training)
+
+
+def check_batch_norm(net: nn.Module, data: Dataset, batch: int) -> None:
+    """Refuse a net with BatchNorm whose training would see a batch of one row (batch statistics of one value per
+    channel: torch raises "Expected more than 1 value per channel" mid-fit).
+
+    :param net: the net.
+    :param data: the data set.
+    :param batch: the minibatch size of the method (the training rows' count for a full-batch method).
+    :raises ZooInputError: naming the batch of one row and how to avoid it.
+    """
+    norms = [type(m).__name__ for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    loader = data.train_loader
+    if data.streamed:
+        size, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", False)
+        if size is None:
+            return
+        last = 0 if drop_last else data.n_train % size
+        smallest, fix = (last or min(size, data.n_train)), "DataLoader(..., drop_last=True), or another batch_size"
+    else:
+        size = min(batch, data.n_train)
+        smallest = data.n_train % size or size
+        fix = "an inference.batch_size of 2 or more that leaves no batch of one row"
+    if smallest == 1:
+        raise ZooInputError("training data", f"a batch of 1 row ({data.n_train} rows, batches of {size})",
+                            f"the net's {norms[0]} takes batch statistics and cannot train on a single row: give "
+                            f"more rows, or {fix} (or use nn.GroupNorm / nn.LayerNorm)")
 
 
 def training_rows_stay_on_host(data: Dataset, device: torch.device, dtype: torch.dtype,
@@ -214,6 +275,7 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     check_outputs(net, likelihood, data)
     rows = data.x_train[:2].to(data.device)
     batch = getattr(spec.inference, "batch_size", None) or data.n_train
+    check_batch_norm(net, data, batch)
     spec.model.check_size(net, rows, min(batch, data.n_train))
     problem = registry.method_of(spec).check_net(spec.inference, spec.model, has_convolutions(net))
     if problem is not None:
@@ -484,7 +546,8 @@ class BNN:
         :raises RuntimeError: before :meth:`fit`.
         """
         if self._posterior is None:
-            raise RuntimeError("this BNN is not fitted yet: call .fit(data) first (or zoo.load(run_dir))")
+            raise NotFitted("BNN", "not fitted", "this BNN is not fitted yet: call .fit(data) first (or "
+                            "zoo.load(run_dir))")
         return self._posterior
 
     # -- fitting -----------------------------------------------------------------------------------------
@@ -601,7 +664,7 @@ class BNN:
     # -- using the fit -----------------------------------------------------------------------------------
     def _inputs(self, x: Any) -> torch.Tensor:
         data = self.data
-        x = torch.as_tensor(x) if not isinstance(x, torch.Tensor) else x
+        x = predict_rows(x)
         x = as_training_rows(x, data.x_train, "predict x")  # another row shape: named here, not in a batched call
         if data.x_mean is not None:  # a zoo data set standardises its inputs: predict takes them as it gave them
             x = (x.to(data.x_mean) - data.x_mean) / data.x_std
@@ -654,9 +717,15 @@ class BNN:
         """
         target = Path(out)
         if self.run_dir is None:
-            raise RuntimeError("this BNN is not fitted yet: call .fit(data) first")
+            raise NotFitted("BNN", "not fitted", "this BNN is not fitted yet: call .fit(data) first")
         if target.resolve() == self.run_dir.resolve():
             return target
+        if self.run_dir.resolve() in target.resolve().parents:
+            raise ZooInputError("out", str(target), f"lies inside this BNN's run directory {self.run_dir}, which would "
+                                "then hold a copy of itself: pick a directory outside it")
+        if target.exists() and not target.is_dir() or any(p.is_file() for p in target.parents):
+            raise ZooInputError("out", str(target), "is a file, or lies under one: give the path of a directory for "
+                                "the run (e.g. a new folder name)")
         if target.exists() and any(target.iterdir()):
             raise ZooInputError("out", str(target), "holds files already: pick a new directory")
         shutil.copytree(self.run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock"))
@@ -708,19 +777,26 @@ class BNN:
         if isinstance(posterior, ChainPosterior):
             return to_inference_data(posterior, self.data, chains=posterior.chains, stats=posterior.stats,
                                      seed=self._spec.seed)
-        return to_inference_data(posterior, self.data, num_samples=num_samples or
-                                 self._spec.inference.predictive_samples, seed=self._spec.seed)
+        samples = draw_count(num_samples, self._spec.inference.predictive_samples)
+        return to_inference_data(posterior, self.data, num_samples=samples, seed=self._spec.seed)
 
 
 def _load_module(run: Path, section: ModuleNetSpec) -> nn.Module:
     """A run's net given in Python, from its ``net.pt``; refused naming the import path when its class is gone."""
     try:
-        return torch.load(run / NET_FILE, weights_only=False, map_location="cpu")
+        module = torch.load(run / NET_FILE, weights_only=False, map_location="cpu")
     except (ImportError, AttributeError) as err:
         raise ZooInputError("net", section.target, f"this run's net is an instance of {section.target}, which must "
                             f"be importable to load it ({type(err).__name__}: {err})") from None
     except FileNotFoundError:
         raise ZooInputError("RUN_DIR", str(run), f"its net was given in Python and {NET_FILE} is missing") from None
+    except Exception as err:  # noqa: BLE001 - unpickling a damaged file fails in many ways
+        raise ZooInputError("RUN_DIR", str(run), f"its {NET_FILE} cannot be read ({type(err).__name__}: "
+                            f"{str(err)[:160]}): it is damaged; restore it from a copy, or fit the run again") from None
+    if not isinstance(module, nn.Module):
+        raise ZooInputError("RUN_DIR", str(run), f"its {NET_FILE} holds a {type(module).__name__}, not the pickled "
+                            "nn.Module the run was fitted with; restore it (zoo.BNN(...).fit writes it)")
+    return module
 
 
 def starting_posterior(spec: RunSpec) -> Posterior | None:

@@ -13,6 +13,11 @@ class ZooInputError(ValueError):
         super().__init__(message or f"{field}: got {value!r}; {allowed}")
 
 
+class NotFitted(ZooInputError, RuntimeError):
+    """A BNN used (predict, evaluate, save, ...) before it was fitted: an input error that is also the
+    ``RuntimeError`` it used to be."""
+
+
 class TrainingDiverged(RuntimeError):
     """The objective became NaN/inf: the message names the step, the offending terms and the last good checkpoint."""
 

@@ -214,6 +214,9 @@ def read_run(run_dir: str | Path) -> RunRecord:
         raise ZooInputError("RUN_DIR", str(run), f"its {SPEC_FILE} is not a valid spec: {err}") from None
     metrics = {k: v for k, v in ((k, _number(v)) for k, v in _read_json(run / METRICS_FILE, run).items())
                if v is not None}
+    if not metrics:
+        raise ZooInputError("RUN_DIR", str(run), f"its {METRICS_FILE} holds no metric that is a number; restore it, "
+                            "or leave the run out of the report (zoo eval RUN_DIR prints its metrics afresh)")
     if (run / DIAGNOSTICS_FILE).is_file():
         metrics.update(diagnostic_metrics(_read_json(run / DIAGNOSTICS_FILE, run)))
     return RunRecord(run, spec, run_label(spec), metrics)

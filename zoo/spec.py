@@ -377,7 +377,7 @@ def _read_tree(source: str | Path | dict | RunSpec) -> dict:
     if not path.is_file():
         raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as exc:
         raise ZooInputError("spec", str(path), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                             f"{exc.start}); save the spec as UTF-8") from None
@@ -386,6 +386,23 @@ def _read_tree(source: str | Path | dict | RunSpec) -> dict:
     if not isinstance(tree, dict):
         raise ZooInputError("spec", str(path), "the top level must be a mapping of sections (data, net, ...)")
     return tree
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last one silently, so a
+    second ``inference:`` section would drop every setting of the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping (line {seen[key].start_mark.line + 1} "
+                    f"and line {key_node.start_mark.line + 1}); keep one, merging their settings", key_node.start_mark)
+            if isinstance(key, str | int | float | bool):
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 def _apply_overrides(tree: dict, overrides: str | list[str] | None) -> list[str]:

@@ -21,7 +21,13 @@ EXAMPLE_ROWS = 2
 
 def _tensor(value: Any, what: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ZooInputError(what, "a tensor on the meta device", "it has a shape but no values: give the rows "
+                                "themselves (e.g. on cpu)")
         return value.detach()
+    if hasattr(value, "to_numpy") and not isinstance(value, np.ndarray):  # a pandas DataFrame or Series
+        raise ZooInputError(what, type(value).__name__, "give a torch.Tensor or a numpy array: pass "
+                            "frame.to_numpy(dtype='float32') (and series.to_numpy() for targets)")
     if isinstance(value, np.ndarray):
         try:
             return torch.from_numpy(value)
@@ -78,12 +84,28 @@ def _targets(y: torch.Tensor, task: str, what: str) -> torch.Tensor:
     if y.dim() != 1:
         raise ZooInputError(f"{what} targets", f"shape {tuple(y.shape)}", "give one target per row: shape [N] (or "
                             "[N, 1])")
+    if not LABELLED[task] and y.is_floating_point() and len(y):
+        _check_target_scale(y, what)
     if LABELLED[task]:
         if y.is_floating_point() and not bool((y == y.round()).all()):
             raise ZooInputError(f"{what} targets", "non-integer values", "classification labels are the integers "
                                 "0 .. classes - 1")
         return y.long()
     return y.to(torch.float32) if not y.is_floating_point() else y
+
+
+TARGET_LIMIT = 1e18  # |y| above it: a Gaussian likelihood's squared error overflows float32 (above 3.4e38)
+
+
+def _check_target_scale(y: torch.Tensor, what: str) -> None:
+    """Refuse regression targets whose squares overflow float32 (data given in Python are not standardised): the fit
+    would stop at step 0 on a non-finite ELBO and blame the learning rate."""
+    finite = y[torch.isfinite(y)]
+    top = float(finite.abs().max()) if len(finite) else 0.0
+    if top > TARGET_LIMIT:
+        raise ZooInputError(f"{what} targets", f"values up to {top:.3g}", f"a Gaussian likelihood squares the "
+                            f"residuals, and above {TARGET_LIMIT:.0e} they overflow float32: rescale the targets (e.g. "
+                            "y / y.abs().max(), or their logarithm) and scale the predictions back")
 
 
 def _streamed(loader: Any, task: str | None, n_classes: int | None) -> dict[str, Any]:
@@ -169,6 +191,22 @@ def as_training_rows(x: torch.Tensor, x_train: torch.Tensor, what: str) -> torch
     return x
 
 
+def predict_rows(x: Any) -> torch.Tensor:
+    """The rows given to ``BNN.predict`` as a tensor: a tensor, a numpy array or nested lists of numbers.
+
+    :param x: the rows.
+    :returns: them as a tensor.
+    :raises ZooInputError: a pandas frame (its ``to_numpy`` named), objects or strings, a meta tensor.
+    """
+    if isinstance(x, torch.Tensor | np.ndarray) or hasattr(x, "to_numpy"):
+        return _tensor(x, "predict x")
+    try:
+        return torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ZooInputError("predict x", type(x).__name__, f"give a torch.Tensor or a numpy array of rows ({err})") \
+            from None
+
+
 def _check_labels(y: torch.Tensor, n_classes: int, what: str) -> None:
     if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):
         raise ZooInputError("targets", f"{what} labels {int(y.min())} .. {int(y.max())}",
@@ -176,8 +214,15 @@ def _check_labels(y: torch.Tensor, n_classes: int, what: str) -> None:
 
 
 def _no_rows(source: Any, what: str) -> None:
-    """Refuse a torch ``Dataset`` of no items before a loader is made of it (torch's own message names a sampler)."""
-    if hasattr(source, "__len__") and not isinstance(source, tuple | list) and len(source) == 0:
+    """Refuse a torch ``Dataset`` of no items before a loader is made of it (torch's own message names a sampler).
+    A ``DataLoader`` of an ``IterableDataset`` without ``__len__`` has no length to ask: its one counting pass tells."""
+    if not hasattr(source, "__len__") or isinstance(source, tuple | list):
+        return
+    try:
+        empty = len(source) == 0
+    except TypeError:  # DataLoader.__len__ of an IterableDataset that has none
+        return
+    if empty:
         raise ZooInputError(what, f"an empty {type(source).__name__}", "give at least one row")
 
 

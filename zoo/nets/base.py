@@ -256,7 +256,9 @@ def forward_stacked(net: nn.Module, stacked: dict[str, torch.Tensor], x: torch.T
 # layers torch.func.vmap has no batching rule for (aten::gru.input, aten::lstm.input, aten::rnn_tanh.input)
 UNBATCHED_LAYERS = (nn.RNNBase,)
 _UNBATCHABLE: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # nets whose vmap failed once: never tried again
-VMAP_FAILURES = ("Batching rule not implemented", "vmap: ", "functorch")
+# ... and what an in-place op on a tensor vmap does not batch says (``h = torch.zeros(n, k); h += layer(x)``: the
+# plain forward ran in check_outputs, so a broadcast error here is vmap's)
+VMAP_FAILURES = ("Batching rule not implemented", "vmap: ", "functorch", "doesn't match the broadcast shape")
 
 
 def vmap_serves(net: nn.Module) -> bool:

@@ -123,6 +123,17 @@ def load_weights(net: nn.Module, source: Any, field: str = "net.weights") -> Non
                                        ("shapes differ", shapes)) if keys]
         raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
                             f"does not fit the net ({type(net).__name__}): {'; '.join(problems)}")
+    for name, value in weights.items():
+        if name not in mine or not isinstance(value, torch.Tensor):
+            continue
+        if value.is_complex() and not mine[name].is_complex():
+            raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
+                                f"{name} is {value.dtype} and the net's is {mine[name].dtype}: copying it would drop "
+                                "the imaginary parts; give real weights")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
+                                f"{name} holds NaN/inf values: a fit cannot start from them; give the weights of a "
+                                "trained net whose values are finite (e.g. a checkpoint before it diverged)")
     with torch.no_grad():
         for name, value in mine.items():
             if name in weights:
