@@ -70,6 +70,14 @@ REFERENCES = {"<!-- spec-reference -->": spec_reference, "<!-- cli-reference -->
               "<!-- parts-reference -->": parts_reference}
 
 
+def on_config(config, **_):
+    """The site's name carries the installed version (``zoo --version``'s)."""
+    from zoo import __version__
+
+    config["site_name"] = f"pyro-bnn-zoo {__version__}"
+    return config
+
+
 def on_page_markdown(markdown: str, **_) -> str:
     for marker, write in REFERENCES.items():
         if marker in markdown:

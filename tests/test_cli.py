@@ -254,3 +254,15 @@ def test_prune_writes_a_table_per_fraction(toy_run, capsys):
     assert rows[0]["rmse"] == toy_run.metrics["rmse"]  # fraction 0 is the unpruned posterior
     assert (toy_run.run_dir / "pruning.png").is_file()
     assert f"written: {toy_run.run_dir / 'prune.json'}" in out
+
+
+def test_version_is_the_package_version(capsys):
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE).group(1)
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pyro-bnn-zoo {declared}"

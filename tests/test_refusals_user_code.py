@@ -10,6 +10,7 @@ ties under the all-weights family.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -255,3 +256,20 @@ def test_a_tied_weight_is_swapped_in_every_module_that_holds_it() -> None:
     assert list(weights) == ["emb.weight"]
     torch.testing.assert_close(ParameterSwap(net)(weights, IDS), functional_call(net, weights, (IDS,)))
     assert net.head.weight is net.emb.weight  # put back as it was
+
+
+def test_a_target_beside_the_working_directory_imports_from_the_console_script(tmp_path, monkeypatch) -> None:
+    """``zoo train`` (a console script: the working directory is not on sys.path) run from the folder that holds
+    ``mypkg/`` finds ``mypkg.models:make``, as ``python -m`` would; elsewhere the refusal names where it searched."""
+    from zoo.parts import import_target
+
+    (tmp_path / "mypkg_zoo52").mkdir()
+    (tmp_path / "mypkg_zoo52" / "__init__.py").write_text("")
+    (tmp_path / "mypkg_zoo52" / "models.py").write_text("def make():\n    return 7\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path), os.getcwd())])
+    monkeypatch.chdir(tmp_path / "mypkg_zoo52")
+    with pytest.raises(ZooInputError, match="searched sys.path and the working directory .*add that directory to "
+                       "PYTHONPATH"):
+        import_target("mypkg_zoo52.models:make", "net.target")
+    monkeypatch.chdir(tmp_path)
+    assert import_target("mypkg_zoo52.models:make", "net.target")() == 7

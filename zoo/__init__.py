@@ -6,9 +6,15 @@ back from its run directory. They are imported on first use, so that ``import zo
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-__all__ = ["BNN", "Prediction", "load"]
+__all__ = ["BNN", "Prediction", "__version__", "load"]
+
+try:
+    __version__ = version("pyro-bnn-zoo")  # the installed distribution's (pyproject.toml's) version
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str) -> Any:

@@ -397,7 +397,10 @@ def cmd_list(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``zoo`` command."""
+    from zoo import __version__
+
     parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural networks in Pyro.")
+    parser.add_argument("--version", action="version", version=f"pyro-bnn-zoo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="fit a spec and write a run directory (MCMC: ends with the convergence "

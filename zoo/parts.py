@@ -10,7 +10,9 @@ declarations on the sections (``ClassVar``), read by the combination rules; no r
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Generic, TypeVar, Union, get_args
@@ -228,20 +230,20 @@ def import_target(target: str, field: str) -> Any:
     :raises ZooInputError: a malformed path, a module that does not import (naming it and why), or an attribute
         it does not have.
     """
-    import importlib
 
     module_name, sep, attribute = str(target).partition(":")
     if not sep or not module_name or not attribute:
         raise ZooInputError(field, target, "write it as module.path:attribute, e.g. mypkg.models:make_net")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import_module(module_name)
     except ImportError as err:
         missing = getattr(err, "name", None)
         if isinstance(err, ModuleNotFoundError) and missing and not f"{module_name}.".startswith(f"{missing}."):
             raise ZooInputError(field, target, f"module {module_name!r} imports {missing!r}, which is not installed "
                                 f"here ({describe_failure(err)}): install it in this environment") from None
-        raise ZooInputError(field, target, f"module {module_name!r} does not import ({type(err).__name__}: {err}); "
-                            "install it, or run from the directory that holds it (it must be on sys.path)") from None
+        raise ZooInputError(field, target, f"module {module_name!r} does not import ({type(err).__name__}: {err}; "
+                            f"searched sys.path and the working directory {os.getcwd()}): install it, run from the "
+                            "directory that holds it, or add that directory to PYTHONPATH") from None
     except SyntaxError as err:  # IndentationError too: the file and line Python could not read
         raise ZooInputError(field, target, f"module {module_name!r} does not import: {type(err).__name__} in "
                             f"{err.filename}, line {err.lineno}: {err.msg}; fix the file") from None
@@ -253,6 +255,21 @@ def import_target(target: str, field: str) -> Any:
             raise ZooInputError(field, target, f"module {module_name!r} has no attribute {attribute!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _import_module(name: str) -> Any:
+    """``importlib.import_module``, also searching the working directory, last, as ``python -m`` would: the ``zoo``
+    console script does not put it on ``sys.path``, so ``zoo train`` run beside ``mypkg/`` would not find it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != name.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)  # kept: a run's pickled net of that module must import again when it is loaded
+        return importlib.import_module(name)
 
 
 def describe_failure(err: BaseException) -> str:
