@@ -273,3 +273,21 @@ def test_a_target_beside_the_working_directory_imports_from_the_console_script(t
         import_target("mypkg_zoo52.models:make", "net.target")
     monkeypatch.chdir(tmp_path)
     assert import_target("mypkg_zoo52.models:make", "net.target")() == 7
+
+
+class StemHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.head = nn.Linear(3, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.stem(x)))
+
+
+def test_a_glob_ending_in_dot_star_names_the_module_and_everything_under_it() -> None:
+    """``include: ["head.*"]`` is a last-layer BNN for a plain ``self.head = nn.Linear`` (it was refused as naming no
+    module: the glob matched only modules under head)."""
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    bnn = zoo.BNN(StemHead(), family={"family": "all_weights", "include": ["head.*"]}).fit((x, y), num_steps=2,
+                                                                                      progress=False)
+    assert set(bnn.family.latent_sites()) == {"head.weight", "head.bias"}

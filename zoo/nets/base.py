@@ -167,15 +167,16 @@ def parametric_modules(net: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def module_matches(name: str, module: nn.Module, patterns: list[str]) -> bool:
-    """Whether a module is named by any of ``patterns``: its path (``encoder.embed``), a glob of paths (``blocks.*``)
-    or its layer type (``Embedding``).
+    """Whether a module is named by any of ``patterns``: its path (``encoder.embed``), a glob of paths (``blocks.*``;
+    ``head.*`` names ``head`` itself too, and everything under it) or its layer type (``Embedding``).
 
     :param name: the module's path in the net.
     :param module: the module.
     :param patterns: the paths, globs and type names.
     :returns: whether one matches.
     """
-    return any(fnmatch.fnmatchcase(name, p) or type(module).__name__ == p for p in patterns)
+    return any(fnmatch.fnmatchcase(name, p) or type(module).__name__ == p or (p.endswith(".*") and name == p[:-2])
+               for p in patterns)
 
 
 def check_patterns(net: nn.Module, patterns: list[str], field: str) -> None:
