@@ -919,9 +919,10 @@ def sweep(spec_source: str | Path | dict | RunSpec, space_source: str | Path | d
         except KeyboardInterrupt as err:
             raise Interrupted(signal_of(err), f"the study is kept in {storage or out / STUDY_FILE}; run the same "
                               "command again to continue it") from None
-        finally:
-            write_json(out / SWEEP_FILE, _sweep_record(setup, study, earlier + time.perf_counter() - started))
-        result = _finish(setup, study, out, earlier + time.perf_counter() - started)
+        finally:  # one wall time, the one recorded: a resumed sweep reads back the figure this one reports
+            wall = earlier + time.perf_counter() - started
+            write_json(out / SWEEP_FILE, _sweep_record(setup, study, wall))
+        result = _finish(setup, study, out, wall)
         say(f"sweep {out}: {outcome_line(result.counts, failure_kinds(study))}")
         for line in result.caveats:
             warnings.warn(line, ZooWarning, stacklevel=2)
