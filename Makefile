@@ -46,7 +46,7 @@ test-slow: $(STAMP)
 # every shipped toy config trained by `zoo train` at its defaults, each must exit 0 (the NUTS ones excepted: tens of
 # minutes per chain, as their headers say); a few minutes, so it is its own step of CI rather than part of `make test`
 test-configs: $(STAMP)
-	$(PY) -m pytest -q -m configs tests/test_shipped_configs.py
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist load --durations=25 -m configs tests/test_shipped_configs.py
 
 # The vision set-up: torchvision does not import beside the 2.13.0 CPU wheel, so the vision tests (pytest -m vision:
 # torchvision architectures by name, the MNIST/FashionMNIST readers) run in their own venv with the torch 2.14.1 +
