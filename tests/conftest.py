@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,19 @@ def refused(argv: list[str], capsys, fragments: str | tuple[str, ...], expected:
     assert "Traceback" not in captured.err + captured.out
     assert_fragments(message, fragments)
     return message
+
+
+def sandbox(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A refusal test's folders: ``in`` for its input files, ``out`` for the run; the working directory and Python's
+    temporary directory moved under ``tmp_path``, so that whatever a refused command writes is found there.
+
+    :returns: the ``in`` and ``out`` folders (``in`` created).
+    """
+    (tmp_path / "in").mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return tmp_path / "in", tmp_path / "out"
 
 
 def assert_fragments(message: str, fragments: str | tuple[str, ...]) -> None:

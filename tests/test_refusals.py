@@ -7,14 +7,13 @@ and Python calls raise an error naming what to call instead. None prints a trace
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import assert_fragments, refused
+from tests.conftest import assert_fragments, refused, sandbox
 from zoo.diagnostics import compare
 from zoo.errors import ZooInputError
 from zoo.pipeline import prepare, train
@@ -34,7 +33,7 @@ def zoo(config: str, *args: str) -> list[str]:
 
 def inputs(folder: Path) -> None:
     """The files the cases read: a Latin-1 CSV and a Latin-1 spec (an 'é' is byte 0xe9, not UTF-8)."""
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     (folder / "latin1.csv").write_bytes(b"x,y\n1,2\n2,3\ncaf\xe9,4\n3,4\n")
     (folder / "latin1.yaml").write_bytes(b"# r\xe9sum\xe9\ndata: {name: toy_gap}\n")
     (folder / "digits.yaml").write_text(yaml.safe_dump(TINY_DIGITS))
@@ -128,11 +127,8 @@ def _files(root: Path) -> set[Path]:
 def test_bad_input_is_refused_naming_the_field_and_the_fix(run: list[str] | Callable, expected: int | type,
                                                            fragments: str | tuple[str, ...], env: dict[str, str],
                                                            tmp_path: Path, monkeypatch, capsys) -> None:
-    folder, out = tmp_path / "in", tmp_path / "out"
+    folder, out = sandbox(tmp_path, monkeypatch)
     inputs(folder)
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.delenv("ZOO_DIST_TIMEOUT", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import zoo
-from tests.conftest import assert_fragments, refused
+from tests.conftest import assert_fragments, refused, sandbox
 from zoo.bnn import resumed_spec
 from zoo.cli import main
 from zoo.errors import ZooInputError
@@ -64,7 +63,7 @@ def runs(tmp_path_factory) -> Path:
 
 def inputs(folder: Path) -> None:
     """The user's files the cases read (or must leave alone)."""
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     (folder / "plots").mkdir()
     (folder / "plots" / "compare.png").write_bytes(b"\x89PNG\r\n\x1a\nthe user's own figure")
     (folder / "user.json").write_text('{"mine": true}\n')
@@ -211,11 +210,8 @@ def _files(root: Path) -> dict[Path, bytes]:
 def test_bad_files_are_refused_naming_the_file_and_the_fix(run: list[str] | Callable, expected: int | type,
                                                           fragments: str | tuple[str, ...], runs: Path,
                                                           tmp_path: Path, monkeypatch, capsys) -> None:
-    folder, out = tmp_path / "in", tmp_path / "out"
+    folder, out = sandbox(tmp_path, monkeypatch)
     inputs(folder)
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = _files(tmp_path)
 
     def filled(text: str) -> str:
