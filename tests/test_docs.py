@@ -244,3 +244,44 @@ def test_the_api_docstrings_state_every_argument_and_the_return_value(module_nam
     problems = _api_problems(module_name)
     assert not problems, "docstrings that do not state an argument or the return value (Sphinx fields, rendered " \
                          "in the API reference):\n" + "\n".join(problems)
+
+
+def _fenced(page: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+def test_the_python_blocks_of_the_your_model_page_run_in_page_order(tmp_path):
+    """The page's blocks, one script in page order (a block builds on the ones above it), run as a user would paste
+    them: in a fresh process, from an empty folder."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "your_model_blocks.py"
+    script.write_text("\n\n".join(_fenced(ROOT / "docs" / "guide" / "your-model.md", "python")[:2]))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_every_zoo_train_line_of_getting_started_builds_its_run(tmp_path, monkeypatch):
+    """Each ``zoo train`` line of the getting-started command list is parsed as the command parses it and its spec
+    built (data, net, family, guide: what refuses a net that cannot read the rows) without training."""
+    import shlex
+
+    from zoo.pipeline import prepare
+    from zoo.spec import load_spec
+
+    monkeypatch.chdir(ROOT)
+    uci = Path(__import__("os").environ.get("ZOO_DATA_DIR", ROOT.parent / "shared" / "data" / "uci"))
+    parser = build_parser()
+    lines = [line.split("#")[0].split("&&")[0] for block in _fenced(ROOT / "docs" / "getting-started.md", "bash")
+             for line in block.splitlines() if line.startswith("zoo train ")]
+    assert len(lines) >= 8
+    for line in lines:
+        args = parser.parse_args(shlex.split(line)[1:])
+        if args.data_dir and not uci.is_dir():
+            continue  # the UCI folders are not here
+        spec = load_spec(args.spec, [*(args.set or []), "device=cpu"])
+        if args.data_dir:
+            spec = load_spec(spec, [f"data.dir={uci}"])
+        prepare(spec)

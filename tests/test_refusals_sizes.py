@@ -56,7 +56,7 @@ CASES = [
     pytest.param(["compare", "{run}", "{run}", "--samples", BIG, "--allow-unconverged", "--out", "{out}"], None,
                  ("--samples: got 100000000", "GiB of memory available", "or fewer ("), id="compare-samples"),
     # 5. BNN.predict: too many draws, and counts that are not positive whole numbers
-    pytest.param(_predict(10**9), None, ("num_samples: got 1000000000; 1,000,000,000 draws on 3 rows would take",
+    pytest.param(_predict(10**9), None, ("num_samples: got 1000000000; 1,000,000,000 draws scored on 3 rows would take",
                                          "use num_samples="), id="predict-1e9"),
     pytest.param(_predict(-2), None, "num_samples: got -2; give 1 or more posterior draws", id="predict-negative"),
     pytest.param(_predict(0), None, "num_samples: got 0; give 1 or more posterior draws", id="predict-zero"),

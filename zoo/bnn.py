@@ -42,7 +42,7 @@ from zoo.data.given import (
     stand_in,
 )
 from zoo.errors import NotFitted, ZooInputError
-from zoo.evaluate import ValidationMonitor, check_draws_fit, evaluate, plot_predictive
+from zoo.evaluate import ValidationMonitor, check_draw_memory, check_draws_fit, evaluate, plot_predictive
 from zoo.inference.svi import SVI
 from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, PredictiveDraws
 from zoo.models.base import ModelFamily, StructureFit
@@ -55,7 +55,6 @@ from zoo.runs import (
     POINT_ESTIMATE_FILE,
     SPEC_FILE,
     RunLog,
-    check_size_fits,
     claimed_run_directory,
     load_point_values,
     load_torch,
@@ -681,11 +680,8 @@ class BNN:
         """
         samples = draw_count(num_samples, self._spec.inference.predictive_samples)
         posterior, rows = self.posterior, self._inputs(x)
-        latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
-        each = (latent + 3 * len(rows) * max(self.data.out_dim, 1)) * rows.element_size()
-        check_size_fits("num_samples", samples, samples * each, lambda allowed: f"use num_samples="
-                        f"{max(1, int(allowed // each)):,} or fewer ({each:,} bytes a draw), or predict on fewer rows "
-                        "at a time", f"{samples:,} draws on {len(rows):,} rows")
+        check_draw_memory(posterior, samples, len(rows), 3 * max(self.data.out_dim, 1), rows.element_size(),
+                          "num_samples", also=", or predict on fewer rows at a time")
         draws = posterior.predict(rows, samples)
         return Prediction(draws, self.data.y_mean, self.data.y_std)
 

@@ -42,41 +42,46 @@ def evaluate(posterior: Posterior, data: Dataset, num_samples: int, seed: int = 
     return task_of(data).evaluate(posterior, data, num_samples)
 
 
-def draws_memory(posterior: Posterior | ModelFamily, data: Dataset, num_samples: int) -> int:
-    """Bytes that ``num_samples`` draws take while the test and OOD inputs are scored: every latent element of
-    each draw, and three copies of its outputs (the net's output, the predictive's log-probabilities, a working
-    copy) on every input scored, at the data's precision.
+def check_draw_memory(posterior: Posterior | ModelFamily, num_samples: int, rows: int, per_row: int,
+                      element_size: int, field: str, scored: str = "rows", also: str = "") -> None:
+    """The one estimate of what posterior draws take while they are scored, refused before any draw where it is more
+    than half the memory available (:func:`zoo.runs.check_size_fits`): every latent element of each draw, and
+    ``per_row`` numbers of each draw for each row scored, at ``element_size`` bytes.
 
-    :param posterior: the posterior whose latent sites are drawn.
-    :param data: the data set whose test and OOD inputs are scored.
-    :param num_samples: the number of draws.
-    :returns: the estimate in bytes.
+    :param posterior: the posterior whose latent sites are drawn (or, before a fit, its family).
+    :param num_samples: the number of draws asked for.
+    :param rows: the rows each draw is scored on.
+    :param per_row: numbers held per draw and row (e.g. three copies of the net's outputs).
+    :param element_size: bytes a number.
+    :param field: the option or setting that asked for the draws, named in the refusal.
+    :param scored: what the rows are, for the message.
+    :param also: a further fix, appended to the largest count that fits.
+    :raises ZooInputError: naming the estimate, the limit and the largest count that fits.
     """
-    family = getattr(posterior, "family", posterior)  # a posterior, or the family it will be of
+    family = getattr(posterior, "family", posterior)
     latent = sum(site.shape.numel() for site in family.latent_sites().values())
-    rows = len(data.x_test) + sum(len(x) for x in data.x_ood.values())
-    return num_samples * (latent + 3 * rows * max(data.out_dim, 1)) * data.x_test.element_size()
+    each = (latent + rows * per_row) * element_size  # one draw's bytes
+    sep = " " if field.startswith("-") else "=" if field.isidentifier() else ": "  # --samples N, num_samples=N
+    check_size_fits(field, num_samples, num_samples * each,
+                    lambda allowed: f"use {field}{sep}{max(1, int(allowed // each)):,} or fewer ({each:,} bytes a "
+                    f"draw){also}", f"{num_samples:,} draws scored on {rows:,} {scored}")
 
 
 def check_draws_fit(posterior: Posterior | ModelFamily, data: Dataset, num_samples: int,
                     field: str = "--samples") -> None:
-    """Refuse, before any draw, a number of draws whose scoring would take more than half the memory available
-    (:func:`draws_memory`), with the estimate and the largest count that fits.
+    """Refuse, before any draw, a number of draws whose scoring of the test and OOD inputs would take more than half
+    the memory available: three copies of each draw's outputs (the net's output, the predictive's log-probabilities,
+    a working copy) on every input (:func:`check_draw_memory`).
 
     :param posterior: the posterior whose latent sites are drawn (or, before a fit, its family).
     :param data: the data set whose test and OOD inputs are scored.
     :param num_samples: the number of draws asked for.
     :param field: the option or setting that asked for them, named in the refusal.
-    :raises ZooInputError: when the draws would take more than half the memory available
-        (:func:`zoo.runs.check_size_fits`; never where the memory available is unknown).
+    :raises ZooInputError: when the draws would take more than half the memory available (never where the memory
+        available is unknown).
     """
-    need = draws_memory(posterior, data, num_samples)
-    each = max(1, need // num_samples)
-    check_size_fits(field, num_samples, need,
-                    lambda allowed: f"use {field}{' ' if field.startswith('-') else ': '}"
-                    f"{max(1, int(allowed // each)):,} or fewer ({each:,} bytes a draw)",
-                    f"{num_samples:,} draws scored on {len(data.x_test) + sum(len(x) for x in data.x_ood.values()):,}"
-                    " rows")
+    rows = len(data.x_test) + sum(len(x) for x in data.x_ood.values())
+    check_draw_memory(posterior, num_samples, rows, 3 * max(data.out_dim, 1), data.x_test.element_size(), field)
 
 
 class ValidationMonitor:

@@ -24,9 +24,10 @@ import torch
 
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
+from zoo.evaluate import check_draw_memory
 from zoo.inference.potential import LogJoint
 from zoo.posterior import Posterior
-from zoo.runs import check_size_fits, write_atomically
+from zoo.runs import write_atomically
 from zoo.sites import LatentSite
 from zoo.tasks import task_of
 
@@ -126,22 +127,11 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def check_draws_fit(posterior: Posterior, data: Dataset, draws: int, field: str = "--samples") -> None:
-    """Refuse, before any draw, ``draws`` draws whose InferenceData would take more than half the memory available:
-    every latent element of each, and per training row its pointwise log-likelihood, its replicate and three
-    copies of the net's outputs, at the data's precision (:func:`zoo.runs.check_size_fits`).
-
-    :param posterior: the posterior whose latent sites are drawn.
-    :param data: the data set whose training rows are scored.
-    :param draws: the number of draws kept.
-    :param field: the option or setting that asked for them, named in the refusal.
-    :raises ZooInputError: when they would not fit, with the largest count that does.
-    """
-    latent = sum(site.shape.numel() for site in posterior.family.latent_sites().values())
-    each = (latent + len(data.x_train) * (3 * max(data.out_dim, 1) + 2)) * data.x_train.element_size()
-    check_size_fits(field, draws, draws * each,
-                    lambda allowed: f"use {field} {max(1, int(allowed // each)):,} or fewer ({each:,} bytes a draw)",
-                    f"{draws:,} draws scored on {len(data.x_train):,} training rows")
+def _check_kept_draws(posterior: Posterior, data: Dataset, draws: int) -> None:
+    """Refuse draws whose InferenceData would not fit: per training row its pointwise log-likelihood, its replicate
+    and three copies of the net's outputs (:func:`zoo.evaluate.check_draw_memory`)."""
+    check_draw_memory(posterior, draws, len(data.x_train), 3 * max(data.out_dim, 1) + 2, data.x_train.element_size(),
+                      "--samples", "training rows")
 
 
 def to_inference_data(
@@ -172,7 +162,7 @@ def to_inference_data(
     :returns: the InferenceData, its posterior group's attrs saying how the draws were made (``draws``: ``mcmc``
         or ``iid``).
     :raises ZooInputError: when ``num_samples`` is below 1, or the draws kept would not fit in memory
-        (:func:`check_draws_fit`).
+        (:func:`_check_kept_draws`).
     """
     if num_samples is not None and num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
@@ -180,13 +170,13 @@ def to_inference_data(
     generator = torch.Generator().manual_seed(seed)
     if chains is not None:
         keep = _thin(chains, num_samples)
-        check_draws_fit(posterior, data, len(keep) * next(iter(chains.values())).shape[0])
+        _check_kept_draws(posterior, data, len(keep) * next(iter(chains.values())).shape[0])
         index = torch.as_tensor(keep, device=next(iter(chains.values())).device)
         draws = {n: v.index_select(1, index) for n, v in chains.items()}
         kept_stats = {k: v.index_select(1, index.to(v.device)) for k, v in (stats or {}).items()}
         kind = "mcmc"
     else:
-        check_draws_fit(posterior, data, num_samples or VI_DRAWS)
+        _check_kept_draws(posterior, data, num_samples or VI_DRAWS)
         draws = {n: v.unsqueeze(0) for n, v in posterior.sample(num_samples or VI_DRAWS).items()}
         kept_stats, keep, kind = {}, None, "iid"
     n_chains, n_draws = next(iter(draws.values())).shape[:2]

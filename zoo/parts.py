@@ -230,7 +230,6 @@ def import_target(target: str, field: str) -> Any:
     :raises ZooInputError: a malformed path, a module that does not import (naming it and why), or an attribute
         it does not have.
     """
-
     module_name, sep, attribute = str(target).partition(":")
     if not sep or not module_name or not attribute:
         raise ZooInputError(field, target, "write it as module.path:attribute, e.g. mypkg.models:make_net")

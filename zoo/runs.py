@@ -294,24 +294,7 @@ def check_covariance_fits(field: str, value: Any, dim: int, element_size: int, c
                     f"{copies} full {dim:,} x {dim:,} matrices (covariance, Cholesky factor, ...)")
 
 
-def largest_fitting(need_of: Callable[[int], int], allowed: float, high: int) -> int:
-    """The largest count ``n`` in ``[0, high]`` whose ``need_of(n)`` (bytes, growing with ``n``) is at most
-    ``allowed`` (a bisection; 0 where not even 1 fits).
-
-    :param need_of: the estimate in bytes of a count.
-    :param allowed: the bytes allowed.
-    :param high: a count known not to fit (or the largest to try).
-    :returns: the largest count that fits.
-    """
-    low = 0
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if need_of(mid) <= allowed else (low, mid - 1)
-    return low
-
-
 PNG_MARK_KEY = "zoo"  # the PNG text chunk that holds the mark of the zoo command that wrote a plot
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def carries_mark(path: Path, mark: str) -> bool:
@@ -326,25 +309,16 @@ def carries_mark(path: Path, mark: str) -> bool:
     path = Path(path)
     if not path.is_file():
         return False
+    if path.suffix.lower() == ".png":
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(path) as image:  # reads the header and the text chunks, not the pixels
+                return getattr(image, "text", {}).get(PNG_MARK_KEY) == mark
+        except (OSError, UnidentifiedImageError, SyntaxError):  # a user's file that is no readable PNG
+            return False
     with open(path, "rb") as handle:
-        if handle.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE:
-            return _png_text(handle).get(PNG_MARK_KEY) == mark
-        handle.seek(0)
         return handle.readline().decode("utf-8", "replace").rstrip("\r\n") == mark
-
-
-def _png_text(handle: BinaryIO) -> dict[str, str]:
-    """The ``tEXt`` chunks of a PNG read from just after its signature (a cut-short file gives what was read)."""
-    found = {}
-    while len(head := handle.read(8)) == 8 and head[4:] != b"IEND":
-        length = int.from_bytes(head[:4], "big")
-        if head[4:] == b"tEXt":
-            key, _, value = handle.read(length).partition(b"\0")
-            found[key.decode("latin-1")] = value.decode("latin-1")
-        else:
-            handle.seek(length, os.SEEK_CUR)
-        handle.seek(4, os.SEEK_CUR)  # the chunk's CRC
-    return found
 
 
 def refuse_to_replace(path: Path, mark: str, field: str, command: str, fix: str) -> None:

@@ -260,8 +260,8 @@ class SubnetworkBNN(ModelFamily):
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
             chosen = selection.select(context)
-            check_subnet_fits(len(chosen), self.spec.selection.size if self.spec.selection.strategy in
-                              SIZED_SELECTIONS else self.spec.selection.strategy, data.x_train.element_size())
+            if self.spec.selection.strategy not in SIZED_SELECTIONS:  # a sized one was checked before the MAP fit
+                check_subnet_fits(len(chosen), self.spec.selection.strategy, data.x_train.element_size())
             self._set_indices(chosen.to(data.x_train.device))
             if path is not None:
                 save_torch(path, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})

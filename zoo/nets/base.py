@@ -256,7 +256,8 @@ def forward_stacked(net: nn.Module, stacked: dict[str, torch.Tensor], x: torch.T
 
 # layers torch.func.vmap has no batching rule for (aten::gru.input, aten::lstm.input, aten::rnn_tanh.input)
 UNBATCHED_LAYERS = (nn.RNNBase,)
-_UNBATCHABLE: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # nets whose vmap failed once: never tried again
+# whether vmap batches a net: decided once per net (a step calls run_batched; it does not walk the modules each time)
+_BATCHABLE: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 # ... and what an in-place op on a tensor vmap does not batch says (``h = torch.zeros(n, k); h += layer(x)``: the
 # plain forward ran in check_outputs, so a broadcast error here is vmap's)
 VMAP_FAILURES = ("Batching rule not implemented", "vmap: ", "functorch", "doesn't match the broadcast shape")
@@ -264,12 +265,14 @@ VMAP_FAILURES = ("Batching rule not implemented", "vmap: ", "functorch", "doesn'
 
 def vmap_serves(net: nn.Module) -> bool:
     """Whether vmap can batch the net's parameter sets: no layer of :data:`UNBATCHED_LAYERS`, and no vmap of it
-    failed before.
+    failed before (decided once per net).
 
     :param net: the net.
     :returns: whether to try vmap.
     """
-    return net not in _UNBATCHABLE and not any(isinstance(m, UNBATCHED_LAYERS) for m in net.modules())
+    if net not in _BATCHABLE:
+        _BATCHABLE[net] = not any(isinstance(m, UNBATCHED_LAYERS) for m in net.modules())
+    return _BATCHABLE[net]
 
 
 def run_batched(net: nn.Module, batched: Callable[[], torch.Tensor],
@@ -290,7 +293,7 @@ def run_batched(net: nn.Module, batched: Callable[[], torch.Tensor],
     except RuntimeError as err:
         if not any(marker in str(err) for marker in VMAP_FAILURES):
             raise
-        _UNBATCHABLE.add(net)
+        _BATCHABLE[net] = False
         return one_at_a_time()
 
 

@@ -109,8 +109,9 @@ def load_weights(net: nn.Module, source: Any, field: str = "net.weights") -> Non
     :raises ZooInputError: listing the net's keys the weights lack, the keys the net does not have, and the shapes
         that differ.
     """
-    weights = read_weights(source, field)
+    weights = read_weights(source, field)  # names to tensors, every value checked
     mine = net.state_dict()
+    given = str(source) if not isinstance(source, Mapping) else "a state dict"
     from_run = not isinstance(source, Mapping | nn.Module) and Path(source).is_dir()
     unexpected = [] if from_run else sorted(set(weights) - set(mine))
     missing = sorted(k for k in mine if k not in weights
@@ -121,19 +122,16 @@ def load_weights(net: nn.Module, source: Any, field: str = "net.weights") -> Non
         problems = [f"{what}: {', '.join(keys[:SHOWN])}{f' and {len(keys) - SHOWN} more' if len(keys) > SHOWN else ''}"
                     for what, keys in (("missing keys", missing), ("unexpected keys", unexpected),
                                        ("shapes differ", shapes)) if keys]
-        raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
-                            f"does not fit the net ({type(net).__name__}): {'; '.join(problems)}")
+        raise ZooInputError(field, given, f"does not fit the net ({type(net).__name__}): {'; '.join(problems)}")
     for name, value in weights.items():
-        if name not in mine or not isinstance(value, torch.Tensor):
+        if name not in mine:
             continue
         if value.is_complex() and not mine[name].is_complex():
-            raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
-                                f"{name} is {value.dtype} and the net's is {mine[name].dtype}: copying it would drop "
-                                "the imaginary parts; give real weights")
+            raise ZooInputError(field, given, f"{name} is {value.dtype} and the net's is {mine[name].dtype}: copying "
+                                "it would drop the imaginary parts; give real weights")
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise ZooInputError(field, str(source) if not isinstance(source, Mapping) else "a state dict",
-                                f"{name} holds NaN/inf values: a fit cannot start from them; give the weights of a "
-                                "trained net whose values are finite (e.g. a checkpoint before it diverged)")
+            raise ZooInputError(field, given, f"{name} holds NaN/inf values: a fit cannot start from them; give the "
+                                "weights of a trained net whose values are finite (a checkpoint before it diverged)")
     with torch.no_grad():
         for name, value in mine.items():
             if name in weights:
