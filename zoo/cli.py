@@ -379,14 +379,32 @@ def cmd_report(args: argparse.Namespace) -> None:
                   soft_wrap=True, markup=False)
 
 
+def _shipped_config_table() -> dict[str, str]:
+    """Each shipped config's name and the first sentence of its header comment."""
+    from zoo.registry import summary_of
+    from zoo.spec import shipped_configs
+
+    table = {}
+    for name, entry in shipped_configs().items():
+        header = []
+        for line in entry.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#") or not line.strip("# "):
+                break
+            header.append(line.lstrip("#").strip())
+        table[name] = summary_of("\n".join(header))
+    return table
+
+
 def cmd_list(args: argparse.Namespace) -> None:
-    """Print every registered part (or one kind's table: ``zoo list members``)."""
+    """Print every registered part and the shipped configs (or one kind's table: ``zoo list members``)."""
     from zoo.registry import TABLES
 
-    wanted = {title: table for title, table in TABLES.items() if args.what is None or title.startswith(args.what)}
+    tables = {**TABLES, "configs (shipped specs: zoo train configs/NAME.yaml, or NAME, from any folder)": None}
+    wanted = {title: table for title, table in tables.items() if args.what is None or title.startswith(args.what)}
     if not wanted:
-        raise ZooInputError("zoo list", args.what, f"list one of: {', '.join(t.split()[0] for t in TABLES)}")
+        raise ZooInputError("zoo list", args.what, f"list one of: {', '.join(t.split()[0] for t in tables)}")
     for title, table in wanted.items():
+        table = _shipped_config_table() if table is None else table
         out = Table(title=title, show_header=False, title_justify="left")
         out.add_column("name", style="bold")
         out.add_column("what")
@@ -405,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="fit a spec and write a run directory (MCMC: ends with the convergence "
                        f"verdict, exit {STRICT_EXIT} if a check of an exact sampler's draws failed)")
-    p.add_argument("spec", help="YAML spec (see configs/)")
+    p.add_argument("spec", help="YAML spec: a file, or a shipped config (zoo list configs) as configs/NAME.yaml or "
+                   "NAME, from any folder")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a spec field, e.g. data.split=3 "
                    "(the value is YAML); a mapping merges into the spec's mapping at KEY, e.g. net='{hidden: [20]}' "
@@ -490,8 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("list", help="print the registered data sets, nets, priors, families, guides, inference "
-                       "methods and members")
-    p.add_argument("what", nargs="?", help="only this kind's table, e.g. members, priors, guides")
+                       "methods and members, and the shipped configs")
+    p.add_argument("what", nargs="?", help="only this kind's table, e.g. members, priors, guides, configs")
     p.set_defaults(func=cmd_list)
     return parser
 

@@ -5,11 +5,13 @@ cross-section rule read from what the parts declare."""
 from __future__ import annotations
 
 import copy
+import difflib
+import importlib.resources
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, Union, get_args
 
 import torch
@@ -65,6 +67,11 @@ from zoo.priors import (  # noqa: F401 - re-exported
     nested_prior,
 )
 from zoo.sections import Strict, SVISpec  # noqa: F401
+
+try:
+    from importlib.resources.abc import Traversable
+except ImportError:  # Python 3.10
+    from importlib.abc import Traversable
 
 # The inference section is whichever registered method's spec its ``method`` names
 _METHOD_SPECS = tuple(dict.fromkeys(method.spec for method in registry.METHODS.values()))
@@ -364,6 +371,94 @@ def _override_list(overrides: Any) -> list[str]:
     return list(overrides)
 
 
+# Where ``zoo list configs`` and the refusal of a missing spec send the user to see every shipped config
+LIST_CONFIGS = "zoo list configs"
+
+
+def shipped_configs_dir() -> Traversable | None:
+    """The folder of the configs shipped with the package: ``zoo/configs`` inside an installed wheel (package data,
+    the repository's ``configs/`` mapped onto the package ``zoo.configs``), the repository's ``configs/`` itself in a
+    source checkout and its editable install (which Python cannot import as ``zoo.configs``: no ``__init__.py``).
+
+    :returns: the folder, or None where neither is there.
+    """
+    inside = importlib.resources.files("zoo") / "configs"
+    if inside.is_dir():
+        return inside
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs").is_dir():
+        return checkout / "configs"
+    return None
+
+
+def shipped_configs() -> dict[str, Traversable]:
+    """The run specs shipped with the package by name, sorted: ``mean_field_toy`` for ``configs/mean_field_toy.yaml``
+    (the search spaces of ``configs/spaces/`` are not specs and are left out).
+
+    :returns: each name's file (``.read_text()`` reads it); empty where the package ships none.
+    """
+    folder = shipped_configs_dir()
+    if folder is None:
+        return {}
+    found = {entry.name.removesuffix(".yaml"): entry for entry in folder.iterdir()
+             if entry.name.endswith(".yaml") and entry.is_file()}
+    return dict(sorted(found.items()))
+
+
+def _shipped_parts(source: str | os.PathLike) -> tuple[str, ...] | None:
+    """The path below the shipped configs folder that ``source`` names, or None where it names none: a relative
+    ``configs/<name>.yaml`` (or ``configs/spaces/<name>.yaml``), ``<name>.yaml`` or bare ``<name>``."""
+    text = os.fspath(source)
+    path = PurePath(text)
+    if not text or path.is_absolute() or text.startswith("~"):
+        return None
+    parts = path.parts
+    if parts[:1] == ("configs",):
+        parts = parts[1:]
+    elif len(parts) != 1:
+        return None
+    if not parts or ".." in parts:
+        return None
+    return (*parts[:-1], parts[-1] if parts[-1].endswith(".yaml") else f"{parts[-1]}.yaml")
+
+
+def find_config(source: str | os.PathLike) -> Path | Traversable | None:
+    """The file a spec (or search-space) path names: the file itself where it exists on disk, which always wins;
+    else, for a relative ``configs/<name>.yaml``, ``<name>.yaml`` or bare ``<name>`` (``configs/spaces/<name>.yaml``
+    for a search space), the config of that name shipped with the package, so that ``zoo train
+    configs/mean_field_toy.yaml`` runs from any folder.
+
+    :param source: the path as given (a str or a path).
+    :returns: the file to read, or None where ``source`` is neither a file nor a shipped config's name.
+    """
+    path = Path(source)
+    if path.is_file():
+        return path
+    parts, folder = _shipped_parts(source), shipped_configs_dir()
+    if parts is None or folder is None or path.exists():
+        return None
+    entry = folder
+    for part in parts:
+        entry = entry / part
+    return entry if entry.is_file() else None
+
+
+def _no_such_config(source: str | os.PathLike) -> str:
+    """The refusal of a spec path that is neither a file nor a shipped config: the closest shipped names, and how to
+    see them all."""
+    parts = _shipped_parts(source)
+    if parts is None or Path(source).exists():
+        return (f"no such file; pass the path of a YAML spec, or a shipped config's name such as "
+                f"configs/mean_field_toy.yaml (`{LIST_CONFIGS}` prints them all)")
+    asked = "/".join(parts).removesuffix(".yaml")
+    names = list(shipped_configs())
+    close = [name for name in names if asked and asked in name][:5]
+    close += [name for name in difflib.get_close_matches(asked, names, n=5, cutoff=0.6) if name not in close]
+    hint = f"; the closest: {', '.join(close[:5])}" if close else ""
+    return (f"no such file, nor a shipped config named {asked!r}{hint} (`{LIST_CONFIGS}` prints them all; give one "
+            "as configs/NAME.yaml or NAME from any folder)")
+
+
 def _read_tree(source: str | Path | dict | RunSpec) -> dict:
     """The spec as written: a YAML file's mapping, a copy of a dict, or a RunSpec's fields."""
     if isinstance(source, RunSpec):
@@ -373,9 +468,9 @@ def _read_tree(source: str | Path | dict | RunSpec) -> dict:
     if not isinstance(source, str | os.PathLike):
         raise ZooInputError("spec", source, "pass the path of a YAML spec file (a str or pathlib.Path), a dict of "
                             "sections (data, net, ...) or a RunSpec")
-    path = Path(source)
-    if not path.is_file():
-        raise ZooInputError("spec", str(path), "no such file; pass the path of a YAML spec (see configs/)")
+    path = find_config(source)
+    if path is None:
+        raise ZooInputError("spec", str(Path(source)), _no_such_config(source))
     try:
         tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
     except UnicodeDecodeError as exc:

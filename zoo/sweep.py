@@ -72,7 +72,7 @@ from zoo.runs import (
     write_json,
     write_text,
 )
-from zoo.spec import RunSpec, load_spec, set_path, spec_to_yaml, spec_tree
+from zoo.spec import RunSpec, find_config, load_spec, set_path, spec_to_yaml, spec_tree
 from zoo.tasks import task_of
 
 SWEEP_FILE = "sweep.json"
@@ -264,9 +264,11 @@ def load_space(source: str | Path | dict) -> SearchSpace:
     if isinstance(source, dict):
         tree, where = source, "space"
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise ZooInputError("--space", str(path), "no such file; pass a YAML file of spec keys and their ranges")
+        found = find_config(source)  # a file, or a shipped space (configs/spaces/<name>.yaml) from any folder
+        if found is None:
+            raise ZooInputError("--space", str(source), "no such file; pass a YAML file of spec keys and their ranges "
+                                "(the shipped ones: configs/spaces/<config>.yaml)")
+        path = found
         try:
             tree = yaml.safe_load(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
