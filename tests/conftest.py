@@ -201,3 +201,12 @@ def record_checkpoints(monkeypatch, module) -> list[dict]:
     monkeypatch.setattr(module, "save_checkpoint", keep)
     return saved
 
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Close the log with what the docs test checked (tests/test_docs_blocks.py records it; the property travels
+    from an xdist worker with its report)."""
+    for report in terminalreporter.stats.get("passed", []):
+        for key, value in getattr(report, "user_properties", []):
+            if key == "docs_blocks":
+                terminalreporter.write_line(f"docs: {value}")

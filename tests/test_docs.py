@@ -246,42 +246,50 @@ def test_the_api_docstrings_state_every_argument_and_the_return_value(module_nam
                          "in the API reference):\n" + "\n".join(problems)
 
 
-def _fenced(page: Path, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), re.S | re.M)
+@pytest.mark.skipif(not (shutil.which("chromedriver") and shutil.which("chromium")),
+                    reason="needs Debian's chromium and chromium-driver (make docs-check installs them)")
+def test_the_site_check_finds_a_table_wider_than_its_column(tmp_path):
+    pytest.importorskip("selenium")
+    check_site = _load("check_site")
+    (tmp_path / "tutorials").mkdir()
+    icon = '<link rel="icon" href="data:,">'
+    row = "<table><tr>" + "".join(f"<td>{'figure' * 8}{i}</td>" for i in range(12)) + "</tr></table>"  # ~3,500 px
+    column = '<div class="md-content" style="width: 600px">{}</div>'
+    (tmp_path / "index.html").write_text(icon + column.format(
+        row                                                            # runs past the column
+        + f'<div style="overflow-x: auto">{row}</div>'                 # scrolls in its own box: fine
+        + f'<div style="overflow: hidden">{row}</div>'                 # cut off
+        + f'<div style="overflow-x: auto; width: 900px">{row}</div>'   # its scroll box runs past the column
+        + "<table><tr><td>narrow</td></tr></table>"))                  # fits
+    (tmp_path / "tutorials" / "hmc_vs_vi_regression.html").write_text(icon + row)  # no column: the page's body
+    problems = check_site.check(tmp_path, None)
+    found = sorted(re.fullmatch(r"(\S+): table wider than its column: table (\d) \('figure.*'\), \d+ px in a \d+ px "
+                                r"column, (.*)", p).groups() for p in problems)
+    assert found == [("index.html", "1", "runs past the column"), ("index.html", "3", "is cut off (overflow: hidden)"),
+                     ("index.html", "4", "its scroll box runs past the column"),
+                     ("tutorials/hmc_vs_vi_regression.html", "1", "runs past the column")], problems
 
 
-def test_the_python_blocks_of_the_your_model_page_run_in_page_order(tmp_path):
-    """The page's blocks, one script in page order (a block builds on the ones above it), run as a user would paste
-    them: in a fresh process, from an empty folder."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "your_model_blocks.py"
-    script.write_text("\n\n".join(_fenced(ROOT / "docs" / "guide" / "your-model.md", "python")[:2]))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-
-
-def test_every_zoo_train_line_of_getting_started_builds_its_run(tmp_path, monkeypatch):
-    """Each ``zoo train`` line of the getting-started command list is parsed as the command parses it and its spec
-    built (data, net, family, guide: what refuses a net that cannot read the rows) without training."""
-    import shlex
-
-    from zoo.pipeline import prepare
-    from zoo.spec import load_spec
-
-    monkeypatch.chdir(ROOT)
-    uci = Path(__import__("os").environ.get("ZOO_DATA_DIR", ROOT.parent / "shared" / "data" / "uci"))
-    parser = build_parser()
-    lines = [line.split("#")[0].split("&&")[0] for block in _fenced(ROOT / "docs" / "getting-started.md", "bash")
-             for line in block.splitlines() if line.startswith("zoo train ")]
-    assert len(lines) >= 8
-    for line in lines:
-        args = parser.parse_args(shlex.split(line)[1:])
-        if args.data_dir and not uci.is_dir():
-            continue  # the UCI folders are not here
-        spec = load_spec(args.spec, [*(args.set or []), "device=cpu"])
-        if args.data_dir:
-            spec = load_spec(spec, [f"data.dir={uci}"])
-        prepare(spec)
+def test_the_spec_references_types_read_as_written_and_link_to_their_sections():
+    hooks = _load("hooks")
+    reference = hooks.spec_reference()
+    sections = spec_sections()
+    by_model = {section.model: section for section in sections}
+    cells = {}
+    for section in sections:
+        for name, field in section.model.model_fields.items():
+            cell = hooks._type(field.annotation, by_model)
+            assert f"| `{name}` | {cell} |" in reference
+            cells[f"{section.path or 'top level'} ({section.variant or section.model.__name__}).{name}"] = cell
+    raw = {where: cell for where, cell in cells.items()
+           if any(s in cell for s in ("Annotated", "Union[", "Optional[", "typing.", "<class", "NoneType", "Tag("))}
+    assert not raw, f"type cells that show Python's repr, not the type: {raw}"
+    assert cells["top level (RunSpec).member"] == "`str | null`"
+    assert cells["data (name: mnist1d).name"] == '`"mnist1d"`'
+    assert cells["data (name: digits).ood_classes"] == "`list[int]`"
+    assert cells["model (family: rank1).member_likelihood"] == '`"mixture" | "average"`'
+    assert cells["top level (RunSpec).net"].startswith("name: [`mlp`](#net-name-mlp) \\| [`cnn`](#net-name-cnn)")
+    ids = set(re.findall(r"^###.* \{ #([\w-]+) \}$", reference, re.M))
+    assert len(ids) == len(sections)
+    targets = {anchor for cell in cells.values() for anchor in re.findall(r"\]\(#([\w-]+)\)", cell)}
+    assert targets and targets <= ids, f"type cells linking to no section's heading: {targets - ids}"
