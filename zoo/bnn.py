@@ -20,10 +20,10 @@ import operator
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyro
 import torch
@@ -34,7 +34,9 @@ from zoo import distributed, registry
 from zoo.data import DataSection, Dataset, data_section, dataset_from, load_dataset
 from zoo.data.given import (
     GIVEN_FILE,
+    ArrayLike,
     GivenData,
+    Rows,
     as_training_rows,
     evaluation_rows,
     from_stand_in,
@@ -48,6 +50,7 @@ from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, P
 from zoo.models.base import ModelFamily, StructureFit
 from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import NET_FILE, ModuleNetSpec, build_net, has_convolutions, load_weights
+from zoo.nets.weights import WeightsSource
 from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
 from zoo.priors import assign_priors
 from zoo.runs import (
@@ -66,6 +69,13 @@ from zoo.spec import RunSpec, load_spec, run_identity, spec_differences, spec_to
 from zoo.tasks import task_of
 
 DEVICE_SHARE = 0.5  # the most of a GPU's free memory the training rows may take (the rest: the net, activations)
+
+if TYPE_CHECKING:
+    import arviz
+
+# What BNN's arguments take, for its signatures (the docstrings say what each accepts in full):
+PartChoice = str | Mapping[str, Any] | BaseModel | None  # a registered name, the spec section as a dict, or the section
+TrainingData = Rows | Dataset | DataSection | Mapping[str, Any]  # rows, a zoo Dataset, a data section (or its dict)
 
 
 # ------------------------------------------------------------------------------------------ building blocks
@@ -488,9 +498,10 @@ class BNN:
     :raises ZooInputError: parts that do not fit together, with every problem listed.
     """
 
-    def __init__(self, net: nn.Module | str | dict | BaseModel = "mlp", *, family: Any = None, prior: Any = None,
-                 guide: Any = None, likelihood: Any = None, inference: Any = None, member: str | None = None,
-                 weights: Any = None, seed: int = 0, device: str = "auto", dtype: str = "float32") -> None:
+    def __init__(self, net: nn.Module | str | dict | BaseModel = "mlp", *, family: PartChoice = None,
+                 prior: PartChoice = None, guide: PartChoice = None, likelihood: PartChoice = None,
+                 inference: PartChoice = None, member: str | None = None, weights: WeightsSource | None = None,
+                 seed: int = 0, device: str = "auto", dtype: str = "float32") -> None:
         net_tree, module = _net_tree(net)
         if weights is not None:
             if isinstance(weights, str | os.PathLike):
@@ -578,8 +589,9 @@ class BNN:
             dataset = dataset_from(data, val, task=task, batch_size=batch, test_name="val")
         return dataset, GivenData.of(dataset)
 
-    def fit(self, data: Any, *, val: Any = None, out: str | Path | None = None, resume: bool = False,
-            progress: bool = True, echo: Any = None, monitor: ValidationMonitor | None = None,
+    def fit(self, data: TrainingData, *, val: Rows | Dataset | None = None, out: str | Path | None = None,
+            resume: bool = False, progress: bool = True, echo: Callable[[str], Any] | None = None,
+            monitor: ValidationMonitor | None = None,
             **settings: Any) -> BNN:
         """Fit the posterior to ``data``.
 
@@ -669,7 +681,7 @@ class BNN:
             x = (x.to(data.x_mean) - data.x_mean) / data.x_std
         return x.to(device=data.device, dtype=data.dtype if x.is_floating_point() else x.dtype)
 
-    def predict(self, x: Any, num_samples: int | None = None) -> Prediction:
+    def predict(self, x: ArrayLike, num_samples: int | None = None) -> Prediction:
         """The predictive distribution at inputs ``x``, as the data gave them.
 
         :param x: inputs ``[B, ...]`` (a tensor or an array).
@@ -685,7 +697,7 @@ class BNN:
         draws = posterior.predict(rows, samples)
         return Prediction(draws, self.data.y_mean, self.data.y_std)
 
-    def evaluate(self, data: Any, num_samples: int | None = None) -> dict[str, float]:
+    def evaluate(self, data: Rows | Dataset, num_samples: int | None = None) -> dict[str, float]:
         """The test metrics of the task (NLL, accuracy, ECE, Brier; or RMSE and test log-likelihood) on ``data``.
 
         :param data: ``(x, y)`` tensors or arrays, a torch ``Dataset`` or a ``DataLoader``, as :meth:`fit` takes.
@@ -760,7 +772,7 @@ class BNN:
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
         return bnn
 
-    def to_inference_data(self, num_samples: int | None = None) -> Any:
+    def to_inference_data(self, num_samples: int | None = None) -> arviz.InferenceData:
         """The fit as an ArviZ ``InferenceData`` (posterior draws with named dims, the posterior predictive and
         pointwise log-likelihood at the training rows, sampler statistics), as ``zoo diagnose`` writes it.
 

@@ -15,6 +15,11 @@ from torch.utils.data import IterableDataset
 from zoo.data.base import LABELLED, DataSection, Dataset, tensor_batches
 from zoo.errors import ZooInputError
 
+# What the Python API takes as rows, for its signatures (each function's docstring says what it accepts in full):
+ArrayLike = torch.Tensor | np.ndarray | list  # a tensor, a numpy array, or nested lists of numbers
+Rows = tuple[ArrayLike, ArrayLike] | torch.utils.data.Dataset | Iterable[tuple[Any, Any]]  # (x, y); a Dataset; a
+# DataLoader (any iterable of (x, y) batches)
+
 GIVEN_FILE = "data.pt"  # what a run of data given in Python keeps of it: task, classes, two example training rows
 EXAMPLE_ROWS = 2
 
@@ -191,7 +196,7 @@ def as_training_rows(x: torch.Tensor, x_train: torch.Tensor, what: str) -> torch
     return x
 
 
-def predict_rows(x: Any) -> torch.Tensor:
+def predict_rows(x: ArrayLike) -> torch.Tensor:
     """The rows given to ``BNN.predict`` as a tensor: a tensor, a numpy array or nested lists of numbers.
 
     :param x: the rows.

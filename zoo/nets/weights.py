@@ -20,8 +20,11 @@ SOURCES = ("a state dict (a mapping of names to tensors), an nn.Module, or the p
            ".pt/.pth state dict, a .safetensors file or a zoo run directory")
 SAVE = "torch.save(net.state_dict(), path)"
 
+# Where trained weights come from: a state dict, a module, or the path of a weights file or a zoo run directory
+WeightsSource = Mapping[str, torch.Tensor] | nn.Module | str | os.PathLike
 
-def read_weights(source: Any, field: str = "net.weights") -> dict[str, torch.Tensor]:
+
+def read_weights(source: WeightsSource, field: str = "net.weights") -> dict[str, torch.Tensor]:
     """The tensors a source of trained weights holds, by name.
 
     :param source: a ``state_dict`` (or any mapping of names to tensors), an ``nn.Module`` (its ``state_dict``), the
@@ -97,7 +100,7 @@ def _state_dict(loaded: Any, field: str, given: str) -> dict[str, torch.Tensor]:
                         f"save one with {SAVE}")
 
 
-def load_weights(net: nn.Module, source: Any, field: str = "net.weights") -> None:
+def load_weights(net: nn.Module, source: WeightsSource, field: str = "net.weights") -> None:
     """Put trained weights into ``net``, refused where they do not fit it.
 
     A zoo run's point estimate also holds its likelihood's latents (a learned noise scale): names that are not the
