@@ -266,3 +266,16 @@ def test_version_is_the_package_version(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"pyro-bnn-zoo {declared}"
+
+
+@pytest.mark.parametrize("text, first", [
+    ("One thing. Another.", "One thing."),
+    ("The rank-1 family, i.e. K = 4 members. No KL.", "The rank-1 family, i.e. K = 4 members."),
+    ("BatchEnsemble (Wen et al. 2020) on digits. Held out: 8, 9.", "BatchEnsemble (Wen et al. 2020) on digits."),
+    ("A prior, e.g. Normal (cf. Cauchy). More.", "A prior, e.g. Normal (cf. Cauchy)."),
+    ("A paragraph with no end\nwrapped", "A paragraph with no end wrapped"),
+])
+def test_zoo_lists_a_part_by_its_first_sentence_not_cut_at_an_abbreviation(text, first):
+    from zoo.parts import first_sentence
+
+    assert first_sentence(text) == first

@@ -32,6 +32,10 @@ class Strict(BaseModel):
 S = TypeVar("S", bound=type[BaseModel])
 
 
+# The abbreviations a sentence does not end at ("i.e. K = 4 members", "Wen et al. 2020"): fixed-width lookbehinds
+_NOT_AN_END = "".join(rf"(?<!\b{re.escape(a)})" for a in ("i.e.", "e.g.", "et al.", "cf.", "vs.", "resp."))
+
+
 def first_sentence(obj: object) -> str:
     """The first sentence of ``obj``'s docstring (or of ``obj``, a string), unwrapped, double backquotes dropped;
     the whole first paragraph where it has no sentence end (what ``zoo list`` shows of a part).
@@ -41,7 +45,7 @@ def first_sentence(obj: object) -> str:
     """
     doc = obj if isinstance(obj, str) else obj.__doc__ or ""
     paragraph = " ".join(line.strip() for line in doc.strip().split("\n\n")[0].splitlines())
-    sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z(])", paragraph, maxsplit=1)[0]
+    sentence = re.split(rf"{_NOT_AN_END}(?<=[.!?])\s+(?=[A-Z(])", paragraph, maxsplit=1)[0]
     return sentence.replace("``", "")
 
 
