@@ -27,7 +27,6 @@ from torch import nn
 from zoo.errors import ZooInputError
 from zoo.nets import NORM_LAYERS, evaluation_mode
 
-FACTOR_LAYERS = (nn.Linear, nn.Conv2d)  # whose Jacobians are products of the layer's input and output factors
 FIXED_LAYERS = NORM_LAYERS  # parameters held at their MAP values, never selected
 PER_EXAMPLE_FLOATS = 2**24  # the most numbers a chunk of per-example weight gradients holds (64 MB in float32)
 

@@ -291,11 +291,6 @@ def _spec_problems(err: ValidationError) -> list[tuple[str, Any, str]]:
     return out
 
 
-def _format_pydantic_error(err: ValidationError) -> str:
-    """One indented line per problem."""
-    return "\n".join(f"  {line}" for _, _, line in _spec_problems(err))
-
-
 def _merge(into: dict, mapping: dict) -> bool:
     """Deep-merge ``mapping`` into ``into`` (its keys win, nested mappings merge); whether ``into`` kept a key."""
     kept = bool(set(into) - set(mapping))

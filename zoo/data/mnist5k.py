@@ -18,7 +18,6 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from zoo.data import corruptions
 from zoo.data.base import (
     OOD_CLASSES_DOC,
     DataSection,
@@ -27,6 +26,7 @@ from zoo.data.base import (
     hold_out_classes,
     make_dataset,
 )
+from zoo.data.corruptions import rotate_images as rotate_stack  # [N, H, W, C] images
 from zoo.errors import ZooInputError
 
 SIDE = 28
@@ -65,7 +65,7 @@ def fixed_split(y: np.ndarray, train_per_class: int = TRAIN_PER_CLASS) -> np.nda
 
 def rotate_images(x: np.ndarray, degrees: float) -> np.ndarray:
     """Rows of 28x28 images rotated anticlockwise by ``degrees`` about their centre (bilinear, black outside)."""
-    return corruptions.rotate_images(x.reshape(-1, SIDE, SIDE, 1), degrees).reshape(len(x), SIDE * SIDE)
+    return rotate_stack(x.reshape(-1, SIDE, SIDE, 1), degrees).reshape(len(x), SIDE * SIDE)
 
 
 DIGITS_BOX = 20  # MNIST centres each digit in a 20x20 box inside the 28x28 frame
