@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from timing import add_timing_arguments, batches, benchmark_cases, optimiser_step, time_side_by_side  # noqa: E402 - sibling module of this script
 
-from guides.base import _key
+from guides.base import param_key
 from guides.mixture import MixtureGuide
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.inference.svi import SVIStep, make_optimizer
@@ -99,9 +99,9 @@ def parameter_counts(sizes: list[int], members: int) -> dict:
     factor_sites = [n for n, s in guide.sites.items() if s.plate is not None]
     weights = sum(p.numel() for p in family.point_parameters()[:len(family.layers)])
     member_biases = sum(p.numel() for p in family.member_bias.values())
-    factor_means = sum(guide.loc[_key(n)].numel() for n in factor_sites)
+    factor_means = sum(guide.loc[param_key(n)].numel() for n in factor_sites)
     factor_guide = sum(p.numel() for name, p in guide.named_parameters() if name.split(".", 1)[1] in
-                       {_key(n) for n in factor_sites})
+                       {param_key(n) for n in factor_sites})
     deterministic = sum(p.numel() for p in build_mlp(sizes[0], sizes[-1], sizes[1:-1], "relu").parameters())
     fan_sum = sum(fan_in + fan_out for fan_in, fan_out in pairwise(sizes))
     biases = sum(sizes[1:])

@@ -213,8 +213,13 @@ class ExactDrawMultivariateNormal(dist.MultivariateNormal):
         return -0.5 * (self.event_shape[0] * math.log(2 * math.pi) + noise.pow(2).sum(-1)) - half_log_det
 
 
-def _key(site: str) -> str:
-    # nn.Module attribute names may not contain dots; site names ("hidden0.weight") do.
+def param_key(site: str) -> str:
+    """The key of a site's parameters in a guide's ``nn.ParameterDict``: ``nn.Module`` attribute names may not contain
+    dots, and site names (``hidden0.weight``) do.
+
+    :param site: the site's name.
+    :returns: the name with every ``.`` written ``/``.
+    """
     return site.replace(".", "/")
 
 
@@ -230,7 +235,7 @@ class SiteGuide(Guide):
         super().__init__()
         self.sites = dict(sites)
         self.loc = nn.ParameterDict(
-            {_key(n): nn.Parameter(biject_to(s.support).inv(s.init.detach().clone())) for n, s in sites.items()}
+            {param_key(n): nn.Parameter(biject_to(s.support).inv(s.init.detach().clone())) for n, s in sites.items()}
         )
 
     def unconstrained_loc(self, name: str) -> torch.Tensor:
@@ -239,7 +244,7 @@ class SiteGuide(Guide):
         :param name: the site.
         :returns: the parameter itself (shaped like the site; writing to it moves the guide).
         """
-        return self.loc[_key(name)]
+        return self.loc[param_key(name)]
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Sample every latent site (the model's arguments are accepted and ignored).

@@ -34,7 +34,7 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to
 
-from guides.base import GuideSection, SiteGuide, _key
+from guides.base import GuideSection, SiteGuide, param_key
 from zoo.errors import ZooInputError
 from zoo.sites import WEIGHT_MATRICES, LatentSite
 
@@ -85,11 +85,11 @@ class DropoutGuide(SiteGuide):
         self.dropped = dropped_sites(sites, drop_inputs)
         if mask == "concrete":  # one learned rate per dropped layer, as its logit
             logit = math.log(dropout_rate) - math.log1p(-dropout_rate)
-            self.rate_logit = nn.ParameterDict({_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
+            self.rate_logit = nn.ParameterDict({param_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
 
     def learned_rate(self, name: str) -> torch.Tensor:
         """Concrete dropout's rate p of site ``name``, learned as its logit."""
-        return torch.sigmoid(self.rate_logit[_key(name)])
+        return torch.sigmoid(self.rate_logit[param_key(name)])
 
     def rates(self) -> dict[str, float]:
         """Every dropped site's rate p."""

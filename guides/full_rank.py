@@ -16,7 +16,7 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import constraints
 
-from guides.base import ExactDrawMultivariateNormal, GuideSection, InitRho, _key
+from guides.base import ExactDrawMultivariateNormal, GuideSection, InitRho, param_key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.errors import ZooInputError
 from zoo.runs import check_covariance_fits
@@ -43,7 +43,7 @@ class FullRankGuide(MeanFieldNormalGuide):
                               "mean_field guide")
         super().__init__(sites, init_rho)
         self.off_diagonal = nn.ParameterDict({
-            _key(n): nn.Parameter(torch.zeros(s.shape[0], s.shape[0])) for n, s in sites.items() if self._full(n)
+            param_key(n): nn.Parameter(torch.zeros(s.shape[0], s.shape[0])) for n, s in sites.items() if self._full(n)
         })
 
     def _full(self, name: str) -> bool:
@@ -52,7 +52,7 @@ class FullRankGuide(MeanFieldNormalGuide):
 
     def scale_tril(self, name: str) -> torch.Tensor:
         """The Cholesky factor L of q's covariance for a vector site."""
-        key = _key(name)
+        key = param_key(name)
         return self.off_diagonal[key].tril(-1) + torch.diag(F.softplus(self.rho[key]))
 
     def scale(self, name: str) -> torch.Tensor:
@@ -65,7 +65,7 @@ class FullRankGuide(MeanFieldNormalGuide):
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mu, L Lᵀ) for vector weight sites; the mean-field guide's distribution for the rest."""
         if self._full(name):
-            return ExactDrawMultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril(name))
+            return ExactDrawMultivariateNormal(self.loc[param_key(name)], scale_tril=self.scale_tril(name))
         return super().distribution(name)
 
 

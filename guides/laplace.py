@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import GuideSection, SiteGuide, _key
+from guides.base import GuideSection, SiteGuide, param_key
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 
@@ -28,7 +28,7 @@ class LaplaceGuide(SiteGuide):
     def __init__(self, sites: dict[str, LatentSite]) -> None:
         super().__init__(sites)
         self.scale_tril = nn.ParameterDict({
-            _key(n): nn.Parameter(torch.eye(s.shape[0]) * 1e-3, requires_grad=False)
+            param_key(n): nn.Parameter(torch.eye(s.shape[0]) * 1e-3, requires_grad=False)
             for n, s in sites.items() if self.is_gaussian(n)
         })
 
@@ -40,20 +40,20 @@ class LaplaceGuide(SiteGuide):
     def set_gaussian(self, name: str, loc: torch.Tensor, scale_tril: torch.Tensor) -> None:
         """Set q(site) = N(loc, scale_tril scale_trilᵀ)."""
         with torch.no_grad():
-            self.loc[_key(name)].copy_(loc)
-            self.scale_tril[_key(name)].copy_(scale_tril)
+            self.loc[param_key(name)].copy_(loc)
+            self.scale_tril[param_key(name)].copy_(scale_tril)
 
     def set_point(self, name: str, value: torch.Tensor) -> None:
         """Set a point-valued site to ``value`` (constrained space)."""
         with torch.no_grad():
-            self.loc[_key(name)].copy_(biject_to(self.sites[name].support).inv(value))
+            self.loc[param_key(name)].copy_(biject_to(self.sites[name].support).inv(value))
 
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mean, Σ) for the Gaussian sites, a Delta at the point value for the rest."""
         site = self.sites[name]
         if self.is_gaussian(name):
-            return dist.MultivariateNormal(self.loc[_key(name)], scale_tril=self.scale_tril[_key(name)])
-        return dist.Delta(biject_to(site.support)(self.loc[_key(name)]), event_dim=site.event_dim)
+            return dist.MultivariateNormal(self.loc[param_key(name)], scale_tril=self.scale_tril[param_key(name)])
+        return dist.Delta(biject_to(site.support)(self.loc[param_key(name)]), event_dim=site.event_dim)
 
 
 class LaplaceGuideSpec(GuideSection):

@@ -11,7 +11,7 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import GuideSection, InitRho, SiteGuide, _key
+from guides.base import GuideSection, InitRho, SiteGuide, param_key
 from zoo.sites import LatentSite
 
 
@@ -45,17 +45,17 @@ class MeanFieldNormalGuide(SiteGuide):
         super().__init__(sites)
         self.init_rho = init_rho  # what the NaN diagnosis reads before suggesting a narrower start
         self.rho = nn.ParameterDict(
-            {_key(n): nn.Parameter(torch.full_like(self.loc[_key(n)], init_rho)) for n in sites}
+            {param_key(n): nn.Parameter(torch.full_like(self.loc[param_key(n)], init_rho)) for n in sites}
         )
 
     def scale(self, name: str) -> torch.Tensor:
         """Posterior standard deviation (in unconstrained space) of site ``name``."""
-        return F.softplus(self.rho[_key(name)])
+        return F.softplus(self.rho[param_key(name)])
 
     def distribution(self, name: str) -> dist.TorchDistribution:
         """N(mu, softplus(rho)^2) over the site, pushed through the support's bijection when constrained."""
         site = self.sites[name]
-        loc, scale = self.loc[_key(name)], self.scale(name)
+        loc, scale = self.loc[param_key(name)], self.scale(name)
         if site.support is constraints.real:
             base = FactorNormal(loc, scale)
         elif site.support is constraints.positive:
@@ -72,7 +72,7 @@ class MeanFieldNormalGuide(SiteGuide):
         :returns: per weight site, shaped like the site.
         """
         with torch.no_grad():
-            return {n: self.loc[_key(n)].abs() / self.scale(n) for n, s in self.sites.items() if s.is_weight}
+            return {n: self.loc[param_key(n)].abs() / self.scale(n) for n, s in self.sites.items() if s.is_weight}
 
 
 class MeanFieldGuideSpec(GuideSection):

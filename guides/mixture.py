@@ -15,7 +15,7 @@ import torch
 from pydantic import Field, PositiveFloat
 from torch.distributions import biject_to
 
-from guides.base import GuideSection, InitRho, SiteGuide, _key
+from guides.base import GuideSection, InitRho, SiteGuide, param_key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
@@ -47,13 +47,13 @@ class MixtureGuide(MeanFieldNormalGuide):
         with torch.no_grad():
             for name, site in sites.items():
                 if site.plate is not None:
-                    self.rho[_key(name)].fill_(rho)
+                    self.rho[param_key(name)].fill_(rho)
 
     def distribution(self, name: str) -> dist.TorchDistribution:
         """Component distributions of a factor site (batch = members), mean-field for the other sites."""
         site = self.sites[name]
         if site.plate is not None and self.component == "cauchy":
-            return dist.Cauchy(self.loc[_key(name)], self.scale(name)).to_event(site.event_dim)
+            return dist.Cauchy(self.loc[param_key(name)], self.scale(name)).to_event(site.event_dim)
         return super().distribution(name)
 
 
