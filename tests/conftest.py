@@ -203,6 +203,13 @@ def record_checkpoints(monkeypatch, module) -> list[dict]:
 
 
 
+def release_check() -> dict:
+    """The names ``.ci/check_release`` defines (its small sizes, its contents check), loaded without running it."""
+    import runpy
+
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / ".ci" / "check_release"))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Close the log with what the docs test checked (tests/test_docs_blocks.py records it; the property travels
     from an xdist worker with its report)."""

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import release_check
 from zoo.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +43,11 @@ UCI = Path(os.environ.get("ZOO_DATA_DIR") or ROOT.parent / "shared" / "data" / "
 
 # Calls that take minutes at the size a page shows, and the same call at a size a test can afford: (page, the text
 # on the page, its small-size twin). The page must still hold the text.
+# The many-chain HMC at the small size the release check runs the README's HMC line at (.ci/check_release).
+SMALL_HMC = release_check()["SMALL"]["hmc"]
 SMALL = [
     ("docs/getting-started.md", 'train("configs/hmc_toy.yaml", "runs/hmc")',
-     'train(load_spec("configs/hmc_toy.yaml", ["inference.num_chains=4", "inference.warmup_steps=20", '
-     '"inference.num_samples=20", "inference.max_leapfrog_steps=32", "inference.compile=false"]), "runs/hmc")'),
+     f'train(load_spec("configs/hmc_toy.yaml", {SMALL_HMC!r}), "runs/hmc")'),
     # 20 draws of 4 chains are no reference: compared anyway, as the refusal says how
     ("docs/getting-started.md", 'compare("runs/hmc", ["runs/quickstart"])',
      'compare("runs/hmc", ["runs/quickstart"], allow_unconverged=True)'),
@@ -93,10 +95,8 @@ def _blocks(page: Path) -> list[Block]:
             continue
         fence, info = opening["fence"], opening["info"].strip()
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence)), len(lines))
-        if info.startswith("{"):  # {.bash data-norun="..."}
-            language = (re.search(r"\.([\w-]+)", info) or re.match("", "")).group(1) if "." in info else ""
-        else:
-            language = info.split(" ", 1)[0]
+        braced = re.match(r"\{\s*\.([\w-]+)", info)  # {.bash data-norun="..."}
+        language = braced[1] if braced else "" if info.startswith("{") else info.split(" ", 1)[0]
         indent = len(opening["indent"])
         text = "\n".join(line[indent:] for line in lines[i + 1:end])
         blocks.append(Block(page, i + 1, language, info, text + "\n"))
@@ -107,7 +107,8 @@ def _blocks(page: Path) -> list[Block]:
 BLOCKS = [block for page in PAGES for block in _blocks(page)]
 
 
-def _count(kind: str) -> list[Block]:
+def _runnable(kind: str) -> list[Block]:
+    """The blocks of a language that run (or are checked): all but those marked data-norun."""
     return [b for b in BLOCKS if b.language == kind and not b.norun]
 
 
@@ -116,7 +117,7 @@ def test_every_block_names_its_language_and_every_norun_says_why(record_property
     assert not unnamed, f"give these blocks one of the languages {LANGUAGES} (text: a diagram or a listing): {unnamed}"
     silent = [b.where for b in BLOCKS if b.norun is not None and len(b.norun.split()) < 3]
     assert not silent, f"a data-norun fence says why the block cannot run here: {silent}"
-    counts = {kind: len(_count(kind)) for kind in LANGUAGES}
+    counts = {kind: len(_runnable(kind)) for kind in LANGUAGES}
     counts["norun"] = sum(1 for b in BLOCKS if b.norun)
     assert len(BLOCKS) >= 60
     record_property("docs_blocks", f"{len(BLOCKS)} fenced blocks in README.md and docs/: "
@@ -130,7 +131,7 @@ def test_every_block_names_its_language_and_every_norun_says_why(record_property
 
 def _script(page: Path) -> str:
     """A page's untitled python blocks, in page order, with the long calls at their small size."""
-    text = "\n\n".join(b.text for b in _count("python") if b.page == page and not b.title)
+    text = "\n\n".join(b.text for b in _runnable("python") if b.page == page and not b.title)
     for where, original, small in SMALL:
         if ROOT / where == page:
             assert original in text, f"{where} no longer holds {original!r}: update SMALL in {__name__}"
@@ -146,7 +147,7 @@ def _workspace(tmp_path: Path) -> Path:
     return tmp_path
 
 
-PYTHON_PAGES = sorted({b.page for b in _count("python") if not b.title}, key=PAGES.index)
+PYTHON_PAGES = sorted({b.page for b in _runnable("python") if not b.title}, key=PAGES.index)
 
 
 SLOW_PAGES = {"docs/getting-started.md": "trains the toy, then a small many-chain HMC and compares them: ~60 s"}
@@ -173,7 +174,7 @@ def _base_config(block: Block) -> Path:
     return ROOT / "configs" / f"{named[-1] if named else 'mean_field_toy'}.yaml"
 
 
-@pytest.mark.parametrize("block", _count("yaml"), ids=lambda b: b.where)
+@pytest.mark.parametrize("block", _runnable("yaml"), ids=lambda b: b.where)
 def test_a_yaml_block_is_what_it_says(block, monkeypatch):
     from zoo.spec import RunSpec, load_spec
 
@@ -222,7 +223,7 @@ def _commands(block: Block | None = None) -> list[Command]:
     groups and ``...`` elisions dropped; ``&&`` and ``;`` separate commands; ``$VAR`` takes an earlier assignment's
     value or a ``for`` loop's first one."""
     commands = []
-    for b in [block] if block else _count("bash"):
+    for b in [block] if block else _runnable("bash"):
         variables: dict[str, str] = {}
         for line in _logical_lines(b.text):
             line = re.sub(r"\[(--[^\]]+)\]", r"\1", line)  # [--workers 2]: an optional group, written out
@@ -338,8 +339,8 @@ def _check(command: Command, monkeypatch) -> None:
         pytest.fail(f"{command.where}: no check for {program!r}; mark the block data-norun with the reason")
 
 
-@pytest.mark.parametrize("block", _count("bash"), ids=lambda b: b.where)
-def test_every_command_of_a_bash_block_parses_and_builds(block, monkeypatch):
+def _check_block(block: Block, monkeypatch) -> None:
+    """Every command of a bash block checked, from the repository root (as the pages write them)."""
     monkeypatch.chdir(ROOT)
     commands = _commands(block)
     assert commands, f"{block.where}: a bash block without a command"
@@ -348,6 +349,11 @@ def test_every_command_of_a_bash_block_parses_and_builds(block, monkeypatch):
             _check(command, monkeypatch)
         except SystemExit as exit_:  # argparse refusing the line
             pytest.fail(f"{command.where}: the command line is refused (exit {exit_.code})")
+
+
+@pytest.mark.parametrize("block", _runnable("bash"), ids=lambda b: b.where)
+def test_every_command_of_a_bash_block_parses_and_builds(block, monkeypatch):
+    _check_block(block, monkeypatch)
 
 
 @pytest.mark.parametrize("line, wrong", [
@@ -364,14 +370,8 @@ def test_the_checks_refuse_a_wrong_command(line, wrong, tmp_path, monkeypatch):
     an extra that does not exist, a program it does not know, each fails it."""
     page = tmp_path / "page.md"
     page.write_text(f"```bash\n{line}\n```\n")
-    block = _blocks(page)[0]
-    monkeypatch.chdir(ROOT)
     with pytest.raises((pytest.fail.Exception, Exception)) as failure:
-        for command in _commands(block):
-            try:
-                _check(command, monkeypatch)
-            except SystemExit as exit_:
-                pytest.fail(f"{command.words}: the command line is refused (exit {exit_.code})")
+        _check_block(_blocks(page)[0], monkeypatch)
     assert wrong in str(failure.value)
 
 
@@ -410,7 +410,7 @@ def test_the_extending_examples_join_the_tree_and_train(tmp_path):
     its page names, and `zoo train` trains with the ``--set`` the page gives (toy config, 100 SVI steps)."""
     import shutil
 
-    titled = [b for b in _count("python") if b.title]
+    titled = [b for b in _runnable("python") if b.title]
     assert len(titled) >= 5
     tree = tmp_path / "tree"
     for package in ("zoo", "guides"):

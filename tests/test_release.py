@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import release_check
 from zoo.cli import main
 from zoo.errors import ZooInputError
 from zoo.spec import LIST_CONFIGS, find_config, load_spec, shipped_configs, shipped_configs_dir, spec_tree
@@ -131,18 +132,31 @@ def test_the_wheel_ships_the_configs_and_every_module_and_the_sdist_the_document
                             "b.build_sdist(out); b.build_wheel(out)"], cwd=src, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
+    check = release_check()  # the contents check of make test-release, on this build
+    check["check_contents"](src, wheel, sdist, wheel.name.split("-")[1])
 
-    configs = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
-    modules = sorted(p.relative_to(ROOT).as_posix() for top in ("zoo", "guides") for p in (ROOT / top).rglob("*.py"))
-    in_wheel = set(zipfile.ZipFile(wheel).namelist())
-    missing = [f"zoo/configs/{c}" for c in configs if f"zoo/configs/{c}" not in in_wheel]
-    assert not missing, f"pyproject.toml's package-data leaves out {missing}"
-    missing = [m for m in modules if m not in in_wheel]
-    assert not missing, f"pyproject.toml's [tool.setuptools] packages leave out the package of {missing}"
-    assert {n.split("/")[0] for n in in_wheel} == {"zoo", "guides", wheel.name.split("-py3")[0] + ".dist-info"}
 
-    with tarfile.open(sdist) as tar:
-        in_sdist = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    wanted = {f"configs/{c}" for c in configs} | {"README.md", "LICENSE", "CHANGELOG.md", "CITATION.cff"}
-    assert not wanted - in_sdist, f"the sdist (MANIFEST.in) leaves out {sorted(wanted - in_sdist)}"
-    assert not any(name.startswith("tests/") for name in in_sdist)
+@pytest.mark.parametrize("contents, problem", [
+    ({"drop": "zoo/configs/mean_field_toy.yaml"}, "the wheel lacks"),
+    ({"drop": "zoo/nets/mlp.py"}, "the wheel lacks"),
+    ({"add": "stray/__init__.py"}, "top-level names besides"),
+])
+def test_the_contents_check_refuses_a_wheel_that_lacks_a_file_or_adds_a_name(contents, problem, tmp_path):
+    """The check is a check: a wheel without a config or a module, or with another top-level package, fails it."""
+    check = release_check()
+    src = tmp_path / "src"
+    shutil.copytree(CONFIGS, src / "configs")
+    for top in ("zoo", "guides"):
+        shutil.copytree(ROOT / top, src / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    names = [f"zoo/configs/{p.relative_to(CONFIGS).as_posix()}" for p in CONFIGS.rglob("*.yaml")]
+    names += [p.relative_to(src).as_posix() for top in ("zoo", "guides") for p in (src / top).rglob("*.py")]
+    names = [n for n in names if n != contents.get("drop")] + ([contents["add"]] if "add" in contents else [])
+    wheel = tmp_path / "pyro_bnn_zoo-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in names:
+            archive.writestr(name, "")
+    sdist = tmp_path / "pyro_bnn_zoo-0.0.0.tar.gz"
+    with tarfile.open(sdist, "w:gz"):
+        pass
+    with pytest.raises(check["Failed"], match=problem):
+        check["check_contents"](src, wheel, sdist, "0.0.0")

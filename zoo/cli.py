@@ -399,12 +399,12 @@ def cmd_list(args: argparse.Namespace) -> None:
     """Print every registered part and the shipped configs (or one kind's table: ``zoo list members``)."""
     from zoo.registry import TABLES
 
-    tables = {**TABLES, "configs (shipped specs: zoo train configs/NAME.yaml, or NAME, from any folder)": None}
+    tables = {**TABLES, "configs (shipped specs: zoo train configs/NAME.yaml, or NAME, from any folder)":
+              _shipped_config_table()}
     wanted = {title: table for title, table in tables.items() if args.what is None or title.startswith(args.what)}
     if not wanted:
         raise ZooInputError("zoo list", args.what, f"list one of: {', '.join(t.split()[0] for t in tables)}")
     for title, table in wanted.items():
-        table = _shipped_config_table() if table is None else table
         out = Table(title=title, show_header=False, title_justify="left")
         out.add_column("name", style="bold")
         out.add_column("what")

@@ -264,11 +264,10 @@ def load_space(source: str | Path | dict) -> SearchSpace:
     if isinstance(source, dict):
         tree, where = source, "space"
     else:
-        found = find_config(source)  # a file, or a shipped space (configs/spaces/<name>.yaml) from any folder
-        if found is None:
+        path = find_config(source)  # a file, or a shipped space (configs/spaces/<name>.yaml) from any folder
+        if path is None:
             raise ZooInputError("--space", str(source), "no such file; pass a YAML file of spec keys and their ranges "
                                 "(the shipped ones: configs/spaces/<config>.yaml)")
-        path = found
         try:
             tree = yaml.safe_load(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
