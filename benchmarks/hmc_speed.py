@@ -258,7 +258,7 @@ def run_zoo(method: str, chains: int, args: argparse.Namespace, bench: BenchMode
     spec = build_spec(method, chains, args.warmup, args.samples, args.zoo_set, bench, args.data_dir)
     data, family, guide, _ = zoo.pipeline.prepare(spec)
     started = time.perf_counter()
-    result = zoo.inference.mcmc.fit_mcmc(family, guide, data, spec.inference, args.seed, progress=False)
+    result = zoo.inference.mcmc.MCMC().fit(family, guide, data, spec.inference, args.seed, progress=False)
     total = time.perf_counter() - started
     chains, samples = next(iter(result.draws.values())).shape[:2]
     with torch.no_grad():

@@ -15,7 +15,7 @@ from guides.full_rank import FullRankGuide
 from tests.test_mcmc import NOISE, closed_form, linear_spec
 from zoo.diagnostics.checks import guide_log_density, pareto_k
 from zoo.errors import ZooInputError
-from zoo.inference.svi import fit_svi
+from zoo.inference.svi import SVI
 from zoo.pipeline import load_run, prepare, train
 from zoo.runs import CHECKPOINT_FILE, load_checkpoint
 from zoo.sites import LatentSite
@@ -37,7 +37,7 @@ def _flat(values: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_the_full_covariance_autoguide_recovers_the_conjugate_posterior():
     spec = load_spec(_auto("mvn"))
     data, family, guide, _ = prepare(spec)
-    fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     mean, cov = closed_form(data, NOISE / data.y_std)
     with torch.no_grad():
         draws = _flat({n: torch.stack([guide()[n] for _ in range(4000)]) for n in ("out.weight", "out.bias")})
@@ -51,7 +51,7 @@ def test_autonormal_finds_the_mean_field_optimum():
     # the best factorised Gaussian for N(m, S) has mean m and variances 1 / (S^-1)_ii
     spec = load_spec(_auto("normal"))
     data, family, guide, _ = prepare(spec)
-    fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     mean, cov = closed_form(data, NOISE / data.y_std)
     want_sd = (1 / torch.linalg.inv(cov).diagonal()).sqrt()
     with torch.no_grad():
@@ -158,7 +158,7 @@ def test_two_autoguides_in_one_process_do_not_share_parameters():
     data, family, first, _ = prepare(spec)
     _, _, second, _ = prepare(spec)
     before = {n: p.detach().clone() for n, p in second.named_parameters()}
-    fit_svi(family, first, data, spec.inference, spec.seed, progress=False)
+    SVI().fit(family, first, data, spec.inference, spec.seed, progress=False)
     assert all(torch.equal(p, before[n]) for n, p in second.named_parameters())
     assert len(pyro.get_param_store()) == 0
 
@@ -170,7 +170,7 @@ def test_the_laplace_approximation_is_the_exact_tempered_posterior_of_the_conjug
     spec = load_spec({**_auto("laplace_approximation", num_steps=100, num_particles=1, temperature=temperature),
                       "dtype": "float64"})
     data, family, guide, _ = prepare(spec)
-    fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     mean, cov = closed_form(data, NOISE / data.y_std * temperature ** 0.5)  # p(y | w)^(1/T): the noise var. x T
     laplace = guide.active
     torch.testing.assert_close(laplace.loc.double(), mean, rtol=1e-6, atol=1e-8)

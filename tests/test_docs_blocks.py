@@ -393,7 +393,7 @@ def _register(tree: Path, block: Block) -> list[str]:
     module = block.title.removesuffix(".py").replace("/", ".")
     catalogue = tree / where
     source = catalogue.read_text()
-    listing = re.search(r'(= Catalogue\("\w+", |for method in \()', source)
+    listing = re.search(r'(= Catalogue\("\w+", |= MethodCatalogue\()', source)
     assert listing, f"{where}: no catalogue to add {entry} to"
     source = (source[:listing.end()] + f"{entry}, " + source[listing.end():])
     line_start = source.rfind("\n", 0, listing.start()) + 1

@@ -220,9 +220,9 @@ def test_deep_ensemble_members_keep_their_own_batch_norm_statistics():
     spec = spec_of("deep_ensemble", "inference.num_steps=3")
     data = load_dataset(spec.data, 0)
     family, guide = build(spec, data)
-    from zoo.inference.svi import fit_svi
+    from zoo.inference.svi import SVI
 
-    fit_svi(family, guide, data, spec.inference, 0, progress=False)
+    SVI().fit(family, guide, data, spec.inference, 0, progress=False)
     running = family.member_buffers["stem_bn.running_mean"]
     assert running.shape[0] == 2 and not torch.allclose(running[0], running[1])
     # member k in eval mode is the plain net with member k's weights and member k's statistics

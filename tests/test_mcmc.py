@@ -18,7 +18,7 @@ from zoo.errors import ZooInputError
 from zoo.inference import mcmc
 from zoo.inference.compiled import exp_tanh
 from zoo.inference.draws import SAMPLES_FILE
-from zoo.inference.mcmc import DualAveraging, fit_mcmc, halton
+from zoo.inference.mcmc import MCMC, DualAveraging, halton
 from zoo.inference.potential import Coordinates, LogJoint, Potential
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import SamplePosterior
@@ -73,7 +73,7 @@ def assert_matches_conjugate(result, data, temperature: float = 1.0) -> tuple[to
 def test_samplers_recover_the_conjugate_linear_regression_posterior(method, settings):
     spec = load_spec(linear_spec(method, **settings))
     data, family, guide, _ = prepare(spec)
-    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    result = MCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     cov, got_cov = assert_matches_conjugate(result, data)
     sd = cov.diagonal().sqrt()
     corr, got_corr = cov[0, 1] / sd.prod(), got_cov[0, 1] / got_cov.diagonal().sqrt().prod()
@@ -158,7 +158,7 @@ def test_chunked_potential_equals_one_call_and_reaches_fit_mcmc(spec_factory):
     original = Potential._value_and_grad
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Potential, "_value_and_grad", lambda self, z: calls.append(len(z)) or original(self, z))
-        fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+        MCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     assert calls and set(calls) == {2}
 
 
@@ -247,7 +247,7 @@ def test_too_many_weights_are_refused_suggesting_svi():
     spec = load_spec(linear_spec("nuts", max_weights=1))
     data, family, guide, _ = prepare(spec)
     with pytest.raises(ZooInputError, match="svi"):
-        fit_mcmc(family, guide, data, spec.inference, 0, progress=False)
+        MCMC().fit(family, guide, data, spec.inference, 0, progress=False)
 
 
 def test_point_estimated_weights_need_a_fitted_run_to_start_from():
@@ -255,7 +255,7 @@ def test_point_estimated_weights_need_a_fitted_run_to_start_from():
                       "prior": {"name": "normal", "loc": 1.0}})
     data, family, guide, _ = prepare(spec)
     with pytest.raises(ZooInputError, match="SVI first"):
-        fit_mcmc(family, guide, data, spec.inference, 0, progress=False)
+        MCMC().fit(family, guide, data, spec.inference, 0, progress=False)
 
 
 @pytest.mark.parametrize("kernel", ["chees", "mams"])
@@ -264,10 +264,10 @@ def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, kernel):
                                  kernel=kernel))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, mcmc)
-    full = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    full = MCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at_eight = next(s for s in saved if not s["done"] and s["sampler"]["iteration"] == 8)
     runs.save_torch(tmp_path / SAMPLES_FILE, at_eight)  # as if the run had stopped after iteration 8
-    resumed = fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    resumed = MCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for name, value in full.draws.items():
         assert torch.equal(resumed.draws[name], value)
 
@@ -322,7 +322,7 @@ def test_adapted_trajectory_length_does_not_depend_on_where_it_started(criterion
     spec = load_spec(linear_spec("hmc", num_chains=32, warmup_steps=100, num_samples=10, step_size=1e-3,
                                  trajectory_length=initial_length, trajectory_criterion=criterion))
     data, family, guide, _ = prepare(spec)
-    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    result = MCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     assert 1.0 < result.settings["trajectory_length"] < 2.5, result.settings
 
 
@@ -350,7 +350,7 @@ def test_many_chain_hmc_at_its_defaults_converges_on_the_toy_bnn():
                       "inference": {"method": "hmc", "num_chains": 64, "warmup_steps": 200, "num_samples": 200,
                                     "compile": True}})
     data, family, guide, _ = prepare(spec)
-    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    result = MCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     x = torch.linspace(-2.0, 2.0, 5).unsqueeze(-1)
     with torch.no_grad():
         f = family.predict(result.flat_draws(), x).loc.reshape(64, 200, -1)
@@ -365,9 +365,9 @@ def test_draws_added_to_a_finished_hmc_run_are_those_it_would_have_drawn_from_th
     short = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6))
     longer = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=12))
     data, family, guide, _ = prepare(short)
-    straight = fit_mcmc(family, guide, data, longer.inference, 0, progress=False)
-    first = fit_mcmc(family, guide, data, short.inference, 0, run_dir=tmp_path, progress=False)
-    grown = fit_mcmc(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    straight = MCMC().fit(family, guide, data, longer.inference, 0, progress=False)
+    first = MCMC().fit(family, guide, data, short.inference, 0, run_dir=tmp_path, progress=False)
+    grown = MCMC().fit(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for name, value in straight.draws.items():
         assert grown.draws[name].shape == (4, 12, *value.shape[2:])
         assert torch.equal(grown.draws[name], value)
@@ -375,17 +375,17 @@ def test_draws_added_to_a_finished_hmc_run_are_those_it_would_have_drawn_from_th
     for key, value in straight.stats.items():
         assert torch.equal(grown.stats[key], value)
     assert grown.seconds > first.seconds and grown.settings == straight.settings
-    again = fit_mcmc(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    again = MCMC().fit(family, guide, data, longer.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     assert torch.equal(again.draws["out.weight"], grown.draws["out.weight"])  # finished at 12: nothing to add
 
 
 def test_draws_cannot_be_added_to_a_nuts_run(tmp_path):
     spec = load_spec(linear_spec("nuts", num_chains=1, warmup_steps=10, num_samples=5))
     data, family, guide, _ = prepare(spec)
-    fit_mcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    MCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     more = spec.inference.model_copy(update={"num_samples": 10})
     with pytest.raises(ZooInputError, match="only to a finished many-chain HMC run"):
-        fit_mcmc(family, guide, data, more, 0, run_dir=tmp_path, resume=True, progress=False)
+        MCMC().fit(family, guide, data, more, 0, run_dir=tmp_path, resume=True, progress=False)
 
 
 def test_a_resume_may_grow_num_samples_of_hmc_only_and_a_smaller_one_continues_the_run_as_grown(tmp_path):

@@ -18,13 +18,13 @@ from zoo.inference.draws import SAMPLES_FILE
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points
 from zoo.inference.sgmcmc import (
     PRECONDITIONER_FLOOR,
-    fit_sgmcmc,
+    SGMCMC,
     inverse_mass,
     kept_steps,
     step_size,
     stray_chains,
 )
-from zoo.inference.swag import SWAG_FILE, SWAGPosterior, fit_swag
+from zoo.inference.swag import SWAG, SWAG_FILE, SWAGPosterior
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import ChainPosterior
 from zoo.spec import load_spec
@@ -60,7 +60,7 @@ def test_sgmcmc_recovers_the_conjugate_linear_regression_posterior(method, stiff
     spec = load_spec(linear_spec(method, num_chains=16, epochs=4000, batch_size=None, lr=lr, schedule="constant",
                                  burn_in_epochs=1000, thin=20))
     data, family, guide, _ = prepare(spec)
-    assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, progress=False), data)
+    assert_matches_conjugate(SGMCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False), data)
 
 
 @pytest.mark.parametrize("kind", ["rmsprop", "scale_adapted"])
@@ -81,7 +81,7 @@ def test_preconditioned_sgmcmc_recovers_the_conjugate_posterior_with_its_metric_
                                  burn_in_epochs=1000, thin=20, preconditioner=kind, checkpoint_every=500))
     data, family, guide, _ = prepare(spec)
     saved, final = record_checkpoints(monkeypatch, loop), record_checkpoints(monkeypatch, sgmcmc)
-    assert_matches_conjugate(fit_sgmcmc(family, guide, data, spec.inference, spec.seed, run_dir=tmp_path,
+    assert_matches_conjugate(SGMCMC().fit(family, guide, data, spec.inference, spec.seed, run_dir=tmp_path,
                                         progress=False), data)
     during = [c["inverse_mass"] for c in saved if c["step"] < 1000]
     after = [c["inverse_mass"] for c in saved if c["step"] >= 1000] + [final[-1]["inverse_mass"]]
@@ -103,7 +103,7 @@ def test_the_scale_adapted_metric_follows_the_potential_in_every_exploration_pha
                                  checkpoint_every=10))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, loop)
-    fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     by_step = {c["step"]: c["inverse_mass"] for c in saved if not c["done"]}
     frozen = []
     for start in range(0, 400, 100):
@@ -167,10 +167,10 @@ def test_cyclical_sghmc_with_the_scale_adapted_metric_resumes_exactly(tmp_path, 
                                  burn_in_epochs=0, thin=7, checkpoint_every=35, preconditioner="scale_adapted"))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, loop)
-    full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    full = SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at = next(s for s in saved if not s["done"] and s["step"] == 140 * 4)
     runs.save_torch(tmp_path / SAMPLES_FILE, at)  # as if the run had stopped there
-    resumed = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    resumed = SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for name, value in full.draws.items():
         assert torch.equal(resumed.draws[name], value)
 
@@ -183,10 +183,10 @@ def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, precondit
                                  preconditioner=preconditioner))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, loop)
-    full = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    full = SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     at_80 = next(s for s in saved if not s["done"] and s["step"] == 80)
     runs.save_torch(tmp_path / SAMPLES_FILE, at_80)  # as if the run had stopped after step 80
-    resumed = fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    resumed = SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for name, value in full.draws.items():
         assert torch.equal(resumed.draws[name], value)
 
@@ -199,7 +199,7 @@ def test_a_diverging_step_size_stops_with_the_step_and_the_last_good_draw(tmp_pa
     spec.inference.lr = 20 * data.n_train / _largest_curvature(data)  # 10x past SGLD's stability limit (2)
     with pytest.raises(TrainingDiverged, match=r"sgld diverged at step \d+ .*the last good draw is the draw of step "
                        r"\d+, kept in .*samples.pt.*Lower inference.lr"):
-        fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+        SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     kept = runs.load_torch(tmp_path / SAMPLES_FILE)
     assert not kept["done"] and kept["draws"] and all(torch.isfinite(d[0]).all() for d in kept["draws"])
 
@@ -219,7 +219,7 @@ def test_a_chain_that_strays_from_the_others_stops_the_run_naming_it(method, tmp
     spec = load_spec(linear_spec(method, num_chains=3, epochs=20, batch_size=10, lr=1e-6, schedule="constant",
                                  burn_in_epochs=1, thin=2))
     data, family, guide, _ = prepare(spec)
-    fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)  # no stray: draws as usual
+    SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)  # no stray: draws as usual
     real = sgmcmc.initial_points
 
     def one_far(*args, **kwargs):
@@ -230,7 +230,7 @@ def test_a_chain_that_strays_from_the_others_stops_the_run_naming_it(method, tmp
     monkeypatch.setattr(sgmcmc, "initial_points", one_far)
     with pytest.raises(TrainingDiverged, match=rf"{method} chain\(s\) 1 strayed from the others by step \d+ .*more "
                        r"than 5 per training row \(40 rows\).*Lower inference.lr"):
-        fit_sgmcmc(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+        SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     assert not runs.load_torch(tmp_path / SAMPLES_FILE)["done"]
 
 
@@ -254,9 +254,9 @@ def test_only_a_run_of_stray_draws_stops_the_run(spiked_steps, stops, monkeypatc
     if stops:
         with pytest.raises(TrainingDiverged, match=r"chain\(s\) 1 strayed from the others by step 12 .*at 3 kept "
                            r"draws in a row"):
-            fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+            SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
     else:
-        result = fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+        result = SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
         assert result.draws["out.weight"].shape[:2] == (3, 36)
 
 
@@ -331,12 +331,12 @@ def test_multiswag_fits_k_models_that_resume_exactly(tmp_path, monkeypatch):
                                  pretrain_lr=0.02, rank=4, checkpoint_every=20))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, loop)
-    full = fit_swag(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    full = SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     assert full.posterior.mean.shape == (3, 2) and full.posterior.deviations.shape == (3, 4, 2)
     assert not torch.allclose(full.posterior.mean[0], full.posterior.mean[1])  # independent starts
     at_40 = next(s for s in saved if not s["done"] and s["step"] == 40)
     runs.save_torch(tmp_path / SWAG_FILE, at_40)
-    resumed = fit_swag(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    resumed = SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for key in ("mean", "sq_mean", "deviations"):
         assert torch.equal(getattr(resumed.posterior, key), getattr(full.posterior, key))
 
@@ -355,7 +355,7 @@ def test_swag_refuses_fewer_iterates_than_its_rank_and_a_temperature():
     spec = load_spec(linear_spec("swag", epochs=5, rank=20, batch_size=None))
     data, family, guide, _ = prepare(spec)
     with pytest.raises(ZooInputError, match="collects only 5 iterates .* fewer than its rank") as err:
-        fit_swag(family, guide, data, spec.inference, 0, progress=False)
+        SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     assert err.value.field == "inference.rank"
     with pytest.raises(ZooInputError, match="inference.temperature.*leave temperature at 1"):
         load_spec(linear_spec("swag", temperature=0.5))
@@ -365,7 +365,7 @@ def test_sgmcmc_refuses_a_burn_in_that_leaves_no_draw():
     spec = load_spec(linear_spec("sgld", epochs=10, burn_in_epochs=10, batch_size=None))
     data, family, guide, _ = prepare(spec)
     with pytest.raises(ZooInputError, match="leaves no draw") as err:
-        fit_sgmcmc(family, guide, data, spec.inference, 0, progress=False)
+        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
     assert err.value.field == "inference.burn_in_epochs"
 
 

@@ -526,7 +526,7 @@ def test_kl_annealing_is_applied_during_training(monkeypatch, spec_factory):
     monkeypatch.setitem(ELBOS, "trace_mean_field", lambda n: Recording(n, analytic_kl=True))
     spec = spec_factory("toy", "inference.num_steps=7", "inference.kl_annealing_steps=5")
     data, family, guide, _ = prepare(spec)
-    svi.fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    svi.SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     assert seen == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0]
 
 
@@ -551,7 +551,7 @@ def test_schedules_as_shares_of_the_run_follow_its_length(monkeypatch, spec_fact
     run = spec_factory("toy", "inference.num_steps=20", "inference.optimizer=clipped_adam",
                        "inference.lr_decay_to=0.25")
     data, family, guide, _ = prepare(run)
-    svi.fit_svi(family, guide, data, run.inference, run.seed, progress=False)
+    svi.SVI().fit(family, guide, data, run.inference, run.seed, progress=False)
     assert recorded[0] ** 20 == pytest.approx(0.25)
 
 

@@ -12,8 +12,8 @@ import torch
 from tests.test_elbo import _linear_setup
 from tests.test_mcmc import NOISE, assert_matches_conjugate, closed_form, linear_spec
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
-from zoo.inference.mcmc import fit_mcmc
-from zoo.inference.svi import fit_svi
+from zoo.inference.mcmc import MCMC
+from zoo.inference.svi import SVI
 from zoo.pipeline import load_run, prepare, train
 from zoo.spec import load_spec
 
@@ -40,7 +40,7 @@ def test_mcmc_samples_the_tempered_conjugate_posterior(method):
                 else {"num_chains": 2, "warmup_steps": 100, "num_samples": 200})
     spec = load_spec(linear_spec(method, temperature=T, **settings))
     data, family, guide, _ = prepare(spec)
-    result = fit_mcmc(family, guide, data, spec.inference, spec.seed, progress=False)
+    result = MCMC().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     cov, got_cov = assert_matches_conjugate(result, data, temperature=T)
     # and not the untempered posterior: its sd is sqrt(2) = 1.41 times larger
     assert (got_cov.diagonal().sqrt() / cov.diagonal().sqrt()).max() < 0.85
@@ -52,7 +52,7 @@ def test_svi_mean_field_fits_the_tempered_conjugate_posterior():
                                  lr=0.03, lr_decay=0.997, num_particles=4),
                      ["guide.init_rho=-3"])
     data, family, guide, _ = prepare(spec)
-    fit_svi(family, guide, data, spec.inference, spec.seed, progress=False)
+    SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
     mean, cov = closed_form(data, NOISE / data.y_std)
     precision_diag = torch.linalg.inv(cov).diagonal()
     got_mean = torch.cat([guide.loc["out/weight"].reshape(-1), guide.loc["out/bias"].reshape(-1)]).double()

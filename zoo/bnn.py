@@ -326,7 +326,7 @@ def holds_a_fit(run_dir: Path) -> bool:
     :returns: whether it does.
     """
     run = Path(run_dir)
-    return (any(method.holds_fit(run) for method in registry.METHODS.values())
+    return (any(method.holds_fit(run) for method in registry.METHODS.methods())
             or (run / SUBNET_FILE).exists() or (run / MAP_DIR).exists())
 
 

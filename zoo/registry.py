@@ -9,13 +9,9 @@ from guides.auto import KINDS as AUTOGUIDES
 from guides.base import GuideSection
 from zoo.data import DATASETS
 from zoo.errors import ZooInputError
+from zoo.inference import METHODS
 from zoo.inference.base import InferenceMethod
 from zoo.inference.elbo import ELBOS
-from zoo.inference.laplace import Laplace
-from zoo.inference.mcmc import MCMC
-from zoo.inference.sgmcmc import SGMCMC
-from zoo.inference.svi import SVI
-from zoo.inference.swag import SWAG
 from zoo.likelihoods import LIKELIHOODS
 from zoo.members import MEMBERS
 from zoo.models import FAMILIES
@@ -28,12 +24,8 @@ from zoo.priors import PRIORS
 __all__ = ["FAMILIES", "GUIDES", "METHODS", "PRIORS", "SHARED_WORK", "TABLES", "check_choice", "check_guide_fits",
            "fitting_guides", "guide_misfit", "method_of", "summary_of"]
 
-# Every inference method, registered once: its spec section joins the run spec and ``zoo list`` from here
-METHODS: dict[str, InferenceMethod] = {name: method
-                                       for method in (SVI(), MCMC(), Laplace(), SGMCMC(), SWAG())
-                                       for name in method.names}
 # What the processes of ``zoo train --nproc N`` share, for every method that splits its work (zoo.distributed)
-SHARED_WORK = {name: what for method in dict.fromkeys(METHODS.values()) for name, what in method.shared_work.items()}
+SHARED_WORK = {name: what for method in METHODS.methods() for name, what in method.shared_work.items()}
 
 summary_of = first_sentence  # what ``zoo list`` shows of a part
 
@@ -48,7 +40,7 @@ TABLES = {
     "likelihoods": {"auto": "the likelihood the data's task picks", **LIKELIHOODS.summaries()},
     "elbos": {"trace_mean_field": "analytic KL where registered, Monte Carlo elsewhere (default)",
               "trace": "Monte Carlo KL everywhere"},
-    "inference": {" | ".join(method.names): method.summary for method in dict.fromkeys(METHODS.values())},
+    "inference": METHODS.summaries(),
     "subnetwork selections": {name: summary_of(doc) for name, doc in SELECTIONS.items()},
     "members (member: NAME)": {name: member.about for name, member in MEMBERS.items()},
 }
@@ -74,7 +66,7 @@ def method_of(spec) -> InferenceMethod:
     :param spec: a :class:`~zoo.spec.RunSpec`.
     :returns: the registered method its ``inference.method`` names.
     """
-    return METHODS[spec.inference.method]
+    return METHODS.method(spec.inference.method)
 
 
 def guide_misfit(guide: type[GuideSection] | GuideSection, family: type[FamilySection] | FamilySection) -> str | None:

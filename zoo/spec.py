@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 import yaml
@@ -74,8 +74,7 @@ except ImportError:  # Python 3.10
     from importlib.abc import Traversable
 
 # The inference section is whichever registered method's spec its ``method`` names
-_METHOD_SPECS = tuple(dict.fromkeys(method.spec for method in registry.METHODS.values()))
-InferenceSpec = Annotated[Union[_METHOD_SPECS], Field(discriminator="method")]  # noqa: UP007 - built from a tuple
+InferenceSpec = registry.METHODS.union()
 
 
 # The parts of each section of the run spec, by the name each answers to
@@ -83,7 +82,7 @@ _SECTION_PARTS: dict[str, dict[str, type[BaseModel]]] = {
     "data": {name: section for section in dict.fromkeys(DATA_SETS.sections.values()) for name in section.catalogue},
     "net": dict(NETS.items()), "prior": dict(PRIORS.items()), "model": dict(FAMILIES.items()),
     "guide": dict(GUIDES.items()), "likelihood": {"auto": AutoLikelihoodSpec, **dict(LIKELIHOODS.items())},
-    "inference": {tag: spec for spec in _METHOD_SPECS for tag in get_args(spec.model_fields["method"].annotation)},
+    "inference": dict(registry.METHODS.items()),
 }
 
 
@@ -130,7 +129,7 @@ class RunSpec(Strict):
         "the observation model: auto (what the data's task picks), categorical, or Gaussian with fixed, learned or "
         "heteroscedastic noise"))
     inference: InferenceSpec = Field(default_factory=SVISpec, description=(
-        "how the posterior is computed, chosen by inference.method (svi, nuts, hmc, laplace, sgld, sghmc, swag)"))
+        f"how the posterior is computed, chosen by inference.method ({', '.join(registry.METHODS)})"))
     seed: Annotated[NonNegativeInt, AfterValidator(_seed_in_range)] = Field(0, description=(
         f"seeds torch, Pyro and every sampler of the run; the same seed gives the same run; 0 to {SEED_MAX}"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
@@ -173,7 +172,8 @@ class RunSpec(Strict):
             v = with_member(v, {"prior": lambda prior: nested_prior(prior, name=None)})
         # a method that builds its own guide (laplace: a Gaussian with the Laplace covariance) names it by default
         if isinstance(v, dict) and isinstance(v.get("inference"), dict):
-            method = registry.METHODS.get(v["inference"].get("method", "svi"))
+            name = v["inference"].get("method", "svi")
+            method = registry.METHODS.method(name) if name in registry.METHODS else None
             guide = v.get("guide") or {}
             if method is not None and method.own_guide and isinstance(guide, dict) and "name" not in guide:
                 v = {**v, "guide": {**guide, "name": method.own_guide}}
@@ -219,7 +219,7 @@ class RunSpec(Strict):
                 refuse(f"{where}.{field}", value, allowed)
 
         method = registry.method_of(self)
-        builder = next((m for m in registry.METHODS.values() if m.own_guide == self.guide.name), None)
+        builder = next((m for m in registry.METHODS.methods() if m.own_guide == self.guide.name), None)
         owner = method if method.own_guide is not None else builder
         if owner is not None and (method is not owner or self.guide.name != owner.own_guide):
             refuse("guide.name", self.guide.name, f"the {owner.own_guide} guide is what inference.method: "

@@ -139,7 +139,7 @@ def reference_standing(run_dir: str | Path) -> ReferenceStanding:
     method = registry.method_of(spec)
     label = method_label(spec)
     if not method.exact:
-        exact = [name for m in dict.fromkeys(registry.METHODS.values()) if m.exact for name in m.names]
+        exact = registry.METHODS.names_where(lambda m: m.exact)
         return ReferenceStanding(run, label, [f"{label} is not an exact sampler; a reference must be draws of "
                                               f"{' or '.join(exact)}"])
     result, _ = diagnosis(run)

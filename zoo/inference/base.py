@@ -2,11 +2,12 @@
 
 An :class:`InferenceMethod` fits a model family (and, for some methods, the spec's guide) to a
 :class:`~zoo.posterior.Posterior`, loads that posterior back from a run directory, says in one phrase what it does
-and names the files it writes. It is registered once, in :data:`zoo.registry.METHODS`; its spec section (a pydantic
-model whose ``method`` field lists the names it answers to) joins the run spec from there. The pipeline,
-``zoo diagnose`` and ``zoo report`` know nothing else about a method.
+and names the files it writes. It is registered once, in :data:`zoo.inference.METHODS` (a :class:`MethodCatalogue`);
+its spec section (a pydantic model whose ``method`` field lists the names it answers to) joins the run spec from
+there. The pipeline, ``zoo diagnose`` and ``zoo report`` know nothing else about a method.
 
-What a method needs from above is handed down by the pipeline: ``start``, the posterior of the run named by
+Every fitter takes one :class:`FitContext`: what it fits, on which data, under which settings, and where it writes.
+What a method needs from above is handed down in it: ``start``, the posterior of the run named by
 :meth:`InferenceMethod.start_from` (e.g. the MAP or VI fit MCMC chains start at), so no method imports the
 pipeline.
 """
@@ -15,21 +16,65 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, Union
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from zoo.errors import ZooInputError, ZooWarning
 from zoo.models.base import ModelFamily, restore_buffers
+from zoo.parts import Catalogue
 from zoo.posterior import Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint
 
 if TYPE_CHECKING:
     from zoo.data.base import Dataset
     from zoo.evaluate import ValidationMonitor
+
+
+@dataclass
+class FitContext:
+    """Everything one fit is handed: what it fits, to which data, under which settings, and where it writes.
+
+    :param family: the model family to fit.
+    :param guide: the spec's guide (fitted by methods that fit it; others ignore it or build their own).
+    :param data: the data set, its training rows on the fit's device (or streamed, for methods that stream).
+    :param spec: the run's ``inference`` section.
+    :param seed: seeds the fit's random streams.
+    :param run_dir: where the fit writes its files and checkpoints; None writes nothing.
+    :param resume: continue the fit from the checkpoint in ``run_dir``.
+    :param log: the run's log (by default: no messages).
+    :param progress: whether to show a progress bar.
+    :param monitor: scores the posterior on evaluation rows during the fit (None: no scoring).
+    :param start: the posterior of the run :meth:`InferenceMethod.start_from` named (None: a fresh start).
+    """
+
+    family: ModelFamily
+    guide: torch.nn.Module
+    data: Dataset
+    spec: Any
+    seed: int
+    run_dir: Path | None = None
+    resume: bool = False
+    log: RunLog = field(default_factory=lambda: RunLog(None, echo=None))
+    progress: bool = True
+    monitor: ValidationMonitor | None = None
+    start: Posterior | None = None
+
+    def __post_init__(self) -> None:
+        self.log = self.log or RunLog(None, echo=None)
+        self.run_dir = Path(self.run_dir) if self.run_dir is not None else None
+
+    def file(self, name: str) -> Path | None:
+        """The path of one of the fit's files in its run directory, or None when the fit writes nothing.
+
+        :param name: the file's name.
+        :returns: ``run_dir / name``, or None.
+        """
+        return self.run_dir / name if self.run_dir is not None else None
 
 
 class Fit(Protocol):
@@ -128,7 +173,7 @@ class InferenceMethod(ABC):
         raise ZooInputError("inference.method", spec.method, f"{why}, and {spec.method} steps on every row on the "
                             "device: use method svi (it moves a minibatch at a time), or a smaller data set")
 
-    fitter: ClassVar[Callable[..., Fit]]  # the module's fit function, taking the arguments of ``fit``
+    fitter: ClassVar[Callable[[FitContext], Fit]]  # the module's fit function
 
     def fit(self, family: ModelFamily, guide: torch.nn.Module, data: Dataset, spec: Any, seed: int, *,
             run_dir: Path | None = None, resume: bool = False, log: RunLog | None = None, progress: bool = True,
@@ -149,9 +194,8 @@ class InferenceMethod(ABC):
         :param start: the posterior of the run :meth:`start_from` named (None: a fresh start).
         :returns: the fit, with its posterior and wall time.
         """
-        starting = {"start": start} if start is not None else {}
-        return type(self).fitter(family, guide, data, spec, seed, run_dir=run_dir, resume=resume, log=log,
-                                 progress=progress, monitor=monitor, **starting)
+        return type(self).fitter(FitContext(family, guide, data, spec, seed, run_dir, resume, log, progress, monitor,
+                                            start))
 
     @abstractmethod
     def load(self, family: ModelFamily, guide: torch.nn.Module, spec: Any, run_dir: Path, device: torch.device,
@@ -239,3 +283,57 @@ def starting_run(init: str, fresh: tuple[str, ...] = ("prior",), field: str = "i
                             "run")
     return Path(init)
 
+
+
+class MethodCatalogue(Catalogue):
+    """The registered inference methods: a :class:`~zoo.parts.Catalogue` of their spec sections (discriminated by
+    ``method``, so :meth:`union` is the run spec's ``inference`` field), holding each section's method.
+
+    :param methods: one instance of each method, in listing order.
+    """
+
+    def __init__(self, *methods: InferenceMethod) -> None:
+        super().__init__("inference", *(method.spec for method in methods), key="method")
+        self._methods = {name: method for method in methods for name in method.names}
+
+    def method(self, name: str) -> InferenceMethod:
+        """The method that answers to ``name``; refused with the registered names otherwise.
+
+        :param name: an ``inference.method`` value.
+        :returns: the registered method.
+        :raises ZooInputError: an unregistered name.
+        """
+        if name not in self._methods:
+            self[name]  # refuses the name, listing the registered ones
+        return self._methods[name]
+
+    def methods(self) -> Iterator[InferenceMethod]:
+        """Each registered method once, in listing order.
+
+        :returns: an iterator over the methods.
+        """
+        return iter(dict.fromkeys(self._methods.values()))
+
+    def union(self) -> Any:
+        """The run spec's ``inference`` field: the methods' sections in pydantic's own union, discriminated by
+        ``method`` (a section answering to several names lists them all in its ``Literal``).
+
+        :returns: the annotated union.
+        """
+        sections = tuple(method.spec for method in self.methods())
+        return Annotated[Union[sections], Field(discriminator="method")]  # noqa: UP007 - built from a tuple
+
+    def summaries(self) -> dict[str, str]:
+        """Each method's names (``sgld | sghmc``) with its one-line summary (``zoo list``).
+
+        :returns: ``{names: summary}`` in listing order.
+        """
+        return {" | ".join(method.names): method.summary for method in self.methods()}
+
+    def names_where(self, predicate: Callable[[InferenceMethod], bool]) -> list[str]:
+        """The method names whose method satisfies ``predicate`` (e.g. the exact samplers), for messages and help.
+
+        :param predicate: a test of a method.
+        :returns: the names, in listing order.
+        """
+        return [name for name, method in self._methods.items() if predicate(method)]

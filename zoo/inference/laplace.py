@@ -27,15 +27,13 @@ from pydantic import Field, PositiveInt
 
 from guides.laplace import LaplaceGuide
 from zoo.curvature import ggn
-from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.evaluate import ValidationMonitor
-from zoo.inference.base import InferenceMethod, load_guide_checkpoint
+from zoo.inference.base import FitContext, InferenceMethod, load_guide_checkpoint
 from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
-from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
+from zoo.runs import CHECKPOINT_FILE, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
@@ -395,100 +393,74 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
 
 
 # ------------------------------------------------------------------------------------------ the fit
-def _tune(spec: LaplaceSpec, gaussian: bool, gram: torch.Tensor | None, cross: torch.Tensor | None,
-          sum_squares: torch.Tensor | None, n: int,
-          centre: torch.Tensor, fs: list[torch.Tensor], Js: list[torch.Tensor], y: torch.Tensor,
-          group_index: torch.Tensor, log_precision: torch.Tensor, log_noise: torch.Tensor | None,
-          learned_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tune ``log_precision`` (and ``log_noise``) in place by the evidence; returns log Z and the GGN at the MAP.
+@dataclass
+class _Prior:
+    """What the evidence tunes, from where: the MAP θ, each element's prior group, the groups' log precisions and
+    log σ (None for classification); ``learned_noise`` says whether σ is tuned too."""
 
-    A Gaussian likelihood's linearised model is a Gaussian linear model (closed-form evidence from sums over the
-    rows); any other is categorical here (Newton's method to the linearised mode, on every row's Jacobian)."""
-    at_map = spec.evidence_at == "map"
-    if gaussian:
-        stats = GaussianStatistics(gram, cross, sum_squares, n, at=centre if at_map else None)
-        if spec.tune:
-            log_z = tune_regression(stats, group_index, log_precision, log_noise, learned_noise, spec.tune_iterations)
-        else:
-            log_z = stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
-        return log_z, gram / log_noise.exp() ** 2
-    f_all, J_all = torch.cat(fs), torch.cat(Js)
-    fs.clear()  # one copy of the stored Jacobian, not two
-    Js.clear()
-    if spec.tune:
-        log_z = tune_classification(f_all, J_all, y, centre, group_index, log_precision, spec.tune_iterations, at_map)
-    else:
-        log_z = categorical_evidence(f_all, J_all, y, centre, log_precision.exp()[group_index], at_map)[0]
-    return log_z, ggn(J_all, categorical_hessian_root(f_all))  # the GGN at the MAP itself
+    centre: torch.Tensor  # θ_MAP [D], float64
+    group_index: torch.Tensor  # [D]
+    labels: list[str]
+    log_precision: torch.Tensor  # [G], tuned in place
+    log_noise: torch.Tensor | None  # tuned in place where learned
+    learned_noise: bool
 
 
-def fit_laplace(
-    family: ModelFamily,
-    guide: LaplaceGuide,
-    data: Dataset,
-    spec: LaplaceSpec,
-    seed: int,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    log: RunLog | None = None,
-    progress: bool = True,
-    monitor: ValidationMonitor | None = None,
-) -> LaplaceResult:
-    """Fit the Laplace guide at the family's MAP: GGN over its weight site, prior (and noise) tuned by evidence.
+@dataclass
+class _Rows:
+    """The training rows linearised at the MAP, as the evidence needs them: a Gaussian likelihood's sums over rows
+    (``stats``), or every row's logits and Jacobian for a categorical one (Newton steps need them all)."""
 
-    The result is saved atomically to ``run_dir/checkpoint.pt`` (guide, tuned prior precision); ``resume=True``
-    with a finished checkpoint there loads it instead of refitting.
+    stats: GaussianStatistics | None
+    fs: list[torch.Tensor]
+    Js: list[torch.Tensor]
+    targets: torch.Tensor  # every row's, in the order their Jacobians were stored
 
-    :param family: the linearisable family, its net at the MAP; its prior precision is set to the tuned one.
-    :param guide: the Laplace guide, its point estimate at the MAP; its Gaussian (and a learned noise) is set in place.
-    :param data: the data set; the GGN is summed over every training row.
-    :param spec: the run's ``inference`` section.
-    :param seed: unused (the fit is deterministic); taken for the common fitter signature.
-    :param run_dir: where ``checkpoint.pt`` is written; None writes nothing.
-    :param resume: load a checkpoint ``run_dir`` already holds instead of refitting.
-    :param log: the run's log (None: no messages).
-    :param progress: unused (no progress bar); taken for the common fitter signature.
-    :param monitor: scores the posterior once, at the end (None: no scoring).
-    :returns: the tuned prior precision and noise, the evidence, the wall time and the posterior.
-    :raises ZooInputError: when the guide has not exactly one Gaussian site, or a classification Jacobian over every
-        row would exceed :data:`MAX_STORED_JACOBIAN` numbers.
-    :raises TrainingDiverged: when GGN + prior precision is not positive definite.
-    """
-    log = log or RunLog(None, echo=None)
-    site = gaussian_site(guide)
-    path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
-    if resume and path is not None and checkpoint_exists(path):
-        state = load_checkpoint(path, data.x_train.device, set_aside=True)
-        guide.load_state_dict(state["guide"])
-        family.set_hyperparameters(state["hyperparameters"])
-        log("the Laplace fit had finished; loaded it")
-        result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"])
-        result.posterior = LaplacePosterior.from_spec(family, guide, spec)
-        return result
 
-    started = time.perf_counter()
-    dtype = data.dtype
-    gaussian = family.likelihood.gaussian
-    centre = guide.point_estimate()[site].double()
-    group_index, labels = prior_groups(family.parameter_names(), spec.prior_structure)
+def _resume_finished(fit: FitContext, path: Path) -> LaplaceResult:
+    """Load a finished fit's checkpoint into the guide and family instead of refitting."""
+    state = load_checkpoint(path, fit.data.x_train.device, set_aside=True)
+    fit.guide.load_state_dict(state["guide"])
+    fit.family.set_hyperparameters(state["hyperparameters"])
+    fit.log("the Laplace fit had finished; loaded it")
+    result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"])
+    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    return result
+
+
+def _initial_prior(fit: FitContext, site: str) -> _Prior:
+    """The MAP, the spec's prior groups at the family's mean precision in each, and the MAP's noise."""
+    family = fit.family
+    centre = fit.guide.point_estimate()[site].double()
+    group_index, labels = prior_groups(family.parameter_names(), fit.spec.prior_structure)
     group_index = group_index.to(centre.device)
     initial = family.prior_precision.double()
     log_precision = torch.stack([initial[group_index == g].mean().log() for g in range(len(labels))])
     noise = family.map_noise()
-    learned_noise = gaussian and family.likelihood.fixed_noise is None
+    learned_noise = family.likelihood.gaussian and family.likelihood.fixed_noise is None
     log_noise = torch.as_tensor(noise, dtype=torch.float64, device=centre.device).log() if noise is not None else None
+    return _Prior(centre, group_index, labels, log_precision, log_noise, learned_noise)
 
+
+def _linearise_rows(fit: FitContext, centre: torch.Tensor) -> _Rows:
+    """Linearise the net at the MAP over every training row, ``chunk_size`` rows at a time (streamed from a loader
+    where the rows are): sums over rows for a Gaussian likelihood, every row's f and J otherwise.
+
+    :raises ZooInputError: when a classification Jacobian would exceed :data:`MAX_STORED_JACOBIAN` numbers.
+    """
+    data = fit.data
     D, n = len(centre), data.n_train
-    store = not gaussian  # Newton steps need every row's J; a Gaussian model needs only sums over rows
+    store = not fit.family.likelihood.gaussian  # Newton steps need every row's J; a Gaussian needs only sums
     fs, Js, ys = [], [], []
-    gram = cross = sum_squares = None
+    stats = None
     if not store:
-        gram, cross, sum_squares = centre.new_zeros(D, D), centre.new_zeros(D), centre.new_zeros(())
+        stats = GaussianStatistics(centre.new_zeros(D, D), centre.new_zeros(D), centre.new_zeros(()), n,
+                                   at=centre if fit.spec.evidence_at == "map" else None)
     if store and n * data.out_dim * D > MAX_STORED_JACOBIAN:
         raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
                             f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")
-    for xc, yc in data.train_chunks(spec.chunk_size):  # streamed from a loader where the rows are
-        f, J = family.linearise(xc)
+    for xc, yc in data.train_chunks(fit.spec.chunk_size):
+        f, J = fit.family.linearise(xc)
         f, J = f.double(), J.double()
         if store:
             fs.append(f)
@@ -496,44 +468,122 @@ def fit_laplace(
             ys.append(yc)
         else:
             pseudo = yc.double() - f[:, 0] + J[:, 0] @ centre
-            gram += J[:, 0].T @ J[:, 0]
-            cross += J[:, 0].T @ pseudo
-            sum_squares += pseudo @ pseudo
-    log(f"laplace: GGN over {D:,} weights from {n:,} rows in {time.perf_counter() - started:.1f} s")
+            stats.gram += J[:, 0].T @ J[:, 0]
+            stats.cross += J[:, 0].T @ pseudo
+            stats.sum_squares += pseudo @ pseudo
+    return _Rows(stats, fs, Js, torch.cat(ys) if ys else data.y_train)
 
-    targets = torch.cat(ys) if ys else data.y_train  # every row's, in the order their Jacobians were stored
+
+def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tune ``prior``'s log precisions (and log σ) in place by the evidence (or only evaluate it, without
+    ``spec.tune``); returns log Z and the GGN at the MAP.
+
+    A Gaussian likelihood's linearised model is a Gaussian linear model (closed-form evidence from sums over the
+    rows); any other is categorical here (Newton's method to the linearised mode, on every row's Jacobian)."""
+    if rows.stats is not None:
+        if spec.tune:
+            log_z = tune_regression(rows.stats, prior.group_index, prior.log_precision, prior.log_noise,
+                                    prior.learned_noise, spec.tune_iterations)
+        else:
+            log_z = rows.stats.mode_and_evidence(prior.log_precision.exp()[prior.group_index], prior.log_noise.exp())[1]
+        return log_z, rows.stats.gram / prior.log_noise.exp() ** 2
+    at_map = spec.evidence_at == "map"
+    f_all, J_all = torch.cat(rows.fs), torch.cat(rows.Js)
+    rows.fs.clear()  # one copy of the stored Jacobian, not two
+    rows.Js.clear()
+    if spec.tune:
+        log_z = tune_classification(f_all, J_all, rows.targets, prior.centre, prior.group_index, prior.log_precision,
+                                    spec.tune_iterations, at_map)
+    else:
+        log_z = categorical_evidence(f_all, J_all, rows.targets, prior.centre,
+                                     prior.log_precision.exp()[prior.group_index], at_map)[0]
+    return log_z, ggn(J_all, categorical_hessian_root(f_all))  # the GGN at the MAP itself
+
+
+def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
+                          temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each element's tuned prior precision Λ and the scale_tril of (G + Λ)⁻¹, tempered; ``curvature`` (G) becomes
+    G + Λ in place."""
+    precision = prior.log_precision.exp()[prior.group_index]
+    curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
+    # a tempered posterior p(w | D)^(1/T) has the same mode and precision (G + Λ) / T
+    return precision, precision_to_scale_tril(curvature) * math.sqrt(temperature)
+
+
+def _set_posterior(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
+                   scale_tril: torch.Tensor) -> None:
+    """Set the guide's Gaussian (and a learned noise) and the family's prior precision, in the data's dtype."""
+    dtype = fit.data.dtype
+    fit.guide.set_gaussian(site, prior.centre.to(dtype), scale_tril.to(dtype))
+    fit.family.set_hyperparameters({"prior_precision": precision.to(dtype)})
+    if prior.learned_noise:
+        fit.guide.set_point(fit.family.likelihood.noise_site, prior.log_noise.exp().to(dtype))
+
+
+def _summary(result: LaplaceResult) -> str:
+    """The log line of the tuned evidence, prior precisions and noise."""
+    described = ", ".join(f"{k} {v:.3g}" for k, v in result.prior_precision.items())
+    return (f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
+            + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
+
+
+def _save(fit: FitContext, path: Path, result: LaplaceResult) -> None:
+    """Write the finished fit (guide, hyperparameters, evidence) to ``path``, marked done."""
+    save_checkpoint(path, {"guide": fit.guide.state_dict(), "point_parameters": [], "buffers": fit.family.buffers(),
+                           "hyperparameters": fit.family.hyperparameters(), "seconds": result.seconds,
+                           "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
+                           "noise": result.noise, "done": True})
+
+
+def fit_laplace(fit: FitContext) -> LaplaceResult:
+    """Fit the Laplace guide at the family's MAP: GGN over its weight site, prior (and noise) tuned by evidence.
+
+    The result is saved atomically to ``run_dir/checkpoint.pt`` (guide, tuned prior precision); ``resume=True``
+    with a finished checkpoint there loads it instead of refitting.
+
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext`, read as follows. ``family``: the linearisable family,
+        its net at the MAP; its prior precision is set to the tuned one; ``guide``: the Laplace guide, its point
+        estimate at the MAP; its Gaussian (and a learned noise) is set in place; ``data``: the data set; the GGN is
+        summed over every training row; ``spec``: the run's ``inference`` section; ``seed``: unused (the fit is
+        deterministic); ``run_dir``: where ``checkpoint.pt`` is written; None writes nothing; ``resume``: load a
+        checkpoint ``run_dir`` already holds instead of refitting; ``log``: the run's log (None: no messages);
+        ``progress``: unused (no progress bar); ``monitor``: scores the posterior once, at the end (None: no
+        scoring).
+    :returns: the tuned prior precision and noise, the evidence, the wall time and the posterior.
+    :raises ZooInputError: when the guide has not exactly one Gaussian site, or a classification Jacobian over every
+        row would exceed :data:`MAX_STORED_JACOBIAN` numbers.
+    :raises TrainingDiverged: when GGN + prior precision is not positive definite.
+    """
+    site = gaussian_site(fit.guide)
+    path = Path(fit.run_dir) / CHECKPOINT_FILE if fit.run_dir is not None else None
+    if fit.resume and path is not None and checkpoint_exists(path):
+        return _resume_finished(fit, path)
+
+    started = time.perf_counter()
+    prior = _initial_prior(fit, site)
+    rows = _linearise_rows(fit, prior.centre)
+    fit.log(f"laplace: GGN over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
+            f"{time.perf_counter() - started:.1f} s")
     try:
-        log_z, curvature = _tune(spec, gaussian, gram, cross, sum_squares, n, centre, fs, Js, targets, group_index,
-                                 log_precision, log_noise, learned_noise)
-        precision = log_precision.exp()[group_index]
-        curvature.diagonal().add_(precision)  # now the posterior precision G + Λ
-        # a tempered posterior p(w | D)^(1/T) has the same mode and precision (G + Λ) / T
-        scale_tril = precision_to_scale_tril(curvature) * math.sqrt(spec.temperature)
+        log_z, curvature = _tune_prior(fit.spec, prior, rows)
+        precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
     except torch.linalg.LinAlgError as exc:
         raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
                                "not have converged (raise model.map.num_steps), or the evidence was maximised at "
                                "an extreme: try inference.tune: false or another prior_structure") from None
-    del curvature
-    guide.set_gaussian(site, centre.to(dtype), scale_tril.to(dtype))
-    family.set_hyperparameters({"prior_precision": precision.to(dtype)})
+    del curvature, rows  # free the [D, D] G + Λ (and a Gaussian's sums) before the guide is set
+    _set_posterior(fit, site, prior, precision, scale_tril)
     result = LaplaceResult(
         seconds=time.perf_counter() - started, log_evidence=float(log_z),
-        prior_precision={label: float(log_precision[g].exp()) for g, label in enumerate(labels)},
-        noise=float(log_noise.exp()) if log_noise is not None else None,
+        prior_precision={label: float(prior.log_precision[g].exp()) for g, label in enumerate(prior.labels)},
+        noise=float(prior.log_noise.exp()) if prior.log_noise is not None else None,
     )
-    if learned_noise:
-        guide.set_point(family.likelihood.noise_site, log_noise.exp().to(dtype))
-    described = ", ".join(f"{k} {v:.3g}" for k, v in result.prior_precision.items())
-    log(f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
-        + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
+    fit.log(_summary(result))
     if path is not None:
-        save_checkpoint(path, {"guide": guide.state_dict(), "point_parameters": [], "buffers": family.buffers(),
-                          "hyperparameters": family.hyperparameters(), "seconds": result.seconds,
-                          "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
-                          "noise": result.noise, "done": True})
-    result.posterior = LaplacePosterior.from_spec(family, guide, spec)
-    if monitor is not None:  # no intermediate posterior: scored once, at the end
-        monitor.final(result.posterior, data)
+        _save(fit, path, result)
+    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    if fit.monitor is not None:  # no intermediate posterior: scored once, at the end
+        fit.monitor.final(result.posterior, fit.data)
     return result
 
 

@@ -48,16 +48,14 @@ from pyro.infer.mcmc import NUTS
 from tqdm.auto import tqdm
 
 from zoo import distributed
-from zoo.data.base import Dataset
 from zoo.distributed import World
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.evaluate import ValidationMonitor
+from zoo.inference.base import FitContext
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
 from zoo.inference.potential import Coordinates, Potential, initial_points, refuse_batch_dependent
 from zoo.interrupts import Interrupted, deferred_interrupt
-from zoo.models.base import ModelFamily
 from zoo.posterior import ChainPosterior, Posterior
-from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
+from zoo.runs import checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
 # a step of each integrator: its kick coefficients (b0, b1, ..., b0) and drift coefficients, in units of the step
@@ -770,19 +768,7 @@ def continuation(state: dict, coords: Coordinates, spec: MCMCSpec, run_dir: Path
 
 
 # ------------------------------------------------------------------------------------------ entry point
-def fit_mcmc(
-    family: ModelFamily,
-    guide: torch.nn.Module,
-    data: Dataset,
-    spec: MCMCSpec,
-    seed: int,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    log: RunLog | None = None,
-    progress: bool = True,
-    monitor: ValidationMonitor | None = None,
-    start: Posterior | None = None,
-) -> MCMCResult:
+def fit_mcmc(fit: FitContext) -> MCMCResult:
     """Sample the family's model on the full training set by NUTS or many-chain HMC (the guide is not used).
 
     Finished NUTS chains, and the state of the running chain (NUTS) or of all chains (HMC) every
@@ -791,7 +777,7 @@ def fit_mcmc(
     :mod:`zoo.distributed`) and every process returns all of them. ``start`` is the posterior of the
     run ``inference.init`` names (the pipeline loads it): the chains start at its draws.
     """
-    log = log or RunLog(None, echo=None)
+    family, data, spec = fit.family, fit.data, fit.spec
     team = distributed.world()
     refuse_batch_dependent(family, "MCMC")
     if spec.method == "hmc":
@@ -800,24 +786,24 @@ def fit_mcmc(
                           chain_chunk=spec.chain_chunk)
     coords = potential.coords
     check_size(coords, spec)
-    path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
-    resumable = resume and path is not None and checkpoint_exists(path)
+    path = Path(fit.run_dir) / SAMPLES_FILE if fit.run_dir is not None else None
+    resumable = fit.resume and path is not None and checkpoint_exists(path)
     state = load_checkpoint(path, data.x_train.device, set_aside=True) if resumable else None
-    if resume and state is None:
-        raise ZooInputError("--resume", str(run_dir), f"no {SAMPLES_FILE} there to resume; drop --resume")
+    if fit.resume and state is None:
+        raise ZooInputError("--resume", str(fit.run_dir), f"no {SAMPLES_FILE} there to resume; drop --resume")
     if state is not None and state.get("done"):
         stored = next(iter(state["draws"].values())).shape[1]
         if spec.num_samples <= stored:
-            log("the run had finished; nothing to resume")
-            return load_samples(run_dir, family, data.x_train.device)
-        state = continuation(state, coords, spec, run_dir)
-        log(f"adding draws: {stored} -> {spec.num_samples} per chain, the chains continued where they stopped")
-    torch.manual_seed(seed)
-    pyro.set_rng_seed(seed)
-    z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, log, start,
-                                                                          spec.init if start is None else "prior")
-    potential.log_joint.verify(coords.unpack(z0[: min(4, len(z0))])[0], log)
-    log(f"{spec.method}: {spec.num_chains} chains x ({spec.warmup_steps} warm-up + {spec.num_samples} draws) over "
+            fit.log("the run had finished; nothing to resume")
+            return load_samples(fit.run_dir, family, data.x_train.device)
+        state = continuation(state, coords, spec, fit.run_dir)
+        fit.log(f"adding draws: {stored} -> {spec.num_samples} per chain, the chains continued where they stopped")
+    torch.manual_seed(fit.seed)
+    pyro.set_rng_seed(fit.seed)
+    z0 = state["z0"] if state is not None else initial_points(family, coords, spec.num_chains, data, fit.log, fit.start,
+                                                                          spec.init if fit.start is None else "prior")
+    potential.log_joint.verify(coords.unpack(z0[: min(4, len(z0))])[0], fit.log)
+    fit.log(f"{spec.method}: {spec.num_chains} chains x ({spec.warmup_steps} warm-up + {spec.num_samples} draws) over "
         f"{coords.dim:,} latent dimensions")
 
     def write(progress_state: dict) -> None:
@@ -825,19 +811,19 @@ def fit_mcmc(
             save_checkpoint(path, {"z0": z0, "method": spec.method, "done": False, **progress_state})
 
     with pyro.validation_enabled(False):  # diverging trajectories reach non-finite values: rejected, not errors
-        draws, stats, seconds, settings, sampler = _sample(potential, z0, spec, seed, state, progress, log, write,
-                                                           team)
+        draws, stats, seconds, settings, sampler = _sample(potential, z0, spec, fit.seed, state, fit.progress, fit.log,
+                                                           write, team)
     result = MCMCResult(draws, stats, seconds, spec.method, settings)
     if path is not None:  # HMC keeps its sampler's state: draws can be added later (see continuation)
         save_checkpoint(path, {"z0": z0, "method": spec.method, "done": True, "draws": draws, "stats": stats,
                           "seconds": seconds, "settings": settings} | ({"sampler": sampler} if sampler else {}))
     diverging = int(stats["diverging"].sum())
     if diverging:
-        log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
+        fit.log(f"WARNING: {diverging} divergent transitions after warm-up: the draws may be biased; raise "
             "inference.target_accept_prob or reparameterise the prior")
     result.posterior = ChainPosterior(family, result.draws, result.stats, result.settings)
-    if monitor is not None:  # no intermediate posterior: scored once, at the end
-        monitor.final(result.posterior, data)
+    if fit.monitor is not None:  # no intermediate posterior: scored once, at the end
+        fit.monitor.final(result.posterior, data)
     return result
 
 

@@ -38,23 +38,19 @@ chain like MCMC draws (``samples.pt``), so ``zoo diagnose`` and ``zoo compare`` 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Literal
 
 import pyro
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.evaluate import ValidationMonitor
-from zoo.inference.base import copy_point_parameters
+from zoo.inference.base import FitContext, copy_point_parameters
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
 from zoo.inference.loop import TrainingLoop
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
-from zoo.models.base import ModelFamily
-from zoo.posterior import ChainPosterior, Posterior
-from zoo.runs import RunLog, save_checkpoint
+from zoo.posterior import ChainPosterior
+from zoo.runs import save_checkpoint
 from zoo.sections import Tempered
 
 
@@ -192,19 +188,7 @@ def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
     return sampling[spec.thin - 1::spec.thin]
 
 
-def fit_sgmcmc(
-    family: ModelFamily,
-    guide: torch.nn.Module,
-    data: Dataset,
-    spec: SGMCMCSpec,
-    seed: int,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    log: RunLog | None = None,
-    progress: bool = True,
-    monitor: ValidationMonitor | None = None,
-    start: Posterior | None = None,
-) -> MCMCResult:
+def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     """Run ``spec.num_chains`` SGLD/SGHMC chains on minibatches; draws ``{site: [chains, draws, ...]}``.
 
     The state (chains, momenta, draws so far, random streams) is saved atomically to ``run_dir/samples.pt`` every
@@ -212,147 +196,222 @@ def fit_sgmcmc(
     non-finite stops the run with the step, the learning rate and the last good draw; so does a chain that strays from
     the others for :data:`STRAY_DRAWS` kept draws in a row (:func:`stray_chains`; the count restarts on resume).
 
-    :param family: the model family whose Pyro model is sampled.
-    :param guide: unused (the chains sample the family's own model); taken for the common fitter signature.
-    :param data: the data set, its training rows on the device the chains run on.
-    :param spec: the run's ``inference`` section.
-    :param seed: seeds the chains' starts and noise (the minibatch order uses ``seed + 1``).
-    :param run_dir: where ``samples.pt`` is written; None writes nothing.
-    :param resume: continue from ``run_dir``'s ``samples.pt``.
-    :param log: the run's log (None: no messages).
-    :param progress: whether to show a progress bar.
-    :param monitor: scores the final posterior once, at the end (None: no scoring).
-    :param start: the posterior of the run ``inference.init`` names: chains start at its draws, and a family's point
-        parameters are copied from it.
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext`, read as follows. ``family``: the model family whose
+        Pyro model is sampled; ``guide``: unused (the chains sample the family's own model); ``data``: the data set,
+        its training rows on the device the chains run on; ``spec``: the run's ``inference`` section; ``seed``:
+        seeds the chains' starts and noise (the minibatch order uses ``seed + 1``); ``run_dir``: where
+        ``samples.pt`` is written; None writes nothing; ``resume``: continue from ``run_dir``'s ``samples.pt``;
+        ``log``: the run's log (None: no messages); ``progress``: whether to show a progress bar; ``monitor``:
+        scores the final posterior once, at the end (None: no scoring); ``start``: the posterior of the run
+        ``inference.init`` names: chains start at its draws, and a family's point parameters are copied from it.
     :returns: the draws, their statistics (``potential`` and ``lr`` per draw), the wall time and the posterior.
     :raises ZooInputError: when burn-in and thinning leave no draw to keep, when ``resume`` finds no checkpoint, or
         when the family has point parameters and no ``start`` gives them.
     :raises TrainingDiverged: when a chain becomes non-finite or strays from the others.
     """
-    log = log or RunLog(None, echo=None)
-    refuse_batch_dependent(family, spec.method.upper())
-    device = data.x_train.device
-    path = Path(run_dir) / SAMPLES_FILE if run_dir is not None else None
-    loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, spec.method.upper(),
-                        progress, log, device, stream=data if data.streamed else None)
-    total, n = spec.epochs * loop.per_epoch, loop.n
+    spec = fit.spec
+    refuse_batch_dependent(fit.family, spec.method.upper())
+    loop = TrainingLoop(fit.data.n_train, spec.batch_size, fit.seed + 1, fit.file(SAMPLES_FILE),
+                        spec.checkpoint_every, spec.method.upper(), fit.progress, fit.log, fit.data.x_train.device,
+                        stream=fit.data if fit.data.streamed else None)
+    total = spec.epochs * loop.per_epoch
     keep = set(kept_steps(spec, total, loop.per_epoch))
     if not keep:
         raise ZooInputError("inference.burn_in_epochs", spec.burn_in_epochs, f"leaves no draw to keep in {spec.epochs} "
                             "epochs: lower it or the thinning, or run more epochs")
-    potential = MinibatchPotential(family, data, spec.temperature)
-    coords = potential.coords
-    noise = torch.Generator(device=device).manual_seed(seed)
-    if resume:
-        saved = loop.resume(run_dir)
+    chains = _Chains(fit, loop, total, keep)
+    if fit.resume:
+        saved = loop.resume(fit.run_dir)
         if saved.get("done"):
-            log("the run had finished; nothing to resume")
-            return load_samples(run_dir, family, device)
-        z, velocity, draws = saved["z"], saved["velocity"], saved["draws"]
-        square, mass = saved.get("square", torch.zeros_like(z)), saved.get("inverse_mass", torch.ones_like(z))
-        noisy, noisy_steps = saved.get("noisy_square", torch.zeros_like(z)), saved.get("noisy_steps", 0)
-        noise.set_state(saved["noise_rng"].cpu())
-        if start is not None:
-            copy_point_parameters(family, start, "inference.init")
-        log(f"resumed {spec.method} at step {loop.step}/{total}")
+            fit.log("the run had finished; nothing to resume")
+            return load_samples(fit.run_dir, fit.family, chains.device)
+        chains.resume(saved)
     else:
-        torch.manual_seed(seed)
-        pyro.set_rng_seed(seed)
-        z = initial_points(family, coords, spec.num_chains, data, log, start, spec.init)  # fresh, or draws of start
-        velocity, draws = torch.zeros_like(z), []
-        square, mass = torch.zeros_like(z), torch.ones_like(z)  # rmsprop's average and G (1: no preconditioner)
-        noisy, noisy_steps = torch.zeros_like(z), 0  # scale_adapted: the average over the sampling steps
-    strayed = [0] * len(z)  # per chain: kept draws in a row at which it was a stray
-    root = mass.sqrt()  # G's square root scales the noise; both change only while the preconditioner adapts
-    adapting = int(spec.burn_in_epochs * loop.per_epoch) if spec.preconditioner != "none" else 0
-    readapt = spec.preconditioner == "scale_adapted"  # G also follows the potential in every exploration phase
-    log(f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({total:,} steps of {loop.batch} rows, "
-        f"{spec.schedule} lr from {spec.lr:g}) over {coords.dim:,} latent dimensions; {len(keep)} draws per chain"
-        + (f"; {spec.preconditioner} preconditioner estimated over the {adapting:,} burn-in steps"
-           + (" and every exploration phase, frozen while draws are kept" if readapt else ", then frozen")
-           if spec.preconditioner != "none" else ""))
-    loop.state = lambda: {"z": z, "velocity": velocity, "draws": draws, "noise_rng": noise.get_state(),
-                          "method": spec.method, "square": square, "inverse_mass": mass, "noisy_square": noisy,
-                          "noisy_steps": noisy_steps}
-
-    def update(rows: torch.Tensor | None) -> None:
-        nonlocal z, velocity, square, mass, root, noisy, noisy_steps
-        lr, sampling = step_size(spec, loop.step, total)
-        eps = lr / n
-        energy, grad = potential.value_and_grad(z, rows)
-        decay = spec.precondition_decay
-        if readapt and sampling:  # the noisy steps' gradients: the posterior's scale, which bounds G
-            noisy = decay * noisy + (1.0 - decay) * (grad / n).square()
-            noisy_steps += 1
-        if loop.step < adapting:
-            square = decay * square + (1.0 - decay) * (grad / n).square()
-            mass = inverse_mass(square, loop.step + 1, decay, spec.preconditioner)
-            root = mass.sqrt()
-            if loop.step + 1 == adapting:
-                log(f"{spec.method}: preconditioner frozen at step {adapting:,}: G from {float(mass.min()):.3g} to "
-                    f"{float(mass.max()):.3g}" + (" (re-estimated in every exploration phase)" if readapt
-                                                  else " (mean 1 per chain)"))
-        elif readapt and not sampling:  # an exploration phase: G follows the potential, no larger than the noisy
-            square = decay * square + (1.0 - decay) * (grad / n).square()  # steps' gradients allow
-            mass = inverse_mass(square, loop.step + 1, decay, spec.preconditioner)
-            if noisy_steps:
-                mass = torch.minimum(mass, inverse_mass(noisy, noisy_steps, decay, spec.preconditioner))
-            root = mass.sqrt()
-        if spec.method == "sgld":
-            new_z, new_velocity = z - eps / 2 * mass * grad, velocity
-            if sampling:
-                new_z = new_z + math.sqrt(eps) * root * _randn(z, noise)
-        else:
-            new_velocity = spec.momentum * velocity - eps * mass * grad
-            if sampling:
-                spread = math.sqrt(2 * (1.0 - spec.momentum) * eps)
-                new_velocity = new_velocity + spread * root * _randn(z, noise)
-            new_z = z + new_velocity
-        if not (torch.isfinite(new_z).all() and torch.isfinite(energy).all()):
-            loop.save()  # the state this step started from, with every good draw so far
-            last = max((t for t in keep if t < loop.step), default=None)
-            where = f"the draw of step {last}" if last is not None else "no draw yet"
-            raise TrainingDiverged(
-                f"{spec.method} diverged at step {loop.step} (epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a "
-                f"chain's weights or potential became non-finite; the last good draw is {where}"
-                + (f", kept in {path}" if path is not None and last is not None else "")
-                + f". Lower inference.lr (now {spec.lr:g})"
-                + (" or use batch_size: null" if spec.batch_size is not None else "")
-                + PRECONDITION_HINT.get(spec.preconditioner, ""))
-        z, velocity = new_z, new_velocity
-        if loop.step in keep:
-            now = set(stray_chains(energy.detach(), n, spec.temperature))
-            strayed[:] = [count + 1 if c in now else 0 for c, count in enumerate(strayed)]
-            strays = [c for c, count in enumerate(strayed) if count >= STRAY_DRAWS]
-            if strays:
-                gap = float((energy[strays] - energy.min()).min())
-                loop.save()  # the state at this step, with the draws kept so far (for inspection)
-                raise TrainingDiverged(
-                    f"{spec.method} chain(s) {', '.join(map(str, strays))} strayed from the others by step {loop.step} "
-                    f"(epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a potential at least {gap:.4g} nats above "
-                    f"the best chain's, more than {STRAY_NATS_PER_ROW:g} per training row ({n} rows), at "
-                    f"{STRAY_DRAWS} kept draws in a row, so they left (or never "
-                    f"reached) the posterior the others sample, and their draws would dominate the predictive mean. "
-                    f"Lower inference.lr (now {spec.lr:g})" + PRECONDITION_HINT.get(spec.preconditioner, ""))
-            draws.append((z.detach().clone(), energy.detach().clone(), lr))
-
+        chains.start()
+    chains.announce()
+    loop.state = chains.state
     with pyro.validation_enabled(False):
-        loop.run(total, update)
-    chain_z = torch.stack([d[0] for d in draws], dim=1)  # [C, S, D]
-    stats = {"potential": torch.stack([d[1] for d in draws], dim=1),
-             "lr": torch.tensor([d[2] for d in draws], device=device).repeat(len(z), 1)}
-    with torch.no_grad():
-        values, _ = coords.unpack(chain_z.flatten(0, 1))
-    chains = {name: v.unflatten(0, chain_z.shape[:2]) for name, v in values.items()}
-    result = MCMCResult(chains, stats, loop.seconds, spec.method, {"lr": spec.lr, "steps": total})
-    if path is not None:
-        save_checkpoint(path, {"method": spec.method, "done": True, "draws": chains, "stats": stats,
-                               "seconds": loop.seconds, "settings": result.settings, "inverse_mass": mass})
-    log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
-    result.posterior = ChainPosterior(family, chains, stats)
-    if monitor is not None:
-        monitor.final(result.posterior, data)
+        loop.run(total, chains.step)
+    result = chains.result()
+    if fit.monitor is not None:
+        fit.monitor.final(result.posterior, fit.data)
     return result
+
+
+class _Chains:
+    """The C chains of one SG-MCMC run in lockstep: their state (what a checkpoint holds) and the phases of a step,
+    each its own method: adapt the preconditioner, move, check the move is finite, keep a draw."""
+
+    z: torch.Tensor  # the chains' positions [C, D]
+    velocity: torch.Tensor  # sghmc's momenta [C, D] (sgld: zeros)
+    square: torch.Tensor  # the decaying average of squared per-row gradients that G is estimated from
+    mass: torch.Tensor  # G, the diagonal inverse mass [C, D] (ones: no preconditioner)
+    root: torch.Tensor  # G's square root, which scales the noise
+    noisy: torch.Tensor  # scale_adapted: the average of squared per-row gradients over the sampling steps
+    noisy_steps: int  # the sampling steps in ``noisy``
+    draws: list[tuple[torch.Tensor, torch.Tensor, float]]  # (z, potential, lr) at each kept step so far
+    strayed: list[int]  # per chain: kept draws in a row at which it was a stray (restarts on resume)
+
+    def __init__(self, fit: FitContext, loop: TrainingLoop, total: int, keep: set[int]) -> None:
+        self.fit, self.spec, self.loop, self.total, self.keep = fit, fit.spec, loop, total, keep
+        self.device = fit.data.x_train.device
+        self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature)
+        self.noise = torch.Generator(device=self.device).manual_seed(fit.seed)
+        preconditioned = self.spec.preconditioner != "none"
+        self.adapting = int(self.spec.burn_in_epochs * loop.per_epoch) if preconditioned else 0  # G adapts over these
+        self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
+
+    # -- the state ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Seed the random streams and put the chains at their starts (fresh, or draws of ``fit.start``)."""
+        fit = self.fit
+        torch.manual_seed(fit.seed)
+        pyro.set_rng_seed(fit.seed)
+        z = initial_points(fit.family, self.potential.coords, self.spec.num_chains, fit.data, fit.log, fit.start,
+                           self.spec.init)
+        self._load(z, torch.zeros_like(z), [], torch.zeros_like(z), torch.ones_like(z), torch.zeros_like(z), 0)
+
+    def resume(self, saved: dict) -> None:
+        """Continue from a checkpoint's state ``saved`` (one from before the preconditioner was stored has none)."""
+        z = saved["z"]
+        self._load(z, saved["velocity"], saved["draws"], saved.get("square", torch.zeros_like(z)),
+                   saved.get("inverse_mass", torch.ones_like(z)), saved.get("noisy_square", torch.zeros_like(z)),
+                   saved.get("noisy_steps", 0))
+        self.noise.set_state(saved["noise_rng"].cpu())
+        if self.fit.start is not None:
+            copy_point_parameters(self.fit.family, self.fit.start, "inference.init")
+        self.fit.log(f"resumed {self.spec.method} at step {self.loop.step}/{self.total}")
+
+    def _load(self, z: torch.Tensor, velocity: torch.Tensor, draws: list, square: torch.Tensor, mass: torch.Tensor,
+              noisy: torch.Tensor, noisy_steps: int) -> None:
+        self.z, self.velocity, self.draws, self.square, self.mass = z, velocity, draws, square, mass
+        self.noisy, self.noisy_steps = noisy, noisy_steps
+        self.root = mass.sqrt()
+        self.strayed = [0] * len(z)
+
+    def state(self) -> dict:
+        """The checkpoint's part of the chains (the loop adds its own)."""
+        return {"z": self.z, "velocity": self.velocity, "draws": self.draws, "noise_rng": self.noise.get_state(),
+                "method": self.spec.method, "square": self.square, "inverse_mass": self.mass,
+                "noisy_square": self.noisy, "noisy_steps": self.noisy_steps}
+
+    def announce(self) -> None:
+        """Log what the run will do."""
+        spec, loop = self.spec, self.loop
+        self.fit.log(
+            f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({self.total:,} steps of {loop.batch} "
+            f"rows, {spec.schedule} lr from {spec.lr:g}) over {self.potential.coords.dim:,} latent dimensions; "
+            f"{len(self.keep)} draws per chain"
+            + (f"; {spec.preconditioner} preconditioner estimated over the {self.adapting:,} burn-in steps"
+               + (" and every exploration phase, frozen while draws are kept" if self.readapt else ", then frozen")
+               if spec.preconditioner != "none" else ""))
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def step(self, rows: torch.Tensor | None) -> None:
+        """One step of every chain on the minibatch ``rows`` (None: every row): the loop's update."""
+        lr, sampling = step_size(self.spec, self.loop.step, self.total)
+        energy, grad = self.potential.value_and_grad(self.z, rows)
+        self.adapt_preconditioner(grad, sampling)
+        new_z, new_velocity = self.move(grad, lr / self.loop.n, sampling)
+        self.check_finite(new_z, energy, lr)
+        self.z, self.velocity = new_z, new_velocity
+        if self.loop.step in self.keep:
+            self.keep_draw(energy, lr)
+
+    def _averaged(self, average: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """``average`` decayed one step towards the squared per-row gradients ``grad / N``."""
+        decay = self.spec.precondition_decay
+        return decay * average + (1.0 - decay) * (grad / self.loop.n).square()
+
+    def adapt_preconditioner(self, grad: torch.Tensor, sampling: bool) -> None:
+        """Update G from ``grad`` while it adapts: in burn-in, and (scale_adapted) in every exploration phase, there
+        no larger than the sampling steps' gradients allow; frozen while draws are kept."""
+        step, decay, kind = self.loop.step, self.spec.precondition_decay, self.spec.preconditioner
+        if self.readapt and sampling:  # the noisy steps' gradients: the posterior's scale, which bounds G
+            self.noisy = self._averaged(self.noisy, grad)
+            self.noisy_steps += 1
+        if step < self.adapting:
+            self.square = self._averaged(self.square, grad)
+            self.mass = inverse_mass(self.square, step + 1, decay, kind)
+            self.root = self.mass.sqrt()
+            if step + 1 == self.adapting:
+                after = " (re-estimated in every exploration phase)" if self.readapt else " (mean 1 per chain)"
+                self.fit.log(f"{self.spec.method}: preconditioner frozen at step {self.adapting:,}: G from "
+                             f"{float(self.mass.min()):.3g} to {float(self.mass.max()):.3g}{after}")
+        elif self.readapt and not sampling:  # an exploration phase: G follows the potential
+            self.square = self._averaged(self.square, grad)
+            mass = inverse_mass(self.square, step + 1, decay, kind)
+            if self.noisy_steps:
+                mass = torch.minimum(mass, inverse_mass(self.noisy, self.noisy_steps, decay, kind))
+            self.mass, self.root = mass, mass.sqrt()
+
+    def move(self, grad: torch.Tensor, eps: float, sampling: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The SGLD or SGHMC step of size ``eps`` on U, with noise when ``sampling``: the new ``(z, velocity)``."""
+        if self.spec.method == "sgld":
+            new_z, new_velocity = self.z - eps / 2 * self.mass * grad, self.velocity
+            if sampling:
+                new_z = new_z + math.sqrt(eps) * self.root * _randn(self.z, self.noise)
+            return new_z, new_velocity
+        momentum = self.spec.momentum
+        new_velocity = momentum * self.velocity - eps * self.mass * grad
+        if sampling:
+            spread = math.sqrt(2 * (1.0 - momentum) * eps)
+            new_velocity = new_velocity + spread * self.root * _randn(self.z, self.noise)
+        return self.z + new_velocity, new_velocity
+
+    def check_finite(self, new_z: torch.Tensor, energy: torch.Tensor, lr: float) -> None:
+        """Stop the run, saving the state this step started from, when the move left a chain non-finite."""
+        if torch.isfinite(new_z).all() and torch.isfinite(energy).all():
+            return
+        spec, loop = self.spec, self.loop
+        loop.save()  # the state this step started from, with every good draw so far
+        last = max((t for t in self.keep if t < loop.step), default=None)
+        where = f"the draw of step {last}" if last is not None else "no draw yet"
+        raise TrainingDiverged(
+            f"{spec.method} diverged at step {loop.step} (epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a "
+            f"chain's weights or potential became non-finite; the last good draw is {where}"
+            + (f", kept in {loop.path}" if loop.path is not None and last is not None else "")
+            + f". Lower inference.lr (now {spec.lr:g})"
+            + (" or use batch_size: null" if spec.batch_size is not None else "")
+            + PRECONDITION_HINT.get(spec.preconditioner, ""))
+
+    def keep_draw(self, energy: torch.Tensor, lr: float) -> None:
+        """Keep the chains' state as a draw, unless a chain has strayed (:func:`stray_chains`) at
+        :data:`STRAY_DRAWS` kept draws in a row: then save and stop the run."""
+        spec, loop, n = self.spec, self.loop, self.loop.n
+        now = set(stray_chains(energy.detach(), n, spec.temperature))
+        self.strayed = [count + 1 if c in now else 0 for c, count in enumerate(self.strayed)]
+        strays = [c for c, count in enumerate(self.strayed) if count >= STRAY_DRAWS]
+        if strays:
+            gap = float((energy[strays] - energy.min()).min())
+            loop.save()  # the state at this step, with the draws kept so far (for inspection)
+            raise TrainingDiverged(
+                f"{spec.method} chain(s) {', '.join(map(str, strays))} strayed from the others by step {loop.step} "
+                f"(epoch {loop.step // loop.per_epoch}, lr {lr:.3g}): a potential at least {gap:.4g} nats above "
+                f"the best chain's, more than {STRAY_NATS_PER_ROW:g} per training row ({n} rows), at "
+                f"{STRAY_DRAWS} kept draws in a row, so they left (or never "
+                f"reached) the posterior the others sample, and their draws would dominate the predictive mean. "
+                f"Lower inference.lr (now {spec.lr:g})" + PRECONDITION_HINT.get(spec.preconditioner, ""))
+        self.draws.append((self.z.detach().clone(), energy.detach().clone(), lr))
+
+    # -- the end -----------------------------------------------------------------------------------------------
+    def result(self) -> MCMCResult:
+        """The kept draws as an MCMC result with its posterior, also saved as the finished ``samples.pt``."""
+        spec, loop = self.spec, self.loop
+        chain_z = torch.stack([d[0] for d in self.draws], dim=1)  # [C, S, D]
+        stats = {"potential": torch.stack([d[1] for d in self.draws], dim=1),
+                 "lr": torch.tensor([d[2] for d in self.draws], device=self.device).repeat(len(self.z), 1)}
+        with torch.no_grad():
+            values, _ = self.potential.coords.unpack(chain_z.flatten(0, 1))
+        chains = {name: v.unflatten(0, chain_z.shape[:2]) for name, v in values.items()}
+        result = MCMCResult(chains, stats, loop.seconds, spec.method, {"lr": spec.lr, "steps": self.total})
+        if loop.path is not None:
+            save_checkpoint(loop.path, {"method": spec.method, "done": True, "draws": chains, "stats": stats,
+                                        "seconds": loop.seconds, "settings": result.settings,
+                                        "inverse_mass": self.mass})
+        self.fit.log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
+        result.posterior = ChainPosterior(self.fit.family, chains, stats)
+        return result
 
 
 def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

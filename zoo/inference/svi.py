@@ -17,19 +17,17 @@ from pyro.optim.clipped_adam import ClippedAdam
 
 from zoo import distributed
 from zoo.data.augment import build_augmentation
-from zoo.data.base import Dataset
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
-from zoo.evaluate import ValidationMonitor
-from zoo.inference.base import InferenceMethod, load_guide_checkpoint
+from zoo.inference.base import FitContext, InferenceMethod, load_guide_checkpoint
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.inference.loop import TrainingLoop
-from zoo.models.base import ModelFamily, restore_buffers
+from zoo.models.base import restore_buffers
 from zoo.nets import input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import CHECKPOINT_FILE, RunLog
+from zoo.runs import CHECKPOINT_FILE
 from zoo.sections import CUDA_READ_LOSS_EVERY, SVISpec
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
@@ -469,18 +467,7 @@ class DivergenceWatch:
                                    f"Try: {'; or '.join(remedies)}.")
 
 
-def fit_svi(
-    family: ModelFamily,
-    guide: torch.nn.Module,
-    data: Dataset,
-    spec: SVISpec,
-    seed: int,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    log: RunLog | None = None,
-    progress: bool = True,
-    monitor: ValidationMonitor | None = None,
-) -> SVIResult:
+def fit_svi(fit: FitContext) -> SVIResult:
     """Maximise the ELBO of ``family.model`` under ``guide`` with minibatches scaled to the full data set.
 
     Every ``checkpoint_every`` steps (and at the end, and on Ctrl-C) the guide, the optimiser, the data order
@@ -488,131 +475,169 @@ def fit_svi(
     there and reproduces the uninterrupted run exactly on CPU. ``monitor`` scores the guide's posterior on the
     evaluation rows at evenly spaced steps (a sweep prunes on it); it does not change the steps taken.
 
-    :param family: the model family whose Pyro model is fitted (its point parameters are trained alongside).
-    :param guide: the spec's guide, trained in place and completed after the fit (its ``finish``).
-    :param data: the data set: its training rows on the device, in host memory (moved a minibatch at a time) or
-        streamed from a loader.
-    :param spec: the run's ``inference`` section (steps or epochs, minibatch size, optimiser and learning rate,
-        ELBO, KL annealing, checkpoint interval).
-    :param seed: seeds the minibatch order.
-    :param run_dir: where ``checkpoint.pt`` is written; None writes nothing.
-    :param resume: continue from ``run_dir``'s ``checkpoint.pt``.
-    :param log: the run's log (None: no messages).
-    :param progress: whether to show a progress bar.
-    :param monitor: scores the guide's posterior on the evaluation rows during the fit (None: no scoring).
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext`, read as follows. ``family``: the model family whose
+        Pyro model is fitted (its point parameters are trained alongside); ``guide``: the spec's guide, trained in
+        place and completed after the fit (its ``finish``); ``data``: the data set: its training rows on the device,
+        in host memory (moved a minibatch at a time) or streamed from a loader; ``spec``: the run's ``inference``
+        section (steps or epochs, minibatch size, optimiser and learning rate, ELBO, KL annealing, checkpoint
+        interval); ``seed``: seeds the minibatch order; ``run_dir``: where ``checkpoint.pt`` is written; None writes
+        nothing; ``resume``: continue from ``run_dir``'s ``checkpoint.pt``; ``log``: the run's log (None: no
+        messages); ``progress``: whether to show a progress bar; ``monitor``: scores the guide's posterior on the
+        evaluation rows during the fit (None: no scoring).
     :returns: the loss curve, the KL method of each site, the wall time and the guide's posterior.
     :raises ZooInputError: when the processes cannot share the minibatches, or ``resume`` finds no checkpoint.
     :raises TrainingDiverged: when the initial or trained parameters or a step's loss are not finite, or the loss
         runs away (:class:`DivergenceWatch`).
     """
-    log = log or RunLog(None, echo=None)
-    named = {f"guide.{n}": p for n, p in guide.named_parameters()}
-    named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
-    n_train = data.n_train
-    ckpt_path = Path(run_dir) / CHECKPOINT_FILE if run_dir is not None else None
-    team = distributed.world()
-    check_shards(spec, n_train, team.size)
-    # streamed rows come from the loader a batch at a time (its own batch size), else minibatches of rows in memory
-    loop = TrainingLoop(n_train, spec.batch_size, seed, ckpt_path, spec.checkpoint_every, "SVI", progress, log,
-                        data.x_train.device, writer=team.is_writer, stream=data if data.streamed else None)
-    n_steps = spec.num_steps if spec.num_steps is not None else (spec.epochs or 1) * loop.per_epoch
-    optimizer = make_optimizer(list(named.values()), spec, n_steps)
-    elbo = ELBOS[spec.elbo](spec.num_particles)
-    elbo.temperature = spec.temperature
-    result = SVIResult()
-    remedies = untried_remedies(spec, data.dtype, guide.init_rho)
-    loop.state = lambda: {
-        "total_steps": n_steps, "guide": guide.state_dict(), "point_parameters": list(family.point_parameters()),
-        "buffers": family.buffers(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-        "losses": result.losses, "kl_methods": result.kl_methods}
+    run = SVIRun(fit)
+    if fit.resume:
+        run.resume()
+    run.check_start()
+    run.train()
+    return run.finish()
 
-    if resume:
-        state = loop.resume(run_dir)
-        guide.load_state_dict(state["guide"])
+
+class SVIRun:
+    """One SVI fit in its phases: set up (:meth:`__init__`), :meth:`resume`, :meth:`check_start`, :meth:`train`,
+    :meth:`finish`; :func:`fit_svi` runs them in that order.
+
+    The losses of the steps are kept on the device and read to the host every ``read_loss_every`` steps (a host read
+    is the step's only device sync); a read checks them, extends the loss curve and watches for a runaway loss.
+
+    :param fit: the fit's context.
+    """
+
+    def __init__(self, fit: FitContext) -> None:
+        self.fit = fit
+        family, guide, data, spec = fit.family, fit.guide, fit.data, fit.spec
+        self.named = {f"guide.{n}": p for n, p in guide.named_parameters()}
+        self.named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
+        self.ckpt_path = fit.file(CHECKPOINT_FILE)
+        self.team = distributed.world()
+        check_shards(spec, data.n_train, self.team.size)
+        # streamed rows come from the loader a batch at a time (its own batch size), else minibatches of rows in memory
+        self.loop = TrainingLoop(data.n_train, spec.batch_size, fit.seed, self.ckpt_path, spec.checkpoint_every,
+                                 "SVI", fit.progress, fit.log, data.x_train.device, writer=self.team.is_writer,
+                                 stream=data if data.streamed else None)
+        self.n_steps = spec.num_steps if spec.num_steps is not None else (spec.epochs or 1) * self.loop.per_epoch
+        self.optimizer = make_optimizer(list(self.named.values()), spec, self.n_steps)
+        self.elbo = ELBOS[spec.elbo](spec.num_particles)
+        self.elbo.temperature = spec.temperature
+        self.result = SVIResult()
+        self.remedies = untried_remedies(spec, data.dtype, guide.init_rho)
+        self.loop.state = lambda: {
+            "total_steps": self.n_steps, "guide": guide.state_dict(),
+            "point_parameters": list(family.point_parameters()), "buffers": family.buffers(),
+            "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+            "losses": self.result.losses, "kl_methods": self.result.kl_methods}
+        self.unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
+        self.read_every = loss_read_interval(spec, data.device)
+        self.step: SVIStep | None = None
+
+    def resume(self) -> None:
+        """Restore the guide, point parameters, buffers, optimiser, random state and loss curve of the checkpoint."""
+        family = self.fit.family
+        state = self.loop.resume(self.fit.run_dir)
+        self.fit.guide.load_state_dict(state["guide"])
         with torch.no_grad():
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
                 p.copy_(saved)
         restore_buffers(family, state.get("buffers"))
-        optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        result.losses, result.kl_methods = state["losses"], state["kl_methods"]
-        log(f"resumed from {ckpt_path} at step {loop.step}/{n_steps}")
+        self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
+        self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
 
-    bad = _non_finite(named)
-    if bad:
-        raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
-    team.broadcast(list(named.values()))  # the same seed built the same values; make sure of it
-    x, y = data.x_train, data.y_train
-    augment = build_augmentation(spec.augment, input_image_shape(family.net))
-    read_every = loss_read_interval(spec, data.device)
-    svi_step = SVIStep(family.model, guide, elbo, optimizer, spec.local_reparam, spec.compile, team, augment,
-                       read_each_step=read_every == 1, autocast=AUTOCAST_DTYPES[spec.autocast],
-                       rows_on_host=data.training_rows_on_host)  # a data set too large for the GPU (pipeline.prepare)
-    svi_step.signalled = lambda: loop.signalled()
-    unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
-    watch = DivergenceWatch(n_train, n_steps)
-    watch.resume(result.losses, loop.step)
+    def check_start(self) -> None:
+        """Refuse non-finite starting parameters, and make every process start from the same ones.
 
-    def read_losses() -> None:
-        """One host read of the unread losses (the only device sync of a step): a non-finite one stops the run,
-        the others join the loss curve; with several ranks, also the signal they agree on."""
-        if not unread:
+        :raises TrainingDiverged: a parameter that is not finite.
+        """
+        bad = _non_finite(self.named)
+        if bad:
+            raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
+        self.team.broadcast(list(self.named.values()))  # the same seed built the same values; make sure of it
+
+    def train(self) -> None:
+        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says."""
+        fit, spec = self.fit, self.fit.spec
+        augment = build_augmentation(spec.augment, input_image_shape(fit.family.net))
+        self.step = SVIStep(fit.family.model, fit.guide, self.elbo, self.optimizer, spec.local_reparam, spec.compile,
+                            self.team, augment, read_each_step=self.read_every == 1,
+                            autocast=AUTOCAST_DTYPES[spec.autocast],
+                            rows_on_host=fit.data.training_rows_on_host)  # too large for the GPU (pipeline.prepare)
+        self.step.signalled = lambda: self.loop.signalled()
+        self.watch = DivergenceWatch(fit.data.n_train, self.n_steps)
+        self.watch.resume(self.result.losses, self.loop.step)
+        self.loop.run(self.n_steps, self._update, after_step=self._after_step, before_save=self._before_save,
+                      stop_signal=lambda: self.step.signal)
+        self._before_save()
+        self.loop.save(done=self.loop.step >= self.n_steps)
+
+    def finish(self) -> SVIResult:
+        """Complete a guide that is completed after its fit (Pyro's Laplace approximation: the Hessian), on the
+        tempered posterior's curvature as the ELBO tempers it, and return the fit.
+
+        :returns: the loss curve, the KL method of each site, the wall time and the guide's posterior.
+        """
+        fit = self.fit
+        started = time.perf_counter()
+        with ObservationScale(1.0 / fit.spec.temperature):
+            done = fit.guide.finish(fit.data.x_train, fit.data.y_train)
+        if done:
+            fit.log(done)
+            self.loop.seconds += time.perf_counter() - started
+            self.loop.save(done=True)
+        self.result.seconds = self.loop.seconds
+        self.result.posterior = GuidePosterior(fit.family, fit.guide)
+        return self.result
+
+    def _read_losses(self) -> None:
+        """One host read of the unread losses: a non-finite one stops the run, the others join the loss curve; with
+        several ranks, also the signal they agree on."""
+        if not self.unread:
             return
-        values = torch.stack(unread).tolist()
-        unread.clear()
-        step = loop.step
+        values = torch.stack(self.unread).tolist()
+        self.unread.clear()
+        step, losses = self.loop.step, self.result.losses
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:
-            raise TrainingDiverged(_diagnose(elbo, named, step - len(values) + bad, ckpt_path, remedies,
-                                             read_at=step))
-        result.losses.extend(values)
-        watch(result.losses, step, elbo, remedies, ckpt_path)
-        if read_every > 1 or step % 50 == 0 or step == n_steps:
-            recent = result.losses[-50:]
-            loop.bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
-        if not svi_step.read_each_step:
-            svi_step.signal = svi_step.read_signal()
+            raise TrainingDiverged(_diagnose(self.elbo, self.named, step - len(values) + bad, self.ckpt_path,
+                                             self.remedies, read_at=step))
+        losses.extend(values)
+        self.watch(losses, step, self.elbo, self.remedies, self.ckpt_path)
+        if self.read_every > 1 or step % 50 == 0 or step == self.n_steps:
+            recent = losses[-50:]
+            self.loop.bar.set_postfix(elbo=f"{-sum(recent) / len(recent):.4g}", refresh=False)
+        if not self.step.read_each_step:
+            self.step.signal = self.step.read_signal()
 
-    def update(batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        elbo.kl_weight = kl_weight(loop.step, spec, n_steps)
+    def _update(self, batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.elbo.kl_weight = kl_weight(self.loop.step, self.fit.spec, self.n_steps)
+        data = self.fit.data
         if isinstance(batch, tuple):  # a streamed (x, y) batch of a data set of n_train rows
-            loss = svi_step(*batch, None, n_rows=n_train)
+            loss = self.step(*batch, None, n_rows=data.n_train)
         else:
-            loss = svi_step(x, y, batch)
-        if loop.step == 0 or not result.kl_methods:
-            result.kl_methods = dict(elbo.kl_methods)
-            log(describe_kl(result.kl_methods))
-        unread.append(loss)
+            loss = self.step(data.x_train, data.y_train, batch)
+        if self.loop.step == 0 or not self.result.kl_methods:
+            self.result.kl_methods = dict(self.elbo.kl_methods)
+            self.fit.log(describe_kl(self.result.kl_methods))
+        self.unread.append(loss)
 
-    def after_step(checkpoint_due: bool) -> None:
-        monitor_due = monitor is not None and monitor.due(loop.step, n_steps)
-        if loop.step % read_every == 0 or loop.step == n_steps or monitor_due or checkpoint_due:
-            read_losses()
+    def _after_step(self, checkpoint_due: bool) -> None:
+        fit, step = self.fit, self.loop.step
+        monitor_due = fit.monitor is not None and fit.monitor.due(step, self.n_steps)
+        if step % self.read_every == 0 or step == self.n_steps or monitor_due or checkpoint_due:
+            self._read_losses()
         if monitor_due:
-            monitor(loop.step, n_steps, GuidePosterior(family, guide), data)
+            fit.monitor(step, self.n_steps, GuidePosterior(fit.family, fit.guide), fit.data)
 
-    def before_save() -> None:
-        read_losses()
-        bad = _non_finite(named)
+    def _before_save(self) -> None:
+        self._read_losses()
+        bad = _non_finite(self.named)
         if bad:  # never overwrite the last good checkpoint with a broken state
-            raise TrainingDiverged(f"parameters became non-finite by step {loop.step}: {', '.join(bad)}; "
-                                   f"{ckpt_path} holds the last good state. Try: {'; or '.join(remedies)}.")
-
-    loop.run(n_steps, update, after_step=after_step, before_save=before_save, stop_signal=lambda: svi_step.signal)
-    before_save()
-    loop.save(done=loop.step >= n_steps)
-    # a guide completed after its fit (Pyro's Laplace approximation: the Hessian), on the tempered posterior's
-    # curvature, as the ELBO tempers it
-    started = time.perf_counter()
-    with ObservationScale(1.0 / spec.temperature):
-        done = guide.finish(x, y)
-    if done:
-        log(done)
-        loop.seconds += time.perf_counter() - started
-        loop.save(done=True)
-    result.seconds = loop.seconds
-    result.posterior = GuidePosterior(family, guide)
-    return result
+            raise TrainingDiverged(f"parameters became non-finite by step {self.loop.step}: {', '.join(bad)}; "
+                                   f"{self.ckpt_path} holds the last good state. Try: {'; or '.join(self.remedies)}.")
 
 
 class SVI(InferenceMethod):

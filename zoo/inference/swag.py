@@ -25,15 +25,13 @@ import pyro.distributions as dist
 import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
-from zoo.data.base import Dataset
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.evaluate import ValidationMonitor
-from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
+from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, starting_run
 from zoo.inference.loop import TrainingLoop
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
-from zoo.runs import RunLog, load_checkpoint, save_checkpoint
+from zoo.runs import load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
 SWAG_FILE = "swag.pt"
@@ -155,46 +153,30 @@ def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
     return spec.lr + (spec.pretrain_lr - spec.lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
 
 
-def fit_swag(
-    family: ModelFamily,
-    guide: torch.nn.Module,
-    data: Dataset,
-    spec: SWAGSpec,
-    seed: int,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    log: RunLog | None = None,
-    progress: bool = True,
-    monitor: ValidationMonitor | None = None,
-    start: Posterior | None = None,
-) -> SWAGResult:
+def fit_swag(fit: FitContext) -> SWAGResult:
     """Run ``spec.num_models`` SGD trajectories side by side and fit (Multi)SWAG to their collected iterates.
 
     The state (iterates, momenta, moments, random streams) is saved atomically to ``run_dir/swag.pt`` every
     ``checkpoint_every`` steps and on Ctrl-C; ``resume=True`` continues exactly.
 
-    :param family: the model family whose Pyro model's latent sites SGD fits.
-    :param guide: unused (SWAG fits its own Gaussian); taken for the common fitter signature.
-    :param data: the data set, its training rows on the device the fit runs on.
-    :param spec: the run's ``inference`` section.
-    :param seed: seeds the starting points (the minibatch order uses ``seed + 1``).
-    :param run_dir: where ``swag.pt`` is written; None writes nothing.
-    :param resume: continue from ``run_dir``'s ``swag.pt``.
-    :param log: the run's log (None: no messages).
-    :param progress: whether to show a progress bar.
-    :param monitor: scores the final posterior once, at the end (None: no scoring).
-    :param start: the posterior of the run ``inference.init`` names: SGD starts at its draws, and a family's point
-        parameters are copied from it.
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext`, read as follows. ``family``: the model family whose
+        Pyro model's latent sites SGD fits; ``guide``: unused (SWAG fits its own Gaussian); ``data``: the data set,
+        its training rows on the device the fit runs on; ``spec``: the run's ``inference`` section; ``seed``: seeds
+        the starting points (the minibatch order uses ``seed + 1``); ``run_dir``: where ``swag.pt`` is written; None
+        writes nothing; ``resume``: continue from ``run_dir``'s ``swag.pt``; ``log``: the run's log (None: no
+        messages); ``progress``: whether to show a progress bar; ``monitor``: scores the final posterior once, at
+        the end (None: no scoring); ``start``: the posterior of the run ``inference.init`` names: SGD starts at its
+        draws, and a family's point parameters are copied from it.
     :returns: the wall time and the (Multi)SWAG posterior.
     :raises ZooInputError: when fewer iterates than ``rank`` would be collected, when ``resume`` finds no
         checkpoint, or when the family has point parameters and no ``start`` gives them.
     :raises TrainingDiverged: when an SGD step makes the iterates non-finite.
     """
-    log = log or RunLog(None, echo=None)
+    family, data, spec = fit.family, fit.data, fit.spec
     refuse_batch_dependent(family, "SWAG")
-    path = Path(run_dir) / SWAG_FILE if run_dir is not None else None
-    loop = TrainingLoop(data.n_train, spec.batch_size, seed + 1, path, spec.checkpoint_every, "SWAG", progress, log,
-                        data.x_train.device, stream=data if data.streamed else None)
+    path = Path(fit.run_dir) / SWAG_FILE if fit.run_dir is not None else None
+    loop = TrainingLoop(data.n_train, spec.batch_size, fit.seed + 1, path, spec.checkpoint_every, "SWAG", fit.progress,
+                        fit.log, data.x_train.device, stream=data if data.streamed else None)
     pretrain = spec.pretrain_epochs * loop.per_epoch
     total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
     every = spec.collect_every or loop.per_epoch
@@ -205,23 +187,24 @@ def fit_swag(
                             "its rank: lower inference.rank, or collect more (epochs, collect_every)")
     potential = MinibatchPotential(family, data)
     coords = potential.coords
-    if resume:
-        saved = loop.resume(run_dir)
-        if start is not None:
-            copy_point_parameters(family, start, "inference.init")
+    if fit.resume:
+        saved = loop.resume(fit.run_dir)
+        if fit.start is not None:
+            copy_point_parameters(family, fit.start, "inference.init")
         if saved.get("done"):
-            log("the run had finished; nothing to resume")
+            fit.log("the run had finished; nothing to resume")
             return SWAGResult(saved["seconds"], SWAGPosterior(family, saved["moments"]))
         z, velocity, moments, collected = saved["z"], saved["velocity"], saved["moments"], saved["collected"]
-        log(f"resumed SWAG at step {loop.step}/{total}")
+        fit.log(f"resumed SWAG at step {loop.step}/{total}")
     else:
-        torch.manual_seed(seed)
-        pyro.set_rng_seed(seed)
-        z = initial_points(family, coords, spec.num_models, data, log, start, spec.init)  # fresh, or draws of start
+        torch.manual_seed(fit.seed)
+        pyro.set_rng_seed(fit.seed)
+        # fresh, or draws of start
+        z = initial_points(family, coords, spec.num_models, data, fit.log, fit.start, spec.init)
         velocity, collected = torch.zeros_like(z), 0
         moments = {"mean": torch.zeros_like(z), "sq_mean": torch.zeros_like(z),
                    "deviations": z.new_zeros(spec.num_models, spec.rank, coords.dim)}
-    log(f"swag: {spec.num_models} model(s) x ({spec.pretrain_epochs} + {spec.epochs}) epochs of SGD "
+    fit.log(f"swag: {spec.num_models} model(s) x ({spec.pretrain_epochs} + {spec.epochs}) epochs of SGD "
         f"({total:,} steps of {loop.batch} rows), {collections} iterates collected, rank {spec.rank}, over "
         f"{coords.dim:,} latent dimensions")
     loop.state = lambda: {"z": z, "velocity": velocity, "moments": moments, "collected": collected}
@@ -245,10 +228,10 @@ def fit_swag(
         loop.run(total, update)
     if path is not None:
         save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True})
-    log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")
+    fit.log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")
     result = SWAGResult(loop.seconds, SWAGPosterior(family, moments))
-    if monitor is not None:
-        monitor.final(result.posterior, data)
+    if fit.monitor is not None:
+        fit.monitor.final(result.posterior, data)
     return result
 
 
