@@ -34,9 +34,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo  # noqa: E402
-from zoo.cli import exit_code  # noqa: E402
 from zoo.data.digits import load_digits  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
 
 TARGET = 1.1

@@ -29,9 +29,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from zoo.cli import exit_code
-from zoo.runs import METRICS_FILE, write_json
-from zoo.spec import MCMCSpec, load_spec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import parse_counts  # noqa: E402 - sibling module of this script
+
+from zoo.exits import exit_code  # noqa: E402
+from zoo.runs import METRICS_FILE, write_json  # noqa: E402
+from zoo.spec import MCMCSpec, load_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HMC_SET = ["inference.warmup_steps=150", "inference.num_samples=100"]  # the toy reference, shortened
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--only", choices=["svi", "hmc"], help="time one workload only")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.nproc.split(",")]
+    counts = parse_counts(args.nproc, "--nproc", "1,2,4")
     workloads = [("svi", args.svi_spec, args.svi_set), ("hmc", args.hmc_spec, HMC_SET if args.hmc_set is None
                                                            else args.hmc_set)]
     rows = []

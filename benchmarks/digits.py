@@ -21,23 +21,18 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from zoo.cli import exit_code
-from zoo.metrics import mean_and_standard_error
-from zoo.pipeline import train
-from zoo.runs import write_json
-from zoo.spec import load_spec
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import mean_se_cell, parse_seeds  # noqa: E402 - sibling module of this script
+
+from zoo.exits import exit_code  # noqa: E402
+from zoo.metrics import mean_and_standard_error  # noqa: E402
+from zoo.pipeline import train  # noqa: E402
+from zoo.runs import write_json  # noqa: E402
+from zoo.spec import load_spec  # noqa: E402
 
 COLUMNS = ["accuracy", "nll", "ece", "brier", "ood_auroc_entropy", "ood_auroc_mi",
            "ood_auroc_entropy_image_patches", "ood_auroc_mi_image_patches", "train_seconds"]
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``0-4`` or ``0,2,7`` as a list of seeds."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        seeds.extend(range(int(lo), int(hi or lo) + 1))
-    return seeds
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -63,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for c in columns:
-        table.add_row(c, f"{figures[c + '_mean']:.4f} ± {figures[c + '_se']:.4f}")
+        table.add_row(c, mean_se_cell(figures[c + '_mean'], figures[c + '_se'], 4))
     Console().print(table)
     if args.json:
         write_json(args.json, figures)

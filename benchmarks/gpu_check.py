@@ -348,6 +348,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from zoo.cli import exit_code
+    from zoo.exits import exit_code
 
     sys.exit(exit_code(main))

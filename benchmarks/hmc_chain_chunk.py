@@ -23,24 +23,18 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from zoo.cli import exit_code
-from zoo.errors import ZooInputError
-from zoo.inference.potential import Potential
-from zoo.pipeline import prepare
-from zoo.runs import write_json
-from zoo.spec import RunSpec, spec_tree
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import parse_counts  # noqa: E402 - sibling module of this script
+
+from zoo.errors import ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
+from zoo.inference.potential import Potential  # noqa: E402
+from zoo.pipeline import prepare  # noqa: E402
+from zoo.runs import write_json  # noqa: E402
+from zoo.spec import RunSpec, spec_tree  # noqa: E402
 
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "configs" / "mean_field_digits.yaml"
-
-
-def parse_ints(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise ZooInputError(option, text, "give positive integers separated by commas, e.g. 64,16,4")
-    return values
 
 
 def time_call(potential: Potential, z: torch.Tensor, reps: int) -> float:
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    chunks = parse_ints(args.chunks, "--chunks")
+    chunks = parse_counts(args.chunks, "--chunks", "64,16,4")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"eager", "compiled"}:
         raise ZooInputError("--modes", args.modes, "use eager, compiled or both")
@@ -73,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning)
     tree = spec_tree(args.spec, [])
+    tree.pop("member", None)  # the sections below replace a member preset's family, guide, prior and method
     tree["prior"] = {"name": "normal", "scale": 1.0}
     tree["model"], tree["guide"] = {"family": "all_weights"}, {"name": "delta"}
     tree["inference"] = {"method": "hmc", "num_chains": args.chains}

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hmc_speed  # noqa: E402 - the benchmark's toy model lives there
 
-from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
-from zoo.inference.mcmc import fit_mcmc  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
+from zoo.inference.mcmc import MCMC  # noqa: E402
 from zoo.inference.potential import Coordinates  # noqa: E402
 from zoo.pipeline import prepare  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
                             f"the model's {dimensions} dimensions to have full rank: use --samples "
                             f"{dimensions + 50} or more")
     started = time.perf_counter()
-    result = fit_mcmc(family, guide, data, spec.inference, args.seed, progress=True)
+    result = MCMC().fit(family, guide, data, spec.inference, args.seed, progress=True)
     z = torch.stack([coords.pack({k: v[c] for k, v in result.draws.items()}) for c in range(args.chains)]).double()
     spectra = whitened_spectra(chain_covariances(z))
     rows = []

@@ -8,7 +8,7 @@ small enough to stay on the model's stiff posterior without blowing up), in alte
 median wall time per step (and per chain-step). The model is ``benchmarks/hmc_speed.py``'s (``--model``), the
 density every side samples there.
 
-- **zoo step**: ``ManyChainHMC._integrate`` with ``inference.compile: true`` (as ``configs/hmc_*.yaml`` run it):
+- **zoo step**: ``ManyChainHMC.integrate`` with ``inference.compile: true`` (as ``configs/hmc_*.yaml`` run it):
   the potential's value and gradient one compiled graph, the drift and the kick eager tensor operations around it.
 - **zoo step, eager potential**: the same with ``inference.compile: false`` (autograd on the model's tensors).
 - **zoo gradient alone**: the compiled potential's value and gradient, called once per step: the part of a step
@@ -39,10 +39,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hmc_speed  # noqa: E402  (the models, their NumPyro/BlackJAX densities, XLA's thread limit)
+from common import parse_counts  # noqa: E402
 
 import zoo.pipeline  # noqa: E402
-from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
 from zoo.inference.mcmc import ManyChainHMC  # noqa: E402
 from zoo.inference.potential import Potential  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
@@ -54,16 +55,6 @@ LABELS = {"zoo_step": "zoo step (inference.compile: true)",
           "zoo_gradient": "zoo gradient alone (compiled)",
           "jax_blackjax": "JAX: BlackJAX velocity_verlet in a jitted fori_loop",
           "exp_floor": "exp floor: one exp per hidden activation"}
-
-
-def parse_chains(text: str) -> list[int]:
-    try:
-        chains = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        chains = []
-    if not chains or min(chains) < 1:
-        raise ZooInputError("--chains", text, "give positive chain counts, comma-separated, e.g. 64,256")
-    return chains
 
 
 def zoo_sides(bench: hmc_speed.BenchModel, chains: int, steps: int, data_dir: str | None,
@@ -86,7 +77,7 @@ def zoo_sides(bench: hmc_speed.BenchModel, chains: int, steps: int, data_dir: st
             compiled.value_and_grad(z)
 
     sides: dict[str, Callable[[], object]] = {
-        name: (lambda s=sampler: s._integrate(z, momentum, s.grad, steps)) for name, sampler in samplers.items()}
+        name: (lambda s=sampler: s.integrate(z, momentum, s.grad, steps)) for name, sampler in samplers.items()}
     return sides | {"zoo_gradient": gradient_alone}, (spec, family, data), z, momentum
 
 
@@ -159,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: XLA also gets one compute thread)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    chain_counts = parse_chains(args.chains)
+    chain_counts = parse_counts(args.chains, "--chains", "64,256")
     if args.steps < 1 or args.rounds < 1:
         raise ZooInputError("--steps/--rounds", f"{args.steps}/{args.rounds}", "both must be at least 1")
     try:  # the JAX side: the bench extra

@@ -26,8 +26,8 @@ from torch.func import functional_call, vmap
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import time_side_by_side  # noqa: E402 - sibling module of this script
 
-from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
 from zoo.nets import build_lenet5, build_mlp  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
 

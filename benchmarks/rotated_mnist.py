@@ -23,8 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from zoo.cli import exit_code
 from zoo.errors import ZooInputError
+from zoo.exits import exit_code
 
 METRICS = ("accuracy", "nll", "ece")
 LABELS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE"}

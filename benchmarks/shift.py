@@ -36,27 +36,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rotated_mnist import add_member_options, member_overrides  # noqa: E402 - sibling module of this script
+from common import mean_se_cell, parse_seeds  # noqa: E402 - sibling modules of this script
+from rotated_mnist import add_member_options, member_overrides  # noqa: E402
 
-from zoo.cli import exit_code  # noqa: E402
 from zoo.errors import TrainingDiverged, ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
 
 SUITES = ("corruptions", "rotation")
 SUMMARY = ("clean_accuracy", "clean_nll", "clean_ece", "c_accuracy", "c_nll", "c_ece", "c_brier")
 OOD_SET = "digits_upscaled"
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``0-2`` or ``0,3,5``: the seeds, in order."""
-    out: list[int] = []
-    for part in (p.strip() for p in str(text).split(",") if p.strip()):
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise ZooInputError("--seeds", text, "write seeds as 0-2 or 0,3,5")
-        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-    if not out:
-        raise ZooInputError("--seeds", text, "give at least one seed")
-    return out
 
 
 def evaluate_member(run_dir: Path, temperature_scale: bool, draws: int | None = None) -> dict:
@@ -134,7 +122,7 @@ def member_figures(reports: list[dict]) -> dict:
 
 
 def _cell(pair: tuple[float, float] | None) -> str:
-    return "—" if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}"
+    return "—" if pair is None else mean_se_cell(*pair, 3)
 
 
 def tables(results: dict[str, dict]) -> list[Table]:

@@ -38,7 +38,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import sys
 import tempfile
 import time
@@ -51,9 +50,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
-from zoo.exits import exit_code
-from zoo.metrics import mean_and_standard_error
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import mean_se_cell, parse_ranges  # noqa: E402 - sibling module of this script
+
+from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
+from zoo.metrics import mean_and_standard_error  # noqa: E402
 
 if TYPE_CHECKING:
     from zoo.spec import RunSpec
@@ -113,16 +116,7 @@ SPREAD = {"pbp": "standard error", "dropout": "standard error (authors' reposito
 # ------------------------------------------------------------------------------------------------ arguments
 def parse_splits(text: str) -> list[int]:
     """``0-19``, ``0,3,5``, ``3`` or a mix (``0-4,7``) as a sorted list of distinct split indices."""
-    out: set[int] = set()
-    for part in (p.strip() for p in str(text).split(",")):
-        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
-        if not m:
-            raise ZooInputError("--splits", text, "write splits as 0-19, 0,3,5 or 3")
-        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
-        if hi < lo:
-            raise ZooInputError("--splits", text, f"range {part} runs backwards; write {hi}-{lo}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
+    return sorted(set(parse_ranges(text, "--splits", "split", "0-19, 0,3,5 or 3")))
 
 
 def parse_datasets(text: str) -> list[str]:
@@ -272,10 +266,6 @@ def summarise(dataset: str, splits: list[int], results: dict[int, dict], n_hidde
     }
 
 
-def _pm(mean: float, se: float) -> str:
-    return f"{mean:.2f} ± {se:.2f}"
-
-
 def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -> Table:
     """One block of rows per data set: this spec, then the published methods."""
     what = "VALIDATION rows carved from training" if evaluated_on == "validation" else "test splits"
@@ -299,13 +289,15 @@ def results_table(summary: dict[str, dict], evaluated_on: str, spec_name: str) -
         strict = ([f"{block['converged_splits']}/{block['n_splits']}" if block["converged_splits"] is not None
                    else "-"] if mcmc else [])
         if block["n_splits"]:
-            table.add_row(dataset, what, _pm(block["rmse_mean"], block["rmse_se"]),
-                          _pm(block["test_ll_mean"], block["test_ll_se"]), f"{block['seconds_mean']:.1f}", *strict)
+            table.add_row(dataset, what, mean_se_cell(block["rmse_mean"], block["rmse_se"], 2),
+                          mean_se_cell(block["test_ll_mean"], block["test_ll_se"], 2), f"{block['seconds_mean']:.1f}",
+                          *strict)
         else:
             table.add_row(dataset, what, "failed", "failed", "", *strict)
         blank = [""] if mcmc else []
         for method, figs in PUBLISHED.get(dataset, {}).items():
-            table.add_row("", METHOD_NAMES[method], _pm(*figs["rmse"]), _pm(*figs["test_ll"]), "", *blank)
+            table.add_row("", METHOD_NAMES[method], mean_se_cell(*figs["rmse"], 2),
+                          mean_se_cell(*figs["test_ll"], 2), "", *blank)
         if dataset not in PUBLISHED:
             table.add_row("", "published", "-", "-", "", *blank)
     table.caption = "published ± are standard errors, except deep ensembles' (as printed, about a std over splits)"

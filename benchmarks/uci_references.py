@@ -7,7 +7,8 @@ the order asked, skips those that pass already, and grows each by the commands a
     zoo train SPEC --out RUN --set data.name=uci:D --set data.split=S --data-dir DIR       # the first 7,500 draws
     zoo train SPEC --out RUN ... --add-draws N --until-converged --budget-minutes M        # rounds of N more
 
-The second command first finishes a run that was cut short, then adds rounds while the verdict fails. When
+The second command (:func:`zoo.diagnostics.grow_until_converged` behind ``zoo train``) first finishes a run that
+was cut short, then adds rounds while the verdict fails. When
 ``--budget-minutes`` is spent, the running command gets SIGTERM, which checkpoints it and ends it; the same
 ``uci_references.py`` command continues every reference where it stopped, on this machine or on another one that
 has the run directories (the data directory may differ there). Ctrl-C does the same.
@@ -51,8 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, split_run_dir  # noqa: E402
 
-from zoo.cli import STRICT_EXIT as NOT_CONVERGED_EXIT  # noqa: E402 - zoo train's exit when the verdict fails
-from zoo.diagnostics.checks import DIAGNOSTICS_FILE, ESS_MIN, RHAT_MAX  # noqa: E402
+from zoo.diagnostics import DIAGNOSTICS_FILE, ESS_MIN, NOT_CONVERGED_EXIT, RHAT_MAX  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
 from zoo.runs import write_text  # noqa: E402
@@ -93,7 +93,7 @@ def estimated_draws(draws: int, r_hat: float, ess: float) -> int:
 def _verdict(run: Path, draws: int) -> dict:
     """The run's diagnostics.json when it counts the run's draws (zoo train writes it with each verdict), else a
     fresh diagnosis (minutes for a long run), which writes it."""
-    from zoo.diagnostics.checks import diagnose
+    from zoo.diagnostics import diagnose
 
     stored = run / DIAGNOSTICS_FILE
     if stored.is_file():
@@ -167,7 +167,14 @@ def progress_table(rows: list[Progress], title: str) -> Table:
 # ------------------------------------------------------------------------------------------------ growing
 def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str, overrides: list[str],
                   state: str, add_draws: int, minutes_left: float) -> list[str]:
-    """The ``zoo train`` command that takes a reference in ``state`` one step further."""
+    """The ``zoo train`` command that takes a reference in ``state`` one step further.
+
+    The grow step is :func:`zoo.diagnostics.grow_until_converged`, run by the ``zoo train --add-draws`` child
+    rather than called in this process, on purpose: the wall budget stops a round in the middle (SIGTERM, which
+    checkpoints it, and a kill if the checkpoint hangs), which only a separate process allows; ``--threads`` pins
+    OMP/MKL threads, which must be set before torch loads; each reference's log gets all the run prints, warnings
+    included; the run directory's lock names the process sampling it (``--status`` elsewhere shows it); and the log
+    records a command a user can type to continue by hand."""
     command = [sys.executable, "-m", "zoo.cli", "train", spec, "--out", str(run),
                "--set", f"data.name=uci:{dataset}", "--set", f"data.split={split}", "--data-dir", data_dir,
                *(x for o in overrides for x in ("--set", o)), "--no-progress"]

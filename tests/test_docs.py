@@ -139,6 +139,7 @@ API_MODULES = [
     "zoo.evaluate",
     "zoo.metrics",
     "zoo.report",
+    "zoo.diagnostics.grow",
     "zoo.sweep.directory",
     "zoo.sweep.space",
     "zoo.sweep.study",

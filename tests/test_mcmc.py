@@ -528,7 +528,7 @@ def sampler_in_the_bulk(kernel: str = "mams", integrator: str = "leapfrog",
 
 def energy_error(sampler: mcmc.ManyChainHMC, velocity: torch.Tensor, steps: int) -> torch.Tensor:
     """The Metropolis test's energy error of one trajectory (MAMS: potential plus kinetic change; HMC: H)."""
-    z, v, energy, _, kinetic = sampler._integrate(sampler.z, velocity, sampler.grad, steps)
+    z, v, energy, _, kinetic = sampler.integrate(sampler.z, velocity, sampler.grad, steps)
     if sampler.spec.kernel == "mams":
         return energy + kinetic - sampler.energy
     hamiltonian = lambda u, p: u + 0.5 * (sampler.inv_mass * p**2).sum(-1)  # noqa: E731
@@ -547,8 +547,8 @@ def start_velocity(sampler: mcmc.ManyChainHMC) -> torch.Tensor:
 def test_trajectories_are_reversible_and_their_energy_error_shrinks_as_the_step_squared(kernel, integrator):
     sampler = sampler_in_the_bulk(kernel, integrator)
     velocity = start_velocity(sampler)
-    z, v, _, grad, kinetic = sampler._integrate(sampler.z, velocity, sampler.grad, 20)
-    back, v_back, _, _, kinetic_back = sampler._integrate(z, -v, grad, 20)
+    z, v, _, grad, kinetic = sampler.integrate(sampler.z, velocity, sampler.grad, 20)
+    back, v_back, _, _, kinetic_back = sampler.integrate(z, -v, grad, 20)
     torch.testing.assert_close(back, sampler.z)  # flip the velocity and the trajectory retraces itself ...
     torch.testing.assert_close(-v_back, velocity)
     torch.testing.assert_close(torch.as_tensor(kinetic_back), -torch.as_tensor(kinetic))  # ... undoing its change

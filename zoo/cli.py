@@ -23,7 +23,8 @@ from zoo.interrupts import Interrupted, signal_of, sigterm_interrupts
 from zoo.tasks import task_of
 
 console = Console()
-STRICT_EXIT = 3  # zoo diagnose --strict, or zoo train of MCMC draws: a convergence check failed
+STRICT_EXIT = 3  # zoo diagnose --strict, or zoo train of MCMC draws: a convergence check failed (the value of
+# zoo.diagnostics.NOT_CONVERGED_EXIT, written out so that `zoo --help` does not import the diagnostics)
 
 
 def _metrics_table(title: str, rows: list[dict[str, float]], first: str | None = None) -> Table:
@@ -79,57 +80,29 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _add_draws(args: argparse.Namespace, spec) -> int:
-    """``zoo train SPEC --out RUN --add-draws N [--until-converged [--budget-minutes M]]``: continue a finished
-    many-chain HMC run for N more draws per chain, then give its verdict; with ``--until-converged``, again while
-    the verdict fails and the budget lasts (and not at all when the finished run's verdict passes already). Each
-    round is an ordinary resume, so a round cut short is finished by the same command (or by ``--resume``)."""
-    import time
+    """``zoo train SPEC --out RUN --add-draws N [--until-converged [--budget-minutes M]]``: the rounds of
+    :func:`zoo.diagnostics.grow_until_converged`, printed as a ``zoo train`` prints (each round's metrics, each
+    verdict's checks and line)."""
+    from zoo.diagnostics import check_growth, grow_until_converged
+    from zoo.pipeline import describe
 
-    from zoo.inference.draws import SAMPLES_FILE
-    from zoo.pipeline import describe, train
-    from zoo.runs import SPEC_FILE, load_checkpoint
-    from zoo.spec import load_spec
-
-    if args.add_draws is None or args.add_draws < 1:
-        raise ZooInputError("--add-draws", args.add_draws, "give the draws per chain each round adds (1 or more); "
-                            "--until-converged and --budget-minutes go with it")
-    if args.budget_minutes is not None and (not args.until_converged or args.budget_minutes <= 0):
-        raise ZooInputError("--budget-minutes", args.budget_minutes, "give a positive number of minutes, with "
-                            "--until-converged (it bounds the rounds)")
+    check_growth(args.add_draws, args.until_converged, args.budget_minutes)  # refused first, then --nproc
     if args.nproc != 1:
         raise ZooInputError("--nproc", args.nproc, "rounds of draws run in one process; to grow a run over N "
                             "processes, resume it with --set inference.num_samples=<total per chain> --nproc N")
-    run = Path(args.out)
-    if not (run / SPEC_FILE).is_file() or not (run / SAMPLES_FILE).is_file():
-        raise ZooInputError("--out", str(run), "holds no MCMC run to add draws to: train it first, without "
-                            "--add-draws")
-    deadline = None if args.budget_minutes is None else time.monotonic() + 60 * args.budget_minutes
-    total = load_spec(run / SPEC_FILE).inference.num_samples
-    if load_checkpoint(run / SAMPLES_FILE).get("done", False):  # a round cut short is finished before a new one
-        if args.until_converged and _convergence_verdict(run, args.strict) == 0:
-            console.print(f"{run}: converged at {total} draws per chain; no draws added", soft_wrap=True,
-                          markup=False)
-            return 0
-        total += args.add_draws
-    while True:
-        inference = spec.inference.model_copy(update={"num_samples": total})
-        console.print(f"{run}: sampling to {total} draws per chain", soft_wrap=True, markup=False)
-        try:
-            summary = train(spec.model_copy(update={"inference": inference}), run, resume=True,
-                            progress=not args.no_progress,
-                            echo=lambda line: console.print(line, soft_wrap=True, markup=False))
-        except KeyboardInterrupt as err:
-            raise Interrupted(signal_of(err), _what_was_kept(args)) from None
-        console.print(_metric_list(f"{describe(spec)} on {spec.data.name}, {total} draws per chain",
-                                   summary.metrics))
-        code = _convergence_verdict(summary.run_dir, args.strict)
-        if code == 0 or not args.until_converged:
-            return code
-        if deadline is not None and time.monotonic() > deadline:
-            console.print(f"the {args.budget_minutes:g}-minute budget is spent: {total} draws per chain so far; the "
-                          "same command adds more", soft_wrap=True, markup=False)
-            return code
-        total += args.add_draws
+
+    def show_round(summary, total: int) -> None:
+        console.print(_metric_list(f"{describe(spec)} on {spec.data.name}, {total} draws per chain", summary.metrics))
+
+    try:
+        grown = grow_until_converged(args.out, args.add_draws, spec=spec, until_converged=args.until_converged,
+                                     budget_minutes=args.budget_minutes, strict=args.strict,
+                                     progress=not args.no_progress,
+                                     echo=lambda line: console.print(line, soft_wrap=True, markup=False),
+                                     on_round=show_round, on_verdict=_print_verdict)
+    except KeyboardInterrupt as err:
+        raise Interrupted(signal_of(err), _what_was_kept(args)) from None
+    return grown.exit_code
 
 
 def _launch(args: argparse.Namespace, spec) -> int:
@@ -181,14 +154,23 @@ def _diagnose_and_print(run_dir: str | Path, num_samples: int | None = None) -> 
 def _convergence_verdict(run_dir: Path, strict: bool = False) -> int:
     """Diagnose a run's chains (as ``zoo diagnose``), print the checks and one verdict line; 3 if a check failed
     for an exact sampler's draws (for SG-MCMC only with ``strict``: its verdict is a warning)."""
-    from zoo.diagnostics import verdict
+    from zoo.diagnostics import convergence_verdict
 
-    result = _diagnose_and_print(run_dir)
-    line = verdict(result)
-    fails = bool(result["warnings"]) and (result["exact_sampler"] or strict)
-    style = "bold red" if fails else ("bold yellow" if result["warnings"] else "bold green")
-    console.print(line, style=style, soft_wrap=True, markup=False)
-    return STRICT_EXIT if fails else 0
+    found = convergence_verdict(run_dir, strict)
+    _print_verdict(found)
+    return found.exit_code
+
+
+def _print_verdict(found) -> None:
+    """A :class:`zoo.diagnostics.ConvergenceVerdict` as ``zoo diagnose`` prints its checks, then its line: red when
+    it fails the run, yellow for a warning, green when it passes."""
+    from zoo.diagnostics import diagnose_report
+
+    for renderable in diagnose_report(found.result):
+        console.print(renderable)
+    console.print(f"written: {', '.join(found.result['files'].values())}", soft_wrap=True, markup=False)
+    style = "bold red" if found.fails else ("bold yellow" if found.result["warnings"] else "bold green")
+    console.print(found.line, style=style, soft_wrap=True, markup=False)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -433,10 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--strict", action="store_true", help=f"exit {STRICT_EXIT} when a check of stored chains fails "
-                   "also for samplers that are not exact (SG-MCMC); exact samplers (nuts, hmc) always do")
+                   "also for samplers that are not exact (SG-MCMC); exact samplers (MCMC) always do")
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes on this node (torchrun): SVI "
-                   "shares each global minibatch, MCMC (nuts, hmc) its chains; other methods are refused; one per "
-                   "GPU on CUDA")
+                   "shares each global minibatch, MCMC its chains; methods that split no work are refused, naming "
+                   "those that do; one per GPU on CUDA")
     p.add_argument("--add-draws", type=int, metavar="N", help="continue the finished many-chain HMC run in --out "
                    "for N more draws per chain (its chains, settings and random stream carried on), then its verdict")
     p.add_argument("--until-converged", action="store_true", help="with --add-draws: add rounds of N draws until "
@@ -473,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="directory for compare.png (default: the current directory)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.add_argument("--allow-unconverged", action="store_true", help="compare against a reference that fails zoo "
-                   "diagnose --strict or is not an exact sampler's (nuts, hmc) draws, marked FAILS in the table; "
+                   "diagnose --strict or is not an exact sampler's (MCMC) draws, marked FAILS in the table; "
                    "without it such a reference is refused")
     p.set_defaults(func=cmd_compare)
 

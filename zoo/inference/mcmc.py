@@ -528,15 +528,23 @@ class ManyChainHMC:
     def _randn(self, shape: torch.Size) -> torch.Tensor:
         return self._all_chains_draw(torch.randn, *shape[1:])
 
-    def _integrate(self, z, velocity, grad, steps: int) -> tuple[torch.Tensor, ...]:
-        """``steps`` steps of the spec's integrator from ``z`` with ``velocity`` (HMC: the momentum; MAMS: the unit
-        velocity in whitened coordinates). Returns the end point, its velocity, potential and gradient, and (MAMS) the
-        kinetic energy change along the way, which enters MAMS's Metropolis test in place of HMC's kinetic energy.
+    def integrate(self, z: torch.Tensor, velocity: torch.Tensor, grad: torch.Tensor,
+                  steps: int) -> tuple[torch.Tensor, ...]:
+        """``steps`` steps of the spec's integrator from ``z`` with ``velocity``: one trajectory of every chain, without
+        the Metropolis test (what :meth:`step` builds on, and what ``benchmarks/hmc_step.py`` times).
 
         One step is the palindrome kick(b0) drift(a0) kick(b1) ... drift(a_last) kick(b0): a kick moves the velocity
         under the gradient (HMC: p -= t grad; MAMS: the exact isokinetic turn toward the whitened score, which also
         returns a kinetic energy change), a drift moves the position along it; the last kick of a step and the first
-        of the next are one, so a step costs one gradient per drift."""
+        of the next are one, so a step costs one gradient per drift.
+
+        :param z: the chains' positions ``[C, D]``.
+        :param velocity: HMC: the momentum; MAMS: the unit velocity in whitened coordinates ``[C, D]``.
+        :param grad: the potential's gradient at ``z``.
+        :param steps: integrator steps.
+        :returns: the end point, its velocity, potential and gradient, and (MAMS) the kinetic energy change along the
+            way, which enters MAMS's Metropolis test in place of HMC's kinetic energy.
+        """
         kicks, drifts = INTEGRATORS[self.spec.integrator]
         eps, mams = self.step_size, self.spec.kernel == "mams"
         scale = self.inv_mass.sqrt() if mams else self.inv_mass  # dz/dt = scale * velocity
@@ -567,13 +575,13 @@ class ManyChainHMC:
         if self.spec.kernel == "mams":  # a fresh direction, uniform on the sphere, at unit speed
             velocity = noise / noise.norm(dim=-1, keepdim=True)
             start = self.energy
-            z_new, v_new, u_new, g_new, kinetic = self._integrate(self.z, velocity, self.grad, steps)
+            z_new, v_new, u_new, g_new, kinetic = self.integrate(self.z, velocity, self.grad, steps)
             end = u_new + kinetic
             dz_dt = self.inv_mass.sqrt() * v_new
         else:
             momentum = noise / self.inv_mass.sqrt()
             start = self.energy + 0.5 * (self.inv_mass * momentum**2).sum(-1)
-            z_new, p_new, u_new, g_new, _ = self._integrate(self.z, momentum, self.grad, steps)
+            z_new, p_new, u_new, g_new, _ = self.integrate(self.z, momentum, self.grad, steps)
             end = u_new + 0.5 * (self.inv_mass * p_new**2).sum(-1)
             dz_dt = self.inv_mass * p_new
         error = torch.where(torch.isfinite(end), end - start, torch.full_like(end, math.inf))

@@ -1,0 +1,71 @@
+"""zoo.diagnostics.grow_until_converged: the rounds behind ``zoo train --add-draws N --until-converged``, called
+from Python on a tiny many-chain HMC run (the CLI's own output and refusals: tests/test_mcmc.py)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.test_mcmc import linear_spec
+from zoo.diagnostics import (
+    NOT_CONVERGED_EXIT,
+    ConvergenceVerdict,
+    check_growth,
+    checks,
+    convergence_verdict,
+    grow_until_converged,
+)
+from zoo.errors import ZooInputError
+from zoo.pipeline import train
+
+
+def test_the_cli_exits_with_the_library_s_code():
+    from zoo.cli import STRICT_EXIT
+
+    assert STRICT_EXIT == NOT_CONVERGED_EXIT == ConvergenceVerdict({}, "", True).exit_code
+    assert ConvergenceVerdict({}, "", False).exit_code == 0
+
+
+@pytest.mark.parametrize("add_draws, until_converged, budget, field", [
+    (None, True, None, "--add-draws"), (0, True, None, "--add-draws"),
+    (5, False, 3.0, "--budget-minutes"), (5, True, 0.0, "--budget-minutes"),
+])
+def test_round_settings_it_cannot_follow_are_refused(add_draws, until_converged, budget, field):
+    with pytest.raises(ZooInputError) as err:
+        check_growth(add_draws, until_converged, budget)
+    assert err.value.field == field
+
+
+def test_a_directory_without_a_run_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ZooInputError, match="holds no MCMC run to add draws to") as err:
+        grow_until_converged(tmp_path / "empty", 5, echo=None)
+    assert err.value.field == "--out" and not (tmp_path / "empty").exists()
+
+
+def test_a_run_grows_round_by_round_until_its_verdict_passes_then_no_further(tmp_path, monkeypatch):
+    for plot in ("plot_trace", "plot_energy", "plot_pair"):  # the plots are not what is tested here: seconds each
+        monkeypatch.setattr(checks, plot, lambda *args, **kwargs: None)
+    run = tmp_path / "run"
+    train(linear_spec("hmc", num_chains=32, warmup_steps=150, num_samples=5), run, progress=False, echo=None)
+    assert convergence_verdict(run).exit_code == NOT_CONVERGED_EXIT  # 160 draws: ESS < 400
+
+    lines, verdicts, rounds = [], [], []
+    spent = grow_until_converged(run, 2, budget_minutes=1e-6, progress=False, echo=lines.append,
+                                 on_verdict=verdicts.append, on_round=lambda summary, total: rounds.append(total))
+    # the finished run's own verdict first, then one round (the budget is spent at once) and its verdict
+    assert (spent.rounds, spent.draws_per_chain, spent.passed, spent.exit_code) == (1, 7, False, NOT_CONVERGED_EXIT)
+    assert len(verdicts) == 2 and spent.verdict is verdicts[-1] and spent.verdict.fails and rounds == [7]
+    assert spent.budget_spent.startswith("the 1e-06-minute budget is spent: 7 draws per chain")
+    assert f"{run}: sampling to 7 draws per chain" in lines and lines[-1] == spent.budget_spent
+    assert spent.summary.run_dir == run and spent.run_dir == run
+
+    grown = grow_until_converged(run, 100, progress=False, echo=None)  # the run's own spec.yaml, grown
+    assert grown.passed and grown.exit_code == 0 and grown.budget_spent is None and grown.rounds >= 1
+    assert grown.draws_per_chain == 7 + 100 * grown.rounds
+    assert grown.verdict.line.startswith("converged") and not grown.verdict.result["warnings"]
+    assert yaml.safe_load((run / "spec.yaml").read_text())["inference"]["num_samples"] == grown.draws_per_chain
+
+    lines.clear()
+    again = grow_until_converged(run, 100, progress=False, echo=lines.append)
+    assert (again.rounds, again.draws_per_chain, again.passed, again.summary) == (0, grown.draws_per_chain, True, None)
+    assert lines[-1] == f"{run}: converged at {grown.draws_per_chain} draws per chain; no draws added"
