@@ -166,7 +166,7 @@ CASES = [
                  id="save-to-a-file"),
     pytest.param(lambda f, r: fit().save(f / "user.txt" / "run"), "is a file, or lies under one",
                  id="save-under-a-file"),
-    pytest.param(lambda f, r: (lambda b: b.save(b.run_dir / "copy"))(fit()),
+    pytest.param(lambda f, r: (lambda b: b.save(b.run_dir / "copy"))(fit(out=f / "own")),
                  "lies inside this BNN's run directory", id="save-into-its-own-run"),
     # broken run files
     pytest.param(lambda f, r: zoo.load(tampered(saved_python_run(f), f, "garbage", "net.pt", b"garbage")),

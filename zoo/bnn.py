@@ -1,10 +1,10 @@
 """A Bayesian neural network as one object: your ``nn.Module`` (or a named net), a model family, priors, a guide, a
-likelihood and an inference method, fitted to your data and kept in a run directory.
+likelihood and an inference method, fitted to your data in memory, or as a run directory written as it goes.
 
 ::
 
     bnn = zoo.BNN(my_net, family="rank1", prior={"name": "normal", "loc": 1.0}, guide="mixture")
-    bnn.fit(train_loader, epochs=20, val=val_loader)
+    bnn.fit(train_loader, epochs=20, val=val_loader)      # in memory; fit(..., out="runs/mine") writes as it goes
     bnn.predict(x).probs
     bnn.save("runs/mine")          # zoo.load("runs/mine") reads it back; so do zoo eval, diagnose, report
 
@@ -16,10 +16,11 @@ the same messages. ``zoo train`` builds a :class:`BNN` from the spec and fits it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import operator
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +48,14 @@ from zoo.errors import NotFitted, ZooInputError
 from zoo.evaluate import ValidationMonitor, check_draw_memory, check_draws_fit, evaluate, plot_predictive
 from zoo.inference.svi import SVI
 from zoo.likelihoods import AutoLikelihoodSpec, Likelihood, LikelihoodSection, PredictiveDraws
+from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily, StructureFit
-from zoo.models.subnetwork import MAP_DIR, SUBNET_FILE
 from zoo.nets import NET_FILE, ModuleNetSpec, build_net, has_convolutions, load_weights
 from zoo.nets.weights import WeightsSource
 from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
 from zoo.priors import assign_priors
 from zoo.runs import (
+    LOG_FILE,
     METRICS_FILE,
     POINT_ESTIMATE_FILE,
     SPEC_FILE,
@@ -61,7 +63,11 @@ from zoo.runs import (
     claimed_run_directory,
     load_point_values,
     load_torch,
+    mark_saved_from_memory,
+    save_checkpoint,
     save_torch,
+    saved_from_memory,
+    write_atomically,
     write_json,
     write_text,
 )
@@ -320,14 +326,15 @@ def describe(spec: RunSpec) -> str:
 
 
 def holds_a_fit(run_dir: Path) -> bool:
-    """Whether a run directory holds anything a fit wrote (any method's files, or a subnetwork's MAP stage).
+    """Whether a run directory holds anything a fit wrote (any method's files, or any family's, e.g. a subnetwork's
+    MAP stage: :attr:`~zoo.models.base.FamilySection.files`).
 
     :param run_dir: the directory.
     :returns: whether it does.
     """
     run = Path(run_dir)
     return (any(method.holds_fit(run) for method in registry.METHODS.methods())
-            or (run / SUBNET_FILE).exists() or (run / MAP_DIR).exists())
+            or any((run / name).exists() for _, section in FAMILIES.items() for name in section.files))
 
 
 def holds_another_spec(run_dir: Path, spec: RunSpec) -> bool:
@@ -467,6 +474,31 @@ def draw_count(num_samples: Any, default: int) -> int:
     return count
 
 
+@dataclass
+class KeptFit:
+    """What a fit without a run directory keeps beside its posterior, so that :meth:`BNN.save` can write the run
+    directory afterwards as the fit would have written it.
+
+    :param net: the net given in Python as ``torch.save`` pickled it when the fit began (``net.pt``), or None.
+    :param given: what the run keeps of data given in Python (``data.pt``: :func:`~zoo.data.given.stand_in`), or
+        None.
+    :param result: the fit's result: its posterior and the method's records of the fit.
+    :param log: the fit's log lines (``train.log``).
+    """
+
+    net: bytes | None = None
+    given: dict[str, Any] | None = None
+    result: Any = None
+    log: list[str] = dataclasses.field(default_factory=list)
+
+
+def _pickled(module: nn.Module) -> bytes:
+    """The module as ``torch.save`` writes it to ``net.pt``."""
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    return buffer.getvalue()
+
+
 class BNN:
     """A Bayesian neural network: ``net`` made Bayesian by a model family, under priors, with a likelihood, fitted
     by an inference method to a posterior.
@@ -483,8 +515,8 @@ class BNN:
     :param guide: the guide (``guide`` section); the inference method's own where it builds one (Laplace).
     :param likelihood: ``categorical``, ``gaussian`` (with its noise settings) or ``auto`` (what the data's task
         picks; default).
-    :param inference: the inference method (``inference`` section): ``svi`` (default), ``hmc``, ``nuts``,
-        ``laplace``, ``sgld``, ``sghmc``, ``swag``; its settings may also be given to :meth:`fit`.
+    :param inference: the inference method (``inference`` section): ``svi`` (default) or any registered in
+        :data:`zoo.inference.METHODS` (``zoo list inference``); its settings may also be given to :meth:`fit`.
     :param member: a named member of the zoo (``rank1_cauchy``, ``mc_dropout``, ``subnetwork_laplace``, ...: ``zoo
         list members``), whose family, guide, prior and inference method the other arguments override.
     :param weights: trained weights to start from: a ``state_dict``, or the path of a ``.pt``/``.pth`` state dict, a
@@ -517,7 +549,8 @@ class BNN:
                 "prior": _tree(prior, "name"), "guide": _tree(guide, "name"),
                 "likelihood": _tree(likelihood, "name"), "inference": _tree(inference, "method"),
                 "member": member, "seed": seed, "device": device, "dtype": dtype}
-        self._spec = _attach(load_spec({k: v for k, v in tree.items() if v is not None}), module, None)
+        self._built = _attach(load_spec({k: v for k, v in tree.items() if v is not None}), module, None)
+        self._spec = self._built
         self._reset()
 
     def _reset(self) -> None:
@@ -529,7 +562,7 @@ class BNN:
         self.metrics: dict[str, float] = {}
         self.plot: Path | None = None
         self.seconds = 0.0
-        self._scratch: tempfile.TemporaryDirectory | None = None
+        self._memory: KeptFit | None = None
 
     @classmethod
     def from_spec(cls, spec: RunSpec | dict | str | Path) -> BNN:
@@ -540,13 +573,15 @@ class BNN:
         """
         spec = spec if isinstance(spec, RunSpec) else load_spec(spec)
         bnn = cls.__new__(cls)
-        bnn._spec = spec
+        bnn._built = bnn._spec = spec
         bnn._reset()
         return bnn
 
     @property
     def spec(self) -> RunSpec:
-        """The whole run spec: every part's section (what ``spec.yaml`` of its run directory records)."""
+        """The whole run spec: every part's section. Before a fit, the spec the BNN was built with; after one, the
+        fit's (its data section, the settings given to :meth:`fit`: what ``spec.yaml`` of its run directory
+        records). Each fit starts from the spec the BNN was built with, not from an earlier fit's."""
         return self._spec
 
     @property
@@ -561,31 +596,33 @@ class BNN:
         return self._posterior
 
     # -- fitting -----------------------------------------------------------------------------------------
-    def _with_settings(self, settings: dict[str, Any]) -> None:
+    @staticmethod
+    def _with_settings(spec: RunSpec, settings: dict[str, Any]) -> RunSpec:
+        """A copy of ``spec`` with ``settings`` in its inference section (``spec`` itself is left as it is)."""
         if not settings:
-            return
-        tree = self._spec.model_dump(mode="json")
+            return spec
+        tree = spec.model_dump(mode="json")
         tree["inference"] = {**tree["inference"], **settings}
-        module = self._spec.net.module if isinstance(self._spec.net, ModuleNetSpec) else None
-        self._spec = _attach(load_spec(tree), module, None)
+        module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
+        return _attach(load_spec(tree), module, None)
 
-    def _dataset(self, data: Any, val: Any) -> tuple[Dataset, DataSection]:
-        """The data to fit, and the spec's data section for it."""
+    def _dataset(self, data: Any, val: Any, spec: RunSpec) -> tuple[Dataset, DataSection]:
+        """The data to fit under ``spec``, and the spec's data section for it."""
         if isinstance(data, Mapping) and "name" in data:  # the spec's data section, as a dict
             data = data_section(**data)
         if isinstance(data, DataSection):
             if val is not None:
                 raise ZooInputError("val", type(val).__name__, "a data set named by the spec brings its own "
                                     "evaluation rows: use data.validation_fraction for validation rows")
-            return load_dataset(data, self._spec.seed), data
+            return load_dataset(data, spec.seed), data
         if isinstance(data, Dataset):
             dataset = data if val is None else dataset_from((data.x_train, data.y_train), val, task=data.task,
                                                             n_classes=data.n_classes, name=data.name,
                                                             test_name="val")
         else:
-            likelihood = self._spec.likelihood
+            likelihood = spec.likelihood
             task = None if isinstance(likelihood, AutoLikelihoodSpec) else likelihood.task
-            batch = self._spec.inference.model_dump().get("batch_size") or 128
+            batch = spec.inference.model_dump().get("batch_size") or 128
             dataset = dataset_from(data, val, task=task, batch_size=batch, test_name="val")
         return dataset, GivenData.of(dataset)
 
@@ -593,26 +630,37 @@ class BNN:
             resume: bool = False, progress: bool = True, echo: Callable[[str], Any] | None = None,
             monitor: ValidationMonitor | None = None,
             **settings: Any) -> BNN:
-        """Fit the posterior to ``data``.
+        """Fit the posterior to ``data``, in memory, or writing run directory ``out`` as it goes.
+
+        Without ``out`` nothing is written to disk: the posterior, the metrics and the log stay in memory, and
+        :meth:`save` writes the run directory afterwards. With ``out`` the fit writes it as it runs (checkpoints
+        included, so that ``resume=True`` can continue an interrupted fit) and :attr:`plot` is drawn there.
+
+        ``settings`` hold for this fit only: it runs a copy of the spec with them, which :attr:`spec` then shows
+        (with the fit's data section), and the next ``fit`` starts again from the spec the BNN was built with.
 
         :param data: the training rows: ``(x, y)`` tensors or arrays, a torch ``Dataset`` of ``(x, y)`` items, a
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
         :param val: rows to score the fit on as it goes and at its end (the forms of ``data``); their metrics are
             :attr:`metrics`.
-        :param out: the run directory to write (a temporary one, removed with the object, where None); ``zoo
-            eval``, ``zoo diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
-        :param resume: continue the fit checkpointed in ``out``.
+        :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
+            diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
+        :param resume: continue the fit checkpointed in ``out`` (needs ``out``).
         :param progress: show progress bars.
         :param echo: where the run's log lines go besides ``train.log`` (``print``; None: nowhere).
         :param monitor: scores the fit on its evaluation rows as it goes (a sweep prunes on it).
         :param settings: the inference method's settings for this fit (``epochs=20``, ``lr=0.01``, ...), as in the
             spec's ``inference`` section.
         :returns: the BNN itself, fitted.
-        :raises ZooInputError: bad data, settings or a run directory that holds another run.
+        :raises ZooInputError: bad data or settings, ``resume`` without ``out``, or a run directory that holds
+            another run.
         """
-        self._with_settings(settings)
-        dataset, section = self._dataset(data, val)
-        spec = self._spec.model_copy(update={"data": section})
+        if resume and out is None:
+            raise ZooInputError("resume", True, "a fit without out= is kept in memory and writes no checkpoint to "
+                                "continue: pass out=DIR, the run directory of the fit to resume")
+        spec = self._with_settings(self._built, settings)
+        dataset, section = self._dataset(data, val, spec)
+        spec = spec.model_copy(update={"data": section})
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         if monitor is None and val is not None:
             task = task_of(dataset)
@@ -620,24 +668,32 @@ class BNN:
             monitor = ValidationMonitor(metric, lambda k, v: (echo or (lambda *_: None))(
                 f"validation {metric} {v:.4g} ({k}/5 of the fit)"), spec.inference.predictive_samples, spec.seed,
                 reports=5)
-        if out is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix="zoo-bnn-")
-            out = Path(self._scratch.name) / "run"
-        self._spec = spec
         with distributed.joined(resolve_device(spec.device)) as team, (
-                claimed_run_directory(Path(out), resume) if team.is_writer else contextlib.nullcontext(Path(out))
+                contextlib.nullcontext(None) if out is None
+                else claimed_run_directory(Path(out), resume) if team.is_writer
+                else contextlib.nullcontext(Path(out))
         ) as run:
-            if resume and (run / SPEC_FILE).exists():
-                spec = self._spec = resumed_spec(spec, load_spec(run / SPEC_FILE), run)
-            elif team.is_writer and holds_a_fit(run):
-                raise ZooInputError("--out", str(run),
-                                    "already holds a run; pass --resume to continue it, or pick a new --out")
-            write_text(run / SPEC_FILE, spec_to_yaml(spec))
-            if module is not None:
-                torch.save(module, run / NET_FILE)
-            if isinstance(section, GivenData):
-                save_torch(run / GIVEN_FILE, stand_in(dataset))
-            log = RunLog(run, echo if team.is_writer else None)
+            if run is None:  # kept in memory: what save() writes, as the run directory would have held it
+                memory = KeptFit(net=_pickled(module) if module is not None else None,
+                                 given=stand_in(dataset) if isinstance(section, GivenData) else None)
+            else:
+                memory = None
+                if resume and (run / SPEC_FILE).exists():
+                    if saved_from_memory(run):
+                        raise ZooInputError("resume", str(run), "this run directory was saved from a fit kept in "
+                                            "memory (BNN.save): it holds the finished fit, not the checkpoints of a "
+                                            "fit as it ran, so there is nothing to resume; zoo.load it, or fit "
+                                            "again with a new out")
+                    spec = resumed_spec(spec, load_spec(run / SPEC_FILE), run)
+                elif team.is_writer and holds_a_fit(run):
+                    raise ZooInputError("--out", str(run),
+                                        "already holds a run; pass --resume to continue it, or pick a new --out")
+                write_text(run / SPEC_FILE, spec_to_yaml(spec))
+                if module is not None:
+                    torch.save(module, run / NET_FILE)
+                if isinstance(section, GivenData):
+                    save_torch(run / GIVEN_FILE, stand_in(dataset))
+            log = RunLog(run, echo if team.is_writer else None, keep=memory is not None)
             method = registry.method_of(spec)
             if dataset.streamed and (not method.streams_rows or spec.guide.needs_every_row):
                 log(f"{spec.inference.method} reads every training row at each step: the loader's "
@@ -653,18 +709,24 @@ class BNN:
             result = method.fit(family, guide, placed, spec.inference, spec.seed, run_dir=run, resume=resume,
                                 log=log, progress=progress and team.is_writer, monitor=monitor,
                                 start=starting_posterior(spec))
+            self._reset()
+            self._spec = spec
             self.family, self.guide, self._posterior, self.data = family, guide, result.posterior, placed
             self.run_dir, self.seconds = run, result.seconds
+            if memory is not None:
+                memory.result, memory.log = result, log.lines
+                self._memory = memory
             if not team.is_writer:  # rank 0 evaluates and writes
                 return self
-            if isinstance(result.posterior, GuidePosterior):  # what guide.init_from of a later run reads
+            if run is not None and isinstance(result.posterior, GuidePosterior):  # what guide.init_from reads
                 save_torch(run / POINT_ESTIMATE_FILE, guide.point_estimate())
             if len(placed.y_test):
                 self.metrics = evaluate(result.posterior, placed, spec.inference.predictive_samples, seed=spec.seed)
                 self.metrics["train_seconds"] = round(result.seconds, 3)
-                write_json(run / METRICS_FILE, self.metrics)
-                self.plot = plot_predictive(result.posterior, placed, run, spec.inference.predictive_samples,
-                                            seed=spec.seed)
+                if run is not None:
+                    write_json(run / METRICS_FILE, self.metrics)
+                    self.plot = plot_predictive(result.posterior, placed, run, spec.inference.predictive_samples,
+                                                seed=spec.seed)
         return self
 
     @property
@@ -719,24 +781,62 @@ class BNN:
         """Keep the fit in run directory ``out`` (``zoo.load(out)`` reads it back, as do ``zoo eval``, ``zoo
         diagnose`` and ``zoo report``).
 
+        A fit with a run directory is copied from it. A fit kept in memory (:meth:`fit` without ``out``) is written
+        as its run directory would have held it at its end: ``spec.yaml``, ``net.pt`` and ``data.pt`` (a net and
+        data given in Python), what the family fitted of its structure (a subnetwork and its MAP net), the fit
+        (its method's :meth:`~zoo.inference.base.InferenceMethod.fit_record`), ``point_estimate.pt``,
+        ``metrics.json``, ``train.log`` and the plot (which :attr:`plot` then names). It holds the finished fit, not
+        checkpoints of its progress: it loads, and does not resume. The BNN itself stays in memory.
+
         :param out: the directory (created; it must not hold another run).
         :returns: the directory.
-        :raises ZooInputError: a directory that holds files already.
+        :raises ZooInputError: a directory that holds files already, or a fit kept in memory whose posterior only its
+            fitter writes (fit it with ``out`` instead).
         """
         target = Path(out)
-        if self.run_dir is None:
+        if self._posterior is None:
             raise NotFitted("BNN", "not fitted", "this BNN is not fitted yet: call .fit(data) first")
-        if target.resolve() == self.run_dir.resolve():
-            return target
-        if self.run_dir.resolve() in target.resolve().parents:
-            raise ZooInputError("out", str(target), f"lies inside this BNN's run directory {self.run_dir}, which would "
-                                "then hold a copy of itself: pick a directory outside it")
+        if self.run_dir is not None:
+            if target.resolve() == self.run_dir.resolve():
+                return target
+            if self.run_dir.resolve() in target.resolve().parents:
+                raise ZooInputError("out", str(target), f"lies inside this BNN's run directory {self.run_dir}, which "
+                                    "would then hold a copy of itself: pick a directory outside it")
         if target.exists() and not target.is_dir() or any(p.is_file() for p in target.parents):
             raise ZooInputError("out", str(target), "is a file, or lies under one: give the path of a directory for "
                                 "the run (e.g. a new folder name)")
         if target.exists() and any(target.iterdir()):
             raise ZooInputError("out", str(target), "holds files already: pick a new directory")
-        shutil.copytree(self.run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock"))
+        if self.run_dir is not None:
+            shutil.copytree(self.run_dir, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock"))
+            return target
+        return self._write_run(target)
+
+    def _write_run(self, target: Path) -> Path:
+        """Write the run directory of a fit kept in memory (see :meth:`save`)."""
+        memory, spec, posterior = self._memory, self._spec, self.posterior
+        if memory is None or memory.result is None:
+            raise NotFitted("BNN", "not fitted", "this BNN holds no fit of its own to save: call .fit(data) first")
+        method = registry.method_of(spec)
+        record = method.fit_record(memory.result)  # refused before anything is written
+        with claimed_run_directory(target) as run:
+            mark_saved_from_memory(run)
+            write_text(run / SPEC_FILE, spec_to_yaml(spec))
+            if memory.net is not None:
+                write_atomically(run / NET_FILE, lambda tmp: tmp.write_bytes(memory.net))
+            if memory.given is not None:
+                save_torch(run / GIVEN_FILE, memory.given)
+            self.family.save_structure(run)
+            save_checkpoint(run / method.files[0], record)
+            if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
+                save_torch(run / POINT_ESTIMATE_FILE, self.guide.point_estimate())
+            if memory.log:
+                write_text(run / LOG_FILE, "".join(f"{line}\n" for line in memory.log))
+            if self.metrics:
+                write_json(run / METRICS_FILE, self.metrics)
+            if len(self.data.y_test):
+                self.plot = plot_predictive(posterior, self.data, run, spec.inference.predictive_samples,
+                                            seed=spec.seed)
         return target
 
     @classmethod
@@ -757,7 +857,8 @@ class BNN:
         spec = load_spec(run / SPEC_FILE)
         method = registry.method_of(spec)
         if not method.holds_fit(run):
-            stage = "its MAP net is being fitted" if (run / MAP_DIR).exists() else "nothing was fitted yet"
+            kept = [what for name, what in spec.model.files.items() if (run / name).exists()]
+            stage = f"only {' and '.join(kept)} so far" if kept else "nothing was fitted yet"
             raise ZooInputError("RUN_DIR", str(run), f"holds no {' or '.join(method.files)} ({stage}); finish it with "
                                 "zoo train --resume")
         module = _load_module(run, spec.net) if isinstance(spec.net, ModuleNetSpec) else None

@@ -34,6 +34,7 @@ LOG_FILE = "train.log"
 MARKER_FILE = ".zoo-run"  # written when a run directory is claimed: what tells a zoo run from the user's files
 SWEEP_MARKER = ".zoo-sweep"  # written when a sweep directory is claimed: what tells a sweep from a run
 LOCK_FILE = ".zoo-run.lock"  # holds an OS lock while a process writes the run, and that process's pid
+SAVED_FROM_MEMORY = "saved_from_memory"  # the marker's key for a run written from a fit kept in memory
 
 
 def _file_mode() -> int:
@@ -413,6 +414,29 @@ def claimed_run_directory(out: Path, resume: bool = False) -> Iterator[Path]:
         yield out
 
 
+def mark_saved_from_memory(out: Path) -> Path:
+    """Mark a run directory as written from a fit kept in memory (:meth:`zoo.BNN.save` after ``fit`` without
+    ``out``): it holds the finished fit, not the checkpoints of a fit as it ran, so it loads but does not resume.
+
+    :param out: the run directory, claimed by this process.
+    :returns: the marker file.
+    """
+    return write_json(Path(out) / MARKER_FILE, {"zoo_run": 1, SAVED_FROM_MEMORY: True})
+
+
+def saved_from_memory(out: Path) -> bool:
+    """Whether a run directory was written from a fit kept in memory (:func:`mark_saved_from_memory`).
+
+    :param out: the run directory.
+    :returns: whether its marker says so; False for a run written as it was fitted, or no run at all.
+    """
+    try:
+        marker = json.loads((Path(out) / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get(SAVED_FROM_MEMORY) is True
+
+
 def writer_of(out: Path) -> str | None:
     """Which live process, if any, is writing a run or sweep directory. Takes the lock for an instant when it is
     free, so it never blocks.
@@ -462,16 +486,21 @@ class RunLog:
 
     :param run_dir: the run directory whose ``train.log`` is appended to; None logs to the console only.
     :param echo: prints each line (e.g. ``print``); None for no console output.
+    :param keep: also keep the lines in :attr:`lines` (a fit kept in memory, whose ``train.log`` is written when it
+        is saved).
     """
 
-    def __init__(self, run_dir: Path | None, echo=print) -> None:
+    def __init__(self, run_dir: Path | None, echo=print, keep: bool = False) -> None:
         self.path = Path(run_dir) / LOG_FILE if run_dir is not None else None
         self.echo = echo
+        self.lines: list[str] | None = [] if keep else None
 
     def __call__(self, message: str) -> None:
         """Record one line."""
         if self.echo is not None:
             self.echo(message)
+        if self.lines is not None:
+            self.lines.append(message)
         if self.path is not None and distributed.world().is_writer:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a") as handle:

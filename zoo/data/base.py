@@ -209,11 +209,14 @@ class Dataset:
         )
 
     def inputs_in_original_units(self, x: torch.Tensor) -> torch.Tensor:
-        """Undo the input standardisation (for plots against the raw input axis).
+        """Undo the input standardisation (for plots against the raw input axis); inputs the zoo did not
+        standardise (data given in Python) are returned as they are.
 
         :param x: standardised inputs ``[B, D]``.
         :returns: the inputs in original units ``[B, D]``.
         """
+        if self.x_mean is None or self.x_std is None:
+            return x
         return x * self.x_std.to(x) + self.x_mean.to(x)
 
 

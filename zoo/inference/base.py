@@ -14,6 +14,7 @@ pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -212,6 +213,20 @@ class InferenceMethod(ABC):
         :returns: the fitted posterior.
         """
 
+    def fit_record(self, result: Fit) -> dict[str, Any]:
+        """What the file holding a fit (:attr:`files`'s first) holds, from a fit kept in memory (fitted with no run
+        directory), in the format :meth:`load` reads and marked done: so that ``BNN.save`` writes the run a fit with
+        a run directory would have left. The default refuses: a method that does not override this writes its
+        posterior only from its fitter.
+
+        :param result: the fit (its ``posterior``, ``seconds`` and the method's own records).
+        :returns: the record, for :func:`~zoo.runs.save_checkpoint`.
+        :raises ZooInputError: always, by default.
+        """
+        raise ZooInputError("out", None, "", message=f"save: this {self.names[0]} fit was kept in memory (fit "
+                            f"without out=), and its posterior (a {type(result.posterior).__name__}) is written only "
+                            "by its fitter: fit it again with out=DIR to keep its run directory")
+
     def holds_fit(self, run_dir: Path) -> bool:
         """Whether ``run_dir`` holds what this method's fit writes.
 
@@ -219,6 +234,35 @@ class InferenceMethod(ABC):
         :returns: whether the first of :attr:`files` (the one holding the fit) is there.
         """
         return checkpoint_exists(Path(run_dir) / self.files[0])
+
+
+def result_record(result: Fit) -> dict[str, Any]:
+    """A fit's own records (its result's dataclass fields but the posterior: a loss curve, an evidence, a sampler's
+    settings, ...) and its wall time, marked done: what every saved fit's file starts from.
+
+    :param result: the fit.
+    :returns: the record.
+    """
+    fields = dataclasses.fields(result) if dataclasses.is_dataclass(result) else ()
+    record = {f.name: getattr(result, f.name) for f in fields if f.name != "posterior"}
+    return {**record, "seconds": result.seconds, "done": True}
+
+
+def guide_fit_record(result: Fit) -> dict[str, Any]:
+    """A guide-based fit's record (SVI, Laplace) in the format :func:`load_guide_checkpoint` reads: the guide's state,
+    the family's point parameters, buffers and tuned hyperparameters (e.g. a Laplace prior precision).
+
+    :param result: the fit, its posterior a :class:`~zoo.posterior.GuidePosterior`.
+    :returns: the record.
+    """
+    family = result.posterior.family
+    record = result_record(result) | {
+        "guide": result.posterior.guide.state_dict(),
+        "point_parameters": [p.detach().clone() for p in family.point_parameters()],
+        "buffers": [b.detach().clone() for b in family.buffers()]}
+    if family.hyperparameters():
+        record["hyperparameters"] = {k: v.detach().clone() for k, v in family.hyperparameters().items()}
+    return record
 
 
 def load_guide_checkpoint(family: ModelFamily, guide: torch.nn.Module, run_dir: Path, device: torch.device) -> dict:

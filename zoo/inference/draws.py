@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from zoo.errors import ZooInputError
-from zoo.inference.base import InferenceMethod, copy_point_parameters, starting_run
+from zoo.inference.base import InferenceMethod, copy_point_parameters, result_record, starting_run
 from zoo.models.base import ModelFamily
 from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import load_checkpoint
@@ -86,6 +86,9 @@ class StoredDraws(InferenceMethod):
 
     def start_from(self, spec) -> Path | None:
         return starting_run(spec.init, self.fresh_starts)
+
+    def fit_record(self, result: MCMCResult) -> dict:
+        return result_record(result)  # the draws, their statistics, the sampler and its settings
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         if start is not None:  # e.g. rank-1's W, fitted by the run the chains started from

@@ -28,7 +28,7 @@ from pydantic import Field, PositiveInt
 from guides.laplace import LaplaceGuide
 from zoo.curvature import ggn
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.inference.base import FitContext, InferenceMethod, load_guide_checkpoint
+from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
 from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
@@ -610,6 +610,9 @@ class Laplace(InferenceMethod):
                                   f"linearise: use model.family: {' or '.join(takes)} (for the subnetwork family, "
                                   "selection size 1.0 gives the whole net)")]
         return []
+
+    def fit_record(self, result) -> dict:
+        return guide_fit_record(result)
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> LaplacePosterior:
         load_guide_checkpoint(family, guide, run_dir, device)

@@ -19,7 +19,7 @@ from zoo import distributed
 from zoo.data.augment import build_augmentation
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
-from zoo.inference.base import FitContext, InferenceMethod, load_guide_checkpoint
+from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
@@ -696,6 +696,9 @@ class SVI(InferenceMethod):
             raise ZooInputError("inference.batch_size", spec.batch_size, f"{why}: set a minibatch size")
         if spec.compile:
             raise ZooInputError("inference.compile", True, f"{why}; compile does not trace that yet: drop it")
+
+    def fit_record(self, result) -> dict:
+        return guide_fit_record(result)
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         load_guide_checkpoint(family, guide, run_dir, device)

@@ -26,7 +26,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, starting_run
+from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
 from zoo.inference.loop import TrainingLoop
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.models.base import ModelFamily
@@ -272,6 +272,11 @@ class SWAG(InferenceMethod):
 
     def start_from(self, spec: SWAGSpec) -> Path | None:
         return starting_run(spec.init, ("net", "prior", "weights"))
+
+    def fit_record(self, result: SWAGResult) -> dict:
+        posterior = result.posterior
+        return result_record(result) | {"moments": {"mean": posterior.mean, "sq_mean": posterior.sq_mean,
+                                                    "deviations": posterior.deviations}}
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> Posterior:
         if start is not None:

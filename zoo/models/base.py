@@ -140,8 +140,20 @@ class ModelFamily(ABC):
         """Fit what the family's structure depends on before any inference (the subnetwork family: its MAP net and
         its selected weights). Nothing for a family whose structure is fixed by the net.
 
+        Written to ``how.run_dir`` as it is fitted (the files its section's :attr:`FamilySection.files` names);
+        without a run directory it is kept in memory, and :meth:`save_structure` writes it later.
+
         :param data: the training data.
         :param how: where to keep it and how to fit it.
+        """
+        return None
+
+    def save_structure(self, run_dir: Path) -> None:
+        """Write what :meth:`fit_structure` fitted in memory (a fit without a run directory) into ``run_dir``, as a
+        fit with one would have kept it (the files of :attr:`FamilySection.files`), so that the run loads from
+        there. Nothing for a family whose structure is fixed by the net.
+
+        :param run_dir: the run directory, claimed by the caller.
         """
         return None
 
@@ -203,6 +215,9 @@ class FamilySection(Strict):
     needs_global_noise: ClassVar[bool] = False  # it takes one observation noise, not a net-predicted one
     supports_autocast: ClassVar[bool] = True  # torch.autocast reaches its layers
     compiles_convolutions: ClassVar[bool] = True  # its step on a convolutional net is no slower compiled
+    # The files and folders it keeps in a run directory beside the inference method's (what it fits of its
+    # structure, :meth:`ModelFamily.fit_structure`), each with what it holds, for messages
+    files: ClassVar[dict[str, str]] = {}
 
     @abstractmethod
     def prior_sites(self, net: nn.Module) -> list[str]:

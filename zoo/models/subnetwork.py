@@ -34,7 +34,15 @@ from zoo.models.all_weights import AllWeightsBNN
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, StructureFit, restore_buffers
 from zoo.nets import ParameterSwap, forward_stacked
 from zoo.priors import PriorSection
-from zoo.runs import POINT_ESTIMATE_FILE, check_covariance_fits, load_point_values, load_torch, save_torch
+from zoo.runs import (
+    CHECKPOINT_FILE,
+    POINT_ESTIMATE_FILE,
+    check_covariance_fits,
+    load_point_values,
+    load_torch,
+    save_checkpoint,
+    save_torch,
+)
 from zoo.sections import Strict, SVISpec
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
@@ -225,6 +233,7 @@ class SubnetworkBNN(ModelFamily):
         self._parts: list = []  # layout.split(indices), kept with the indices: weights() runs every model call
         self.prior_precision: torch.Tensor | None = None
         self.map_values: dict[str, torch.Tensor] = {}
+        self._map_fit: dict[str, object] | None = None  # the MAP net fitted without a run directory, kept in memory
 
     @staticmethod
     def prior_sites(net: nn.Module) -> list[str]:
@@ -237,7 +246,9 @@ class SubnetworkBNN(ModelFamily):
 
     # -- its structure: the MAP net and the subnetwork ---------------------------------------------------
     def fit_structure(self, data: Dataset, how: StructureFit) -> None:
-        """Fit (or load) the MAP net and select the subnetwork; stored in ``how.run_dir`` for resumes and reloads.
+        """Fit (or load) the MAP net and select the subnetwork; stored in ``how.run_dir`` for resumes and reloads
+        (:data:`SUBNET_FILE`, and the MAP fit in :data:`MAP_DIR`), or kept in memory without one
+        (:meth:`save_structure` writes them later).
 
         ``how.fit_map`` is the SVI fit the pipeline hands down (the family does not know inference methods).
 
@@ -286,25 +297,47 @@ class SubnetworkBNN(ModelFamily):
             if self.buffers():
                 restore_buffers(self, self._map_run_buffers(Path(self.spec.map_from), data.x_train.device))
             return {n: v.to(device=data.device, dtype=data.dtype) for n, v in values.items()}
-        # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map; a
-        # frozen parameter (requires_grad=False) keeps its value, as it stays out of the subnetwork
+        # the zoo's MAP member: SVI on the all-weights model with a Delta guide, checkpointed in run_dir/map (kept in
+        # memory without a run directory); a frozen parameter (requires_grad=False) keeps its value, as it stays
+        # out of the subnetwork
         trainable = [n for n, p in self.net.named_parameters() if p.requires_grad]
         all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood, trainable)
         guide = DeltaGuide(all_weights.latent_sites()).to(device=data.device, dtype=data.dtype)
         map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
-        fit_map(all_weights, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
-                progress=progress)
+        fitted = fit_map(all_weights, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
+                         progress=progress)
         values = {**{n: p.detach().clone() for n, p in self.net.named_parameters() if not p.requires_grad},
                   **guide.point_estimate()}
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
             save_torch(map_dir / POINT_ESTIMATE_FILE, values)
+        else:  # what save_structure writes to run_dir/map
+            self._map_fit = {"values": values, "guide": guide.state_dict(),
+                             "seconds": float(getattr(fitted, "seconds", 0.0))}
         return values
+
+    def save_structure(self, run_dir: Path) -> None:
+        """Write the MAP net and the subnetwork fitted in memory: :data:`SUBNET_FILE` (what a reload reads) and,
+        where this fit fitted the MAP net itself, :data:`MAP_DIR` with its ``point_estimate.pt`` (what
+        ``guide.init_from`` and ``model.map_from`` of other runs read) and the final state of its fit
+        (``checkpoint.pt``: the Delta guide and the BatchNorm statistics; no optimiser state, as it is finished).
+
+        :param run_dir: the run directory, claimed by the caller.
+        """
+        if self.indices is None:
+            return
+        run = Path(run_dir)
+        save_torch(run / SUBNET_FILE, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
+        if self._map_fit is not None:
+            save_torch(run / MAP_DIR / POINT_ESTIMATE_FILE, self._map_fit["values"])
+            save_checkpoint(run / MAP_DIR / CHECKPOINT_FILE, {
+                "guide": self._map_fit["guide"], "point_parameters": [], "buffers": self.buffers(),
+                "seconds": self._map_fit["seconds"], "done": True})
 
     def _map_run_buffers(self, source: Path, device: torch.device) -> list[torch.Tensor]:
         """A BatchNorm net's running statistics from the MAP run's checkpoint (a point-estimate file has none)."""
-        checkpoint = source / "checkpoint.pt"
+        checkpoint = source / CHECKPOINT_FILE
         if not checkpoint.exists():
             raise ZooInputError("model.map_from", str(source), "this net has BatchNorm, whose running statistics "
                                 "the MAP run's checkpoint.pt holds: give the MAP run's directory")
@@ -461,6 +494,7 @@ class SubnetworkModelSpec(FamilySection, ModuleChoice):
     linearisable = True
     needs_every_row = True  # the MAP's curvature and the selection are computed over every training row
     needs_global_noise = True  # its linearised Laplace takes a Gaussian of one noise (fixed or learned)
+    files = {SUBNET_FILE: "its selected subnetwork", MAP_DIR: "its MAP net"}
 
     family: Literal["subnetwork"] = Field(description=(
         "subnetwork: a selected subset of a MAP net's weights gets a full-covariance posterior"))
