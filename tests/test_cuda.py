@@ -20,8 +20,7 @@ import torch
 
 from tests.conftest import make_spec
 from tests.test_image_nets import FAMILIES, spec_of
-from zoo import bnn as bnn_module
-from zoo import metrics
+from zoo import assemble, metrics
 from zoo.pipeline import load_run, train
 from zoo.spec import load_spec
 
@@ -98,7 +97,7 @@ def test_a_cuda_run_reads_its_loss_every_fiftieth_step_and_keeps_the_whole_curve
 @pytest.mark.skipif(DEVICE != "cuda", reason="host memory against device memory is CUDA's question")
 def test_training_rows_kept_in_host_memory_train_on_cuda(tmp_path, monkeypatch):
 
-    monkeypatch.setattr(bnn_module, "training_rows_stay_on_host", lambda *args, **kwargs: True)
+    monkeypatch.setattr(assemble, "training_rows_stay_on_host", lambda *args, **kwargs: True)
     lines: list[str] = []
     summary = train(spec_of("rank1", "device=cuda"), tmp_path / "run", progress=False, echo=lines.append)
     assert any("stay in host memory" in line for line in lines) and math.isfinite(summary.metrics["nll"])

@@ -130,6 +130,7 @@ def test_a_notebooks_links_to_site_pages_name_the_built_page_not_its_markdown():
 # fields as tables (docs/reference/api.md, Sphinx style). Add a module here when its docstrings follow the style.
 API_MODULES = [
     "zoo.bnn",
+    "zoo.assemble",
     "zoo.pipeline",
     "zoo.members",
     "zoo.posterior",

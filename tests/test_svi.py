@@ -16,6 +16,7 @@ import torch
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
 from tests.conftest import compiled_step, interrupt_at
+from zoo import assemble
 from zoo import bnn as bnn_module
 from zoo.data import load_dataset
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
@@ -397,7 +398,7 @@ def test_minibatches_moved_from_the_host_take_the_same_steps(spec_factory, overr
 
 
 def test_a_run_whose_training_rows_stay_on_the_host_trains_and_says_so(tmp_path, spec_factory, monkeypatch):
-    monkeypatch.setattr(bnn_module, "training_rows_stay_on_host", lambda *args, **kwargs: True)
+    monkeypatch.setattr(assemble, "training_rows_stay_on_host", lambda *args, **kwargs: True)
     lines = []
     spec = spec_factory("toy", "inference.num_steps=20", "inference.predictive_samples=3")
     summary = train(spec, tmp_path / "host", progress=False, echo=lines.append)

@@ -12,20 +12,17 @@ from pathlib import Path
 
 import torch
 
-from zoo.bnn import (  # noqa: F401 - the building blocks, re-exported for scripts and tests that assemble a run
-    BNN,
+from zoo.assemble import (  # noqa: F401 - the building blocks, re-exported for scripts and tests that assemble a run
     DEVICE_SHARE,
     build,
     build_likelihood,
     check_host_rows,
     describe,
-    holds_a_fit,
-    holds_another_spec,
     place,
     resolve_device,
-    starting_posterior,
     training_rows_stay_on_host,
 )
+from zoo.bnn import BNN, holds_a_fit, holds_another_spec, starting_posterior  # noqa: F401
 from zoo.data import load_dataset
 from zoo.data.base import Dataset
 from zoo.evaluate import ValidationMonitor
