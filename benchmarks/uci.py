@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import mean_se_cell, parse_ranges  # noqa: E402 - sibling module of this script
 
+from zoo import registry  # noqa: E402
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
 from zoo.metrics import mean_and_standard_error  # noqa: E402
@@ -166,7 +167,7 @@ def finished_run(spec: RunSpec, run_dir: Path) -> dict | None:
 def mcmc_verdict(spec: RunSpec, run_dir: Path) -> bool | None:
     """Whether an MCMC run's draws pass ``zoo diagnose --strict`` (as ``zoo train`` ends one); None for the other
     methods."""
-    if spec.inference.method not in ("nuts", "hmc"):
+    if not registry.method_of(spec).exact:
         return None
     from zoo.diagnostics import diagnose
 
