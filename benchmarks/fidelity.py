@@ -11,11 +11,14 @@ seed (digits) and net width, and the members' runs go to ``runs/fidelity/uci/<da
 ``runs/fidelity/digits/digits-seed<NN>/<member>``. Given several references, the script also prints, per data
 set, each member's figures as mean ± standard error over the references (splits or seeds), and how many of them pass
 ``zoo diagnose --strict``; the JSON then holds ``per_reference`` and ``summary``.
-Every member is a table entry below, ``name -> spec overrides`` applied to the reference run's own spec (its
-data, net, prior and likelihood, which a member keeps unless it has to replace them), then trained, or reused:
+Every member is a preset of :data:`zoo.members.MEMBERS` (the zoo's one table of members; ``member: NAME`` in a
+spec) with this benchmark's own settings on top (:data:`MEMBERS` below: the preset's name, the row's label and, on
+the toy and two moons, the run lengths and the settings the toy configs chose), applied to the reference run's own
+spec (its data, net, prior and likelihood, which a member keeps unless it has to replace them: a preset with a
+prior of its own, the rank-1 factors' centred at 1, replaces the reference's), then trained, or reused:
 
 * a run directory next to the reference (e.g. the notebooks' ``runs/notebooks/<topic>/full/mean_field``) whose
-  ``spec.yaml`` equals the spec the table builds is used as it is (the table says which);
+  ``spec.yaml`` equals the spec the table builds, the member's name aside, is used as it is (the table says which);
 * otherwise the run goes to ``--runs-dir`` (default ``runs/fidelity/<toy|moons>/<member>``); a finished run there
   with the same spec is reused, an unfinished one is resumed, and one with a different spec is an error.
 
@@ -97,7 +100,6 @@ from typing import Any
 
 import pyro
 import torch
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -111,6 +113,7 @@ from zoo.diagnostics import (
     trusted_reference,
 )
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.members import MEMBERS as PRESETS
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics
 from zoo.pipeline import load_run, train
 from zoo.runs import METRICS_FILE, SPEC_FILE, write_json
@@ -121,98 +124,71 @@ RATIO_DRAWS, RATIO_SEED, GRID_POINTS = 400, 0, 300  # the regression notebook's 
 
 # The notebooks' SVI settings (configs/mean_field_toy.yaml, configs/rank1_toy.yaml): full batch, 3000 Adam steps.
 SVI = {"method": "svi", "num_steps": 3000, "batch_size": None, "lr": 0.01}
-RANK1_MODEL = {"family": "rank1", "members": 4, "member_likelihood": "average", "weight_decay": 1.0}
+SUBNET_MAP = {"num_steps": 3000, "batch_size": None, "lr": 0.01}  # the subnetwork's MAP fit, by the same settings
 
-# name -> (label, overrides by task). Each override replaces a whole section of the reference's spec (so the
-# section's defaults apply, as when the member's config is loaded), except "net.hidden", set on its own.
+# name -> the row's preset in zoo.members.MEMBERS ("member"), its label, and this benchmark's own settings on the toy
+# and two moons ("overrides": by section, merged into the preset's section key by key, as a spec's own sections
+# are; a value may be given per task, {"regression": ..., "classification": ...}; "net.hidden" is set on its own).
+# On a UCI or digits reference a row is its config for that data instead (member_configs).
 MEMBERS: dict[str, dict[str, Any]] = {
-    "mean_field": {
-        "label": "mean-field VI",
-        "overrides": {"model": {"family": "all_weights"}, "guide": {"name": "mean_field", "init_rho": -5.0},
-                      "inference": {**SVI, "predictive_samples": 200}},
-    },
-    "map": {
-        "label": "MAP",
-        "overrides": {"model": {"family": "all_weights"}, "guide": {"name": "delta"},
-                      "inference": {**SVI, "predictive_samples": 1}},
-    },
-    "mc_dropout": {
-        "label": "MC dropout",
-        "overrides": {"model": {"family": "all_weights"},
-                      "guide": {"regression": {"name": "dropout", "dropout_rate": 0.2},
-                                "classification": {"name": "dropout", "dropout_rate": 0.1}},
-                      "inference": {**SVI, "predictive_samples": 100}},
-    },
-    "deep_ensemble": {
-        "label": "deep ensemble (5)",
-        "overrides": {"model": {"family": "deep_ensemble", "members": 5}, "guide": {"name": "delta"},
-                      "inference": {**SVI, "predictive_samples": 1}},
-    },
-    "rank1": {
-        "label": "rank-1 (K = 4)",
-        "overrides": {"prior": {"name": "normal", "loc": 1.0, "scale": 0.5}, "model": RANK1_MODEL,
-                      "guide": {"name": "mixture", "component": "normal", "init_sign_prob": 0.5, "init_scale": 0.03},
-                      "inference": {**SVI, "predictive_samples": 100}},
-    },
-    "batch_ensemble": {
-        "label": "BatchEnsemble (K = 4)",
-        "overrides": {"prior": {"name": "normal", "loc": 1.0, "scale": 1.0}, "model": RANK1_MODEL,
-                      "guide": {"name": "batch_ensemble", "init_sign_prob": 0.5, "init_rho": -5.0},
-                      "inference": {**SVI, "predictive_samples": 100}},
-    },
+    "mean_field": {"member": "mean_field", "label": "mean-field VI", "overrides": {
+        "guide": {"init_rho": -5.0}, "inference": {**SVI, "predictive_samples": 200}}},
+    "map": {"member": "map", "label": "MAP", "overrides": {"inference": {**SVI, "predictive_samples": 1}}},
+    "mc_dropout": {"member": "mc_dropout", "label": "MC dropout", "overrides": {
+        "guide": {"regression": {"dropout_rate": 0.2}},  # configs/mc_dropout_uci.yaml's; classes: the preset's
+        "inference": {**SVI, "predictive_samples": 100}}},
+    "deep_ensemble": {"member": "deep_ensemble", "label": "deep ensemble (5)", "overrides": {
+        "inference": {**SVI, "predictive_samples": 1}}},
+    "rank1": {"member": "rank1_normal", "label": "rank-1 (K = 4)", "overrides": {  # configs/rank1_toy.yaml's
+        "prior": {"scale": 0.5}, "model": {"weight_decay": 1.0}, "inference": {**SVI, "predictive_samples": 100}}},
+    "batch_ensemble": {"member": "batch_ensemble", "label": "BatchEnsemble (K = 4)", "overrides": {
+        "model": {"weight_decay": 1.0}, "inference": {**SVI, "predictive_samples": 100}}},
     "subnet_laplace": {
+        "member": "subnetwork_laplace",
         "label": {"regression": "subnetwork Laplace (5%, 1-50-50-1 net)",
                   "classification": "subnetwork Laplace (25%)"},
         "overrides": {
             "net.hidden": {"regression": [50, 50]},  # configs/subnet_laplace_toy.yaml's net; moons keep 2-16-2
-            "guide": {},  # inference: laplace names its own guide
             "model": {
-                "regression": {"family": "subnetwork",
-                               "selection": {"strategy": "largest_magnitude", "size": 0.05},
-                               "map": {"num_steps": 3000, "batch_size": None, "lr": 0.01}},
-                "classification": {"family": "subnetwork",
-                                   "selection": {"strategy": "largest_magnitude", "size": 0.25},
-                                   "map": {"num_steps": 3000, "batch_size": None, "lr": 0.01}}},
+                "regression": {"selection": {"strategy": "largest_magnitude", "size": 0.05}, "map": SUBNET_MAP},
+                "classification": {"selection": {"strategy": "largest_magnitude", "size": 0.25}, "map": SUBNET_MAP}},
             "inference": {
-                "regression": {"method": "laplace", "prior_structure": "layer", "predictive": "glm"},
-                "classification": {"method": "laplace", "prior_structure": "layer", "evidence_at": "map",
-                                   "predictive": "glm", "link": "probit"}},
+                "regression": {"predictive": "glm"},
+                "classification": {"evidence_at": "map", "predictive": "glm", "link": "probit"}},
         },
     },
 }
 
 
-def _toy_config(name: str, section: str) -> dict:
-    """A section of ``configs/<name>`` (a new member's toy config, so the toy table runs what the config says)."""
-    return yaml.safe_load((CONFIG_DIR / name).read_text())[section]
+def _toy_inference(name: str) -> dict:
+    """The inference section of ``configs/<name>`` as it resolves (a new member's toy config, so the toy table runs
+    what the config says)."""
+    return load_spec(CONFIG_DIR / name).inference.model_dump(mode="json")
 
 
 # The members that came with the inference-method protocol: on the toy, their configs' settings; on two moons
 # (categorical, far less stiff than the toy's sigma = 0.1), a step 100x larger for the SGD-based ones.
 MOONS_SGMCMC = {"num_chains": 8, "epochs": 4000, "batch_size": None, "lr": 0.05, "burn_in_epochs": 1000,
                 "thin": 25, "predictive_samples": 400}
-MOONS_SWAG = {"method": "swag", "epochs": 100, "pretrain_epochs": 300, "batch_size": 20, "lr": 0.01,
-              "pretrain_lr": 0.05, "momentum": 0.9, "rank": 20, "collect_every": 10, "predictive_samples": 200}
-for _name, _label, _config, _moons in (
-        ("sgld", "SGLD (8 chains)", "sgld_toy.yaml", {"method": "sgld", "schedule": "polynomial", **MOONS_SGMCMC}),
-        ("sghmc", "cyclical SGHMC (8 chains)", "sghmc_toy.yaml",
-         {"method": "sghmc", "schedule": "cyclical", "cycles": 8, **MOONS_SGMCMC}),
-        ("swag", "SWAG", "swag_toy.yaml", {**MOONS_SWAG, "num_models": 1}),
-        ("multiswag", "MultiSWAG (5)", "multiswag_toy.yaml", {**MOONS_SWAG, "num_models": 5})):
-    MEMBERS[_name] = {"label": _label, "overrides": {
-        "model": {"family": "all_weights"}, "guide": {},
-        "inference": {"regression": _toy_config(_config, "inference"), "classification": _moons}}}
+MOONS_SWAG = {"epochs": 100, "pretrain_epochs": 300, "batch_size": 20, "lr": 0.01, "pretrain_lr": 0.05,
+              "collect_every": 10, "predictive_samples": 200}
+for _name, _member, _label, _config, _moons in (
+        ("sgld", "sgld", "SGLD (8 chains)", "sgld_toy.yaml", MOONS_SGMCMC),
+        ("sghmc", "cyclical_sghmc", "cyclical SGHMC (8 chains)", "sghmc_toy.yaml", {"cycles": 8, **MOONS_SGMCMC}),
+        ("swag", "swag", "SWAG", "swag_toy.yaml", MOONS_SWAG),
+        ("multiswag", "multiswag", "MultiSWAG (5)", "multiswag_toy.yaml", MOONS_SWAG)):
+    MEMBERS[_name] = {"member": _member, "label": _label, "overrides": {
+        "inference": {"regression": _toy_inference(_config), "classification": _moons}}}
 for _kind, _label in (("normal", "AutoNormal"), ("low_rank_mvn", "AutoLowRankMVN (rank 10)"),
                       ("mvn", "AutoMultivariateNormal")):
-    MEMBERS[f"auto_{_kind}"] = {"label": f"Pyro {_label}", "overrides": {
-        "model": {"family": "all_weights"}, "guide": {"name": "auto", "auto": _kind, "init_rho": -5.0, "rank": 10},
-        "inference": {**SVI, "predictive_samples": 200}}}
-MEMBERS["auto_laplace_approximation"] = {"label": "Pyro AutoLaplaceApproximation (float64)", "overrides": {
-    "model": {"family": "all_weights"}, "guide": {"name": "auto", "auto": "laplace_approximation"},
-    "inference": {**SVI, "predictive_samples": 200}, "dtype": "float64"}}
-MEMBERS["concrete_dropout"] = {"label": "concrete dropout (learned p)", "overrides": {
-    "model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1},
+    MEMBERS[f"auto_{_kind}"] = {"member": f"auto_{_kind}", "label": f"Pyro {_label}", "overrides": {
+        "guide": {"init_rho": -5.0}, "inference": {**SVI, "predictive_samples": 200}}}
+MEMBERS["auto_laplace_approximation"] = {
+    "member": "auto_laplace_approximation", "label": "Pyro AutoLaplaceApproximation (float64)",
+    "overrides": {"inference": {**SVI, "predictive_samples": 200}, "dtype": "float64"}}
+MEMBERS["concrete_dropout"] = {"member": "concrete_dropout", "label": "concrete dropout (learned p)", "overrides": {
     "inference": {**SVI, "predictive_samples": 200}}}
+assert all(row["member"] in PRESETS for row in MEMBERS.values())
 
 # On a reference on real data (a UCI data set, digits) each member is its own config for that data,
 # configs/<stem>_<topic>.yaml (the stem is the member's name unless CONFIG_STEMS says otherwise), run on the
@@ -271,17 +247,23 @@ def member_label(name: str, task: str, topic: str = "") -> str:
 
 
 def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = None) -> RunSpec:
-    """The reference's spec with member ``name``'s overrides (``steps``: every SVI / MAP step count); on a UCI or
-    digits reference, the member's config for that data on the reference's data (set, split, directory), net width
-    and seed."""
+    """The reference's spec with row ``name``'s preset (:data:`zoo.members.MEMBERS`) and this benchmark's settings
+    in place of its own family, guide, inference (and prior, where the preset has one) (``steps``: every SVI / MAP
+    step count); on a UCI or digits reference, the member's config for that data on the reference's data (set,
+    split, directory), net width and seed."""
     topic = topic_of(reference, task)
     if topic in REAL_DATA_TOPICS:
         tree = load_spec(CONFIG_DIR / member_configs(topic)[name]).model_dump(mode="json")
         tree["data"], tree["seed"] = reference.data.model_dump(mode="json"), reference.seed
         tree["net"]["hidden"] = list(reference.net.hidden)
     else:
+        row = MEMBERS[name]
         tree = reference.model_dump(mode="json")
-        for key, value in MEMBERS[name]["overrides"].items():
+        own = ("model", "guide", "inference", *(("prior",) if "prior" in PRESETS[row["member"]].sections else ()))
+        for section in own:  # the member's: its preset's (zoo.members.with_member), this row's settings on top
+            del tree[section]
+        tree["member"] = row["member"]
+        for key, value in row["overrides"].items():
             value = copy.deepcopy(_by_task(value, task))
             if value is None:
                 continue
@@ -289,6 +271,10 @@ def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = No
                 tree["net"]["hidden"] = value
             else:
                 tree[key] = value
+        tree = load_spec(tree).model_dump(mode="json")
+    # the spec without the member's name, as this benchmark built it before the presets, so that its runs from then
+    # are found, reused and resumed (the resolved sections are the run; _same_spec ignores the name either way)
+    tree["member"] = None
     if steps is not None:
         if tree["inference"].get("method") == "svi":
             tree["inference"]["num_steps"] = steps
@@ -298,10 +284,13 @@ def member_spec(reference: RunSpec, name: str, task: str, steps: int | None = No
 
 
 def _same_spec(run_dir: Path, spec: RunSpec) -> bool:
+    """Whether the run in ``run_dir`` is of ``spec``, the member's name aside (a run of a config that says
+    ``member: mean_field`` is the run of the same sections without it)."""
     try:
-        return load_spec(run_dir / SPEC_FILE).model_dump() == spec.model_dump()
+        saved = load_spec(run_dir / SPEC_FILE).model_dump()
     except ZooInputError:  # a spec.yaml this version no longer reads
         return False
+    return {**saved, "member": None} == {**spec.model_dump(), "member": None}
 
 
 def _finished(run_dir: Path) -> bool:

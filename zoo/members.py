@@ -2,9 +2,15 @@
 run spec) under one name, so that ``member: rank1_cauchy`` in a spec, or ``zoo.BNN(net, member="rank1_cauchy")``,
 is the whole member, and anything given beside it overrides its part.
 
-A preset holds only what makes the member what it is (the rank-1 Cauchy member's family, mixture guide and Cauchy
-prior centred at 1); the data, the net and run lengths stay the user's. The settings are the shipped digits configs'
-(``configs/<member>_digits.yaml``). Adding a member is one entry in :data:`MEMBERS`.
+A preset holds what makes the member what it is (the rank-1 Cauchy member's family, mixture guide and Cauchy
+prior centred at 1), with the digits configs' values for the settings that are tuned per data set (the factors'
+prior scale, the dropout rate, the subnetwork's selection); the data, the net, run lengths and learning rates stay
+the user's. This is the zoo's one table of members: every shipped config names its member (``member:
+rank1_cauchy`` in ``configs/rank1_cauchy_digits.yaml``) and sets only what is its own, a config for other data
+overriding the tuned values it chose otherwise, and ``benchmarks/fidelity.py`` builds its members from these
+presets. A member's digits config (``configs/<member>_digits.yaml``; Bayes by Backprop's is
+``mean_field_digits.yaml``) overrides none of its preset's values. Adding a member is one entry in
+:data:`MEMBERS`.
 """
 
 from __future__ import annotations
@@ -31,60 +37,68 @@ class Member:
 
 RANK1 = {"family": "rank1", "members": 4}
 PRIOR_AT_ONE = {"name": "normal", "loc": 1.0, "scale": 0.1}  # rank-1 factors: centred at 1
+SWAG = {"method": "swag", "momentum": 0.9, "rank": 20}
 
 MEMBERS: dict[str, Member] = {
     "map": Member("MAP: one point estimate of every weight under the prior (weight decay)",
                   {"model": {"family": "all_weights"}, "guide": {"name": "delta"}}),
     "mean_field": Member("Bayes by Backprop: a factorised Gaussian per weight, sigma = softplus(rho)",
                          {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"}}),
-    "bayes_by_backprop": Member("Bayes by Backprop with its scale-mixture prior and local reparameterisation "
-                                "(Blundell et al. 2015)",
+    "bayes_by_backprop": Member("Bayes by Backprop with its scale-mixture prior (pi 0.5, sigma1 1, sigma2 0.0025) "
+                                "and local reparameterisation (Blundell et al. 2015)",
                                 {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"},
                                  "prior": {"name": "scale_mixture", "pi": 0.5, "sigma1": 1.0, "sigma2": 0.0025},
                                  "inference": {"method": "svi", "local_reparam": True}}),
-    "mc_dropout": Member("MC dropout: Bernoulli masks on every weight matrix's inputs but the first (Gal & "
+    "mc_dropout": Member("MC dropout: Bernoulli masks, p = 0.1, on every weight matrix's inputs but the first (Gal & "
                          "Ghahramani 2016)",
                          {"model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout_rate": 0.1}}),
-    "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer (Gal, Hron & Kendall 2017)",
+    "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer from p = 0.1 (Gal, Hron & "
+                               "Kendall 2017)",
                                {"model": {"family": "all_weights"},
                                 "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1}}),
-    "deep_ensemble": Member("deep ensemble: K independently initialised MAP nets (Lakshminarayanan et al. 2017)",
+    "deep_ensemble": Member("deep ensemble: K = 5 independently initialised MAP nets (Lakshminarayanan et al. 2017)",
                             {"model": {"family": "deep_ensemble", "members": 5}, "guide": {"name": "delta"}}),
-    "rank1_normal": Member("rank-1 BNN: shared W, Gaussian rank-1 factors per member, a mixture guide "
-                           "(Dusenberry et al. 2020)",
+    "rank1_normal": Member("rank-1 BNN: shared W, K = 4 members' rank-1 factors with Normal(1, 0.1) priors, a mixture "
+                           "guide (Dusenberry et al. 2020)",
                            {"model": RANK1, "guide": {"name": "mixture"}, "prior": PRIOR_AT_ONE}),
-    "rank1_cauchy": Member("rank-1 BNN with Cauchy priors on the factors (Dusenberry et al. 2020)",
+    "rank1_cauchy": Member("rank-1 BNN with Cauchy(1, 0.1) priors on the factors of K = 4 members (Dusenberry et al. "
+                           "2020)",
                            {"model": RANK1, "guide": {"name": "mixture"},
                             "prior": {"name": "cauchy", "loc": 1.0, "scale": 0.1}}),
-    "rank1_gsm": Member("rank-1 BNN with a hierarchical Gaussian scale mixture on the factors, non-centred",
+    "rank1_gsm": Member("rank-1 BNN, K = 4, with a hierarchical Gaussian scale mixture on the factors (1 + tau z, "
+                        "half-Cauchy tau of scale 0.3 per neuron), non-centred; a mixture of Cauchy components",
                         {"model": RANK1, "guide": {"name": "mixture", "component": "cauchy"},
-                         "prior": {"name": "gsm", "loc": 1.0, "scale": 0.3}}),
-    "batch_ensemble": Member("BatchEnsemble: the rank-1 BNN's Dirac special case (Wen et al. 2020)",
+                         "prior": {"name": "gsm", "loc": 1.0, "scale_prior": "half_cauchy", "scale": 0.3}}),
+    "batch_ensemble": Member("BatchEnsemble: the rank-1 BNN's Dirac special case, K = 4 (Wen et al. 2020)",
                              {"model": RANK1, "guide": {"name": "batch_ensemble"},
                               "prior": {"name": "normal", "loc": 1.0, "scale": 1.0}}),
-    "subnetwork_laplace": Member("subnetwork linearised Laplace: a full-covariance Gaussian over selected weights "
-                                 "of a MAP net, prior tuned by the evidence (Daxberger et al. 2021)",
+    "subnetwork_laplace": Member("subnetwork linearised Laplace: a full-covariance Gaussian over the 10% of a MAP "
+                                 "net's weights with the largest variance, one prior precision per layer tuned by "
+                                 "the evidence (Daxberger et al. 2021)",
                                  {"model": {"family": "subnetwork", "selection": {"strategy": "largest_variance",
                                                                                   "size": 0.1}},
-                                  "prior": {"name": "normal", "scale": 1.0},
                                   "inference": {"method": "laplace", "prior_structure": "layer"}}),
-    "swag": Member("SWAG: a Gaussian from SGD iterates (Maddox et al. 2019)",
-                   {"inference": {"method": "swag", "num_models": 1, "pretrain_lr": 0.1, "momentum": 0.9,
-                                  "rank": 20}}),
-    "multiswag": Member("MultiSWAG: several SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",
-                        {"inference": {"method": "swag", "num_models": 5, "pretrain_lr": 0.1, "momentum": 0.9,
-                                       "rank": 20}}),
-    "sgld": Member("stochastic-gradient Langevin dynamics, several chains (Welling & Teh 2011)",
+    "swag": Member("SWAG: a diagonal + rank-20 Gaussian from SGD iterates, momentum 0.9 (Maddox et al. 2019)",
+                   {"inference": {**SWAG, "num_models": 1}}),
+    "multiswag": Member("MultiSWAG: 5 SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",
+                        {"inference": {**SWAG, "num_models": 5}}),
+    "sgld": Member("stochastic-gradient Langevin dynamics, 4 chains, polynomial step decay (Welling & Teh 2011)",
                    {"inference": {"method": "sgld", "num_chains": 4, "schedule": "polynomial"}}),
-    "cyclical_sghmc": Member("cyclical SGHMC: restarts of a cosine step size, draws kept at the ends of cycles "
-                             "(Zhang et al. 2020)",
+    "cyclical_sghmc": Member("cyclical SGHMC: 4 chains, 4 restarts of a cosine step size, draws kept at the ends of "
+                             "cycles (Zhang et al. 2020)",
                              {"inference": {"method": "sghmc", "num_chains": 4, "schedule": "cyclical",
                                             "cycles": 4, "exploration": 0.5, "momentum": 0.9}}),
-    "hmc": Member("the zoo's many-chain HMC, ChEES-tuned trajectories: the gold standard for small nets",
-                  {"inference": {"method": "hmc", "num_chains": 64}}),
-    "nuts": Member("Pyro's NUTS, chain after chain", {"inference": {"method": "nuts", "num_chains": 4}}),
-    "auto_low_rank_mvn": Member("Pyro's AutoLowRankMultivariateNormal over every latent",
-                                {"guide": {"name": "auto", "auto": "low_rank_mvn"}}),
+    "hmc": Member("the zoo's many-chain HMC (16 chains in one batched computation), ChEES-tuned trajectories: the "
+                  "gold standard for small nets",
+                  {"inference": {"method": "hmc", "num_chains": 16}}),
+    "nuts": Member("Pyro's NUTS, 4 chains, chain after chain", {"inference": {"method": "nuts", "num_chains": 4}}),
+    "auto_normal": Member("Pyro's AutoNormal over every latent", {"guide": {"name": "auto", "auto": "normal"}}),
+    "auto_low_rank_mvn": Member("Pyro's AutoLowRankMultivariateNormal over every latent, rank 10",
+                                {"guide": {"name": "auto", "auto": "low_rank_mvn", "rank": 10}}),
+    "auto_mvn": Member("Pyro's AutoMultivariateNormal over every latent", {"guide": {"name": "auto", "auto": "mvn"}}),
+    "auto_laplace_approximation": Member("Pyro's AutoLaplaceApproximation: the MAP point polished by L-BFGS, the "
+                                         "inverse Hessian there as covariance",
+                                         {"guide": {"name": "auto", "auto": "laplace_approximation"}}),
 }
 
 

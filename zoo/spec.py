@@ -560,13 +560,16 @@ def spec_to_yaml(spec: RunSpec) -> str:
 
 def run_identity(spec: RunSpec) -> dict:
     """What makes two specs the same run: the spec as a dict, less where its data lives (``data.dir``), so a run
-    directory copied to another machine resumes there with that machine's data directory.
+    directory copied to another machine resumes there with that machine's data directory, and less the ``member``
+    name, which only says where the sections came from (a run started from a spec that spelled them out resumes
+    from one that names their member).
 
     :param spec: a validated spec.
-    :returns: ``spec.model_dump()`` without ``data.dir``.
+    :returns: ``spec.model_dump()`` without ``data.dir`` and ``member``.
     """
     tree = spec.model_dump()
     tree["data"].pop("dir", None)
+    tree.pop("member", None)
     return tree
 
 
