@@ -369,6 +369,24 @@ def test_sgmcmc_refuses_a_burn_in_that_leaves_no_draw():
     assert err.value.field == "inference.burn_in_epochs"
 
 
+@pytest.mark.parametrize("epochs", [1, 3, 30, 200])
+def test_sgmcmc_burns_in_a_quarter_of_any_budget_by_default(epochs):
+    """burn_in_epochs left out is a quarter of the run's epochs (50 of the default 200, the old fixed value), so any
+    number of epochs keeps draws; a burn-in given keeps its value."""
+    spec = load_spec(linear_spec("sghmc", epochs=epochs, thin=1)).inference
+    assert spec.burn_in_epochs is None and sgmcmc.burn_in_steps(spec, 100) == int(epochs * 100 * sgmcmc.BURN_IN_SHARE)
+    assert sgmcmc.kept_steps(spec, epochs * 100, 100)[0] >= 25 * epochs  # none before the burn-in's end
+    assert sgmcmc.burn_in_steps(load_spec(linear_spec("sghmc", burn_in_epochs=2.0)).inference, 4) == 8
+
+
+def test_a_default_burn_in_too_short_to_keep_a_draw_names_the_epochs():
+    spec = load_spec(linear_spec("sgld", epochs=1, thin=1000, batch_size=None))
+    data, family, guide, _ = prepare(spec)
+    with pytest.raises(ZooInputError, match="leave no draw to keep.*run more epochs") as err:
+        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+    assert err.value.field == "inference.epochs"
+
+
 def test_net_initialisation_redraws_the_net_for_every_chain_and_puts_it_back():
     spec = load_spec({"data": {"name": "toy_gap", "n_train": 20}, "net": {"hidden": [8]}, "likelihood": {"noise": 0.1},
                       "inference": {"method": "sgld"}})

@@ -74,6 +74,8 @@ from zoo.tasks import task_of
 if TYPE_CHECKING:
     import arviz
 
+BUDGET_SETTINGS = ("epochs", "num_steps")  # a fit's budget: where it goes is its method's (budget_section)
+
 # What BNN's arguments take, for its signatures (the docstrings say what each accepts in full):
 PartChoice = str | Mapping[str, Any] | BaseModel | None  # a registered name, the spec section as a dict, or the section
 TrainingData = Rows | Dataset | DataSection | Mapping[str, Any]  # rows, a zoo Dataset, a data section (or its dict)
@@ -352,11 +354,20 @@ class BNN:
     # -- fitting -----------------------------------------------------------------------------------------
     @staticmethod
     def _with_settings(spec: RunSpec, settings: dict[str, Any]) -> RunSpec:
-        """A copy of ``spec`` with ``settings`` in its inference section (``spec`` itself is left as it is)."""
+        """A copy of ``spec`` with ``settings`` in its inference section (``spec`` itself is left as it is); the
+        budget (``epochs``, ``num_steps``) in the section its method trains in (e.g. Laplace's MAP phase)."""
         if not settings:
             return spec
         tree = spec.model_dump(mode="json")
-        tree["inference"] = {**tree["inference"], **settings}
+        where = registry.method_of(spec).budget_section
+        budget = {k: v for k, v in settings.items() if k in BUDGET_SETTINGS and where != "inference"}
+        tree["inference"] = {**tree["inference"], **{k: v for k, v in settings.items() if k not in budget}}
+        if budget:
+            *path, last = where.split(".")
+            section = tree
+            for key in path:
+                section = section[key]
+            section[last] = {**section[last], **budget}
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         return _attach(load_spec(tree), module, None)
 

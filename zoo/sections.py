@@ -6,9 +6,10 @@ composes every section into a whole :class:`~zoo.spec.RunSpec`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     Field,
     NonNegativeInt,
     PositiveFloat,
@@ -18,7 +19,25 @@ from pydantic import (
 
 from zoo.parts import Strict
 
-__all__ = ["CUDA_READ_LOSS_EVERY", "SVISpec", "Strict", "Tempered"]
+__all__ = ["CUDA_READ_LOSS_EVERY", "MAX_EPOCHS", "MAX_STEPS", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
+
+# A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
+# larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
+MAX_EPOCHS = 100_000
+MAX_STEPS = 100_000_000
+
+
+def _at_most(limit: int, unit: str):
+    def check(value: int | None) -> int | None:
+        if value is not None and value > limit:
+            raise ValueError(f"{value:,} {unit} is more than any fit takes: give at most {limit:,}")
+        return value
+    return AfterValidator(check)
+
+
+# Whole numbers of epochs (1 or more) and of steps (0 or more) up to the ceiling; a fraction or a negative is refused
+Epochs = Annotated[int, Field(gt=0), _at_most(MAX_EPOCHS, "epochs")]
+Steps = Annotated[int, Field(ge=0), _at_most(MAX_STEPS, "steps")]
 
 
 # ------------------------------------------------------------------------------------------ inference
@@ -41,8 +60,8 @@ class SVISpec(Tempered):
     elbo: Literal["trace_mean_field", "trace"] = Field("trace_mean_field", description=(
         "trace_mean_field (analytic KL where one exists, Pyro's TraceMeanField_ELBO) or trace (Monte Carlo "
         "KL, Trace_ELBO)"))
-    epochs: PositiveInt | None = Field(100, description="passes over the training rows (num_steps overrides it)")
-    num_steps: NonNegativeInt | None = Field(None, description="overrides epochs when set (0: no step, the guide as "
+    epochs: Epochs | None = Field(100, description="passes over the training rows (num_steps overrides it)")
+    num_steps: Steps | None = Field(None, description="overrides epochs when set (0: no step, the guide as "
                                              "it starts, e.g. MC dropout at a trained net's weights)")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     optimizer: Literal["adam", "clipped_adam"] = Field("adam", description=(

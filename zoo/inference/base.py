@@ -107,6 +107,10 @@ class InferenceMethod(ABC):
     # continue their chains to that many draws instead of starting again (a reference grown until it converges)
     adds_draws: ClassVar[tuple[str, ...]] = ()
 
+    # Where a fit's budget (``fit(epochs=E)`` or ``num_steps=``) goes: the method's own section, or the spec section
+    # of the phase that trains (Laplace: the family's MAP phase, ``model.map``), so every member reads the same budget
+    budget_section: ClassVar[str] = "inference"
+
     def convergence_advice(self, spec: Any, posterior: Any) -> list[str]:
         """What to change when this run's draws fail their convergence checks, read off the fit (e.g. a cap the
         sampler's adaptation ran into); the verdict's generic advice covers the rest. None by default.

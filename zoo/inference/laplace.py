@@ -593,6 +593,7 @@ class Laplace(InferenceMethod):
     streams_rows = True
     names = ("laplace",)
     spec = LaplaceSpec
+    budget_section = "model.map"  # the MAP net's training is the fit's budget; the Laplace step takes none
     fitter = staticmethod(fit_laplace)
     files = (CHECKPOINT_FILE,)
     summary = "linearised Laplace at the MAP (subnetwork family), prior tuned by the evidence"

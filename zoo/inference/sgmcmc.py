@@ -51,7 +51,9 @@ from zoo.inference.loop import TrainingLoop
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import Tempered
+from zoo.sections import Epochs, Tempered
+
+MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
 class SGMCMCSpec(Tempered):
@@ -61,7 +63,7 @@ class SGMCMCSpec(Tempered):
         "sgld (Welling & Teh 2011) or sghmc (cyclical SGHMC, Zhang et al. 2020)"))
     num_chains: PositiveInt = Field(4, description=(
         "chains run in lockstep on the same minibatches, each with its own noise"))
-    epochs: PositiveInt = Field(200, description="passes over the training rows")
+    epochs: Epochs = Field(200, description="passes over the training rows")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.1, description="learning rate of the per-row loss U/N (the step on U is lr / N)")
     schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
@@ -70,8 +72,12 @@ class SGMCMCSpec(Tempered):
     exploration: float = Field(0.5, ge=0.0, lt=1.0, description="cyclical: share of each cycle run without noise "
                                "(SGD with momentum); draws come from the rest")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sghmc: 1 - friction (the SGD momentum)")
-    burn_in_epochs: NonNegativeFloat = Field(50.0, description="epochs before the first kept draw")
-    thin: PositiveInt = Field(10, description="keep every thin-th step's state after burn-in")
+    burn_in_epochs: NonNegativeFloat | None = Field(None, description=(
+        "epochs before the first kept draw; null: a quarter of the run's epochs (50 of the default 200), so that any "
+        "number of epochs keeps draws"))
+    thin: PositiveInt | None = Field(None, description=(
+        "keep every thin-th step's state after burn-in; null: every 10th, or closer where the run is short, so that "
+        f"each chain keeps {MIN_KEPT_DRAWS} draws where it has that many sampling steps"))
     preconditioner: Literal["none", "rmsprop", "scale_adapted"] = Field(
         "none", description="a diagonal inverse mass from the squared gradients, frozen while draws are kept. "
         "rmsprop (pSGLD, Li et al. 2016): rescaled to mean 1, estimated in burn-in; for likelihoods stiff in some "
@@ -175,6 +181,22 @@ PRECONDITION_HINT = {
 }
 
 
+DEFAULT_THIN = 10  # every 10th sampling step becomes a draw where thin is not given, unless the run is short
+BURN_IN_SHARE = 0.25  # the share of the run's epochs spent in burn-in when burn_in_epochs is not given
+
+
+def burn_in_steps(spec: SGMCMCSpec, per_epoch: int) -> int:
+    """The steps before the first kept draw (and over which a preconditioner adapts): ``burn_in_epochs``, or
+    :data:`BURN_IN_SHARE` of the run's epochs where it is not given, so a run of any length keeps draws.
+
+    :param spec: the run's ``inference`` section.
+    :param per_epoch: steps per epoch.
+    :returns: the burn-in steps.
+    """
+    epochs = spec.burn_in_epochs if spec.burn_in_epochs is not None else BURN_IN_SHARE * spec.epochs
+    return int(epochs * per_epoch)
+
+
 def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
     """The steps whose state becomes a draw: after burn-in, every ``thin``-th sampling step.
 
@@ -183,9 +205,10 @@ def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
     :param per_epoch: steps per epoch (for ``burn_in_epochs``).
     :returns: the kept steps, ascending.
     """
-    burn_in = int(spec.burn_in_epochs * per_epoch)
+    burn_in = burn_in_steps(spec, per_epoch)
     sampling = [t for t in range(burn_in, total) if step_size(spec, t, total)[1]]
-    return sampling[spec.thin - 1::spec.thin]
+    thin = spec.thin if spec.thin is not None else max(1, min(DEFAULT_THIN, len(sampling) // MIN_KEPT_DRAWS))
+    return sampling[thin - 1::thin]
 
 
 def fit_sgmcmc(fit: FitContext) -> MCMCResult:
@@ -217,6 +240,9 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     total = spec.epochs * loop.per_epoch
     keep = set(kept_steps(spec, total, loop.per_epoch))
     if not keep:
+        if spec.burn_in_epochs is None:
+            raise ZooInputError("inference.epochs", spec.epochs, f"{total} steps leave no draw to keep after burn-in "
+                                "and thinning: run more epochs" + (", or lower inference.thin" if spec.thin else ""))
         raise ZooInputError("inference.burn_in_epochs", spec.burn_in_epochs, f"leaves no draw to keep in {spec.epochs} "
                             "epochs: lower it or the thinning, or run more epochs")
     chains = _Chains(fit, loop, total, keep)
@@ -258,7 +284,7 @@ class _Chains:
         self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature)
         self.noise = torch.Generator(device=self.device).manual_seed(fit.seed)
         preconditioned = self.spec.preconditioner != "none"
-        self.adapting = int(self.spec.burn_in_epochs * loop.per_epoch) if preconditioned else 0  # G adapts over these
+        self.adapting = burn_in_steps(self.spec, loop.per_epoch) if preconditioned else 0  # G adapts over these
         self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
 
     # -- the state ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pyro
 import pyro.distributions as dist
@@ -32,7 +32,7 @@ from zoo.inference.potential import Coordinates, MinibatchPotential, initial_poi
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
-from zoo.sections import Tempered
+from zoo.sections import MAX_EPOCHS, Epochs, Tempered
 
 SWAG_FILE = "swag.pt"
 
@@ -42,9 +42,9 @@ class SWAGSpec(Tempered):
 
     method: Literal["swag"] = Field(description="swag (num_models > 1: MultiSWAG)")
     num_models: PositiveInt = Field(1, description="independent SWAG fits; > 1 is MultiSWAG (their mixture)")
-    epochs: PositiveInt = Field(50, description="SGD epochs at the constant lr that collect iterates")
-    pretrain_epochs: NonNegativeInt = Field(100, description="SGD epochs before collecting (0 when init is a MAP "
-                                            "run), lr decayed from pretrain_lr to lr by a cosine")
+    epochs: Epochs = Field(50, description="SGD epochs at the constant lr that collect iterates")
+    pretrain_epochs: Annotated[NonNegativeInt, Field(le=MAX_EPOCHS)] = Field(100, description=(
+        "SGD epochs before collecting (0 when init is a MAP run), lr decayed from pretrain_lr to lr by a cosine"))
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
     pretrain_lr: PositiveFloat = Field(0.05, description="learning rate at the start of pretraining")
@@ -182,9 +182,11 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     every = spec.collect_every or loop.per_epoch
     collections = (total - pretrain) // every
     if collections < spec.rank:
+        enough = math.ceil(spec.rank * every / loop.per_epoch)  # the fewest collecting epochs that reach the rank
         raise ZooInputError("inference.rank", spec.rank, f"SWAG collects only {collections} iterates here "
                             f"({spec.epochs} epochs x {loop.per_epoch} steps, one every {every} steps), fewer than "
-                            "its rank: lower inference.rank, or collect more (epochs, collect_every)")
+                            f"its rank: give epochs {enough} or more, or lower inference.rank to {max(collections, 1)} "
+                            "or less (or collect_every)")
     potential = MinibatchPotential(family, data)
     coords = potential.coords
     if fit.resume:
