@@ -242,3 +242,15 @@ def test_the_fidelity_benchmark_builds_its_rows_from_the_presets():
                 if leaf not in overridden:
                     assert _get(spec, leaf) == value, (name, task, leaf)
             assert spec["member"] is None  # the run's identity as before the presets (fidelity.member_spec)
+
+
+def test_a_section_that_names_another_part_replaces_the_presets_at_any_depth():
+    """A prior override on a config whose member brings a scale-mixture prior: the new default prior replaces the
+    preset's whole (its pi, sigma1, sigma2 are not carried onto a normal prior), as a top-level section would."""
+    gaussian = 'prior:={name: normal, scale: 1.0, sites: {"*.bias": {name: normal, scale: 1.0}}}'
+    spec = load_spec(ROOT / "configs" / "mean_field_digits.yaml", [gaussian])
+    assert spec.member == "bayes_by_backprop" and spec.prior.default.name == "normal"
+    assert load_spec(ROOT / "configs" / "mean_field_digits.yaml").prior.default.name == "scale_mixture"
+    merged = with_member({"member": "bayes_by_backprop", "prior": {"default": {"name": "laplace", "scale": 0.5}}},
+                         {"prior": nested_prior})
+    assert merged["prior"]["default"] == {"name": "laplace", "scale": 0.5}

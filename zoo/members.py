@@ -102,11 +102,18 @@ MEMBERS: dict[str, Member] = {
 }
 
 
+KINDS = ("name", "family", "method")  # the keys that name a part: another part has other settings
+
+
 def _merge(base: dict, over: Mapping) -> dict:
+    """``over`` on top of ``base``, key by key at every depth; a mapping that names another part than the one under
+    it (another ``name``, ``family`` or ``method``) replaces it whole, as its settings are another part's."""
     out = copy.deepcopy(base)
     for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        mine = out.get(key)
+        if isinstance(value, Mapping) and isinstance(mine, dict) and not any(
+                k in value and k in mine and value[k] != mine[k] for k in KINDS):
+            out[key] = _merge(mine, value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -114,7 +121,8 @@ def _merge(base: dict, over: Mapping) -> dict:
 
 def with_member(tree: dict, normal_forms: Mapping[str, Any] | None = None) -> dict:
     """A spec tree with its ``member`` preset underneath: the preset's sections, overridden key by key by the
-    spec's own (a section that names another part, e.g. ``guide: {name: delta}``, replaces the preset's whole).
+    spec's own (a section that names another part, e.g. ``guide: {name: delta}`` or a prior's ``default: {name:
+    normal}``, replaces the preset's whole, at any depth).
 
     :param tree: the spec as written, with or without ``member``.
     :param normal_forms: a section's normal form where it can be written two ways (the prior's flat and nested
@@ -131,10 +139,4 @@ def with_member(tree: dict, normal_forms: Mapping[str, Any] | None = None) -> di
     normal = dict(normal_forms or {})
     tree = {k: normal[k](v) if k in normal else v for k, v in tree.items()}
     out = {k: normal[k](v) if k in normal else v for k, v in copy.deepcopy(MEMBERS[name].sections).items()}
-    for key, value in tree.items():
-        mine = out.get(key)
-        renames = isinstance(value, Mapping) and isinstance(mine, dict) and any(
-            k in value and k in mine and value[k] != mine[k] for k in ("name", "family", "method"))
-        out[key] = copy.deepcopy(value) if renames or not isinstance(mine, dict) or not isinstance(value, Mapping) \
-            else _merge(mine, value)
-    return out
+    return _merge(out, tree)
