@@ -83,7 +83,8 @@ CASES = [
                  ("net.hidden: got [100]; unknown setting here; it belongs to: cnn, mlp",
                   "write --set net:=... to replace it"), {},
                  id="set-mapping-merges"),
-    pytest.param(zoo("mean_field_digits", "--set", "prior={name: cauchy}"), 2,
+    # (a config whose own prior is a scale mixture: a member's preset gives way to another prior whole)
+    pytest.param(zoo("auto_normal_digits", "--set", "prior={name: cauchy}"), 2,
                  ("prior.default.pi", "write --set prior:=... to replace it"), {}, id="set-prior-merges"),
     # 6. files that are not UTF-8
     pytest.param(zoo("mean_field_toy", "--set", CSV_DATA), 2,
