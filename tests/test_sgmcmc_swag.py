@@ -361,12 +361,16 @@ def test_swag_refuses_fewer_iterates_than_its_rank_and_a_temperature():
         load_spec(linear_spec("swag", temperature=0.5))
 
 
-def test_sgmcmc_refuses_a_burn_in_that_leaves_no_draw():
-    spec = load_spec(linear_spec("sgld", epochs=10, burn_in_epochs=10, batch_size=None))
+@pytest.mark.parametrize("settings, field, says", [
+    ({"epochs": 10, "burn_in_epochs": 10}, "inference.burn_in_epochs", "leaves no draw"),  # a burn-in given
+    ({"epochs": 1, "thin": 1000}, "inference.epochs", "leave no draw to keep.*run more epochs"),  # the default's
+])
+def test_sgmcmc_refuses_a_run_that_keeps_no_draw_naming_what_to_change(settings, field, says):
+    spec = load_spec(linear_spec("sgld", batch_size=None, **settings))
     data, family, guide, _ = prepare(spec)
-    with pytest.raises(ZooInputError, match="leaves no draw") as err:
+    with pytest.raises(ZooInputError, match=says) as err:
         SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
-    assert err.value.field == "inference.burn_in_epochs"
+    assert err.value.field == field
 
 
 @pytest.mark.parametrize("epochs", [1, 3, 30, 200])
@@ -377,14 +381,6 @@ def test_sgmcmc_burns_in_a_quarter_of_any_budget_by_default(epochs):
     assert spec.burn_in_epochs is None and sgmcmc.burn_in_steps(spec, 100) == int(epochs * 100 * sgmcmc.BURN_IN_SHARE)
     assert sgmcmc.kept_steps(spec, epochs * 100, 100)[0] >= 25 * epochs  # none before the burn-in's end
     assert sgmcmc.burn_in_steps(load_spec(linear_spec("sghmc", burn_in_epochs=2.0)).inference, 4) == 8
-
-
-def test_a_default_burn_in_too_short_to_keep_a_draw_names_the_epochs():
-    spec = load_spec(linear_spec("sgld", epochs=1, thin=1000, batch_size=None))
-    data, family, guide, _ = prepare(spec)
-    with pytest.raises(ZooInputError, match="leave no draw to keep.*run more epochs") as err:
-        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
-    assert err.value.field == "inference.epochs"
 
 
 def test_net_initialisation_redraws_the_net_for_every_chain_and_puts_it_back():

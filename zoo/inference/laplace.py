@@ -555,7 +555,7 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     :raises TrainingDiverged: when GGN + prior precision is not positive definite.
     """
     site = gaussian_site(fit.guide)
-    path = Path(fit.run_dir) / CHECKPOINT_FILE if fit.run_dir is not None else None
+    path = fit.file(CHECKPOINT_FILE)
     if fit.resume and path is not None and checkpoint_exists(path):
         return _resume_finished(fit, path)
 

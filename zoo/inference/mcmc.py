@@ -794,7 +794,7 @@ def fit_mcmc(fit: FitContext) -> MCMCResult:
                           chain_chunk=spec.chain_chunk)
     coords = potential.coords
     check_size(coords, spec)
-    path = Path(fit.run_dir) / SAMPLES_FILE if fit.run_dir is not None else None
+    path = fit.file(SAMPLES_FILE)
     resumable = fit.resume and path is not None and checkpoint_exists(path)
     state = load_checkpoint(path, data.x_train.device, set_aside=True) if resumable else None
     if fit.resume and state is None:

@@ -174,7 +174,7 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     """
     family, data, spec = fit.family, fit.data, fit.spec
     refuse_batch_dependent(family, "SWAG")
-    path = Path(fit.run_dir) / SWAG_FILE if fit.run_dir is not None else None
+    path = fit.file(SWAG_FILE)
     loop = TrainingLoop(data.n_train, spec.batch_size, fit.seed + 1, path, spec.checkpoint_every, "SWAG", fit.progress,
                         fit.log, data.x_train.device, stream=data if data.streamed else None)
     pretrain = spec.pretrain_epochs * loop.per_epoch
