@@ -445,7 +445,7 @@ def compare_reference(reference: Path, names: list[str], args: argparse.Namespac
     predictives = [run_predictive(run_dir, args.samples) for _, run_dir, _, _ in entries]  # one set of draws each
     rows = []
     for (name, run_dir, how, seconds), row, predictive, spec in zip(entries, compare_predictives(
-            predictives[0], predictives[1:]), predictives, specs, strict=True):
+            predictives[0], predictives[1:], same_net=False)[0], predictives, specs, strict=True):
         label = f"{method.upper()} (reference, {ref_spec.inference.num_chains} chains)" if how == "reference" \
             else member_label(name, task, topic)
         fidelity = {k: row[k] for k in columns[:2]}

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import subprocess
@@ -52,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, split_run_dir  # noqa: E402
 
-from zoo.diagnostics import DIAGNOSTICS_FILE, ESS_MIN, NOT_CONVERGED_EXIT, RHAT_MAX  # noqa: E402
+from zoo.diagnostics import DIAGNOSTICS_FILE, NOT_CONVERGED_EXIT, check_value, estimated_draws  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
 from zoo.runs import write_text  # noqa: E402
@@ -83,13 +82,6 @@ class Progress:
     estimated_hours_left: float | None = None
 
 
-def estimated_draws(draws: int, r_hat: float, ess: float) -> int:
-    """Draws per chain a failing run may need: R-hat - 1 and 1 / ESS taken to shrink in proportion to the draws."""
-    need_r_hat = draws * (r_hat - 1.0) / (RHAT_MAX - 1.0) if r_hat > RHAT_MAX else draws
-    need_ess = draws * ESS_MIN / ess if 0 < ess < ESS_MIN else draws
-    return math.ceil(max(draws, need_r_hat, need_ess))
-
-
 def _verdict(run: Path, draws: int) -> dict:
     """The run's diagnostics.json when it counts the run's draws (zoo train writes it with each verdict), else a
     fresh diagnosis (minutes for a long run), which writes it."""
@@ -101,11 +93,6 @@ def _verdict(run: Path, draws: int) -> dict:
         if result.get("num_draws") == draws:
             return result
     return diagnose(run, plots=False)
-
-
-def _check_value(result: dict, starts: str) -> float | None:
-    values = [c["value"] for c in result["checks"] if c["check"].startswith(starts) and c["value"] is not None]
-    return float(values[0]) if values else None
 
 
 def progress(reference: str, run: Path) -> Progress:
@@ -134,9 +121,9 @@ def progress(reference: str, run: Path) -> Progress:
         row.estimated_hours_left = (row.iterations_asked - row.iterations_done) * per_iteration / 3600
         return row
     result = _verdict(run, row.draws_per_chain)
-    row.r_hat_max = _check_value(result, "R-hat")
-    row.ess_min = _check_value(result, "bulk/tail ESS")
-    divergences = _check_value(result, "divergences")
+    row.r_hat_max = check_value(result, "R-hat")
+    row.ess_min = check_value(result, "bulk/tail ESS")
+    divergences = check_value(result, "divergences")
     row.divergences = None if divergences is None else int(divergences)
     row.state = "not converged" if result["warnings"] else "converged"
     if row.state == "not converged" and row.r_hat_max is not None and row.ess_min is not None:

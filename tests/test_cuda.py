@@ -204,7 +204,7 @@ def test_zoo_eval_prune_diagnose_and_compare_read_cuda_runs(tmp_path, capsys):
         assert all(on_device(p) for p in posterior.guide.parameters())
         result = diagnose(run, num_samples=16, plots=False)
         assert all_finite(result["function_space"]) and result["pareto_k"]["num_draws"] == 16
-    rows = compare(mean_field, [mvn], num_samples=8, allow_unconverged=True)
+    rows = compare(mean_field, mvn, num_samples=8, allow_unconverged=True).rows
     assert len(rows) == 2 and all(math.isfinite(r["w1"]) and 0 <= r["coverage_95"] <= 1 for r in rows)
 
 

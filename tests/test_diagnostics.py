@@ -307,7 +307,9 @@ def test_pareto_k_of_a_vi_run(vi_dir):
 
 # ------------------------------------------------------------------------------------------ compare
 def test_compare_a_regression_run_with_itself_and_with_hmc(vi_dir, hmc_dir, tmp_path):
-    rows = compare(vi_dir, [vi_dir, hmc_dir], num_samples=50, out_dir=tmp_path, allow_unconverged=True)
+    found = compare(vi_dir, vi_dir, hmc_dir, num_samples=50, allow_unconverged=True)
+    found.plot(tmp_path / "compare.png")
+    rows = found.rows
     reference, itself, hmc = rows
     assert all(r["reference_check"].startswith("FAILS: svi/mean_field is not an exact sampler") for r in rows)
     assert reference["reference"] and not itself["reference"]
@@ -317,7 +319,7 @@ def test_compare_a_regression_run_with_itself_and_with_hmc(vi_dir, hmc_dir, tmp_
     assert 0.0 <= hmc["coverage_95"] <= 1.0 and hmc["w1"] > 0.0
     metrics = json.loads((hmc_dir / METRICS_FILE).read_text())
     assert hmc["rmse"] == metrics["rmse"] and hmc["test_ll"] == metrics["test_ll"]
-    assert (tmp_path / "compare.png").is_file() and reference["plot"] == str(tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").is_file() and itself["label"] == reference["label"] + " #2"
     # W1 is scipy's on the predictive samples of y, in original units
     a, b = run_predictive(hmc_dir, 50), run_predictive(vi_dir, 50)
     w1 = np.mean([wasserstein_distance(a.draws[:, i], b.draws[:, i]) for i in range(a.draws.shape[1])])
@@ -333,15 +335,19 @@ def test_coverage_measures_reference_mass_inside_the_interval():
 
 
 def test_compare_a_classification_run_with_itself(moons_dir, tmp_path):
-    rows = compare(moons_dir, [moons_dir], num_samples=20, out_dir=tmp_path, allow_unconverged=True)
+    found = compare(moons_dir, moons_dir, num_samples=20, allow_unconverged=True)
+    found.plot(tmp_path / "compare.png")
+    rows = found.rows
     assert [r["agreement"] for r in rows] == [1.0, 1.0] and [r["tv"] for r in rows] == [0.0, 0.0]
     assert {"accuracy", "nll", "ece"} <= set(rows[1])
     assert (tmp_path / "compare.png").is_file()
 
 
 def test_compare_refuses_runs_on_different_data(moons_dir, vi_dir):
-    with pytest.raises(ZooInputError, match="different data"):
-        compare(moons_dir, [vi_dir], num_samples=5, allow_unconverged=True)
+    with pytest.raises(ZooInputError, match="its task is regression, the reference's classification; its training "
+                       "rows differ from the reference's") as err:
+        compare(moons_dir, vi_dir, num_samples=5, allow_unconverged=True)
+    assert "its net is" in str(err.value)  # 2 inputs vs 1: another net too
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +371,7 @@ def converged_dir(hmc_dir, hmc, tmp_path_factory):
 def test_a_converged_exact_sampler_is_a_trusted_reference(converged_dir, vi_dir):
     standing = reference_standing(converged_dir)
     assert standing.trusted and standing.method == "hmc" and standing.column() == "passes --strict"
-    rows = compare(converged_dir, [vi_dir], num_samples=20)
+    rows = compare(converged_dir, vi_dir, num_samples=20).rows
     assert [r["reference_check"] for r in rows] == ["passes --strict"] * 2
     assert not any((converged_dir / name).exists() for name in ("posterior.nc", "diagnostics.json"))  # read only
 
@@ -384,12 +390,12 @@ def test_compare_refuses_a_reference_that_is_not_one(request, reference, fragmen
     assert fragment in err and "--allow-unconverged" in err
     assert not (tmp_path / "out").exists() and sorted(p.name for p in ref.iterdir()) == before  # nothing written
     with pytest.raises(ZooInputError, match="cannot be trusted as a reference"):
-        compare(ref, [vi_dir], num_samples=5)
+        compare(ref, vi_dir, num_samples=5)
 
 
-def test_compare_refuses_a_single_path_for_the_runs(converged_dir, vi_dir):
-    with pytest.raises(TypeError, match=r"run_dirs is a list of run directories.*compare\("):
-        compare(converged_dir, str(vi_dir))
+def test_compare_refuses_a_list_of_fits_not_unpacked(converged_dir, vi_dir):
+    with pytest.raises(TypeError, match=r"give the fits one by one.*compare\(ref, \*fits\)"):
+        compare(converged_dir, [str(vi_dir)])
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -432,4 +438,5 @@ def test_cli_bad_input_exits_2(tmp_path, vi_dir, capsys, argv, fragment):
 
 def test_compare_cli_on_different_data_exits_2(moons_dir, vi_dir, capsys):
     assert main(["compare", str(moons_dir), str(vi_dir), "--allow-unconverged"]) == 2
-    assert "different data" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: RUN: got 'vi (svi/mean_field)'; cannot be compared") and "training rows differ" in err

@@ -46,12 +46,18 @@ UCI = Path(os.environ.get("ZOO_DATA_DIR") or ROOT.parent / "shared" / "data" / "
 # The many-chain HMC at the small size the release check runs the README's HMC line at (.ci/check_release).
 SMALL_HMC = release_check()["SMALL"]["hmc"]
 SMALL = [
-    ("docs/getting-started.md", 'train("configs/hmc_toy.yaml", "runs/hmc")',
-     f'train(load_spec("configs/hmc_toy.yaml", {SMALL_HMC!r}), "runs/hmc")'),
+    ("docs/getting-started.md", 'hmc_spec = load_spec("configs/hmc_toy.yaml")',
+     f'hmc_spec = load_spec("configs/hmc_toy.yaml", {SMALL_HMC!r})'),
     # 20 draws of 4 chains are no reference: compared anyway, as the refusal says how
-    ("docs/getting-started.md", 'compare("runs/hmc", ["runs/quickstart"])',
-     'compare("runs/hmc", ["runs/quickstart"], allow_unconverged=True)'),
+    ("docs/getting-started.md", "zoo.compare(hmc, bnn)", "zoo.compare(hmc, bnn, allow_unconverged=True)"),
     ("docs/getting-started.md", "for _ in range(1000):", "for _ in range(20):"),
+    # a reference of 4 short chains under a budget spent at once: no reference, compared anyway
+    ("docs/guide/diagnostics.md", 'budget="30min", **parts)',
+     'budget="1s", inference={"num_chains": 4, "warmup_steps": 20, "num_samples": 20, "max_leapfrog_steps": 32}, '
+     '**parts)'),
+    ("docs/guide/diagnostics.md", "epochs=500)", "epochs=40)"),
+    ("docs/guide/diagnostics.md", "zoo.compare(ref, mean_field, laplace)",
+     "zoo.compare(ref, mean_field, laplace, allow_unconverged=True)"),
 ]
 
 

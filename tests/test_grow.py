@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from tests.test_mcmc import linear_spec
+from zoo import posterior_checks as checks
 from zoo.diagnostics import (
     NOT_CONVERGED_EXIT,
     ConvergenceVerdict,
     check_growth,
-    checks,
     convergence_verdict,
     grow_until_converged,
 )
@@ -52,16 +52,16 @@ def test_a_run_grows_round_by_round_until_its_verdict_passes_then_no_further(tmp
     lines, verdicts, rounds = [], [], []
     spent = grow_until_converged(run, 2, budget_minutes=1e-6, progress=False, echo=lines.append,
                                  on_verdict=verdicts.append, on_round=lambda summary, total: rounds.append(total))
-    # the finished run's own verdict first, then one round (the budget is spent at once) and its verdict
-    assert (spent.rounds, spent.draws_per_chain, spent.passed, spent.exit_code) == (1, 7, False, NOT_CONVERGED_EXIT)
-    assert len(verdicts) == 2 and spent.verdict is verdicts[-1] and spent.verdict.fails and rounds == [7]
-    assert spent.budget_spent.startswith("the 1e-06-minute budget is spent: 7 draws per chain")
-    assert f"{run}: sampling to 7 draws per chain" in lines and lines[-1] == spent.budget_spent
-    assert spent.summary.run_dir == run and spent.run_dir == run
+    # the finished run's own verdict, then no round: the budget was spent before one could start
+    assert (spent.rounds, spent.draws_per_chain, spent.passed, spent.exit_code) == (0, 5, False, NOT_CONVERGED_EXIT)
+    assert len(verdicts) == 1 and spent.verdict is verdicts[-1] and spent.verdict.fails and rounds == []
+    assert spent.budget_spent.startswith("the 6e-05-second budget is spent: 5 draws per chain so far; about ")
+    assert "draws per chain may pass" in spent.budget_spent and "more at this run's pace" in spent.budget_spent
+    assert lines[-1] == spent.budget_spent and spent.bnn.chains and spent.run_dir == run
 
     grown = grow_until_converged(run, 100, progress=False, echo=None)  # the run's own spec.yaml, grown
     assert grown.passed and grown.exit_code == 0 and grown.budget_spent is None and grown.rounds >= 1
-    assert grown.draws_per_chain == 7 + 100 * grown.rounds
+    assert grown.draws_per_chain == 5 + 100 * grown.rounds and grown.bnn.diagnose().passed
     assert grown.verdict.line.startswith("converged") and not grown.verdict.result["warnings"]
     assert yaml.safe_load((run / "spec.yaml").read_text())["inference"]["num_samples"] == grown.draws_per_chain
 

@@ -113,8 +113,8 @@ CASES = [
                                                                  "zoo.spec.load_spec"), {}, id="api-train-not-a-spec"),
     pytest.param(lambda folder, out: prepare(["data.name=digits"]), TypeError, "not list; build one with "
                  "zoo.spec.load_spec", {}, id="api-prepare-not-a-spec"),
-    pytest.param(lambda folder, out: compare(folder / "ref", "runs/x"), TypeError, "call compare(", {},
-                 id="api-compare-one-path"),
+    pytest.param(lambda folder, out: compare(folder / "ref", ["runs/x"]), TypeError, "compare(ref, *fits)", {},
+                 id="api-compare-a-list-not-unpacked"),
     pytest.param(lambda folder, out: load_spec(folder / "digits.yaml", "inference.temperature=.inf"), ZooInputError,
                  "inference.temperature: got inf", {}, id="api-load-spec-inf"),
 ]

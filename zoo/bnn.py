@@ -33,6 +33,7 @@ from torch import nn
 from zoo import distributed, registry
 from zoo.assemble import build, describe, place, resolve_device
 from zoo.data import DataSection, Dataset, data_section, dataset_from, load_dataset
+from zoo.data.base import rows_digest
 from zoo.data.given import (
     GIVEN_FILE,
     ArrayLike,
@@ -52,6 +53,7 @@ from zoo.models.base import ModelFamily
 from zoo.nets import NET_FILE, ModuleNetSpec, load_weights
 from zoo.nets.weights import WeightsSource
 from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
+from zoo.posterior_checks import Diagnosis, diagnosis_of, method_label
 from zoo.runs import (
     LOG_FILE,
     METRICS_FILE,
@@ -318,6 +320,8 @@ class BNN:
         self.metrics: dict[str, float] = {}
         self.plot: Path | None = None
         self.seconds = 0.0
+        self.data_digests: dict[str, str] = {}  # of the rows fitted on and scored on (Dataset.digests)
+        self._diagnoses: dict[int | None, Diagnosis] = {}  # diagnose()'s, by num_samples: the fit does not change
         self._memory: KeptFit | None = None
 
     @classmethod
@@ -425,6 +429,7 @@ class BNN:
                                 "continue: pass out=DIR, the run directory of the fit to resume")
         spec = self._with_settings(self._built, settings)
         dataset, section = self._dataset(data, val, spec)
+        digests = dataset.digests()
         spec = spec.model_copy(update={"data": section})
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         if monitor is None and val is not None:
@@ -450,6 +455,11 @@ class BNN:
                                             "fit as it ran, so there is nothing to resume; zoo.load it, or fit "
                                             "again with a new out")
                     spec = resumed_spec(spec, load_spec(run / SPEC_FILE), run)
+                    kept = load_torch(run / GIVEN_FILE) if (run / GIVEN_FILE).exists() else {}
+                    if kept.get("digests", digests)["train"] != digests["train"]:
+                        raise ZooInputError("data", str(run), "are not the training rows this run was fitted on "
+                                            f"({kept.get('n_train')} rows then, {dataset.n_train} now, or other "
+                                            "values): resume with the same rows, or fit them into a new out")
                 elif team.is_writer and holds_a_fit(run):
                     raise ZooInputError("--out", str(run),
                                         "already holds a run; pass --resume to continue it, or pick a new --out")
@@ -477,7 +487,7 @@ class BNN:
             self._reset()
             self._spec = spec
             self.family, self.guide, self._posterior, self.data = family, guide, result.posterior, placed
-            self.run_dir, self.seconds = run, result.seconds
+            self.run_dir, self.seconds, self.data_digests = run, result.seconds, digests
             if memory is not None:
                 memory.result, memory.log = result, log.lines
                 self._memory = memory
@@ -493,6 +503,12 @@ class BNN:
                     self.plot = plot_predictive(result.posterior, placed, run, spec.inference.predictive_samples,
                                                 seed=spec.seed)
         return self
+
+    @property
+    def label(self) -> str:
+        """How tables and plots name this BNN: its member's name (``rank1_cauchy``), else its inference method and
+        guide (``svi/mean_field``, ``hmc``)."""
+        return self._spec.member or method_label(self._spec)
 
     @property
     def chains(self) -> bool:
@@ -531,16 +547,27 @@ class BNN:
         :param num_samples: posterior draws (None: the inference method's ``predictive_samples``).
         :returns: the metrics, as ``metrics.json`` holds them.
         """
-        posterior, fitted = self.posterior, self.data  # an unfitted BNN is refused by .posterior
+        return evaluate(self.posterior, self.test_set(data),
+                        draw_count(num_samples, self._spec.inference.predictive_samples), seed=self._spec.seed)
+
+    def test_set(self, data: Rows | Dataset) -> Dataset:
+        """The fit's data set with ``data`` as its test rows, placed and standardised as the fit's own (what
+        :meth:`evaluate` scores, and :func:`zoo.compare` compares on).
+
+        :param data: ``(x, y)`` tensors or arrays, a torch ``Dataset`` or a ``DataLoader``, as :meth:`fit` takes.
+        :returns: the data set.
+        :raises ZooInputError: rows that do not fit the fit's data (row shape, dtype, task, classes).
+        """
+        self.posterior  # noqa: B018 - an unfitted BNN is refused here, naming fit()
+        fitted = self.data
         x, y = evaluation_rows(data, fitted)  # every row, whatever the form: a loader is read whole, not streamed
         y = y.to(fitted.device)
         if y.is_floating_point():  # targets as the data gave them, standardised as the fit's were
             y = ((y - fitted.y_mean) / fitted.y_std).to(fitted.dtype)
-        scored = Dataset(fitted.name, fitted.task, fitted.x_train, fitted.y_train, self._inputs(x), y,
-                         n_classes=fitted.n_classes, y_mean=fitted.y_mean, y_std=fitted.y_std,
-                         image_shape=fitted.image_shape)
-        return evaluate(posterior, scored, draw_count(num_samples, self._spec.inference.predictive_samples),
-                        seed=self._spec.seed)
+        return Dataset(fitted.name, fitted.task, fitted.x_train, fitted.y_train, self._inputs(x), y,
+                       n_classes=fitted.n_classes, y_mean=fitted.y_mean, y_std=fitted.y_std,
+                       image_shape=fitted.image_shape, x_mean=fitted.x_mean, x_std=fitted.x_std,
+                       fingerprint={**self.data_digests, "test": rows_digest(x, y)} if self.data_digests else None)
 
     def save(self, out: str | Path) -> Path:
         """Keep the fit in run directory ``out`` (``zoo.load(out)`` reads it back, as do ``zoo eval``, ``zoo
@@ -629,14 +656,42 @@ class BNN:
         module = _load_module(run, spec.net) if isinstance(spec.net, ModuleNetSpec) else None
         stand_in_rows = from_stand_in(load_torch(run / GIVEN_FILE)) if isinstance(spec.data, GivenData) else None
         spec = _attach(spec, module, stand_in_rows)
-        data, device = place(spec, load_dataset(spec.data, spec.seed))
+        rows = load_dataset(spec.data, spec.seed)
+        data, device = place(spec, rows)
         family, guide = build(spec, data, run)
         # a fitted run needs the run it started from only for the point parameters it did not fit itself (rank-1's W)
         start = starting_posterior(spec) if family.point_parameters() else None
         bnn = cls.from_spec(spec)
-        bnn.family, bnn.guide, bnn.data, bnn.run_dir = family, guide, data, run
+        bnn.family, bnn.guide, bnn.data, bnn.run_dir, bnn.data_digests = family, guide, data, run, rows.digests()
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
         return bnn
+
+    def diagnose(self, num_samples: int | None = None, test: Rows | None = None) -> Diagnosis:
+        """Check the fitted posterior: for chains (MCMC), R-hat and bulk/tail ESS in function space, divergences,
+        BFMI and the convergence verdict; for a guide or any approximation with a density, the PSIS Pareto k-hat of
+        ``num_samples`` iid draws against the model's log joint. Nothing is written: the result shows as tables in a
+        notebook, and its ``save(dir)`` writes what ``zoo diagnose`` writes (plots included).
+
+        :param num_samples: the draws to check: about this many stored draws, thinned evenly per chain (MCMC), or
+            this many iid draws (default 200) of the approximation; None for every stored draw (MCMC).
+        :param test: rows ``(x, y)`` to take the function-space summaries at (None: the fit's test rows; a run of
+            data given in Python, read back, keeps none and needs them).
+        :returns: the :class:`~zoo.posterior_checks.Diagnosis`: ``.verdict``, ``.passed``, ``.warnings`` (each with
+            what to change), ``.summary`` and ``.checks`` as DataFrames, ``.idata``, ``.plots(dir)``, ``.save(dir)``.
+        :raises ZooInputError: ``num_samples`` below 1; no test rows to summarise the function at.
+        """
+        if test is not None:
+            return diagnosis_of(self._spec, self.test_set(test), self.posterior, self.run_dir, num_samples)
+        if num_samples not in self._diagnoses:
+            self._diagnoses[num_samples] = diagnosis_of(self._spec, self.data, self.posterior, self.run_dir,
+                                                        num_samples)
+        return self._diagnoses[num_samples]
+
+    @property
+    def verdict(self) -> str:
+        """The one-line verdict of :meth:`diagnose` (``converged: ...``, ``NOT CONVERGED: ...`` with the figures and
+        what to change)."""
+        return self.diagnose().verdict
 
     def to_inference_data(self, num_samples: int | None = None) -> arviz.InferenceData:
         """The fit as an ArviZ ``InferenceData`` (posterior draws with named dims, the posterior predictive and

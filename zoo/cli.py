@@ -265,14 +265,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> None:
     """Compare runs' test predictives with a reference run's; print the table, write the plot (and JSON)."""
     from zoo.diagnostics import COMPARE_DRAWS, compare, compare_table
-    from zoo.diagnostics.comparison import compare_outputs
+    from zoo.diagnostics.comparison import COMPARE_PLOT, compare_outputs
     from zoo.runs import write_json
 
     compare_outputs(args.out, args.json)  # before anything is drawn: a user's file is never replaced
-    rows = compare(args.reference, args.runs, num_samples=COMPARE_DRAWS if args.samples is None else args.samples,
-                   out_dir=args.out, allow_unconverged=args.allow_unconverged)
+    found = compare(args.reference, *args.runs, num_samples=COMPARE_DRAWS if args.samples is None else args.samples,
+                    allow_unconverged=args.allow_unconverged, allow_other_nets=args.allow_other_nets)
+    compare_outputs(args.out)
+    plot = found.plot(Path(args.out) / COMPARE_PLOT)
+    rows = found.rows
+    rows[0]["plot"] = str(Path(args.out) / COMPARE_PLOT)
     console.print(compare_table(rows))
     written = [rows[0]["plot"]]
+    plot.clear()
     if args.json:
         written.append(str(write_json(Path(args.json), rows)))
     console.print(f"written: {', '.join(written)}", soft_wrap=True, markup=False)
@@ -457,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unconverged", action="store_true", help="compare against a reference that fails zoo "
                    "diagnose --strict or is not an exact sampler's (MCMC) draws, marked FAILS in the table; "
                    "without it such a reference is refused")
+    p.add_argument("--allow-other-nets", action="store_true", help="compare runs of another net than the "
+                   "reference's (the difference is then part of what is measured); without it they are refused")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("sweep", help="hyperparameter search (Optuna TPE, pruning) over spec keys, scored on "

@@ -7,6 +7,7 @@ open. Files are written atomically, as every run file (:func:`zoo.runs.write_ato
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,23 +34,35 @@ def _np(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+class ShownFigure(Figure):
+    """A matplotlib figure that a notebook shows when it is a cell's value (as a PNG), with no pyplot involved."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+        return buffer.getvalue()
+
+
 def new_figure(nrows: int, ncols: int, figsize: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
-    """A figure on the Agg canvas (no pyplot, no global figure registry) and its ``[nrows, ncols]`` axes."""
-    fig = Figure(figsize=figsize)
+    """A figure on the Agg canvas (no pyplot, no global figure registry) and its ``[nrows, ncols]`` axes; a notebook
+    shows it when it is a cell's value (:class:`ShownFigure`)."""
+    fig = ShownFigure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
 
 
-def save_figure(fig: Figure, path: str | os.PathLike, mark: str | None = None) -> Path:
+def save_figure(fig: Figure, path: str | os.PathLike, mark: str | None = None, close: bool = True) -> Path:
     """Save ``fig`` to ``path`` atomically (:func:`zoo.runs.write_atomically`); return the path. A PNG gets ``mark``
-    in its ``zoo`` text chunk: what lets the command that wrote it replace it (:func:`zoo.runs.carries_mark`)."""
+    in its ``zoo`` text chunk: what lets the command that wrote it replace it (:func:`zoo.runs.carries_mark`).
+    ``close`` clears the figure afterwards (False: it is returned to a notebook and shown)."""
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     metadata = {PNG_MARK_KEY: mark} if mark is not None and fmt == "png" else None
     try:
         return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight",
                                                                     metadata=metadata))
     finally:
-        fig.clear()
+        if close:
+            fig.clear()
 
 
 def _reliability_bars(ax, bins: dict[str, np.ndarray]) -> None:

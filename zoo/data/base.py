@@ -5,6 +5,7 @@ the validation carve)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,21 @@ Task = Literal["regression", "classification"]
 # Whether a task's targets are class labels (the others are real values, standardised with the training statistics):
 # all the data layer knows of tasks; everything else a task does is its object in zoo.tasks
 LABELLED: dict[str, bool] = {"regression": False, "classification": True}
+
+
+def rows_digest(*tensors: torch.Tensor) -> str:
+    """A SHA-256 over the shapes and values of ``tensors`` (floats as float64, integers as int64), on the host.
+
+    :param tensors: the tensors, in order.
+    :returns: the hex digest.
+    """
+    digest = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu()
+        t = t.double() if t.is_floating_point() else t.long()
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -54,6 +70,7 @@ class Dataset:
     :param streamed_rows: the streamed training rows' count (what the likelihood is scaled to).
     :param streamed_batches: the loader's batches per pass.
     :param dtype: the floating dtype the model computes in (the rows' own; streamed rows are cast to it per batch).
+    :param fingerprint: a run's stand-in rows: the digests of the rows they stand in for (:meth:`digests`).
     """
 
     name: str
@@ -78,6 +95,7 @@ class Dataset:
     train_loader: Any = None  # streamed training rows (a DataLoader of (x, y) batches); x_train holds examples then
     streamed_rows: int | None = None
     streamed_batches: int | None = None
+    fingerprint: dict[str, str] | None = None  # a stand-in's: the digests of the rows it stands in for (digests())
 
     @property
     def in_dim(self) -> int:
@@ -88,6 +106,19 @@ class Dataset:
     def out_dim(self) -> int:
         """Width of the net's output layer: classes for classification, 1 for regression."""
         return int(self.n_classes) if LABELLED[self.task] else 1
+
+    def digests(self) -> dict[str, str]:
+        """Digests of the rows, to tell whether two fits saw the same data: ``train`` (the training rows; their
+        count for rows streamed from a loader) and ``test`` (the evaluation rows), each a SHA-256 over the rows'
+        values (floats as float64, so a float32 copy of the same rows digests alike). A run's stand-in of data given
+        in Python (:func:`zoo.data.given.stand_in`) gives those of the rows it stands in for.
+
+        :returns: ``{"train": hex, "test": hex}``.
+        """
+        if self.fingerprint is not None:
+            return dict(self.fingerprint)
+        train = f"streamed {self.n_train} rows" if self.streamed else rows_digest(self.x_train, self.y_train)
+        return {"train": train, "test": rows_digest(self.x_test, self.y_test)}
 
     def training_bytes(self, dtype: torch.dtype) -> int:
         """The training rows' size in memory once their floating-point tensors are ``dtype``.

@@ -358,11 +358,12 @@ def stand_in(data: Dataset) -> dict[str, Any]:
     """What a run keeps of data given in Python (:data:`GIVEN_FILE`): enough to rebuild its model, not the data.
 
     :param data: the data set the run was fitted on.
-    :returns: its task, classes, size, target scale and two example training rows.
+    :returns: its task, classes, size, target scale, two example training rows and the digests of all its rows
+        (:meth:`~zoo.data.base.Dataset.digests`: what tells a comparison, or a resumed reference, the data apart).
     """
     return {"name": data.name, "task": data.task, "n_classes": data.n_classes, "n_train": data.n_train,
             "y_mean": data.y_mean, "y_std": data.y_std, "x": data.x_train[:EXAMPLE_ROWS].cpu(),
-            "y": data.y_train[:EXAMPLE_ROWS].cpu()}
+            "y": data.y_train[:EXAMPLE_ROWS].cpu(), "digests": data.digests()}
 
 
 def from_stand_in(saved: dict[str, Any]) -> Dataset:
@@ -373,4 +374,4 @@ def from_stand_in(saved: dict[str, Any]) -> Dataset:
     """
     x, y = saved["x"], saved["y"]
     return Dataset(saved["name"], saved["task"], x, y, x[:0], y[:0], n_classes=saved["n_classes"],
-                   y_mean=saved["y_mean"], y_std=saved["y_std"])
+                   y_mean=saved["y_mean"], y_std=saved["y_std"], fingerprint=saved.get("digests"))

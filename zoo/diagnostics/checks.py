@@ -1,510 +1,64 @@
-"""The checks of a fitted posterior (``zoo diagnose``, and the verdict that ends ``zoo train`` of MCMC draws):
-R-hat and bulk/tail ESS in function space, divergences and BFMI (MCMC), PSIS Pareto k-hat of a guide (VI), the
-files and plots they write, and their console report.
-
-Warnings are never hidden (a red line in the report, and the ``warnings`` list): divergences > 0, R-hat > 1.01,
-BFMI < 0.3, bulk/tail ESS < 400 on the function-space summaries (MCMC), Pareto k-hat of a guide > 0.7. R-hat of
-the weights themselves is reported as a note, not a warning: a BNN's posterior is symmetric under permuting hidden
-units (and flipping their signs for odd activations), so chains in equivalent modes disagree in weight space
-however well each has mixed; convergence is judged in function space (Izmailov et al. 2021).
+"""``zoo diagnose``: the checks of :mod:`zoo.posterior_checks` applied to a run directory (loaded by
+:func:`zoo.pipeline.load_run`), and the files they write there. The checks themselves, their verdict and their report
+live in :mod:`zoo.posterior_checks`, below :class:`zoo.BNN`, whose ``diagnose()`` runs them on a fit in memory.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import math
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import arviz as az
-import numpy as np
-import pyro
-import pyro.distributions as dist
-import torch
-import xarray as xr
-from pyro import poutine
-from rich.console import RenderableType
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from zoo import registry
-from zoo.inference_data import FUNCTION_SUMMARIES, as_numpy, save_inference_data, to_inference_data
 from zoo.pipeline import load_run
-from zoo.plots import new_figure, save_figure
-from zoo.posterior import ChainPosterior
-from zoo.runs import write_json, write_text
+from zoo.posterior_checks import (  # noqa: F401 - the checks, re-exported as zoo.diagnostics' interface
+    BFMI_MIN,
+    DIAGNOSTICS_FILE,
+    ENERGY_PLOT,
+    ESS_MIN,
+    KHAT_MAX,
+    PAIR_PLOT,
+    RHAT_MAX,
+    SUMMARY_FILE,
+    TRACE_PLOT,
+    Diagnosis,
+    check,
+    diagnose_report,
+    diagnosis_of,
+    fmt,
+    guide_log_density,
+    jsonable,
+    khat_interpretation,
+    method_label,
+    pareto_k,
+    sampler_checks,
+    verdict,
+)
 
-DIAGNOSTICS_FILE = "diagnostics.json"
-SUMMARY_FILE = "summary.csv"
-TRACE_PLOT, ENERGY_PLOT, PAIR_PLOT = "trace.png", "energy.png", "pair.png"
-# Vehtari et al. (2021): rank-normalised R-hat <= 1.01 and bulk/tail ESS > 400 before trusting MCMC summaries
-RHAT_MAX, ESS_MIN, BFMI_MIN, KHAT_MAX = 1.01, 400.0, 0.3, 0.7
-WORST_SHOWN, PAIR_WEIGHTS = 10, 4
-QUANTILES = {"min": 0.0, "5%": 0.05, "50%": 0.5, "95%": 0.95, "max": 1.0}
 
+def run_diagnosis(run_dir: str | Path, num_samples: int | None = None) -> Diagnosis:
+    """The checks of the fit a run directory holds (:func:`zoo.posterior_checks.diagnosis_of`), writing nothing.
 
-def guide_log_density(guide: torch.nn.Module,
-                      draws: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[str], list[str]]:
-    """log q(w_s) of the guide at each of S draws ``[S]`` (traced, conditioned on each draw, with each site's scale
-    and mask as the guide declares them), its point-mass (Delta) sites, and its sites whose terms are scaled.
-
-    A guide whose ``log_density(draws)`` is not None (a guide over one joint latent, SWAG's Gaussians) scores the
-    draws itself.
-
-    :param guide: the guide.
-    :param draws: S draws of its latent sites ``{site: [S, ...]}``.
-    :returns: ``(log_q, point_mass_sites, scaled_sites)``: ``log_q`` ``[S]`` and two sorted lists of site names.
+    :param run_dir: the run directory.
+    :param num_samples: as :func:`diagnose`'s.
+    :returns: the diagnosis.
+    :raises ZooInputError: when ``run_dir`` holds no run that can be loaded, or ``num_samples`` is below 1.
     """
-    total = next(iter(draws.values())).shape[0]
-    density = guide.log_density(draws)  # a guide over one joint latent scores its draws itself
-    if density is not None:
-        return density, [], []
-    values, point_mass, scaled = [], set(), set()
-    with torch.no_grad(), pyro.validation_enabled(False):
-        for s in range(total):
-            conditioned = poutine.condition(guide, data={n: v[s] for n, v in draws.items()})
-            trace = poutine.trace(conditioned).get_trace()
-            values.append(trace.log_prob_sum())
-            for name, site in trace.nodes.items():
-                fn = site.get("fn")
-                if site["type"] == "sample" and isinstance(getattr(fn, "base_dist", fn), dist.Delta):
-                    point_mass.add(name)
-                if site["type"] == "sample" and not site["is_observed"] and float(site["scale"]) != 1.0:
-                    scaled.add(name)
-    return torch.stack(values), sorted(point_mass), sorted(scaled)
-
-
-def khat_interpretation(k: float) -> str:
-    """The usual reading of a PSIS Pareto k-hat (Vehtari et al.; Yao et al. 2018 for VI).
-
-    :param k: the k-hat.
-    :returns: its reading: good (below 0.5), ok (up to :data:`KHAT_MAX`), bad (below 1) or very bad.
-    """
-    if k < 0.5:
-        return "good: q covers the posterior; importance-weighted estimates are reliable"
-    if k <= KHAT_MAX:
-        return "ok: usable, though importance-weighted estimates converge slowly"
-    if k < 1.0:
-        return "bad: q misses posterior mass (too narrow or misplaced); estimates from q are unreliable"
-    return "very bad: the importance weights have infinite variance; q is far from the posterior"
-
-
-def pareto_k(guide: Any, draws: dict[str, torch.Tensor], lp: torch.Tensor) -> dict[str, Any]:
-    """PSIS k-hat of a guide (or of anything with ``log_density(draws)``) from S draws of it and the log joint
-    there: log w = log p(w, y | x) - log q(w).
-
-    :param guide: the guide (or other approximation) the draws come from.
-    :param draws: S iid draws of it ``{site: [S, ...]}``.
-    :param lp: the model's log joint at each draw ``[S]``.
-    :returns: ``k_hat`` (None where q has no density, e.g. point-mass sites; inf for non-finite weights),
-        ``num_draws``, ``interpretation`` and, where the model and q scale some sites' terms, a ``caveat``.
-    """
-    unavailable = guide.density_unavailable
-    if unavailable:
-        return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": f"undefined: {unavailable}"}
-    log_q, point_mass, scaled = guide_log_density(guide, draws)
-    if point_mass:
-        return {"k_hat": None, "num_draws": int(len(lp)), "interpretation": "undefined: q has point-mass "
-                f"(Delta) sites ({', '.join(point_mass[:3])}{', ...' if len(point_mass) > 3 else ''}), so it "
-                "has no density against the posterior and importance sampling from it is impossible"}
-    log_w = (lp.double().cpu() - log_q.double().cpu()).numpy()
-    if not np.isfinite(log_w).all():
-        return {"k_hat": math.inf, "num_draws": int(len(lp)), "interpretation": khat_interpretation(math.inf)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, k = az.psislw(log_w, reff=1.0)  # iid draws from q: relative efficiency 1
-    k = float(np.asarray(k))
-    out = {"k_hat": k, "num_draws": int(len(lp)), "interpretation": khat_interpretation(k)}
-    if scaled:  # e.g. a rank-1 BNN's members plate: model and guide average the members' terms (scale 1/K)
-        out["caveat"] = (f"the model and q scale the terms of {len(scaled)} sites ({scaled[0]}, ...), e.g. "
-                         "averaging ensemble members: log w compares those scaled (tempered) densities, so k-hat "
-                         "reads optimistic")
-    return out
-
-
-def _quiet(fn: Callable[[], Any]) -> Any:
-    """ArviZ's stats on constant draws divide by zero (R-hat nan/inf): that is reported, not warned about."""
-    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-        warnings.simplefilter("ignore")
-        return fn()
-
-
-def _float(value: Any) -> float:
-    return float(np.asarray(value))
-
-
-def _function_rows(post: xr.Dataset, with_rhat: bool) -> list[dict[str, Any]]:
-    """One row per ``f_test`` element and ``lp``: mean, sd, 5%/95%, R-hat, bulk/tail ESS, MCSE of the mean."""
-    ds = post[list(FUNCTION_SUMMARIES)]
-    rhat = _quiet(lambda: az.rhat(ds, method="rank")) if with_rhat else None
-    bulk, tail = _quiet(lambda: az.ess(ds, method="bulk")), _quiet(lambda: az.ess(ds, method="tail"))
-    mcse = _quiet(lambda: az.mcse(ds, method="mean"))
-    rows = []
-    for name in FUNCTION_SUMMARIES:
-        values = ds[name]
-        points = values["test_point"].values if "test_point" in values.dims else [None]
-        for point in points:
-            sel = {} if point is None else {"test_point": point}
-            v = values.sel(sel).values.reshape(-1)
-            rows.append({
-                "variable": name if point is None else f"{name}[{int(point)}]",
-                "mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-                "q5": float(np.quantile(v, 0.05)), "q95": float(np.quantile(v, 0.95)),
-                "r_hat": _float(rhat[name].sel(sel)) if rhat is not None else None,
-                "ess_bulk": _float(bulk[name].sel(sel)), "ess_tail": _float(tail[name].sel(sel)),
-                "mcse_mean": _float(mcse[name].sel(sel)),
-            })
-    return rows
-
-
-def _per_chain_rows(post: xr.Dataset) -> list[dict[str, Any]]:
-    """Each chain on its own: mean and sd of ``lp``, its within-chain bulk ESS, and how far the chain's mean of
-    each ``f_test`` element sits from the pooled mean, in pooled posterior sd (the largest over test points).
-
-    How SG-MCMC chains are read (Zhang et al. 2020; Izmailov et al. 2021): each chain explores its own mode, and
-    what matters is whether they agree in function space, not whether R-hat pools them into one distribution.
-    """
-    lp, f = post["lp"].values, post["f_test"].values  # [C, S] and [C, S, T]
-    pooled_mean = f.reshape(-1, f.shape[-1]).mean(0)
-    pooled_sd = f.reshape(-1, f.shape[-1]).std(0)
-    rows = []
-    for chain in range(lp.shape[0]):
-        ess = _quiet(lambda c=chain: az.ess(lp[c][None], method="bulk")) if lp.shape[1] > 3 else math.nan
-        with np.errstate(divide="ignore", invalid="ignore"):
-            shift = np.abs(f[chain].mean(0) - pooled_mean) / pooled_sd
-        shift = shift[np.isfinite(shift)]
-        rows.append({"chain": chain, "lp_mean": float(lp[chain].mean()), "lp_sd": float(lp[chain].std()),
-                     "lp_ess_bulk": _float(ess), "f_test_max_shift_sd": float(shift.max()) if shift.size else None})
-    return rows
-
-
-def _stat_quantiles(values: np.ndarray) -> dict[str, float | None]:
-    """min/5%/50%/95%/max of the defined values (an interpolation between two infinite R-hats stays infinite)."""
-    defined = values[~np.isnan(values)]
-    if not defined.size:
-        return dict.fromkeys(QUANTILES)
-    with np.errstate(invalid="ignore"):
-        linear = np.quantile(defined, list(QUANTILES.values()))
-    linear = np.where(np.isnan(linear), np.quantile(defined, list(QUANTILES.values()), method="nearest"), linear)
-    return {k: float(v) for k, v in zip(QUANTILES, linear, strict=True)}
-
-
-def weight_elements(post: xr.Dataset) -> list[tuple[str, tuple[int, ...]]]:
-    """Every (site, index) element of the latent sites in ``post``, site after site in C order.
-
-    :param post: an InferenceData's posterior group (dims ``chain, draw, ...``).
-    :returns: ``(site, index)`` pairs, ``f_test`` and ``lp`` left out.
-    """
-    out = []
-    for name in post.data_vars:
-        if name not in FUNCTION_SUMMARIES:
-            shape = post[name].shape[2:]
-            out.extend((str(name), tuple(int(i) for i in idx)) for idx in np.ndindex(*shape))
-    return out
-
-
-def _weight_summary(post: xr.Dataset, with_rhat: bool) -> dict[str, Any]:
-    """Quantiles of R-hat and bulk ESS over all latent-site elements, and the worst ten by R-hat (never all rows)."""
-    names = [n for n in post.data_vars if n not in FUNCTION_SUMMARIES]
-    ds = post[names]
-    bulk = _quiet(lambda: az.ess(ds, method="bulk"))
-    ess = np.concatenate([np.asarray(bulk[n].values, dtype=float).reshape(-1) for n in names])
-    out: dict[str, Any] = {"n_elements": int(ess.size), "ess_bulk_quantiles": _stat_quantiles(ess)}
-    if not with_rhat:
-        out.update(r_hat_quantiles=None, worst=[], r_hat_undefined=None)
-        return out
-    rhat_ds = _quiet(lambda: az.rhat(ds, method="rank"))
-    rhat = np.concatenate([np.asarray(rhat_ds[n].values, dtype=float).reshape(-1) for n in names])
-    elements = weight_elements(post)
-    order = np.argsort(np.where(np.isnan(rhat), -np.inf, rhat))[::-1][:WORST_SHOWN]
-    out.update(
-        r_hat_quantiles=_stat_quantiles(rhat),
-        r_hat_undefined=int(np.isnan(rhat).sum()),  # constant in every chain (e.g. pruned): no information
-        n_r_hat_over=int((rhat > RHAT_MAX).sum()),
-        worst=[{"site": elements[i][0], "index": list(elements[i][1]), "r_hat": float(rhat[i]),
-                "ess_bulk": float(ess[i])} for i in order if not np.isnan(rhat[i])],
-    )
-    return out
-
-
-def sampler_checks(stats: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Divergences (count, fraction) and BFMI per chain from MCMC statistics ``[chains, draws]``.
-
-    :param stats: sampler statistics by name, ``diverging`` and ``energy`` read where present.
-    :returns: ``divergences`` (``count``, ``fraction``, ``per_chain``) and ``bfmi`` (one per chain; none with a
-        single draw per chain), each only where its statistic was given.
-    """
-    out: dict[str, Any] = {}
-    if "diverging" in stats:
-        diverging = np.asarray(stats["diverging"]).astype(bool)
-        out["divergences"] = {"count": int(diverging.sum()), "fraction": float(diverging.mean()),
-                              "per_chain": [int(c) for c in diverging.sum(axis=1)]}
-    if "energy" in stats:
-        energy = np.asarray(stats["energy"], dtype=float)
-        out["bfmi"] = [float(b) for b in _quiet(lambda: az.bfmi(energy))] if energy.shape[1] > 1 else []
-    return out
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    """A figure for the console tables: ``-`` when missing, ``inf`` when infinite.
-
-    :param value: the figure, or None.
-    :param digits: decimals shown.
-    :returns: its text.
-    """
-    if value is None:
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return f"{value:.{digits}f}"
-
-
-def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
-          stats: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Every diagnostic of ``idata`` with its warnings: R-hat/ESS, divergences, BFMI, Pareto k-hat (``pareto``).
-
-    ``stats`` (all stored MCMC statistics, ``[chains, draws]``) replaces ``idata.sample_stats`` for counting
-    divergences and BFMI when the draws in ``idata`` were thinned.
-
-    :param idata: the run's InferenceData (:func:`zoo.diagnostics.to_inference_data`).
-    :param pareto: :func:`pareto_k`'s result for iid draws of an approximation with a density; None without one.
-    :param stats: every stored sampler statistic ``{name: [chains, draws]}``; None to read ``idata.sample_stats``.
-    :returns: the result: ``draws`` (``mcmc`` or ``iid``), ``num_chains``, ``num_draws``, ``function_space`` rows,
-        ``weights`` and ``per_chain`` summaries (MCMC), the sampler's ``divergences`` and ``bfmi``, ``pareto_k``,
-        ``checks`` (each with ``ok``), ``warnings`` and ``notes``.
-    """
-    post = idata.posterior
-    n_chains, n_draws = int(post.sizes["chain"]), int(post.sizes["draw"])
-    mcmc = post.attrs.get("draws", "mcmc") != "iid"
-    with_rhat = mcmc and n_chains >= 2
-    result: dict[str, Any] = {"draws": "mcmc" if mcmc else "iid", "num_chains": n_chains, "num_draws": n_draws,
-                              "function_space": _function_rows(post, with_rhat), "notes": []}
-    warnings_: list[str] = []
-    checks: list[dict[str, Any]] = []
-
-    def add(name: str, value: float | None, threshold: str, ok: bool, message: str | None = None) -> None:
-        checks.append({"check": name, "value": value, "threshold": threshold, "ok": bool(ok)})
-        if not ok:
-            warnings_.append(message or f"{name} = {fmt(value)} (want {threshold})")
-
-    rows = result["function_space"]
-    if with_rhat:
-        worst = max(rows, key=lambda r: -math.inf if math.isnan(r["r_hat"]) else r["r_hat"])
-        bad = [r for r in rows if r["r_hat"] > RHAT_MAX]
-        add("R-hat, function space and lp (max)", worst["r_hat"], f"<= {RHAT_MAX}", not bad,
-            f"R-hat > {RHAT_MAX} on {len(bad)} of {len(rows)} function-space summaries (worst {fmt(worst['r_hat'])} "
-            f"at {worst['variable']}): the chains disagree; run longer or more chains, or the posterior is multimodal")
-    elif mcmc:
-        result["notes"].append("one chain: R-hat needs at least two chains")
-    if mcmc:
-        low = min(rows, key=lambda r: min(r["ess_bulk"], r["ess_tail"]))
-        value = min(low["ess_bulk"], low["ess_tail"])
-        add("bulk/tail ESS, function space and lp (min)", value, f">= {ESS_MIN:.0f}", value >= ESS_MIN,
-            f"ESS {value:.1f} < {ESS_MIN:.0f} at {low['variable']}: too few effective draws for reliable "
-            "summaries; draw more")
-        result["weights"] = _weight_summary(post, with_rhat)
-        if n_chains >= 2:
-            result["per_chain"] = _per_chain_rows(post)
-        w = result["weights"]
-        if with_rhat and w["r_hat_quantiles"]["max"] is not None and w["n_r_hat_over"]:
-            top = w["worst"][0]
-            result["notes"].append(
-                f"R-hat > {RHAT_MAX} on {w['n_r_hat_over']} of {w['n_elements']} latent-site elements (worst "
-                f"{fmt(top['r_hat'])} at {top['site']}{top['index']}): the chains sit in different weight-space "
-                "modes (hidden units permuted or sign-flipped give the same function); not a failed check, since "
-                "convergence is judged on the function-space summaries")
-    else:
-        result["weights"] = None
-        result["notes"].append("iid draws from the approximation q: R-hat and ESS only measure Monte Carlo noise of "
-                               "these draws, not how well q fits; the Pareto k-hat does")
-
-    sample_stats = stats
-    if sample_stats is None and "sample_stats" in idata.groups():
-        sample_stats = {k: idata.sample_stats[k].values for k in ("diverging", "energy")
-                        if k in idata.sample_stats}
-    sampler = sampler_checks(sample_stats or {}) if mcmc else {}
-    result.update(sampler)
-    if "divergences" in sampler:
-        d = sampler["divergences"]
-        add(f"divergences (count; {100 * d['fraction']:.2f}% of draws)", float(d["count"]), "= 0", d["count"] == 0,
-            f"{d['count']} divergent transitions ({100 * d['fraction']:.1f}% of draws): the sampler could not follow "
-            "the posterior's curvature and the draws may be biased; raise inference.target_accept_prob or "
-            "reparameterise")
-    for chain, value in enumerate(sampler.get("bfmi", [])):
-        add(f"BFMI chain {chain}", value, f">= {BFMI_MIN}", value >= BFMI_MIN,
-            f"BFMI {value:.3f} < {BFMI_MIN} in chain {chain}: momentum resampling explores the energy poorly "
-            "(heavy tails or a poorly adapted mass matrix)")
-
-    if pareto is not None:
-        result["pareto_k"] = pareto
-        k = pareto["k_hat"]
-        if pareto.get("caveat"):
-            result["notes"].append(f"PSIS k-hat: {pareto['caveat']}")
-        if k is None:
-            result["notes"].append(f"PSIS k-hat {pareto['interpretation']}")
-        else:
-            add("PSIS Pareto k-hat of q", k, f"<= {KHAT_MAX}", k <= KHAT_MAX,
-                f"Pareto k-hat {fmt(k, 2)} > {KHAT_MAX}: {pareto['interpretation']}")
-    result["checks"], result["warnings"] = checks, warnings_
-    return result
-
-
-def verdict(result: dict[str, Any]) -> str:
-    """One line on whether MCMC draws passed every check of :func:`check` (what ``zoo train`` ends with).
-
-    For a sampler that is not exact (SG-MCMC: no Metropolis correction, chains in separate modes) the same figures
-    are read as warnings: the line says so and points at the per-chain table.
-
-    :param result: a :func:`diagnosis` (or :func:`check`) result.
-    :returns: the line: ``converged: ...``, ``warning: ...`` or ``NOT CONVERGED: ...`` with the figures.
-    """
-    rows = result["function_space"]
-    r_hats = [r["r_hat"] for r in rows if r["r_hat"] is not None]
-    ess = min(min(r["ess_bulk"], r["ess_tail"]) for r in rows)
-    divergences = result.get("divergences", {}).get("count", 0)
-    figures = (f"function-space R-hat max {fmt(max(r_hats)) if r_hats else 'n/a'} (<= {RHAT_MAX}), min bulk/tail "
-               f"ESS {fmt(ess, 0)} (>= {ESS_MIN:.0f}), {divergences} divergences")
-    if not result["warnings"]:
-        return f"converged: {figures}"
-    if not result.get("exact_sampler", True):
-        return (f"warning: {figures}; {len(result['warnings'])} exact-sampler check(s) not met (above). These chains "
-                f"come from {result.get('method', 'a sampler')} without a Metropolis correction, so they are judged "
-                "chain by chain and in function space (the per-chain table), not as one converged MCMC run; they "
-                "are never a reference for zoo compare. zoo train --strict exits 3 on this")
-    advice = "".join(f"; {line}" for line in result.get("advice", []))
-    return (f"NOT CONVERGED: {figures}; {len(result['warnings'])} check(s) failed (above). Do not use these draws as "
-            "a reference: run more warm-up and draws (or more chains) and check again with zoo diagnose --strict"
-            f"{advice}")
-
-
-def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
-    """Density and rank bars (a plain trace for a single chain) of every function-space summary.
-
-    :param idata: the run's InferenceData.
-    :param path: the image file to write.
-    :returns: the path written.
-    """
-    rows = int(idata.posterior.sizes["test_point"]) + 1
-    fig, axes = new_figure(rows, 2, (10, 1.8 * rows))
-    fig.subplots_adjust(hspace=0.9, wspace=0.25, top=1 - 0.4 / rows, bottom=0.3 / rows)
-    kind = "rank_bars" if idata.posterior.sizes["chain"] > 1 else "trace"
-    with az.rc_context({"plot.max_subplots": 2 * rows + 2}):
-        _quiet(lambda: az.plot_trace(idata, var_names=list(FUNCTION_SUMMARIES), kind=kind, compact=False,
-                                     axes=axes))
-    return save_figure(fig, path)
-
-
-def plot_energy(idata: az.InferenceData, path: str | Path) -> Path:
-    """Marginal energy vs energy transition distributions (MCMC).
-
-    :param idata: the run's InferenceData, with the sampler's ``energy``.
-    :param path: the image file to write.
-    :returns: the path written.
-    """
-    fig, axes = new_figure(1, 1, (6, 4))
-    _quiet(lambda: az.plot_energy(idata, ax=axes[0, 0]))
-    return save_figure(fig, path)
-
-
-def plot_pair(idata: az.InferenceData, elements: list[tuple[str, tuple[int, ...]]], path: str | Path) -> Path | None:
-    """Pair plot of a few latent-site elements (divergent draws marked for MCMC); None with fewer than two.
-
-    :param idata: the run's InferenceData.
-    :param elements: the ``(site, index)`` elements to plot (:func:`weight_elements`).
-    :param path: the image file to write.
-    :returns: the path written, or None when nothing was plotted.
-    """
-    if len(elements) < 2:
-        return None
-    post = idata.posterior
-    chosen = xr.Dataset({f"{site}{list(index)}": post[site].isel(dict(zip(post[site].dims[2:], index, strict=True)),
-                                                                     drop=True)
-                         for site, index in elements})
-    groups = {"posterior": chosen}
-    divergences = "sample_stats" in idata.groups() and "diverging" in idata.sample_stats
-    if divergences:
-        groups["sample_stats"] = idata.sample_stats
-    n = len(elements)
-    fig, axes = new_figure(n - 1, n - 1, (2.6 * n, 2.6 * n))
-    _quiet(lambda: az.plot_pair(az.InferenceData(**groups), kind="scatter", divergences=divergences,
-                                ax=axes if n > 2 else axes[0, 0]))
-    return save_figure(fig, path)
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON values: numpy scalars to floats/ints, NaN and inf to None.
-
-    :param obj: a value, walked through dicts (keys made strings), lists and tuples.
-    :returns: the same value made of plain JSON values (tuples as lists).
-    """
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-def _csv(rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
-    return buffer.getvalue()
-
-
-def method_label(spec) -> str:
-    """``svi/<guide>`` or the sampler's / method's name: how the report names what fitted a run.
-
-    :param spec: the run's spec (a :class:`zoo.spec.RunSpec`).
-    :returns: the label.
-    """
-    fitted_guide = registry.method_of(spec).fits_guide
-    return f"{spec.inference.method}/{spec.guide.label}" if fitted_guide else spec.inference.method
+    spec, data, posterior = load_run(run_dir)
+    return diagnosis_of(spec, data, posterior, run_dir, num_samples)
 
 
 def diagnosis(run_dir: str | Path, num_samples: int | None = None) -> tuple[dict[str, Any], az.InferenceData]:
     """:func:`diagnose`'s checks of a run directory and the InferenceData they were made on, writing nothing.
 
-    ``exact_sampler`` in the result says whether the run's method is an exact (Metropolis-corrected) sampler,
-    whose failed checks make its draws unusable; for the others (SG-MCMC, VI) they are warnings about the draws.
-
     :param run_dir: the run directory.
     :param num_samples: as :func:`diagnose`'s.
-    :returns: ``(result, idata)``: :func:`check`'s result with ``run_dir``, ``method``, ``family``, ``data`` and
-        ``exact_sampler``, and the InferenceData.
+    :returns: ``(result, idata)``: :func:`check`'s result with ``run_dir``, ``method``, ``family``, ``data``,
+        ``exact_sampler`` and ``advice``, and the InferenceData.
     :raises ZooInputError: when ``run_dir`` holds no run that can be loaded, or ``num_samples`` is below 1.
     """
-    run = Path(run_dir)
-    spec, data, posterior = load_run(run)
-    attrs = {"method": method_label(spec), "family": spec.model.family, "run_dir": str(run)}
-    full_stats = None
-    if isinstance(posterior, ChainPosterior):
-        idata = to_inference_data(posterior, data, chains=posterior.chains, stats=posterior.stats,
-                                  num_samples=num_samples, seed=spec.seed, attrs=attrs)
-        full_stats = {k: as_numpy(v) for k, v in posterior.stats.items()}
-    else:
-        idata = to_inference_data(posterior, data, num_samples=num_samples, seed=spec.seed, attrs=attrs)
-    pareto = None
-    # iid draws of an approximation with a density (a guide, or a posterior that scores its draws, e.g. SWAG)
-    density = posterior.density()
-    if density is not None:
-        draws = {n: torch.tensor(idata.posterior[n].values[0], device=data.device)  # the model's, not the rows'
-                 for n in posterior.family.latent_sites()}
-        lp = torch.tensor(idata.posterior["lp"].values[0])
-        pareto = pareto_k(density, draws, lp)
-    out = check(idata, pareto, full_stats)
-    method = registry.method_of(spec)
-    return {"run_dir": str(run), "method": attrs["method"], "family": attrs["family"], "data": data.name,
-            "exact_sampler": method.exact, "advice": method.convergence_advice(spec.inference, posterior),
-            **out}, idata
+    found = run_diagnosis(run_dir, num_samples)
+    return found.result, found.idata
 
 
 def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = True) -> dict[str, Any]:
@@ -522,88 +76,6 @@ def diagnose(run_dir: str | Path, num_samples: int | None = None, plots: bool = 
         ``exact_sampler`` and the ``files`` written), also written to diagnostics.json (NaN and inf as null there).
     :raises ZooInputError: when ``run_dir`` holds no run that can be loaded, or ``num_samples`` is below 1.
     """
-    run = Path(run_dir)
-    out, idata = diagnosis(run, num_samples)
-    files = {"inference_data": str(save_inference_data(idata, run))}
-    files["summary"] = str(write_text(run / SUMMARY_FILE, _csv(out["function_space"])))
-    if plots:
-        files["trace"] = str(plot_trace(idata, run / TRACE_PLOT))
-        if out["draws"] == "mcmc" and "energy" in idata.sample_stats:
-            files["energy"] = str(plot_energy(idata, run / ENERGY_PLOT))
-        worst = [(w["site"], tuple(w["index"])) for w in (out["weights"] or {}).get("worst", [])]
-        pair = plot_pair(idata, (worst or weight_elements(idata.posterior))[:PAIR_WEIGHTS], run / PAIR_PLOT)
-        if pair is not None:
-            files["pair"] = str(pair)
-    files["diagnostics"] = str(run / DIAGNOSTICS_FILE)
-    out["files"] = files
-    write_json(run / DIAGNOSTICS_FILE, jsonable(out))  # NaN/inf (e.g. R-hat of stuck chains) become null there
-    return out
-
-
-def diagnose_report(result: dict[str, Any]) -> list[RenderableType]:
-    """Rich tables of a :func:`diagnose` result: summaries, latent-site quantiles and worst ten, checks in red.
-
-    :param result: a :func:`diagnose` (or :func:`diagnosis`) result.
-    :returns: the tables, notes and warnings, to print one after another.
-    """
-    out: list[RenderableType] = []
-    title = f"{result.get('run_dir', '')} ({result.get('method', result['draws'])}): {result['num_chains']} " \
-            f"chain(s) x {result['num_draws']} draws"
-    table = Table(title=escape(f"function-space summaries: {title}"), title_justify="left")
-    for key in ("variable", "mean", "sd", "r_hat", "ess_bulk", "ess_tail"):
-        table.add_column(key, justify="left" if key == "variable" else "right")
-    mcmc = result["draws"] == "mcmc"
-    for row in result["function_space"]:
-        r_hat = row["r_hat"]
-        bad = (r_hat is not None and r_hat > RHAT_MAX) or (mcmc and min(row["ess_bulk"], row["ess_tail"]) < ESS_MIN)
-        table.add_row(escape(row["variable"]), fmt(row["mean"]), fmt(row["sd"]), fmt(r_hat),
-                      fmt(row["ess_bulk"], 1), fmt(row["ess_tail"], 1), style="red" if bad else None)
-    out.append(table)
-
-    weights = result.get("weights")
-    if weights:
-        table = Table(title=f"latent sites: {weights['n_elements']:,} elements (quantiles over elements)",
-                      title_justify="left")
-        table.add_column("statistic")
-        for key in QUANTILES:
-            table.add_column(key, justify="right")
-        if weights["r_hat_quantiles"] is not None:
-            table.add_row("R-hat", *(fmt(v) for v in weights["r_hat_quantiles"].values()))
-        table.add_row("bulk ESS", *(fmt(v, 1) for v in weights["ess_bulk_quantiles"].values()))
-        out.append(table)
-        if weights["worst"]:
-            table = Table(title=f"worst {len(weights['worst'])} latent-site elements by R-hat", title_justify="left")
-            for key in ("site", "index", "r_hat", "ess_bulk"):
-                table.add_column(key, justify="left" if key in ("site", "index") else "right")
-            for w in weights["worst"]:
-                r_hat = w["r_hat"]
-                table.add_row(escape(w["site"]), escape(str(w["index"])), fmt(r_hat), fmt(w["ess_bulk"], 1),
-                              style="red" if r_hat is None or r_hat > RHAT_MAX else None)
-            out.append(table)
-
-    if result.get("per_chain"):
-        table = Table(title="per chain (f_test shift: largest |chain mean - pooled mean| over test points, in "
-                      "pooled sd)", title_justify="left")
-        for key in ("chain", "lp mean", "lp sd", "lp bulk ESS", "f_test shift (sd)"):
-            table.add_column(key, justify="right")
-        for row in result["per_chain"]:
-            table.add_row(str(row["chain"]), fmt(row["lp_mean"], 2), fmt(row["lp_sd"], 2),
-                          fmt(row["lp_ess_bulk"], 1), fmt(row["f_test_max_shift_sd"], 2))
-        out.append(table)
-
-    table = Table(title="checks", title_justify="left")
-    for key in ("check", "value", "threshold", "status"):
-        table.add_column(key, justify="right" if key == "value" else "left")
-    for c in result["checks"]:
-        table.add_row(escape(c["check"]), fmt(c["value"]), c["threshold"], "ok" if c["ok"] else "WARNING",
-                      style=None if c["ok"] else "bold red")
-    if result.get("pareto_k"):
-        table.add_row("Pareto k-hat reading", "", "", escape(result["pareto_k"]["interpretation"]))
-    out.append(table)
-    for note in result["notes"]:
-        out.append(Text(f"note: {note}", style="dim"))
-    for warning in result["warnings"]:
-        out.append(Text(f"WARNING: {warning}", style="bold red"))
-    if not result["warnings"]:
-        out.append(Text("no warnings", style="green"))
-    return out
+    found = run_diagnosis(run_dir, num_samples)
+    found.save(run_dir, plots)
+    return found.result

@@ -1,30 +1,36 @@
-"""How far runs' predictive distributions on the test inputs are from a reference run's (usually HMC/NUTS):
-coverage of the reference's predictive of y and the 1-Wasserstein distance to it (regression), agreement and total
-variation (classification), next to each run's own test metrics; ``zoo compare`` prints and plots them.
+"""How far fits' predictive distributions on the test inputs are from a reference's (an exact sampler's draws:
+HMC/NUTS): coverage of the reference's predictive of y and the 1-Wasserstein distance to it (regression), agreement
+and total variation (classification), next to each fit's own test metrics and fit time. :func:`compare` takes fitted
+:class:`zoo.BNN` objects or run directories alike and returns a :class:`Comparison` (a pandas table, a plot, HTML in
+a notebook, markdown); ``zoo compare`` prints and plots the same.
 """
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyro
-import torch
+from matplotlib.figure import Figure
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
 from rich.table import Table
 
 from zoo import registry
+from zoo.bnn import BNN, Rows
 from zoo.data.base import Dataset
-from zoo.diagnostics.checks import diagnosis, fmt, jsonable, method_label
+from zoo.diagnostics.checks import fmt, jsonable, method_label
 from zoo.errors import ZooInputError
 from zoo.evaluate import check_draws_fit
 from zoo.inference_data import as_numpy
 from zoo.likelihoods import PredictiveDraws
-from zoo.pipeline import load_run
+from zoo.nets import ModuleNetSpec
 from zoo.plots import new_figure, save_figure
 from zoo.posterior import Posterior
 from zoo.runs import METRICS_FILE, SPEC_FILE, refuse_to_replace
@@ -34,39 +40,106 @@ COMPARE_PLOT = "compare.png"
 COMPARE_MARK = "written by zoo compare"  # in compare.png's zoo text chunk: what lets a rerun replace it
 ROW_KEYS = ("run", "label", "reference", "reference_check")  # what every row of zoo compare's JSON holds
 COMPARE_DRAWS = 200
-METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll")
+METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll", "train_seconds")
+Fit = BNN | str | Path  # a fitted BNN, or the run directory of one
 
 
 @dataclass
 class RunPredictive:
-    """One run's predictive on its test inputs: what its task compares (:meth:`zoo.tasks.Task.comparison_draws`:
+    """One fit's predictive on the compared test inputs: what its task compares
+    (:meth:`zoo.tasks.Task.comparison_draws`:
     y samples ``[R, B]`` in original units for regression, the mean class probabilities ``[B, C]`` for
     classification).
 
-    :param run_dir: the run directory.
-    :param label: the run's name in tables and plots: its directory's name and method.
-    :param data: the run's data set.
-    :param metrics: the run's stored test metrics (``accuracy``, ``nll``, ``ece``, ``rmse``, ``test_ll``, where
-        recorded).
-    :param posterior: the run's posterior.
+    :param run_dir: the fit's run directory (None: a fit kept in memory).
+    :param label: the fit's name in tables and plots.
+    :param data: the fit's data set, with the compared rows as its test rows.
+    :param metrics: the fit's test metrics (``accuracy``, ``nll``, ``ece``, ``rmse``, ``test_ll``, where recorded)
+        and its fit time (``train_seconds``).
+    :param posterior: the fit's posterior.
     :param pred: the per-draw predictive distributions at the test inputs.
     :param draws: what the task compares, as above.
+    :param digests: the digests of the rows it was fitted on and compared on (:meth:`zoo.data.base.Dataset.digests`).
+    :param net: what the fit's net is (its class or spec section, and its parameters' shapes).
+    :param fit: the fitted BNN.
     """
 
-    run_dir: Path
+    run_dir: Path | None
     label: str
     data: Dataset
     metrics: dict[str, float]
     posterior: Posterior | None = None
     pred: PredictiveDraws | None = None  # the draws the comparison is made of, for further figures
     draws: np.ndarray | None = None
+    digests: dict[str, str] = field(default_factory=dict)
+    net: str = ""
+    fit: BNN | None = None
 
 
-def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> RunPredictive:
-    """The predictive of a run at its test inputs, seeded by the run's seed (the same run gives the same draws).
+def net_identity(bnn: BNN) -> str:
+    """What a fit's net is, for telling nets apart: a module's class and its parameters' names and shapes, or a named
+    net's spec section.
+
+    :param bnn: the fit.
+    :returns: the description.
+    """
+    section = bnn.spec.net
+    if isinstance(section, ModuleNetSpec) and section.module is not None:
+        shapes = ", ".join(f"{name} {tuple(p.shape)}" for name, p in section.module.named_parameters())
+        return f"{section.target} ({shapes})"
+    return json.dumps(section.model_dump(mode="json", exclude={"weights"}), sort_keys=True)
+
+
+def fit_predictive(bnn: BNN, label: str, num_samples: int = COMPARE_DRAWS, test: Rows | Dataset | None = None,
+                   metrics: dict[str, float] | None = None) -> RunPredictive:
+    """The predictive of a fitted BNN at its test inputs (or at ``test``), seeded by its seed (the same fit gives the
+    same draws, in memory or read back from its run directory).
+
+    :param bnn: the fitted BNN.
+    :param label: its name in tables and plots.
+    :param num_samples: posterior draws.
+    :param test: the rows to compare on (None: the fit's own test rows, its ``val``).
+    :param metrics: its test metrics (None: ``bnn.metrics``, or with ``test`` its metrics there).
+    :returns: the fit's predictive, metrics and identity.
+    :raises ZooInputError: ``num_samples`` below 1 or more than fit in memory; a fit without test rows.
+    """
+    if num_samples < 1:
+        raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    spec, posterior = bnn.spec, bnn.posterior
+    data = bnn.data if test is None else bnn.test_set(test)
+    digests = bnn.data_digests if test is None else data.digests()
+    if not len(data.y_test):
+        raise ZooInputError("test", label, "has no test rows to compare on: fit it with val=(x, y), or pass "
+                            "test=(x, y) to compare every fit on those rows (a run of data given in Python keeps no "
+                            "rows, so its run directory needs test=)")
+    if metrics is None:
+        fitted = {"train_seconds": bnn.metrics["train_seconds"]} if "train_seconds" in bnn.metrics else {}
+        metrics = bnn.metrics if test is None else {**bnn.evaluate(test), **fitted}
+    check_draws_fit(posterior, data, num_samples)
+    pyro.set_rng_seed(spec.seed + 1)
+    pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
+    return RunPredictive(bnn.run_dir, label, data, {k: metrics[k] for k in METRIC_KEYS if k in metrics}, posterior,
+                         pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn),
+                         bnn)
+
+
+def run_label(run: Path, spec) -> str:
+    """How a fit with a run directory is named: the directory's name and the method (``mf (svi/mean_field)``).
+
+    :param run: the run directory.
+    :param spec: its spec.
+    :returns: the label.
+    """
+    return f"{run.name} ({method_label(spec)})"
+
+
+def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS, test: Rows | None = None
+                   ) -> RunPredictive:
+    """The predictive of a run directory's fit at its test inputs (or at ``test``), with its stored metrics.
 
     :param run_dir: the run directory.
     :param num_samples: posterior draws.
+    :param test: the rows to compare on (None: the run's own test rows).
     :returns: the run's predictive and stored metrics.
     :raises ZooInputError: when ``num_samples`` is below 1 or would not fit in memory, or ``run_dir`` holds no run
         that can be loaded.
@@ -74,13 +147,11 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS) -> Run
     if num_samples < 1:
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     run = Path(run_dir)
-    spec, data, posterior = load_run(run)
-    check_draws_fit(posterior, data, num_samples)
-    pyro.set_rng_seed(spec.seed + 1)
-    pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
-    metrics = _stored_metrics(run)
-    return RunPredictive(run, f"{run.name} ({method_label(spec)})", data, metrics, posterior, pred,
-                         task_of(data).comparison_draws(pred, data, spec.seed + 2))
+    bnn = BNN.load(run)
+    stored = _stored_metrics(run)
+    if test is not None:
+        stored = {**bnn.evaluate(test), **{k: v for k, v in stored.items() if k == "train_seconds"}}
+    return fit_predictive(bnn, run_label(run, bnn.spec), num_samples, test, stored)
 
 
 def _stored_metrics(run: Path) -> dict[str, float]:
@@ -101,15 +172,15 @@ def _stored_metrics(run: Path) -> dict[str, float]:
 
 @dataclass
 class ReferenceStanding:
-    """Whether a run can serve as a reference: an exact sampler's draws (NUTS/HMC) that pass ``zoo diagnose
+    """Whether a fit can serve as a reference: an exact sampler's draws (NUTS/HMC) that pass ``zoo diagnose
     --strict``. ``problems`` says why not, one reason per line; empty when it can.
 
-    :param run_dir: the run directory.
-    :param method: how the run was fitted (its method label).
+    :param run_dir: the run directory (None: a fit kept in memory).
+    :param method: how the fit was made (its method label).
     :param problems: why it cannot serve, one reason each; empty when it can.
     """
 
-    run_dir: Path
+    run_dir: Path | None
     method: str
     problems: list[str]
 
@@ -125,25 +196,40 @@ class ReferenceStanding:
         return "passes --strict" if self.trusted else "FAILS: " + "; ".join(self.problems)
 
 
+def standing_of(bnn: BNN, test: Rows | None = None) -> ReferenceStanding:
+    """Check that a fit is a reference a comparison may trust: an exact sampler's draws (not SVI, SWAG, SG-MCMC or
+    Laplace, whose own error is what a comparison measures) that pass every ``zoo diagnose --strict`` check
+    (function-space R-hat, bulk/tail ESS, divergences, BFMI: ``bnn.diagnose()``). Writes nothing.
+
+    :param bnn: the fitted BNN.
+    :param test: rows to take its function-space summaries at (None: its own test rows).
+    :returns: its standing, with the failed checks (or the reason it is no exact sampler) as ``problems``.
+    """
+    spec = bnn.spec
+    label = method_label(spec)
+    if not registry.method_of(spec).exact:
+        exact = registry.METHODS.names_where(lambda m: m.exact)
+        return ReferenceStanding(bnn.run_dir, label, [f"{label} is not an exact sampler; a reference must be draws "
+                                                      f"of {' or '.join(exact)}"])
+    return ReferenceStanding(bnn.run_dir, label, bnn.diagnose(test=test).warnings)
+
+
 def reference_standing(run_dir: str | Path) -> ReferenceStanding:
-    """Check that ``run_dir`` is a reference a comparison may trust: an exact sampler's draws (not SVI, SWAG,
-    SG-MCMC or Laplace, whose own error is what a comparison measures) that pass every ``zoo diagnose --strict``
-    check (function-space R-hat, bulk/tail ESS, divergences, BFMI). Writes nothing into the run.
+    """:func:`standing_of` the fit a run directory holds.
 
     :param run_dir: the run directory.
-    :returns: its standing, with the failed checks (or the reason it is no exact sampler) as ``problems``.
+    :returns: its standing.
     :raises ZooInputError: when ``run_dir`` holds no run that can be loaded.
     """
-    run = Path(run_dir)
-    spec, _, _ = load_run(run)
-    method = registry.method_of(spec)
-    label = method_label(spec)
-    if not method.exact:
-        exact = registry.METHODS.names_where(lambda m: m.exact)
-        return ReferenceStanding(run, label, [f"{label} is not an exact sampler; a reference must be draws of "
-                                              f"{' or '.join(exact)}"])
-    result, _ = diagnosis(run)
-    return ReferenceStanding(run, label, list(result["warnings"]))
+    return standing_of(BNN.load(run_dir))
+
+
+def _refuse_untrusted(standing: ReferenceStanding, name: str, field_name: str = "reference") -> None:
+    raise ZooInputError(field_name, name, "", message=(
+        f"{field_name} {name} cannot be trusted as a reference: {'; '.join(standing.problems)}. Train an exact "
+        "sampler (nuts or hmc) with more warm-up, draws or chains until zoo diagnose --strict passes (zoo.reference "
+        "grows one until it does), or pass --allow-unconverged (Python: allow_unconverged=True) to compare anyway, "
+        "the reference marked as failing"))
 
 
 def trusted_reference(run_dir: str | Path, allow_unconverged: bool = False, field: str = "REFERENCE_RUN"
@@ -158,73 +244,34 @@ def trusted_reference(run_dir: str | Path, allow_unconverged: bool = False, fiel
     """
     standing = reference_standing(run_dir)
     if not standing.trusted and not allow_unconverged:
-        raise ZooInputError(field, str(run_dir), "", message=(
-            f"{field} {run_dir} cannot be trusted as a reference: {'; '.join(standing.problems)}. Train an exact "
-            "sampler (nuts or hmc) with more warm-up, draws or chains until zoo diagnose --strict passes, or pass "
-            "--allow-unconverged (Python: allow_unconverged=True) to compare anyway, the reference marked as "
-            "failing"))
+        _refuse_untrusted(standing, str(run_dir), field)
     return standing
 
 
-def _same_data(reference: RunPredictive, run: RunPredictive) -> None:
+def _same_fit_of_the_same_data(reference: RunPredictive, run: RunPredictive, same_net: bool = True) -> None:
+    """Refuse ``run`` where it was fitted on other rows, compared on other rows or (``same_net``) made of another
+    net than the reference, naming which."""
     a, b = reference.data, run.data
-    same = (a.task == b.task and a.x_test.shape == b.x_test.shape and a.y_test.shape == b.y_test.shape
-            and torch.allclose(a.x_test.cpu().float(), b.x_test.cpu().float())
-            and torch.allclose(a.y_test.cpu().double(), b.y_test.cpu().double()))
-    if not same:
-        raise ZooInputError("RUN", str(run.run_dir), f"was trained on different data from the reference "
-                            f"{reference.run_dir} ({b.name}, {len(b.y_test)} test points vs {a.name}, "
-                            f"{len(a.y_test)}); compare runs of the same data set, split and seed")
-
-
-def compare(reference_dir: str | Path, run_dirs: Sequence[str | Path], num_samples: int = COMPARE_DRAWS,
-            out_dir: str | Path | None = None, allow_unconverged: bool = False) -> list[dict[str, Any]]:
-    """Rows comparing runs' test-set predictives with a reference run's (the first row is the reference itself).
-
-    The reference must be an exact sampler's draws that pass ``zoo diagnose --strict``
-    (:func:`reference_standing`); any other is refused, unless ``allow_unconverged``, when every row carries
-    ``reference_check: "FAILS: ..."``.
-
-    Classification: ``agreement`` (argmax of the mean predictive matches the reference's) and ``tv`` (mean total
-    variation between mean predictive class distributions). Regression: ``coverage_95`` (reference predictive mass
-    inside the run's central 95% interval, averaged over test inputs; 0.95 is ideal) and ``w1`` (mean Wasserstein-1
-    distance between predictive marginals of y, original units). Each row also has the run's stored test metrics.
-    With ``out_dir``, a plot is written to ``out_dir/compare.png`` (``rows[0]["plot"]``).
-
-    :param reference_dir: the reference's run directory.
-    :param run_dirs: the run directories to compare with it, a list (not a single path).
-    :param num_samples: posterior draws per run, seeded by each run's seed.
-    :param out_dir: where to write ``compare.png``; None for no plot.
-    :param allow_unconverged: compare against a reference that cannot be trusted instead of refusing it.
-    :returns: one row per run, the reference first, each with ``run``, ``label``, ``reference``, the task's
-        figures, the stored metrics and ``reference_check``.
-    :raises TypeError: when ``run_dirs`` is a single path, or a run directory is not a str or Path.
-    :raises ZooInputError: when a directory is not a run, ``num_samples`` is below 1, the reference cannot be
-        trusted (without ``allow_unconverged``), or a run was trained on other data than the reference.
-    """
-    if isinstance(run_dirs, str | Path):
-        raise TypeError(f"compare(reference_dir, run_dirs): run_dirs is a list of run directories, got the single "
-                        f"path {str(run_dirs)!r}; call compare({str(reference_dir)!r}, [{str(run_dirs)!r}])")
-    for path in [reference_dir, *run_dirs]:
-        if not isinstance(path, str | Path):
-            raise TypeError(f"compare: a run directory is a str or Path, got {type(path).__name__}")
-        if not (Path(path) / SPEC_FILE).is_file():  # before the reference's checks, which take a while
-            raise ZooInputError("RUN", str(path), "not a run directory (it has no spec.yaml)")
-    if num_samples < 1:
-        raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
-    compare_outputs(out_dir)
-    standing = trusted_reference(reference_dir, allow_unconverged)
-    cache: dict[Path, RunPredictive] = {}
-
-    def get(path: str | Path) -> RunPredictive:
-        key = Path(path).resolve()
-        if key not in cache:
-            cache[key] = run_predictive(path, num_samples)
-        return cache[key]
-
-    rows = compare_predictives(get(reference_dir), [get(p) for p in run_dirs], out_dir)
-    return [{**row, "reference_check": standing.column()} for row in rows]
-
+    differ = []
+    if a.task != b.task:
+        differ.append(f"its task is {b.task}, the reference's {a.task}")
+    for rows, what in (("train", "training rows"), ("test", "test rows")):
+        mine, theirs = run.digests.get(rows), reference.digests.get(rows)
+        if mine and theirs and mine != theirs:
+            counts = (f"{b.n_train} vs {a.n_train}" if rows == "train" else f"{len(b.y_test)} vs {len(a.y_test)}")
+            differ.append(f"its {what} differ from the reference's ({counts} rows, or other values)")
+    if a.x_test.shape[1:] != b.x_test.shape[1:] or len(a.y_test) != len(b.y_test):
+        differ.append(f"its test inputs are {tuple(b.x_test.shape)}, the reference's {tuple(a.x_test.shape)}")
+    other_net = same_net and reference.net and run.net and reference.net != run.net
+    if other_net:
+        differ.append(f"its net is {run.net}, the reference's {reference.net}")
+    if differ:
+        raise ZooInputError("fit" if run.run_dir is None else "RUN", run.label,
+                            f"cannot be compared with the reference {reference.label}: "
+                            f"{'; '.join(dict.fromkeys(differ))}. Compare fits of the same net on the same data (the "
+                            "same rows, split and seed), or pass test=(x, y) to compare every fit on those rows"
+                            + ("; to compare another net on purpose, pass allow_other_nets=True (zoo compare "
+                               "--allow-other-nets)" if other_net else ""))
 
 def compare_outputs(out_dir: str | Path | None, json_path: str | Path | None = None) -> None:
     """Check, before anything is drawn, that ``zoo compare`` may write ``out_dir/compare.png`` and ``json_path``:
@@ -258,45 +305,191 @@ def _compare_rows_file(path: Path) -> bool:
                                                           for r in rows)
 
 
-def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
-                        out_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """:func:`compare` on predictives already drawn (by :func:`run_predictive`), without the reference's check.
+def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive], same_net: bool = True
+                        ) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """The rows of :func:`compare` on predictives already drawn (:func:`fit_predictive`), without the reference's
+    check.
 
     :param reference: the reference's predictive.
     :param runs: the predictives to compare with it.
-    :param out_dir: where to write ``compare.png``; None for no plot.
-    :returns: one row per run, the reference first (``reference_check`` not included).
-    :raises ZooInputError: when a run was trained on other data than the reference.
+    :param same_net: refuse a fit of another net than the reference's.
+    :returns: one row per fit, the reference first (``reference_check`` not included), and per fit the task's
+        figure along the test inputs ``[B]`` (W1 for regression, TV for classification).
+    :raises ZooInputError: when a fit was made of another net, or on other data, than the reference.
     """
     runs = list(runs)
     for run in runs:
-        _same_data(reference, run)
+        _same_fit_of_the_same_data(reference, run, same_net)
     rows, per_input = [], []
     for run, is_reference in [(reference, True)] + [(r, False) for r in runs]:
-        row: dict[str, Any] = {"run": str(run.run_dir), "label": run.label, "reference": is_reference}
+        row: dict[str, Any] = {"run": "" if run.run_dir is None else str(run.run_dir), "label": run.label,
+                               "reference": is_reference}
         figures, along_inputs = task_of(reference.data).compare(run.draws, reference.draws)
         row.update(figures)
         per_input.append(along_inputs)
         row.update(run.metrics)
         rows.append(jsonable(row))
-    if out_dir is not None:
-        compare_outputs(out_dir)
-        rows[0]["plot"] = str(plot_compare(reference, runs, rows, per_input, Path(out_dir) / COMPARE_PLOT))
-    return rows
+    return rows, per_input
 
 
-def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list[dict[str, Any]],
-                 per_input: list[np.ndarray], path: Path) -> Path:
-    """Regression: predictive mean +- 2 sd of each run over a 1-D input (else W1 per test input); classification:
-    agreement and total variation per run.
+def _labelled(fits: Sequence[Fit], named: dict[str, Fit]) -> list[tuple[Fit, str | None]]:
+    """The fits with the labels given to them (keyword names; None: their own), refusing what is not a fit."""
+    everything = [(f, None) for f in fits] + [(f, name) for name, f in named.items()]
+    for fit, _ in everything:
+        if isinstance(fit, list | tuple):
+            raise TypeError("compare(reference, *fits): give the fits one by one, compare(ref, a, b), or unpack a "
+                            "list, compare(ref, *fits)")
+        if not isinstance(fit, BNN | str | Path):
+            raise TypeError(f"compare: a fit is a zoo.BNN or the run directory of one (a str or Path), got "
+                            f"{type(fit).__name__}")
+    for fit, _ in everything:
+        if not isinstance(fit, BNN) and not (Path(fit) / SPEC_FILE).is_file():  # before the reference's checks
+            raise ZooInputError("RUN", str(fit), "not a run directory (it has no spec.yaml)")
+    return everything
+
+
+def compare(reference: Fit, *fits: Fit, test: Rows | None = None, num_samples: int = COMPARE_DRAWS,
+            allow_unconverged: bool = False, allow_other_nets: bool = False, **named: Fit) -> Comparison:
+    """How far each fit's test predictive is from the reference's: fitted :class:`zoo.BNN` objects or run
+    directories, alike (``zoo compare`` on the command line).
+
+    The reference must be an exact sampler's draws that pass ``zoo diagnose --strict`` (:func:`standing_of`; what
+    :func:`zoo.reference` grows); any other is refused, unless ``allow_unconverged``, when every row carries
+    ``reference_check: "FAILS: ..."``. Every fit must be of the same net as the reference, fitted on the same
+    training rows and compared on the same test rows (its ``val``, or ``test`` for all); what differs is named.
+
+    Classification: ``agreement`` (argmax of the mean predictive matches the reference's) and ``tv`` (mean total
+    variation between mean predictive class distributions). Regression: ``coverage_95`` (reference predictive mass
+    inside the fit's central 95% interval, averaged over test inputs; 0.95 is ideal) and ``w1`` (mean
+    Wasserstein-1 distance between predictive marginals of y, original units). Each row also has the fit's test
+    metrics and its fit time (``train_seconds``).
+
+    :param reference: the reference: a fitted BNN or its run directory.
+    :param fits: the fits to compare with it, each a fitted BNN or its run directory (named by their run
+        directory, else their member or method).
+    :param test: rows ``(x, y)`` to compare every fit on, as :meth:`zoo.BNN.evaluate` takes them (None: the fits'
+        own test rows, which must be the same).
+    :param num_samples: posterior draws per fit, seeded by each fit's seed.
+    :param allow_unconverged: compare against a reference that cannot be trusted instead of refusing it.
+    :param allow_other_nets: compare fits of another net than the reference's (the difference in nets is then part
+        of what the figures measure) instead of refusing them.
+    :param named: more fits, each named by its keyword (``mean_field=bnn``).
+    :returns: the :class:`Comparison`.
+    :raises TypeError: a fit that is neither a BNN nor a path, or a list of them not unpacked.
+    :raises ZooInputError: a path that is not a run, an unfitted BNN, ``num_samples`` below 1, a reference that
+        cannot be trusted (without ``allow_unconverged``), or a fit of another net or other data than the
+        reference's.
+    """
+    everything = _labelled([reference, *fits], named)
+    if num_samples < 1:
+        raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
+    loaded = [(f if isinstance(f, BNN) else BNN.load(f), f, name) for f, name in everything]
+    ref_bnn, ref_source, _ = loaded[0]
+    standing = standing_of(ref_bnn, test)
+    if not standing.trusted and not allow_unconverged:
+        if isinstance(ref_source, BNN):
+            _refuse_untrusted(standing, ref_bnn.label)
+        _refuse_untrusted(standing, str(ref_source), "REFERENCE_RUN")  # a run directory: zoo compare's argument
+    predictives, taken = [], {}
+    for bnn, source, name in loaded:
+        label = name or (run_label(bnn.run_dir, bnn.spec) if bnn.run_dir is not None else bnn.label)
+        taken[label] = taken.get(label, 0) + 1
+        label = label if taken[label] == 1 else f"{label} #{taken[label]}"
+        stored = None if isinstance(source, BNN) else _stored_metrics(Path(source))
+        if stored is not None and test is not None:
+            stored = {**bnn.evaluate(test),
+                      **{k: v for k, v in stored.items() if k == "train_seconds"}}
+        predictives.append(fit_predictive(bnn, label, num_samples, test, stored))
+    rows, per_input = compare_predictives(predictives[0], predictives[1:], same_net=not allow_other_nets)
+    rows = [{**row, "reference_check": standing.column()} for row in rows]
+    return Comparison(rows, standing, predictives[0], predictives[1:], per_input)
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare` found: one row per fit, the reference first.
+
+    In a notebook it shows as its table (HTML, captioned in red when the reference fails its checks); ``rich.print``
+    shows it as ``zoo compare`` prints it.
+
+    :param rows: one dict per fit (what ``zoo compare --json`` writes): ``run``, ``label``, ``reference``, the
+        task's figures, the test metrics, ``train_seconds`` and ``reference_check``.
+    :param standing: the reference's standing.
+    :param reference: the reference's predictive.
+    :param fits: the compared fits' predictives.
+    :param per_input: per fit, the reference first, the task's figure along the test inputs.
+    """
+
+    rows: list[dict[str, Any]]
+    standing: ReferenceStanding
+    reference: RunPredictive
+    fits: list[RunPredictive]
+    per_input: list[np.ndarray]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The rows as a DataFrame indexed by label: the task's figures against the reference (``w1`` and
+        ``coverage_95``, or ``agreement`` and ``tv``), the test metrics and ``train_seconds``; the reference's
+        standing in ``.attrs["reference_check"]``."""
+        keys = _columns(self.rows)
+        frame = pd.DataFrame([{k: row.get(k) for k in keys} for row in self.rows],
+                             index=pd.Index([r["label"] for r in self.rows], name="fit"), columns=keys, dtype=float)
+        frame.insert(0, "reference", [bool(r["reference"]) for r in self.rows])
+        frame.attrs["reference_check"] = self.standing.column()
+        return frame
+
+    def caption(self) -> str:
+        """One line on the reference: what it is and whether it passed its checks.
+
+        :returns: the line.
+        """
+        return f"against {self.rows[0]['label']} (test inputs): reference {self.standing.column()}"
+
+    def to_markdown(self) -> str:
+        """The table as markdown (a results page's), with the caption line under it.
+
+        :returns: the markdown.
+        """
+        return f"{self.table.to_markdown(floatfmt='.4g')}\n\n{self.caption()}\n"
+
+    def plot(self, path: str | Path | None = None) -> Figure:
+        """Regression: each fit's predictive mean ± 2 sd against the reference's band over a 1-D input, and W1 along
+        the inputs (W1 per test input otherwise); classification: agreement and total variation per fit.
+
+        :param path: also write the figure there (a PNG that ``zoo compare`` may replace); None: only return it.
+        :returns: the figure.
+        """
+        fig = compare_figure(self.reference, self.fits, self.rows, self.per_input)
+        if path is not None:
+            save_figure(fig, Path(path), COMPARE_MARK, close=False)
+        return fig
+
+    def _repr_html_(self) -> str:
+        color = "#b00" if not self.standing.trusted else "inherit"
+        return (f'<p style="color:{color}">{html.escape(self.caption())}</p>'
+                + self.table.to_html(float_format=lambda v: f"{v:.4g}"))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield compare_table(self.rows)
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The task's figures, then the metrics any row holds."""
+    keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
+    return keys + [k for k in METRIC_KEYS if any(k in r for r in rows)]
+
+
+def compare_figure(reference: RunPredictive, runs: list[RunPredictive], rows: list[dict[str, Any]],
+                   per_input: list[np.ndarray]) -> Figure:
+    """Regression: predictive mean +- 2 sd of each fit over a 1-D input (else W1 per test input); classification:
+    agreement and total variation per fit.
 
     :param reference: the reference's predictive.
-    :param runs: the compared runs' predictives.
+    :param runs: the compared fits' predictives.
     :param rows: :func:`compare_predictives`' rows (the reference first).
-    :param per_input: per run, the reference first, the task's figure along the test inputs ``[B]`` (W1 for
+    :param per_input: per fit, the reference first, the task's figure along the test inputs ``[B]`` (W1 for
         regression).
-    :param path: the image file to write.
-    :returns: the path written.
+    :returns: the figure.
     """
     data = reference.data
     labels = [r["label"] for r in rows]
@@ -309,7 +502,7 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
         ax.set_ylim(0, 1.05)
         ax.legend()
         ax.set_title(f"{data.name}: test predictive vs {labels[0]}")
-        return save_figure(fig, path, COMPARE_MARK)
+        return fig
     everyone = [reference, *runs]
     if data.in_dim == 1:
         x = as_numpy(data.inputs_in_original_units(data.x_test)[:, 0].double())
@@ -346,7 +539,9 @@ def plot_compare(reference: RunPredictive, runs: list[RunPredictive], rows: list
     ax.set_ylabel("Wasserstein-1 to the reference")
     if len(runs):
         ax.legend(fontsize="small")
-    return save_figure(fig, path, COMPARE_MARK)
+    return fig
+
+
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:
@@ -355,8 +550,7 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
     :param rows: :func:`compare`'s rows.
     :returns: the table, captioned in red when the reference fails its checks.
     """
-    keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
-    keys += [k for k in METRIC_KEYS if any(k in r for r in rows)]
+    keys = _columns(rows)
     check = rows[0].get("reference_check", "")
     failing = check.startswith("FAILS")
     caption = f"REFERENCE {escape(check)}: every figure carries its error" if failing else None
