@@ -148,10 +148,15 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS, test: 
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     run = Path(run_dir)
     bnn = BNN.load(run)
+    return fit_predictive(bnn, run_label(run, bnn.spec), num_samples, test, _run_metrics(bnn, run, test))
+
+
+def _run_metrics(bnn: BNN, run: Path, test: Rows | None) -> dict[str, float]:
+    """A run directory's test metrics: those it stored, or with ``test`` those there (and its stored fit time)."""
     stored = _stored_metrics(run)
-    if test is not None:
-        stored = {**bnn.evaluate(test), **{k: v for k, v in stored.items() if k == "train_seconds"}}
-    return fit_predictive(bnn, run_label(run, bnn.spec), num_samples, test, stored)
+    if test is None:
+        return stored
+    return {**bnn.evaluate(test), **{k: v for k, v in stored.items() if k == "train_seconds"}}
 
 
 def _stored_metrics(run: Path) -> dict[str, float]:
@@ -395,10 +400,7 @@ def compare(reference: Fit, *fits: Fit, test: Rows | None = None, num_samples: i
         label = name or (run_label(bnn.run_dir, bnn.spec) if bnn.run_dir is not None else bnn.label)
         taken[label] = taken.get(label, 0) + 1
         label = label if taken[label] == 1 else f"{label} #{taken[label]}"
-        stored = None if isinstance(source, BNN) else _stored_metrics(Path(source))
-        if stored is not None and test is not None:
-            stored = {**bnn.evaluate(test),
-                      **{k: v for k, v in stored.items() if k == "train_seconds"}}
+        stored = None if isinstance(source, BNN) else _run_metrics(bnn, Path(source), test)
         predictives.append(fit_predictive(bnn, label, num_samples, test, stored))
     rows, per_input = compare_predictives(predictives[0], predictives[1:], same_net=not allow_other_nets)
     rows = [{**row, "reference_check": standing.column()} for row in rows]
