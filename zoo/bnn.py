@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import operator
 import os
 import shutil
@@ -639,7 +640,8 @@ class BNN:
         unfinished MCMC run is refused (its draws are not there yet).
 
         :param run_dir: the run directory.
-        :returns: the BNN, with its data set (for data given in Python: a stand-in of two example rows).
+        :returns: the BNN, with its data set (for data given in Python: a stand-in of two example rows) and the test
+            metrics the fit recorded (:attr:`metrics`).
         :raises ZooInputError: not a run directory, a run that holds no fit yet, or a net given in Python whose class
             no longer imports (naming its import path).
         """
@@ -664,6 +666,7 @@ class BNN:
         bnn = cls.from_spec(spec)
         bnn.family, bnn.guide, bnn.data, bnn.run_dir, bnn.data_digests = family, guide, data, run, rows.digests()
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
+        bnn.metrics = _recorded_metrics(run)
         return bnn
 
     def diagnose(self, num_samples: int | None = None, test: Rows | None = None) -> Diagnosis:
@@ -708,6 +711,16 @@ class BNN:
                                      seed=self._spec.seed)
         samples = draw_count(num_samples, self._spec.inference.predictive_samples)
         return to_inference_data(posterior, self.data, num_samples=samples, seed=self._spec.seed)
+
+
+def _recorded_metrics(run: Path) -> dict[str, float]:
+    """The test metrics a run recorded (``metrics.json``); {} where it has none or it cannot be read (``zoo compare``
+    names a damaged one; loading the fit does not need it)."""
+    try:
+        stored = json.loads((run / METRICS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
 
 
 def _load_module(run: Path, section: ModuleNetSpec) -> nn.Module:
