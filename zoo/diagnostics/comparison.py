@@ -61,7 +61,6 @@ class RunPredictive:
     :param draws: what the task compares, as above.
     :param digests: the digests of the rows it was fitted on and compared on (:meth:`zoo.data.base.Dataset.digests`).
     :param net: what the fit's net is (its class or spec section, and its parameters' shapes).
-    :param fit: the fitted BNN.
     """
 
     run_dir: Path | None
@@ -73,7 +72,6 @@ class RunPredictive:
     draws: np.ndarray | None = None
     digests: dict[str, str] = field(default_factory=dict)
     net: str = ""
-    fit: BNN | None = None
 
 
 def net_identity(bnn: BNN) -> str:
@@ -99,7 +97,8 @@ def fit_predictive(bnn: BNN, label: str, num_samples: int = COMPARE_DRAWS, test:
     :param label: its name in tables and plots.
     :param num_samples: posterior draws.
     :param test: the rows to compare on (None: the fit's own test rows, its ``val``).
-    :param metrics: its test metrics (None: ``bnn.metrics``, or with ``test`` its metrics there).
+    :param metrics: the test metrics it recorded (None: ``bnn.metrics``); with ``test``, only their fit time is kept
+        and the rest are scored on ``test``.
     :returns: the fit's predictive, metrics and identity.
     :raises ZooInputError: ``num_samples`` below 1 or more than fit in memory; a fit without test rows.
     """
@@ -112,15 +111,14 @@ def fit_predictive(bnn: BNN, label: str, num_samples: int = COMPARE_DRAWS, test:
         raise ZooInputError("test", label, "has no test rows to compare on: fit it with val=(x, y), or pass "
                             "test=(x, y) to compare every fit on those rows (a run of data given in Python keeps no "
                             "rows, so its run directory needs test=)")
-    if metrics is None:
-        fitted = {"train_seconds": bnn.metrics["train_seconds"]} if "train_seconds" in bnn.metrics else {}
-        metrics = bnn.metrics if test is None else {**bnn.evaluate(test), **fitted}
+    metrics = bnn.metrics if metrics is None else metrics
+    if test is not None:  # scored on the compared rows; the fit time is the fit's own
+        metrics = {**bnn.evaluate(test), **{k: v for k, v in metrics.items() if k == "train_seconds"}}
     check_draws_fit(posterior, data, num_samples)
     pyro.set_rng_seed(spec.seed + 1)
     pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
     return RunPredictive(bnn.run_dir, label, data, {k: metrics[k] for k in METRIC_KEYS if k in metrics}, posterior,
-                         pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn),
-                         bnn)
+                         pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn))
 
 
 def run_label(run: Path, spec) -> str:
@@ -148,15 +146,7 @@ def run_predictive(run_dir: str | Path, num_samples: int = COMPARE_DRAWS, test: 
         raise ZooInputError("--samples", num_samples, "use a positive number of posterior draws")
     run = Path(run_dir)
     bnn = BNN.load(run)
-    return fit_predictive(bnn, run_label(run, bnn.spec), num_samples, test, _run_metrics(bnn, run, test))
-
-
-def _run_metrics(bnn: BNN, run: Path, test: Rows | None) -> dict[str, float]:
-    """A run directory's test metrics: those it stored, or with ``test`` those there (and its stored fit time)."""
-    stored = _stored_metrics(run)
-    if test is None:
-        return stored
-    return {**bnn.evaluate(test), **{k: v for k, v in stored.items() if k == "train_seconds"}}
+    return fit_predictive(bnn, run_label(run, bnn.spec), num_samples, test, _stored_metrics(run))
 
 
 def _stored_metrics(run: Path) -> dict[str, float]:
@@ -400,7 +390,7 @@ def compare(reference: Fit, *fits: Fit, test: Rows | None = None, num_samples: i
         label = name or (run_label(bnn.run_dir, bnn.spec) if bnn.run_dir is not None else bnn.label)
         taken[label] = taken.get(label, 0) + 1
         label = label if taken[label] == 1 else f"{label} #{taken[label]}"
-        stored = None if isinstance(source, BNN) else _run_metrics(bnn, Path(source), test)
+        stored = None if isinstance(source, BNN) else _stored_metrics(Path(source))
         predictives.append(fit_predictive(bnn, label, num_samples, test, stored))
     rows, per_input = compare_predictives(predictives[0], predictives[1:], same_net=not allow_other_nets)
     rows = [{**row, "reference_check": standing.column()} for row in rows]
