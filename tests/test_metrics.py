@@ -307,6 +307,9 @@ class _FixedPosterior:
     def sample(self, num_samples: int) -> dict:
         return {}
 
+    def scoring_draws(self, num_samples: int) -> dict:
+        return {}
+
     def predict(self, x, num_samples=None, draws=None):
         return self.pred
 

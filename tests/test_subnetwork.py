@@ -19,7 +19,7 @@ from zoo.curvature import LayerFactors, ParameterLayout, ggn
 from zoo.errors import ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.laplace import GaussianStatistics, linearised_mode, prior_groups
-from zoo.likelihoods import Categorical, Gaussian
+from zoo.likelihoods import Categorical, Gaussian, categorical_hessian_root
 from zoo.models.subnetwork import SITE, subnet_size
 from zoo.nets import build_cnn, build_mlp
 from zoo.pipeline import load_run, prepare, train
@@ -181,6 +181,14 @@ def test_a_selectable_layer_that_returns_no_tensor_is_refused_by_name():
     LayerFactors(net, ParameterLayout(net, lambda name, _: name != "pair"), torch.randn(4, 3))
 
 
+@pytest.mark.parametrize("columns", [7, 301])
+def test_the_blocked_gram_is_the_gram(columns):
+    from zoo.curvature import symmetric_gram
+
+    a = torch.randn(50, columns, dtype=torch.float64, generator=torch.Generator().manual_seed(columns))
+    torch.testing.assert_close(symmetric_gram(a), a.T @ a, rtol=1e-12, atol=1e-12)
+
+
 def test_linear_gaussian_evidence_is_the_exact_marginal_likelihood():
     # y = J theta + noise, theta ~ N(0, diag(1/lam)): log Z = log N(y; 0, J diag(1/lam) J^T + s^2 I)
     torch.manual_seed(2)
@@ -203,11 +211,68 @@ def test_categorical_linearised_mode_is_stationary():
     y = torch.randint(3, (30,))
     centre = torch.randn(5, dtype=torch.float64)
     lam = torch.full((5,), 0.8, dtype=torch.float64)
-    theta = linearised_mode(f, J, y, centre, lam).requires_grad_(True)
+    theta = linearised_mode(f, J, y, centre, lam)[0].requires_grad_(True)
     logits = f + J @ (theta - centre)
     objective = -torch.nn.functional.cross_entropy(logits, y, reduction="sum") - 0.5 * (lam * theta**2).sum()
     (grad,) = torch.autograd.grad(objective, theta)
     assert grad.abs().max() < 1e-8
+    # from another prior's mode and its (stale) G: the same θ*, and G returned at θ* itself
+    other, stale = linearised_mode(f, J, y, centre, lam * 5)
+    warm, curvature = linearised_mode(f, J, y, centre, lam, start=other, curvature=stale)
+    torch.testing.assert_close(warm, theta.detach(), rtol=0, atol=1e-9)
+    expected = ggn(J, categorical_hessian_root(f + J @ (warm - centre)))
+    torch.testing.assert_close(curvature, expected)
+
+
+def test_occam_derivatives_are_autograd_s_and_newton_finds_the_optimum():
+    from zoo.inference.laplace import maximise_occam, occam_derivatives
+
+    torch.manual_seed(4)
+    root = torch.randn(40, 6, dtype=torch.float64)
+    curvature = root.T @ root
+    theta = torch.randn(6, dtype=torch.float64)
+    group_index = torch.tensor([0, 0, 1, 1, 1, 2])
+
+    def occam(log_precision):
+        precision = log_precision.exp()[group_index]
+        return (-0.5 * (precision * theta**2).sum() + 0.5 * precision.log().sum()
+                - 0.5 * torch.logdet(curvature + torch.diag(precision)))
+
+    start = torch.tensor([0.3, -1.0, 2.0], dtype=torch.float64)
+    value, gradient, hessian = occam_derivatives(start, group_index, theta, curvature)
+    torch.testing.assert_close(value, occam(start))
+    torch.testing.assert_close(gradient, torch.autograd.functional.jacobian(occam, start))
+    torch.testing.assert_close(hessian, torch.autograd.functional.hessian(occam, start))
+    found = start.clone()
+    maximise_occam(found, group_index, theta, curvature, iterations=50)
+    assert occam(found) > occam(start)
+    assert occam_derivatives(found, group_index, theta, curvature)[1].abs().max() < 1e-8
+
+
+def test_evidence_rounds_stop_on_the_evidence_and_keep_the_best(monkeypatch):
+    """Where the data do not need the weights, log Z flattens out as the precision grows: the rounds stop when one
+    gains less than EVIDENCE_TOLERANCE, and the precisions returned are those of the best log Z."""
+    import zoo.inference.laplace as laplace
+
+    torch.manual_seed(5)
+    f = 3 * torch.randn(50, 3, dtype=torch.float64)
+    y = f.argmax(-1)  # the MAP's logits already fit every row: the subnet's weights are not needed
+    J = 0.1 * torch.randn(50, 3, 4, dtype=torch.float64)
+    centre = 0.5 * torch.randn(4, dtype=torch.float64)
+    group_index = torch.zeros(4, dtype=torch.long)
+    seen = []
+    evidence = laplace.categorical_evidence
+    monkeypatch.setattr(laplace, "categorical_evidence", lambda *a, **k: seen.append(evidence(*a, **k)[0]) or
+                        evidence(*a, **k))
+    log_precision = torch.zeros(1, dtype=torch.float64)
+    log_z = laplace.tune_classification(f, J, y, centre, group_index, log_precision, 50, at_map=False)
+    gains = [float(b - a) for a, b in zip(seen, seen[1:], strict=False)]
+    assert len(seen) >= 3  # rounds were run, and stopped before the cap
+    assert len(seen) <= laplace.OUTER_ROUNDS + 1 and gains[-1] < laplace.EVIDENCE_TOLERANCE
+    assert all(g >= laplace.EVIDENCE_TOLERANCE for g in gains[:-1])
+    assert float(log_z) == max(float(v) for v in seen)
+    again = laplace.categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], False)[0]
+    torch.testing.assert_close(again, log_z)  # the precisions kept are the best's
 
 
 def test_prior_groups():
@@ -397,6 +462,44 @@ def test_regression_metrics_use_the_closed_form_glm_predictive(tmp_path):
     assert evaluate(posterior, data, num_samples=5) == exact  # not a 5-draw mixture
     posterior.predictive = "nn"  # the net at draws: a 5-draw mixture, not the closed form
     assert evaluate(posterior, data, num_samples=5) != exact
+
+
+@pytest.mark.parametrize("link", ["probit", "bridge"])
+def test_every_classification_score_uses_the_link_the_spec_names(link, tmp_path):
+    from zoo import metrics
+    from zoo.bnn import BNN
+
+    _, data, posterior = _fitted(MOONS, tmp_path, f"inference.link={link}")
+    assert posterior.scoring_draws(50) is None  # a closed form: no draws to share
+    pred = posterior.predict(data.x_test, num_samples=1)
+    exact = metrics.classification_metrics(pred.log_probs, data.y_test)
+    scores = evaluate(posterior, data, num_samples=50)
+    assert {k: scores[k] for k in exact} == exact  # not 50 Monte Carlo draws of the linearised logits
+    assert "ood_auroc_mi_far" not in scores  # one closed-form predictive has no spread between draws
+    assert (tmp_path / "run" / "metrics.json").exists()
+    bnn = BNN.load(tmp_path / "run")
+    assert bnn.metrics["nll"] == pytest.approx(exact["nll"], rel=1e-6)  # metrics.json: the same predictive
+    probs = bnn.predict(data.x_test * data.x_std + data.x_mean).probs
+    nll = -probs.double().gather(-1, data.y_test.long()[:, None]).log().mean()
+    assert float(nll) == pytest.approx(exact["nll"], rel=1e-6)  # predict and evaluate: one NLL
+    posterior.link = "mc"  # Monte Carlo over the linearised logits: draws again
+    scores = evaluate(posterior, data, num_samples=5)
+    assert posterior.scoring_draws(5) is not None and {k: scores[k] for k in exact} != exact
+
+
+def test_laplace_bridge_inverts_the_dirichlet_laplace_approximation():
+    """A Dirichlet(α) in the softmax basis has the Laplace approximation μ_k = log α_k - mean(log α),
+    Σ_kk = (1 - 2/K)/α_k + Σ_l (1/α_l)/K²; the bridge maps (μ, diag Σ) back to that Dirichlet, whose mean it
+    returns."""
+    from zoo.inference.laplace import laplace_bridge
+
+    alpha = torch.rand(7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 5 + 0.2
+    classes = alpha.shape[-1]
+    mean = alpha.log() - alpha.log().mean(-1, keepdim=True)
+    variance = (1 - 2 / classes) / alpha + (1 / alpha).sum(-1, keepdim=True) / classes**2
+    expected = alpha / alpha.sum(-1, keepdim=True)
+    torch.testing.assert_close(laplace_bridge(mean + 3.0, variance).exp(), expected)  # shifted logits: the same
+    assert torch.allclose(laplace_bridge(torch.zeros(2, 3), torch.ones(2, 3)).exp(), torch.full((2, 3), 1 / 3))
 
 
 def test_precision_to_scale_tril_is_the_cholesky_factor_of_the_inverse():

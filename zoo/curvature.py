@@ -321,5 +321,29 @@ def ggn(J: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
     :param root: the output Hessians' roots ``R [B, O, O]`` (Λ_b = R_bᵀ R_b).
     :returns: ``[D, D]``.
     """
-    rj = torch.bmm(root, J).flatten(0, 1)
-    return rj.T @ rj
+    return symmetric_gram(torch.bmm(root, J).flatten(0, 1))
+
+
+def symmetric_gram(a: torch.Tensor, blocks: int = 4) -> torch.Tensor:
+    """aᵀa, computing only the blocks on and below the diagonal and mirroring the rest: ~30% less time than one
+    matmul on one CPU thread for the sizes of a subnet's GGN (measured at 14,370 x 1,010 rows and columns; BLAS has a
+    symmetric rank-k update, torch does not expose it).
+
+    :param a: ``[M, D]``.
+    :param blocks: column blocks (small D takes one matmul).
+    :returns: ``[D, D]``.
+    """
+    size = a.shape[1]
+    if size < 256 or blocks < 2:
+        return a.T @ a
+    edges = [round(size * k / blocks) for k in range(blocks + 1)]
+    out = a.new_empty(size, size)
+    for i in range(blocks):
+        rows = slice(edges[i], edges[i + 1])
+        for j in range(i + 1):
+            cols = slice(edges[j], edges[j + 1])
+            block = a[:, rows].T @ a[:, cols]
+            out[rows, cols] = block
+            if i != j:
+                out[cols, rows] = block.T
+    return out

@@ -70,6 +70,16 @@ class Posterior(ABC):
         """
         return None
 
+    def scoring_draws(self, num_samples: int) -> dict[str, torch.Tensor] | None:
+        """The weight draws that several sets of inputs are scored with (the test and OOD inputs, every shifted
+        set), so that they all see one posterior; pass them to :meth:`predict` with ``num_samples`` too.
+
+        :param num_samples: how many draws to take.
+        :returns: the draws, or None where this posterior's predictive is a closed form that needs none (a Laplace
+            GLM's probit or Gaussian predictive), so that every score uses the predictive its spec names.
+        """
+        return self.sample(num_samples)
+
     def predict(
         self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
         chunk_size: int | None = None,

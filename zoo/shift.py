@@ -299,10 +299,10 @@ def shift_report(posterior: Posterior, data: Dataset, suite: str | None, num_sam
     if not task_of(data).labelled:
         raise ZooInputError("--shift", data.name, "shift and OOD reports are for classification runs")
     pyro.set_rng_seed(seed + 1)
-    draws = posterior.sample(num_samples)
+    draws = posterior.scoring_draws(num_samples)
 
     def predict(x: torch.Tensor) -> torch.Tensor:
-        return posterior.predict(x, draws=draws).log_probs
+        return posterior.predict(x, num_samples, draws=draws).log_probs
 
     temperature = None
     if temperature_scale:

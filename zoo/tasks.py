@@ -161,11 +161,11 @@ class Classification(Task):
         """accuracy, nll, ece, brier and, per OOD set, ``ood_auroc_{entropy,mi}_<set>``; the unsuffixed
         ``ood_auroc_entropy``/``ood_auroc_mi`` are those of the held-out classes when present, else the first set.
         The MI AUROCs are left out for a point estimate (every draw the same: MI is 0 everywhere)."""
-        draws = posterior.sample(num_samples)  # shared by the test and the OOD inputs
-        pred = posterior.predict(data.x_test, draws=draws)
+        draws = posterior.scoring_draws(num_samples)  # shared by the test and the OOD inputs
+        pred = posterior.predict(data.x_test, num_samples, draws=draws)
         out = metrics.classification_metrics(pred.log_probs, data.y_test)
         for name, x_ood in data.x_ood.items():
-            auroc = metrics.ood_auroc(pred.log_probs, posterior.predict(x_ood, draws=draws).log_probs)
+            auroc = metrics.ood_auroc(pred.log_probs, posterior.predict(x_ood, num_samples, draws=draws).log_probs)
             out.update({f"ood_auroc_{score}_{name}": value for score, value in auroc.items()})
         if data.x_ood:
             primary = PRIMARY_OOD if PRIMARY_OOD in data.x_ood else next(iter(data.x_ood))

@@ -116,7 +116,7 @@ def fit_predictive(bnn: BNN, label: str, num_samples: int = COMPARE_DRAWS, test:
         metrics = {**bnn.evaluate(test), **{k: v for k, v in metrics.items() if k == "train_seconds"}}
     check_draws_fit(posterior, data, num_samples)
     pyro.set_rng_seed(spec.seed + 1)
-    pred = posterior.predict(data.x_test, draws=posterior.sample(num_samples))
+    pred = posterior.predict(data.x_test, num_samples, draws=posterior.scoring_draws(num_samples))
     return RunPredictive(bnn.run_dir, label, data, {k: metrics[k] for k in METRIC_KEYS if k in metrics}, posterior,
                          pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn))
 
