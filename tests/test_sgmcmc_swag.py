@@ -357,6 +357,16 @@ def test_swag_refuses_fewer_iterates_than_its_rank_and_a_temperature():
     with pytest.raises(ZooInputError, match="collects only 5 iterates .* fewer than its rank") as err:
         SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     assert err.value.field == "inference.rank"
+    lines = []  # the default rank (not set) is lowered to the iterates of a short budget, and says so
+    spec = load_spec(linear_spec("swag", epochs=5, batch_size=None))
+    data, family, guide, _ = prepare(spec)
+    result = SWAG().fit(family, guide, data, spec.inference, 0, progress=False, log=lines.append)
+    assert result.posterior.deviations.shape[1] == 5
+    assert any("default rank 20 lowered to the 5 iterates" in line for line in lines)
+    spec = load_spec(linear_spec("swag", epochs=1, batch_size=None))  # one iterate: no covariance at all
+    with pytest.raises(ZooInputError, match="collects only 1 iterates .* lower inference.rank to 2"):
+        data, family, guide, _ = prepare(spec)
+        SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     with pytest.raises(ZooInputError, match="inference.temperature.*leave temperature at 1"):
         load_spec(linear_spec("swag", temperature=0.5))
 

@@ -168,7 +168,8 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         the end (None: no scoring); ``start``: the posterior of the run ``inference.init`` names: SGD starts at its
         draws, and a family's point parameters are copied from it.
     :returns: the wall time and the (Multi)SWAG posterior.
-    :raises ZooInputError: when fewer iterates than ``rank`` would be collected, when ``resume`` finds no
+    :raises ZooInputError: when fewer iterates than a ``rank`` that was set would be collected (a default rank is
+        lowered to the iterates, at least 2), when ``resume`` finds no
         checkpoint, or when the family has point parameters and no ``start`` gives them.
     :raises TrainingDiverged: when an SGD step makes the iterates non-finite.
     """
@@ -181,12 +182,17 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
     every = spec.collect_every or loop.per_epoch
     collections = (total - pretrain) // every
-    if collections < spec.rank:
-        enough = math.ceil(spec.rank * every / loop.per_epoch)  # the fewest collecting epochs that reach the rank
-        raise ZooInputError("inference.rank", spec.rank, f"SWAG collects only {collections} iterates here "
-                            f"({spec.epochs} epochs x {loop.per_epoch} steps, one every {every} steps), fewer than "
-                            f"its rank: give epochs {enough} or more, or lower inference.rank to {max(collections, 1)} "
-                            "or less (or collect_every)")
+    rank = spec.rank
+    if collections < rank:
+        enough = math.ceil(rank * every / loop.per_epoch)  # the fewest collecting epochs that reach the rank
+        if "rank" in spec.model_fields_set or collections < 2:
+            raise ZooInputError("inference.rank", rank, f"SWAG collects only {collections} iterates here "
+                                f"({spec.epochs} epochs x {loop.per_epoch} steps, one every {every} steps), fewer "
+                                f"than its rank: give epochs {enough} or more, or lower inference.rank to "
+                                f"{max(collections, 2)} or less (or collect_every)")
+        rank = collections  # the default rank, scaled to a short budget: every iterate is a column
+        fit.log(f"SWAG's default rank {spec.rank} lowered to the {collections} iterates that {spec.epochs} epochs "
+                f"collect (epochs {enough} or more keep it)")
     potential = MinibatchPotential(family, data)
     coords = potential.coords
     if fit.resume:
@@ -205,9 +211,9 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         z = initial_points(family, coords, spec.num_models, data, fit.log, fit.start, spec.init)
         velocity, collected = torch.zeros_like(z), 0
         moments = {"mean": torch.zeros_like(z), "sq_mean": torch.zeros_like(z),
-                   "deviations": z.new_zeros(spec.num_models, spec.rank, coords.dim)}
+                   "deviations": z.new_zeros(spec.num_models, rank, coords.dim)}
     fit.log(f"swag: {spec.num_models} model(s) x ({spec.pretrain_epochs} + {spec.epochs}) epochs of SGD "
-        f"({total:,} steps of {loop.batch} rows), {collections} iterates collected, rank {spec.rank}, over "
+        f"({total:,} steps of {loop.batch} rows), {collections} iterates collected, rank {rank}, over "
         f"{coords.dim:,} latent dimensions")
     loop.state = lambda: {"z": z, "velocity": velocity, "moments": moments, "collected": collected}
 
@@ -223,7 +229,7 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         z, velocity = new_z, new_velocity
         done = loop.step + 1  # steps taken once this one is
         if done > pretrain and (done - pretrain) % every == 0:
-            _collect(moments, z, collected, spec.rank)
+            _collect(moments, z, collected, rank)
             collected += 1
 
     with pyro.validation_enabled(False):
