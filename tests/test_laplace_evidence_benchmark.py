@@ -27,7 +27,7 @@ def test_benchmark_writes_the_table_figures_and_agrees_with_the_peer(tmp_path, c
     for name in ZOO_ROWS:
         row = figures["rows"][name]
         assert row["seconds"] > 0 and row["log_evidence"] < 0 and row["prior_precision"] > 0
-        assert 0 < row["nll"] and 0 <= row["ece"] <= 1 and 0.5 < row["accuracy"] <= 1
+        assert 0 < row["nll"] and 0 < row["nll_mc"] and 0 <= row["ece"] <= 1 and 0.5 < row["accuracy"] <= 1
         assert f"{row['log_evidence']:.2f}" in printed
     assert figures["rows"][ZOO_ROWS[0]]["log_evidence"] != figures["rows"][ZOO_ROWS[1]]["log_evidence"]
     peer = figures["rows"].get("laplace-torch, marglik at the MAP")
