@@ -133,7 +133,11 @@ class LaplacePosterior(GuidePosterior):
         return self.predictive == "glm" and (self.family.likelihood.gaussian or self.link != "mc")
 
     def scoring_draws(self, num_samples: int) -> dict[str, torch.Tensor] | None:
-        """None for a closed-form predictive (every set of inputs is scored by it), else ``num_samples`` draws."""
+        """The draws a set of scores shares: none for a closed-form predictive, which scores every set of inputs.
+
+        :param num_samples: how many draws to take where the predictive needs them.
+        :returns: None for a closed form, else ``num_samples`` draws of the Gaussian site.
+        """
         return None if self.closed_form else super().scoring_draws(num_samples)
 
     def _noise(self) -> torch.Tensor | float:
