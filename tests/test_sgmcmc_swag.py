@@ -364,8 +364,8 @@ def test_swag_refuses_fewer_iterates_than_its_rank_and_a_temperature():
     assert result.posterior.deviations.shape[1] == 5
     assert any("default rank 20 lowered to the 5 iterates" in line for line in lines)
     spec = load_spec(linear_spec("swag", epochs=1, batch_size=None))  # one iterate: no covariance at all
+    data, family, guide, _ = prepare(spec)
     with pytest.raises(ZooInputError, match="collects only 1 iterates .* lower inference.rank to 2"):
-        data, family, guide, _ = prepare(spec)
         SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     with pytest.raises(ZooInputError, match="inference.temperature.*leave temperature at 1"):
         load_spec(linear_spec("swag", temperature=0.5))

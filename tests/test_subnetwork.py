@@ -262,8 +262,13 @@ def test_evidence_rounds_stop_on_the_evidence_and_keep_the_best(monkeypatch):
     group_index = torch.zeros(4, dtype=torch.long)
     seen = []
     evidence = laplace.categorical_evidence
-    monkeypatch.setattr(laplace, "categorical_evidence", lambda *a, **k: seen.append(evidence(*a, **k)[0]) or
-                        evidence(*a, **k))
+
+    def recorded(*args, **kwargs):
+        found = evidence(*args, **kwargs)
+        seen.append(found[0])
+        return found
+
+    monkeypatch.setattr(laplace, "categorical_evidence", recorded)
     log_precision = torch.zeros(1, dtype=torch.float64)
     log_z = laplace.tune_classification(f, J, y, centre, group_index, log_precision, 50, at_map=False)
     gains = [float(b - a) for a, b in zip(seen, seen[1:], strict=False)]

@@ -411,12 +411,14 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
     chol = torch.linalg.cholesky(curvature + torch.diag(precision))
     onehot = F.one_hot(y.long(), f.shape[1]).to(f)
 
-    def loss(value: torch.Tensor) -> float:
-        return float(-_categorical_log_joint(f, J, y, centre, value)[0] + 0.5 * (precision * value**2).sum())
+    def loss(value: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The negative log joint at ``value`` and the logits there."""
+        log_joint, logits = _categorical_log_joint(f, J, y, centre, value)
+        return float(-log_joint + 0.5 * (precision * value**2).sum()), logits
 
-    current, first = loss(theta), None
+    (current, logits), first = loss(theta), None
     for _ in range(NEWTON_STEPS):
-        p = (f + J @ (theta - centre)).softmax(-1)
+        p = logits.softmax(-1)
         gradient = torch.einsum("bod,bo->d", J, p - onehot) + precision * theta
         norm = float(gradient.norm())
         first = norm if first is None else first
@@ -430,11 +432,11 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
         slope, size = float(gradient @ step), 1.0
         while size > 1e-10:
             trial = theta - size * step
-            value = loss(trial)
+            value, trial_logits = loss(trial)
             if value <= current - 1e-4 * size * slope + 1e-13 * abs(current):  # (rounding, near the mode)
                 break
             size /= 2
-        theta, current = trial, value
+        theta, current, logits = trial, value, trial_logits
         if size * float(step.abs().max()) < MODE_TOLERANCE * (1 + float(theta.abs().max())):
             break
     if float((theta - built_at).abs().max()) > MODE_TOLERANCE * (1 + float(theta.abs().max())):
@@ -444,7 +446,11 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
 
 def _occam(precision: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor) -> torch.Tensor:
     """The prior's part of log Z: -½ θᵀΛθ + ½ log|Λ| - ½ log|G + Λ|."""
-    chol = torch.linalg.cholesky(curvature + torch.diag(precision))
+    return _occam_from_cholesky(precision, theta, torch.linalg.cholesky(curvature + torch.diag(precision)))
+
+
+def _occam_from_cholesky(precision: torch.Tensor, theta: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """:func:`_occam` with the Cholesky factor of G + Λ already at hand."""
     return -0.5 * (precision * theta**2).sum() + 0.5 * precision.log().sum() - 0.5 * _logdet_from_cholesky(chol)
 
 
@@ -464,8 +470,7 @@ def occam_derivatives(log_precision: torch.Tensor, group_index: torch.Tensor, th
     """
     precision = log_precision.exp()[group_index]
     chol = torch.linalg.cholesky(curvature + torch.diag(precision))
-    value = (-0.5 * (precision * theta**2).sum() + 0.5 * precision.log().sum()
-             - 0.5 * _logdet_from_cholesky(chol))
+    value = _occam_from_cholesky(precision, theta, chol)
     inverse = torch.cholesky_inverse(chol)
     groups = F.one_hot(group_index, len(log_precision)).to(theta)  # [D, G]
     own = precision * (theta**2 + inverse.diagonal())
