@@ -505,6 +505,13 @@ def test_laplace_bridge_inverts_the_dirichlet_laplace_approximation():
     expected = alpha / alpha.sum(-1, keepdim=True)
     torch.testing.assert_close(laplace_bridge(mean + 3.0, variance).exp(), expected)  # shifted logits: the same
     assert torch.allclose(laplace_bridge(torch.zeros(2, 3), torch.ones(2, 3)).exp(), torch.full((2, 3), 1 / 3))
+    # two classes (1 - 2/K = 0), and a confident net's logits spread past float32's exp range: finite, and as in
+    # float64
+    for logits, spread in ((mean[:, :2], variance[:, :2]), (torch.tensor([[150.0, -60.0, 0.0]]),
+                                                            torch.tensor([[1e-3, 2.0, 0.5]]))):
+        single = laplace_bridge(logits.float(), spread.float())
+        assert torch.isfinite(single).all()
+        torch.testing.assert_close(single.double(), laplace_bridge(logits.double(), spread.double()))
 
 
 def test_precision_to_scale_tril_is_the_cholesky_factor_of_the_inverse():

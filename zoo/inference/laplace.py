@@ -215,8 +215,11 @@ def laplace_bridge(mean: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
     classes = mean.shape[-1]
     mean = mean - mean.mean(-1, keepdim=True)
     log_sum = torch.logsumexp(-mean, -1, keepdim=True)
-    alpha = (1 - 2 / classes + (mean + log_sum).exp() / classes**2) / variance.clamp_min(torch.finfo(mean.dtype).tiny)
-    return alpha.log() - alpha.sum(-1, keepdim=True).log()
+    # log α in log space: a confident net's logits spread over more than float32's exp range
+    log_alpha = (torch.logaddexp(torch.as_tensor(math.log(1 - 2 / classes) if classes > 2 else -math.inf).to(mean),
+                                 mean + log_sum - 2 * math.log(classes))
+                 - variance.clamp_min(torch.finfo(mean.dtype).tiny).log())
+    return log_alpha - torch.logsumexp(log_alpha, -1, keepdim=True)
 
 
 def precision_to_scale_tril(precision: torch.Tensor) -> torch.Tensor:
