@@ -167,6 +167,12 @@ class GuideSection(Strict):
         """Whether completing the guide takes every training row at once on the device (a Hessian over all rows)."""
         return False
 
+    @property
+    def dense_matrices(self) -> int:
+        """How many D x D matrices over a D-weight vector site the guide (and the method that fits it) keeps at
+        once: what a family with a sized weight vector (the subnetwork) checks against memory before its fit."""
+        return 0
+
     @abstractmethod
     def build(self, sites: dict[str, LatentSite]) -> Guide:
         """The guide over a family's latent sites with this section's settings.

@@ -77,5 +77,9 @@ class FullRankGuideSpec(GuideSection):
     name: Literal["full_rank"] = Field(description="full_rank")
     init_rho: InitRho
 
+    @property
+    def dense_matrices(self) -> int:
+        return 4  # L, its gradient and the optimiser's two moments
+
     def build(self, sites: dict[str, LatentSite]) -> FullRankGuide:
         return FullRankGuide(sites, init_rho=self.init_rho)

@@ -63,6 +63,20 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
                                                                  "model.selection.size": 0.1},
         "one prior precision per layer tuned by the evidence": {"inference.prior_structure": "layer",
                                                                 "inference.tune": True}},
+    "last_layer_laplace": {
+        "full-covariance Gaussian over the output layer": {"model.family": "subnetwork", "guide.covariance": "full",
+                                                           "model.selection.strategy": "last_layer",
+                                                           "inference.method": "laplace"},
+        "one prior precision per layer tuned by the evidence": {"inference.prior_structure": "layer",
+                                                                "inference.tune": True},
+        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
+    "diagonal_laplace": {
+        "diagonal linearised Laplace over every weight": {"model.family": "subnetwork", "guide.covariance": "diag",
+                                                          "model.selection.strategy": "all",
+                                                          "inference.method": "laplace"},
+        "one prior precision per layer tuned by the evidence at the MAP": {"inference.prior_structure": "layer",
+                                                                           "inference.tune": True},
+        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
     "swag": {
         "rank-20 Gaussian": {"inference.method": "swag", "inference.rank": 20, "inference.num_models": 1},
         "momentum 0.9": {"inference.momentum": 0.9}},

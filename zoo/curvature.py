@@ -159,13 +159,17 @@ class LayerFactors:
     :param net: the net.
     :param layout: its parameters' layout (which modules are selectable).
     :param x: inputs ``[B, ...]``.
+    :param modules: the selectable modules to take factors of (None: all; a last layer's backward passes then stop
+        at the last layer).
     :raises ZooInputError: a selectable layer whose output is not one tensor.
     """
 
-    def __init__(self, net: nn.Module, layout: ParameterLayout, x: torch.Tensor) -> None:
+    def __init__(self, net: nn.Module, layout: ParameterLayout, x: torch.Tensor,
+                 modules: set[str] | None = None) -> None:
         calls: dict[str, tuple[tuple, dict]] = {}
         outputs: dict[str, torch.Tensor] = {}
-        self.modules = {s.module_name: s.module for s in layout.slots if s.selectable}
+        self.modules = {s.module_name: s.module for s in layout.slots
+                        if s.selectable and (modules is None or s.module_name in modules)}
 
         def recorder(name: str):
             def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
@@ -282,8 +286,8 @@ class LayerFactors:
         """
         out = self.f.new_zeros(layout.size)
         for slot in layout.slots:
-            if not slot.selectable:
-                continue  # no Jacobian factors: a BatchNorm parameter is never selected
+            if slot.module_name not in self.g:
+                continue  # no factors taken: not selectable (a BatchNorm parameter) or not asked for
             g = self.g[slot.module_name]
             rg = torch.einsum("bpo,bo...->bp...", root, g)  # R g: [B, O, out(, positions)]
             if slot.module_name in self.calls:  # Σ_b Σ_p ((R J_b)_p)^2, per-example products with R g
@@ -299,6 +303,37 @@ class LayerFactors:
             else:
                 diag = torch.einsum("bpcl,bnl->bpcn", rg, h).square().sum((0, 1)).flatten()
             out[slot.offset:slot.offset + slot.numel] = diag.flatten()
+        return out
+
+
+    def output_covariance(self, layout: ParameterLayout, variance: torch.Tensor) -> torch.Tensor:
+        """The outputs' covariance J diag(variance) Jᵀ under independent weights, from the layer factors (no
+        Jacobian is formed: a Linear weight w_ij contributes g_oi g_pi h_j² v_ij).
+
+        :param layout: the net's parameter layout.
+        :param variance: each weight's variance, flat ``[P]`` (0 for weights held fixed).
+        :returns: ``[B, O, O]``.
+        """
+        out = self.f.new_zeros(*self.f.shape, self.f.shape[1])
+        for slot in layout.slots:
+            v = variance[slot.offset:slot.offset + slot.numel]
+            if not bool(v.any()):
+                continue
+            g = self.g[slot.module_name]
+            if slot.module_name in self.calls:  # per-example Jacobian rows, chunk by chunk
+                J = torch.cat(self.per_example(slot.module_name, g,
+                                               lambda grads, kind=slot.kind: grads[kind].flatten(2)))
+                out += torch.einsum("bod,bpd,d->bop", J, J, v)
+                continue
+            h = self.h[slot.module_name]
+            if slot.kind == "bias":
+                cols = g if g.dim() == 3 else g.sum(-1)  # [B, O, out]
+                out += torch.einsum("boi,bpi,i->bop", cols, cols, v)
+            elif g.dim() == 3:  # Linear: Σ_i g_oi g_pi Σ_j v_ij h_j²
+                out += torch.einsum("boi,bpi,bi->bop", g, g, h.square() @ v.view(slot.shape).T)
+            else:  # Conv2d: the Jacobian of w[c, n] is Σ_l g[c, l] patch[n, l]
+                J = torch.einsum("bocl,bnl->bocn", g, h)
+                out += torch.einsum("bocn,bpcn,cn->bop", J, J, v.view(g.shape[2], -1))
         return out
 
 

@@ -78,6 +78,17 @@ MEMBERS: dict[str, Member] = {
                                  {"model": {"family": "subnetwork", "selection": {"strategy": "largest_variance",
                                                                                   "size": 0.1}},
                                   "inference": {"method": "laplace", "prior_structure": "layer"}}),
+    "last_layer_laplace": Member("last-layer linearised Laplace: a full-covariance Gaussian over the output layer of "
+                                 "a MAP net, one prior precision per layer tuned by the evidence, predictions by the "
+                                 "Laplace bridge (Kristiadi et al. 2020; laplace-torch's default subset)",
+                                 {"model": {"family": "subnetwork", "selection": {"strategy": "last_layer"}},
+                                  "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
+    "diagonal_laplace": Member("diagonal linearised Laplace over every weight of a MAP net (normalisation layers at "
+                               "the MAP), one prior precision per layer tuned by the evidence at the MAP, predictions "
+                               "by the Laplace bridge",
+                               {"model": {"family": "subnetwork", "selection": {"strategy": "all"}},
+                                "guide": {"name": "laplace", "covariance": "diag"},
+                                "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
     "swag": Member("SWAG: a diagonal + rank-20 Gaussian from SGD iterates, momentum 0.9 (Maddox et al. 2019)",
                    {"inference": {**SWAG, "num_models": 1}}),
     "multiswag": Member("MultiSWAG: 5 SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",

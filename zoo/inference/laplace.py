@@ -1,4 +1,4 @@
-"""Linearised Laplace over a family's random weights: a full-covariance Gaussian with an evidence-tuned prior.
+"""Linearised Laplace over a family's random weights: a full or diagonal Gaussian with an evidence-tuned prior.
 
 For a family that can linearise its net around the MAP (``family.linearise(x) -> f, J``: the subnetwork family),
 the posterior over its vector weight site θ is N(θ_MAP, (G + Λ)⁻¹), with G = Σ_n J_nᵀ Λ_n J_n the generalised
@@ -10,7 +10,13 @@ linearised model f_lin(θ) = f + J (θ - θ_MAP), evaluated at that model's own 
 
 For a Gaussian likelihood θ* and log Z are closed-form functions of (Λ, σ), maximised jointly by L-BFGS; for a
 categorical one θ* is found by Newton's method (conjugate gradients on GGN-vector products) and Λ by Newton's method
-on the few groups, in turn. Predictions use the linearised net (GLM: closed form for regression, probit, Laplace
+on the few groups, in turn.
+
+With a diagonal covariance (``guide.covariance: diag``) only the GGN's diagonal is summed, from the layer factors
+(no Jacobian, no D x D matrix: every weight of a large net), the posterior is N(θ_MAP, diag(1 / (diag G + Λ))) and
+the evidence is evaluated at the MAP (MacKay; laplace-torch's ``hessian_structure='diag'``).
+
+Predictions use the linearised net (GLM: closed form for regression, probit, Laplace
 bridge or Monte Carlo for classification) or the net itself at posterior draws; every score of a run uses the one
 its spec names.
 """
@@ -66,9 +72,10 @@ class LaplaceSpec(Tempered):
         "(e.g. hidden0.weight and hidden0.bias apart)")
     tune: bool = Field(True, description="tune the prior precision (and a learned noise) by the evidence")
     tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
-    evidence_at: Literal["linearised_mode", "map"] = Field(
-        "linearised_mode", description="where the evidence is evaluated: the linearised model's own mode for each "
-        "prior (Antorán et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021)")
+    evidence_at: Literal["linearised_mode", "map"] | None = Field(
+        None, description="where the evidence is evaluated: the linearised model's own mode for each prior (Antorán "
+        "et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021); unset: linearised_mode for a full "
+        "covariance, map for a diagonal one (the only place a diagonal GGN gives it)")
     predictive: Literal["glm", "nn"] = Field(
         "glm", description="glm: the linearised net (closed form for regression); nn: the net itself at draws")
     link: Literal["probit", "bridge", "mc"] = Field(
@@ -150,9 +157,16 @@ class LaplacePosterior(GuidePosterior):
         :param x: inputs ``[B, D]``, standardised like the training rows.
         :returns: the mean ``[B, O]`` and the covariance ``[B, O, O]``.
         """
-        with torch.no_grad():
-            scale_tril = self.guide.scale_tril[self.site.replace(".", "/")]
         means, covs = [], []
+        with torch.no_grad():
+            if self.guide.diagonal:  # from the layer factors, without J
+                variance = self.guide.variance(self.site)
+                for xc in x.split(self.chunk_size):
+                    f, cov = self.family.linearised_covariance(xc, variance)
+                    means.append(f)
+                    covs.append(cov)
+                return torch.cat(means), torch.cat(covs)
+            scale_tril = self.guide.scale_tril[self.site.replace(".", "/")]
         for xc in x.split(self.chunk_size):
             f, J = self.family.linearise(xc)
             root = J @ scale_tril  # J L: [B, O, D]
@@ -194,8 +208,11 @@ class LaplacePosterior(GuidePosterior):
             shift = draws[self.site] - centre  # [S, D]
             parts = []
             for xc in x.split(self.chunk_size):
-                f, J = self.family.linearise(xc)
-                outputs = f + torch.einsum("bod,sd->sbo", J, shift)
+                if self.guide.diagonal:  # forward-mode products: no [B, O, D] Jacobian over every weight
+                    outputs = self.family.linearised_outputs(xc, shift)
+                else:
+                    f, J = self.family.linearise(xc)
+                    outputs = f + torch.einsum("bod,sd->sbo", J, shift)
                 parts.append(self.family.likelihood.predictive(outputs, draws))
             return PredictiveDraws.concat(parts)
 
@@ -233,7 +250,7 @@ def precision_to_scale_tril(precision: torch.Tensor) -> torch.Tensor:
 
 
 def gaussian_site(guide: LaplaceGuide) -> str:
-    """The one site the Laplace guide holds a full-covariance Gaussian on.
+    """The one site the Laplace guide holds a Gaussian on.
 
     :param guide: a Laplace guide.
     :returns: the site's name.
@@ -592,6 +609,47 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
     return best[0]
 
 
+@dataclass
+class DiagonalStatistics:
+    """The diagonal Laplace's sums over the training rows at the MAP.
+
+    :param diagonal: the GGN's diagonal ``[D]`` (a Gaussian likelihood's at σ = 1: it scales as 1/σ²).
+    :param log_likelihood: Σ log p(y | f) at the MAP (categorical), else None.
+    :param sum_squares: Σ (y - f)² at the MAP (Gaussian), else None.
+    :param n: rows summed over.
+    """
+
+    diagonal: torch.Tensor
+    log_likelihood: torch.Tensor | None
+    sum_squares: torch.Tensor | None
+    n: int
+
+    def curvature(self, noise: torch.Tensor | None) -> torch.Tensor:
+        """The GGN's diagonal at a noise level.
+
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: ``[D]``.
+        """
+        return self.diagonal if noise is None else self.diagonal / noise**2
+
+    def evidence(self, precision: torch.Tensor, centre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """log Z at the MAP under a diagonal GGN (differentiable in the precisions ``[D]`` and σ):
+
+            log p(y | f_MAP) - ½ θᵀΛθ + ½ Σ log λ_i - ½ Σ log(G_ii + λ_i).
+
+        :param precision: each element's prior precision ``[D]``.
+        :param centre: the MAP θ ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: log Z.
+        """
+        if noise is None:
+            log_lik = self.log_likelihood
+        else:
+            log_lik = -0.5 * self.n * torch.log(2 * math.pi * noise**2) - 0.5 * self.sum_squares / noise**2
+        return (log_lik - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
+                - 0.5 * (self.curvature(noise) + precision).log().sum())
+
+
 # ------------------------------------------------------------------------------------------ the fit
 @dataclass
 class _Prior:
@@ -701,6 +759,47 @@ def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows) -> tuple[torch.Te
     return log_z, at_centre
 
 
+def _diagonal_statistics(fit: FitContext, prior: _Prior) -> DiagonalStatistics:
+    """Sum the GGN's diagonal (from the layer factors) and the MAP's log-likelihood over every training row,
+    ``chunk_size`` rows at a time."""
+    gaussian = fit.family.likelihood.gaussian
+    zero = prior.centre.new_zeros(())
+    stats = DiagonalStatistics(prior.centre.new_zeros(len(prior.centre)), None if gaussian else zero.clone(),
+                               zero.clone() if gaussian else None, fit.data.n_train)
+    for xc, yc in fit.data.train_chunks(fit.spec.chunk_size):
+        with torch.no_grad():
+            f, diagonal = fit.family.diagonal_ggn(xc, 1.0)
+        stats.diagonal += diagonal.double()
+        if gaussian:
+            stats.sum_squares += (yc.double() - f[:, 0].double()).square().sum()
+        else:
+            stats.log_likelihood -= F.cross_entropy(f.double(), yc.long(), reduction="sum")
+    return stats
+
+
+def tune_diagonal(stats: DiagonalStatistics, prior: _Prior, iterations: int) -> None:
+    """Maximise :meth:`DiagonalStatistics.evidence` over the group precisions (and a learned σ) by L-BFGS, within
+    :data:`LOG_PRECISION_RANGE` and :data:`LOG_NOISE_RANGE`.
+
+    :param stats: the sums over the training rows.
+    :param prior: the MAP, the groups and their log precisions (and log σ), tuned in place.
+    :param iterations: L-BFGS iterations.
+    """
+    log_noise = prior.log_noise
+    tuned = [prior.log_precision.requires_grad_(True)]
+    if prior.learned_noise:
+        tuned.append(log_noise.requires_grad_(True))
+
+    def noise() -> torch.Tensor | None:
+        return None if log_noise is None else _bounded(log_noise, LOG_NOISE_RANGE)
+
+    _lbfgs(tuned, lambda: -stats.evidence(_bounded(prior.log_precision, LOG_PRECISION_RANGE)[prior.group_index],
+                                          prior.centre, noise()), iterations)
+    with torch.no_grad():
+        for value, bounds in zip(tuned, (LOG_PRECISION_RANGE, LOG_NOISE_RANGE), strict=False):
+            value.requires_grad_(False).clamp_(*bounds)
+
+
 def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
                           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each element's tuned prior precision Λ and the scale_tril of (G + Λ)⁻¹, tempered; ``curvature`` (G) becomes
@@ -711,11 +810,50 @@ def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
     return precision, precision_to_scale_tril(curvature) * math.sqrt(temperature)
 
 
+def _full_laplace(fit: FitContext, prior: _Prior,
+                  started: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The full-covariance fit: the GGN (or every row's Jacobian) at the MAP, the tuned prior (and noise), and
+    log Z, each element's prior precision and the posterior's scale_tril."""
+    rows = _linearise_rows(fit, prior.centre)
+    fit.log(f"laplace: GGN over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
+            f"{time.perf_counter() - started:.1f} s")
+    try:
+        log_z, curvature = _tune_prior(fit.spec, prior, rows)
+        precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
+    except torch.linalg.LinAlgError as exc:
+        raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
+                               "not have converged (raise model.map.num_steps), or the evidence was maximised at "
+                               "an extreme: try inference.tune: false, another prior_structure, or "
+                               "guide.covariance: diag") from None
+    return log_z, precision, scale_tril
+
+
+def _diagonal_laplace(fit: FitContext, prior: _Prior,
+                      started: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The diagonal fit: the GGN's diagonal at the MAP, the tuned prior (and noise) by the evidence at the MAP,
+    and log Z, each element's prior precision and the posterior's standard deviations (tempered)."""
+    stats = _diagonal_statistics(fit, prior)
+    if not (torch.isfinite(stats.diagonal).all() and torch.isfinite(stats.log_likelihood if stats.sum_squares is None
+                                                                     else stats.sum_squares)):
+        raise TrainingDiverged("laplace: the GGN's diagonal or the MAP's log-likelihood is not finite: the MAP net's "
+                               "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
+    fit.log(f"laplace: GGN diagonal over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
+            f"{time.perf_counter() - started:.1f} s")
+    if fit.spec.tune:
+        tune_diagonal(stats, prior, fit.spec.tune_iterations)
+    noise = None if prior.log_noise is None else prior.log_noise.exp()
+    precision = prior.log_precision.exp()[prior.group_index]
+    log_z = stats.evidence(precision, prior.centre, noise)
+    variance = fit.spec.temperature / (stats.curvature(noise) + precision)
+    return log_z, precision, variance.sqrt()
+
+
 def _set_posterior(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
-                   scale_tril: torch.Tensor) -> None:
-    """Set the guide's Gaussian (and a learned noise) and the family's prior precision, in the data's dtype."""
+                   scale: torch.Tensor) -> None:
+    """Set the guide's Gaussian (its scale_tril, or its standard deviations for a diagonal one), a learned noise
+    and the family's prior precision, in the data's dtype."""
     dtype = fit.data.dtype
-    fit.guide.set_gaussian(site, prior.centre.to(dtype), scale_tril.to(dtype))
+    fit.guide.set_gaussian(site, prior.centre.to(dtype), scale.to(dtype))
     fit.family.set_hyperparameters({"prior_precision": precision.to(dtype)})
     if prior.learned_noise:
         fit.guide.set_point(fit.family.likelihood.noise_site, prior.log_noise.exp().to(dtype))
@@ -762,18 +900,9 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
 
     started = time.perf_counter()
     prior = _initial_prior(fit, site)
-    rows = _linearise_rows(fit, prior.centre)
-    fit.log(f"laplace: GGN over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
-            f"{time.perf_counter() - started:.1f} s")
-    try:
-        log_z, curvature = _tune_prior(fit.spec, prior, rows)
-        precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
-    except torch.linalg.LinAlgError as exc:
-        raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
-                               "not have converged (raise model.map.num_steps), or the evidence was maximised at "
-                               "an extreme: try inference.tune: false or another prior_structure") from None
-    del curvature, rows  # free the [D, D] G + Λ (and a Gaussian's sums) before the guide is set
-    _set_posterior(fit, site, prior, precision, scale_tril)
+    fit_covariance = _diagonal_laplace if fit.guide.diagonal else _full_laplace
+    log_z, precision, scale = fit_covariance(fit, prior, started)
+    _set_posterior(fit, site, prior, precision, scale)
     result = LaplaceResult(
         seconds=time.perf_counter() - started, log_evidence=float(log_z),
         prior_precision={label: float(prior.log_precision[g].exp()) for g, label in enumerate(prior.labels)},
@@ -805,6 +934,11 @@ class Laplace(InferenceMethod):
         return f"laplace ({spec.predictive} predictive)"
 
     def check(self, run_spec) -> list[ZooInputError]:
+        diagonal = getattr(run_spec.guide, "covariance", "full") == "diag"
+        if diagonal and run_spec.inference.evidence_at == "linearised_mode":
+            return [ZooInputError("inference.evidence_at", "linearised_mode", "a diagonal Laplace (guide.covariance: "
+                                  "diag) evaluates the evidence at the MAP only: use inference.evidence_at: map (or "
+                                  "leave it out), or guide.covariance: full")]
         if not run_spec.model.linearisable:
             takes = [name for name, family in FAMILIES.items() if family.linearisable]
             return [ZooInputError("model.family", run_spec.model.family, "inference.method: laplace linearises a "

@@ -61,6 +61,8 @@ class StructureFit:
     :param log: the run's log.
     :param progress: whether to show progress bars.
     :param fit_map: the SVI fit, for a family that needs a MAP net (families do not import inference methods).
+    :param dense_matrices: how many D x D matrices over its weight vector the run's guide keeps (the guide
+        section's ``dense_matrices``), for a family that refuses a size whose covariance would not fit.
     """
 
     run_dir: Path | None
@@ -68,6 +70,7 @@ class StructureFit:
     log: RunLog
     progress: bool
     fit_map: Callable[..., object]
+    dense_matrices: int = 0
 
 
 class ModelFamily(ABC):

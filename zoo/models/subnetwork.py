@@ -32,7 +32,7 @@ from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
 from zoo.models.all_weights import AllWeightsBNN
 from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, StructureFit, restore_buffers
-from zoo.nets import ParameterSwap, forward_stacked
+from zoo.nets import ParameterSwap, evaluation_mode, forward_stacked
 from zoo.priors import PriorSection
 from zoo.runs import (
     CHECKPOINT_FILE,
@@ -76,17 +76,20 @@ def subnet_size(size: int | float, total: int) -> int:
     return count
 
 
-def check_subnet_fits(count: int, size: int | float, element_size: int = 4) -> None:
-    """Refuse a subnetwork whose full k x k covariance (the GGN, its Cholesky factor, the covariance and the guide's
-    scale_tril: four k x k matrices) would not fit in memory, naming the largest count that does.
+def check_subnet_fits(count: int, size: int | float, element_size: int = 4, copies: int = 4) -> None:
+    """Refuse a subnetwork whose k x k matrices (a full-covariance guide's: for the Laplace guide the GGN, its
+    Cholesky factor, the covariance and the guide's scale_tril) would not fit in memory, naming the largest count
+    that does.
 
     :param count: the subnet's weights k.
     :param size: ``model.selection.size`` as given.
     :param element_size: bytes an entry.
+    :param copies: how many k x k matrices are kept at once.
     :raises ZooInputError: naming ``model.selection.size``.
     """
-    check_covariance_fits("model.selection.size", size, count, element_size, 4,
-                          lambda most: f"use model.selection.size: {max(1, most):,} or fewer weights (a count)")
+    check_covariance_fits("model.selection.size", size, count, element_size, copies,
+                          lambda most: f"use model.selection.size: {max(1, most):,} or fewer weights (a count), "
+                          "or a diagonal covariance (guide.covariance: diag with inference.method: laplace)")
 
 
 class Selection(ABC):
@@ -169,19 +172,29 @@ class ByModule(Selection):
         return torch.cat(ranges).to(context.data.device)
 
 
+class EveryWeight(Selection):
+    """Every weight and bias the subnetwork can take: the whole net but its normalisation layers, which stay at
+    their MAP (laplace-torch's ``subset_of_weights='all'``)."""
+
+    def select(self, context: SelectionContext) -> torch.Tensor:
+        return context.layout.selectable(context.data.device).nonzero()[:, 0]
+
+
 SIZED_SELECTIONS: dict[str, type[Selection]] = {
     "largest_variance": LargestVariance, "largest_magnitude": LargestMagnitude, "random": RandomSelection}
 SELECTIONS = {**{name: cls.__doc__ for name, cls in SIZED_SELECTIONS.items()},
-              "last_layer": "Every weight and bias of the output layer.", "modules": ByModule.__doc__}
+              "last_layer": "Every weight and bias of the output layer.", "modules": ByModule.__doc__,
+              "all": EveryWeight.__doc__}
 
 
 class SubnetSelectionSpec(Strict):
     """Which weights of the MAP net become the subnetwork (Daxberger et al. 2021); the rest stay at MAP."""
 
-    strategy: Literal["largest_variance", "largest_magnitude", "random", "last_layer", "modules"] = Field(
+    strategy: Literal["largest_variance", "largest_magnitude", "random", "last_layer", "modules", "all"] = Field(
         "largest_variance", description="largest_variance: largest marginal variance under a diagonal GGN Laplace "
         "(the paper's Wasserstein criterion); largest_magnitude: largest |w|; random; last_layer: every weight "
-        "and bias of the output layer; modules: every weight and bias of the modules named in `modules`")
+        "and bias of the output layer; modules: every weight and bias of the modules named in `modules`; all: every "
+        "weight but the normalisation layers' (with guide.covariance: diag for a large net)")
     size: int | float = Field(0.05, description="largest_variance/largest_magnitude/random: a count of weights "
                               "(a whole number, e.g. 100) or a fraction of all weights (a decimal in (0, 1], e.g. "
                               "0.05; 1.0 is the whole net)")
@@ -205,6 +218,8 @@ def build_selection(spec: SubnetSelectionSpec) -> Selection:
         raise ZooInputError("model.selection.modules", spec.modules, "only the 'modules' strategy takes module names")
     if spec.strategy == "last_layer":
         return ByModule(None)
+    if spec.strategy == "all":
+        return EveryWeight()
     return SIZED_SELECTIONS[spec.strategy](spec.size)
 
 
@@ -224,13 +239,11 @@ class SubnetworkBNN(ModelFamily):
         self.net, self.likelihood, self.spec = net, likelihood, spec
         self.prior_configs = priors
         self.layout = ParameterLayout(net, spec.chosen)
-        if spec.selection.strategy in SIZED_SELECTIONS:  # its k x k covariance, refused before the MAP fit
-            check_subnet_fits(subnet_size(spec.selection.size, self.layout.size), spec.selection.size,
-                              next(net.parameters()).element_size())
         self._swap = ParameterSwap(net)
         self._params = dict(net.named_parameters())  # the same Parameter objects across .to() and MAP copies
         self.indices: torch.Tensor | None = None
         self._parts: list = []  # layout.split(indices), kept with the indices: weights() runs every model call
+        self._modules: set[str] = set()  # the modules the subnet touches
         self.prior_precision: torch.Tensor | None = None
         self.map_values: dict[str, torch.Tensor] = {}
         self._map_fit: dict[str, object] | None = None  # the MAP net fitted without a run directory, kept in memory
@@ -265,14 +278,18 @@ class SubnetworkBNN(ModelFamily):
             self._set_indices(state["indices"])
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
+            element_size = data.x_train.element_size()
+            if how.dense_matrices and self.spec.selection.strategy in SIZED_SELECTIONS:  # refused before the MAP fit
+                check_subnet_fits(subnet_size(self.spec.selection.size, self.layout.size), self.spec.selection.size,
+                                  element_size, how.dense_matrices)
             self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
             self._estimate_missing_noise(data, log)
             selection = build_selection(self.spec.selection)
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
             chosen = selection.select(context)
-            if self.spec.selection.strategy not in SIZED_SELECTIONS:  # a sized one was checked before the MAP fit
-                check_subnet_fits(len(chosen), self.spec.selection.strategy, data.x_train.element_size())
+            if how.dense_matrices and self.spec.selection.strategy not in SIZED_SELECTIONS:  # (sized: checked above)
+                check_subnet_fits(len(chosen), self.spec.selection.strategy, element_size, how.dense_matrices)
             self._set_indices(chosen.to(data.x_train.device))
             if path is not None:
                 save_torch(path, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
@@ -350,6 +367,7 @@ class SubnetworkBNN(ModelFamily):
     def _set_indices(self, indices: torch.Tensor) -> None:
         self.indices = indices
         self._parts = self.layout.split(indices)
+        self._modules = {slot.module_name for slot, _, _ in self._parts}  # those whose layer factors are needed
 
     def _set_map(self, values: dict[str, torch.Tensor]) -> None:
         """Set the net to its MAP weights; from here on it runs in eval mode, so the subnet's posterior is over one
@@ -483,8 +501,45 @@ class SubnetworkBNN(ModelFamily):
     # -- linearisation (what the Laplace method needs) ---------------------------------------------------
     def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MAP net's outputs ``f [B, O]`` and their Jacobian with respect to the subnet ``J [B, O, D]``."""
-        factors = LayerFactors(self.net, self.layout, x)
+        factors = LayerFactors(self.net, self.layout, x, self._modules)
         return factors.f, factors.jacobian(self.layout, self._require_structure())
+
+    def diagonal_ggn(self, x: torch.Tensor, noise: torch.Tensor | float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP net's outputs ``f [B, O]`` and the diagonal of the subnet's GGN over these rows ``[D]``, from the
+        layer factors (no Jacobian is formed: what a diagonal Laplace over every weight of a large net needs).
+
+        :param x: inputs ``[B, ...]``.
+        :param noise: a Gaussian likelihood's noise σ (None otherwise).
+        """
+        factors = LayerFactors(self.net, self.layout, x, self._modules)
+        root = self.likelihood.output_hessian_root(factors.f, noise)
+        return factors.f, factors.diagonal_ggn(self.layout, root)[self._require_structure()]
+
+    def linearised_covariance(self, x: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP net's outputs ``f [B, O]`` and the covariance ``J diag(variance) Jᵀ [B, O, O]`` of the linearised
+        net's outputs under independent subnet weights of the given variances ``[D]``, from the layer factors.
+        """
+        factors = LayerFactors(self.net, self.layout, x, self._modules)
+        flat = variance.new_zeros(self.layout.size).index_copy(0, self._require_structure(), variance)
+        return factors.f, factors.output_covariance(self.layout, flat)
+
+    def linearised_outputs(self, x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+        """The linearised net f + J δ at S subnet shifts δ ``[S, D]`` from the MAP: ``[S, B, O]``, by forward-mode
+        products (no Jacobian is formed)."""
+        self._require_structure()
+        tangents = {}
+        for slot, positions, local in self._parts:
+            flat = shifts.new_zeros(shifts.shape[0], slot.numel)
+            tangents[slot.name] = flat.index_copy(1, local, shifts[:, positions]).view(-1, *slot.shape)
+        primals = {name: self._params[name].detach() for name in tangents}
+
+        def outputs(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(self.net, weights, (x,))
+
+        with evaluation_mode(self.net):
+            f = outputs(primals)
+            moved = torch.func.vmap(lambda t: torch.func.jvp(outputs, (primals,), (t,))[1])(tangents)
+        return f + moved
 
 
 class SubnetworkModelSpec(FamilySection, ModuleChoice):
