@@ -74,7 +74,8 @@ def trained_net(train: tuple[torch.Tensor, torch.Tensor], epochs: int, seed: int
     return net.eval()
 
 
-def _scores(probs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+def class_scores(probs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Test NLL, ECE and accuracy of class probabilities ``[B, C]``."""
     scored = metrics.classification_metrics(probs.double().clamp_min(1e-300).log()[None], y)
     return {"nll": scored["nll"], "ece": scored["ece"], "accuracy": scored["accuracy"]}
 
@@ -97,8 +98,8 @@ def zoo_fit(net: nn.Module, train, test, evidence_at: str, prior_structure: str)
         by_draws = bnn.predict(test[0], num_samples=MC_DRAWS).probs
     precision = record["prior_precision"]
     return {"seconds": seconds, "log_evidence": float(record["log_evidence"]),
-            "prior_precision": float(statistics.fmean(precision.values())), **_scores(probs, test[1]),
-            "nll_mc": _scores(by_draws, test[1])["nll"]}
+            "prior_precision": float(statistics.fmean(precision.values())), **class_scores(probs, test[1]),
+            "nll_mc": class_scores(by_draws, test[1])["nll"]}
 
 
 def laplace_torch_fit(net: nn.Module, train, test) -> dict[str, float] | None:
@@ -118,7 +119,7 @@ def laplace_torch_fit(net: nn.Module, train, test) -> dict[str, float] | None:
         probs = la(test[0], pred_type="glm", link_approx="probit")
         log_evidence = float(la.log_marginal_likelihood())
     return {"seconds": seconds, "log_evidence": log_evidence,
-            "prior_precision": float(la.prior_precision.mean()), **_scores(probs, test[1])}
+            "prior_precision": float(la.prior_precision.mean()), **class_scores(probs, test[1])}
 
 
 def median_fit(fit, repeats: int) -> dict[str, float] | None:

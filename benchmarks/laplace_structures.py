@@ -38,12 +38,11 @@ import time
 from pathlib import Path
 
 import torch
-from laplace_evidence import digits_split, trained_net
+from laplace_evidence import class_scores, digits_split, trained_net
 from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zoo import metrics
 from zoo.runs import load_checkpoint, write_json
 
 ZOO_ROWS = {  # row -> (member, subset, structure, overrides of the preset)
@@ -90,11 +89,6 @@ def mnist5k_net(epochs: int = 8, seed: int = 0):
     return net.eval(), train, test
 
 
-def _scores(probs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    scored = metrics.classification_metrics(probs.double().clamp_min(1e-300).log()[None], y)
-    return {"nll": scored["nll"], "ece": scored["ece"], "accuracy": scored["accuracy"]}
-
-
 def zoo_fit(net: nn.Module, train, test, member: str, overrides: dict) -> dict:
     """One post-hoc fit by the zoo at the preset; its time, evidence, precisions and test scores (its own link and
     probit)."""
@@ -109,9 +103,9 @@ def zoo_fit(net: nn.Module, train, test, member: str, overrides: dict) -> dict:
     precision = record["prior_precision"]
     row = {"seconds": seconds, "log_evidence": float(record["log_evidence"]),
            "prior_precision": sum(precision.values()) / len(precision),
-           "weights": len(bnn.posterior.family.indices), **_scores(bnn.predict(test[0]).probs, test[1])}
+           "weights": len(bnn.posterior.family.indices), **class_scores(bnn.predict(test[0]).probs, test[1])}
     bnn.posterior.link = "probit"  # the same posterior under laplace-torch's link
-    row["nll_probit"] = _scores(bnn.predict(test[0]).probs, test[1])["nll"]
+    row["nll_probit"] = class_scores(bnn.predict(test[0]).probs, test[1])["nll"]
     return row
 
 
@@ -130,7 +124,7 @@ def _peer_child(net, train, test, subset: str, structure: str, threads: int, que
             probs = la(test[0], pred_type="glm", link_approx="probit")
             log_evidence = float(la.log_marginal_likelihood())
         queue.put({"seconds": seconds, "log_evidence": log_evidence,
-                   "prior_precision": float(la.prior_precision.mean()), **_scores(probs, test[1])})
+                   "prior_precision": float(la.prior_precision.mean()), **class_scores(probs, test[1])})
     except Exception as err:  # a refusal (e.g. an unsupported layer) is a result of the comparison
         queue.put({"refused": f"{type(err).__name__}: {err}"[:160]})
 
@@ -193,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             net, train, test = mnist5k_net(args.epochs or 8)
         with torch.no_grad():
-            rows: dict[str, dict] = {"plain net (MAP)": _scores(net(test[0]).softmax(-1), test[1])}
+            rows: dict[str, dict] = {"plain net (MAP)": class_scores(net(test[0]).softmax(-1), test[1])}
         for row, (member, _, _, overrides) in ZOO_ROWS.items():
             rows[row] = zoo_fit(net, train, test, member, overrides)
         if peer_installed():
