@@ -66,8 +66,10 @@ class LaplaceGuide(SiteGuide):
         site = self.sites[name]
         if self.is_gaussian(name) and self.diagonal:
             return dist.Normal(self.loc[param_key(name)], self.scale_diag[param_key(name)]).to_event(1)
-        if self.is_gaussian(name):
-            return dist.MultivariateNormal(self.loc[param_key(name)], scale_tril=self.scale_tril[param_key(name)])
+        if self.is_gaussian(name):  # its factor is a Cholesky factor by construction: checking it on every draw
+            # (one distribution a draw) took 3.3 s of 1,000 draws over a 1,010-weight last layer
+            return dist.MultivariateNormal(self.loc[param_key(name)], scale_tril=self.scale_tril[param_key(name)],
+                                           validate_args=False)
         return dist.Delta(biject_to(site.support)(self.loc[param_key(name)]), event_dim=site.event_dim)
 
 
