@@ -22,7 +22,6 @@ import json
 import operator
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -477,9 +476,7 @@ class BNN:
                     f"{dataset.n_train:,} rows are read into memory")
                 dataset = dataset.materialised()
             placed, device = place(spec, dataset, log)
-            building = time.perf_counter()  # a family's structure (the subnetwork's MAP net) is fitted here
             family, guide = build(spec, placed, run, log, progress and team.is_writer)
-            structure_seconds = time.perf_counter() - building
             if len(placed.y_test):  # the test set is scored at the end: refused now, not after the fit
                 check_draws_fit(family, placed, spec.inference.predictive_samples, "inference.predictive_samples")
             log(f"{placed.name}: {placed.n_train} train / {len(placed.y_test)} test, {placed.in_dim} inputs -> "
@@ -491,8 +488,8 @@ class BNN:
             self._reset()
             self._spec = spec
             self.family, self.guide, self._posterior, self.data = family, guide, result.posterior, placed
-            # the whole fit: the structure's (a MAP phase) and the method's (its own record, summed over resumes)
-            self.run_dir, self.seconds, self.data_digests = run, result.seconds + structure_seconds, digests
+            # the whole fit: the structure's (a MAP phase) and the method's, each as its files record it
+            self.run_dir, self.seconds, self.data_digests = run, result.seconds + family.structure_seconds, digests
             if memory is not None:
                 memory.result, memory.log = result, log.lines
                 self._memory = memory

@@ -79,6 +79,7 @@ class ModelFamily(ABC):
 
     net: nn.Module
     likelihood: Likelihood
+    structure_seconds: float = 0.0  # the wall time of fit_structure's fit (a MAP phase), as its files record it
 
     @abstractmethod
     def latent_sites(self) -> dict[str, LatentSite]:

@@ -14,6 +14,7 @@ reloaded run reuses them.
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,8 +277,10 @@ class SubnetworkBNN(ModelFamily):
             self._set_map(state["map"])
             restore_buffers(self, state.get("buffers"))
             self._set_indices(state["indices"])
+            self.structure_seconds = float(state.get("seconds", 0.0))
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
+            started = time.perf_counter()
             element_size = data.x_train.element_size()
             if how.dense_matrices and self.spec.selection.strategy in SIZED_SELECTIONS:  # refused before the MAP fit
                 check_subnet_fits(subnet_size(self.spec.selection.size, self.layout.size), self.spec.selection.size,
@@ -291,8 +294,9 @@ class SubnetworkBNN(ModelFamily):
             if how.dense_matrices and self.spec.selection.strategy not in SIZED_SELECTIONS:  # (sized: checked above)
                 check_subnet_fits(len(chosen), self.spec.selection.strategy, element_size, how.dense_matrices)
             self._set_indices(chosen.to(data.x_train.device))
+            self.structure_seconds = time.perf_counter() - started
             if path is not None:
-                save_torch(path, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
+                save_torch(path, self._structure_state())
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights "
                 f"({100 * len(self.indices) / self.layout.size:.2g}%), selected by {self.spec.selection.strategy}; "
                 f"{self.count_by_parameter()}")
@@ -345,12 +349,17 @@ class SubnetworkBNN(ModelFamily):
         if self.indices is None:
             return
         run = Path(run_dir)
-        save_torch(run / SUBNET_FILE, {"map": self.map_values, "indices": self.indices, "buffers": self.buffers()})
+        save_torch(run / SUBNET_FILE, self._structure_state())
         if self._map_fit is not None:
             save_torch(run / MAP_DIR / POINT_ESTIMATE_FILE, self._map_fit["values"])
             save_checkpoint(run / MAP_DIR / CHECKPOINT_FILE, {
                 "guide": self._map_fit["guide"], "point_parameters": [], "buffers": self.buffers(),
                 "seconds": self._map_fit["seconds"], "done": True})
+
+    def _structure_state(self) -> dict:
+        """What :data:`SUBNET_FILE` holds: the MAP values, the subnet's indices, the buffers and the fit's seconds."""
+        return {"map": self.map_values, "indices": self.indices, "buffers": self.buffers(),
+                "seconds": self.structure_seconds}
 
     def _map_run_buffers(self, source: Path, device: torch.device) -> list[torch.Tensor]:
         """A BatchNorm net's running statistics from the MAP run's checkpoint (a point-estimate file has none)."""
