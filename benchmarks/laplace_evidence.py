@@ -80,26 +80,35 @@ def class_scores(probs: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     return {"nll": scored["nll"], "ece": scored["ece"], "accuracy": scored["accuracy"]}
 
 
-def zoo_fit(net: nn.Module, train, test, evidence_at: str, prior_structure: str) -> dict[str, float]:
-    """One post-hoc fit by the zoo; its time, evidence, precision and probit test scores."""
+def posthoc_fit(net: nn.Module, train, test, **bnn_settings) -> tuple[dict[str, float], object]:
+    """One post-hoc fit by the zoo on a copy of ``net`` (``zoo.BNN(net, **bnn_settings)``, into a throw-away run
+    directory): its whole fit time, log evidence and mean prior precision, and the fitted BNN.
+
+    :returns: the figures and the BNN.
+    """
     import zoo
 
     with tempfile.TemporaryDirectory() as out:
-        bnn = zoo.BNN(copy.deepcopy(net), member="subnetwork_laplace",
-                      family={"family": "subnetwork", "map_from": "net", "selection": {"strategy": "last_layer"}},
-                      inference={"evidence_at": evidence_at, "prior_structure": prior_structure})
+        bnn = zoo.BNN(copy.deepcopy(net), **bnn_settings)
         started = time.perf_counter()
         bnn.fit(train, val=test, out=Path(out) / "run", progress=False)
         seconds = time.perf_counter() - started
         record = load_checkpoint(Path(out) / "run" / "checkpoint.pt", "cpu")
-        probs = bnn.predict(test[0]).probs
-        bnn.posterior.link = "mc"  # the same posterior's predictive by draws of the linearised logits
-        torch.manual_seed(0)
-        by_draws = bnn.predict(test[0], num_samples=MC_DRAWS).probs
     precision = record["prior_precision"]
     return {"seconds": seconds, "log_evidence": float(record["log_evidence"]),
-            "prior_precision": float(statistics.fmean(precision.values())), **class_scores(probs, test[1]),
-            "nll_mc": class_scores(by_draws, test[1])["nll"]}
+            "prior_precision": float(statistics.fmean(precision.values()))}, bnn
+
+
+def zoo_fit(net: nn.Module, train, test, evidence_at: str, prior_structure: str) -> dict[str, float]:
+    """One post-hoc fit by the zoo; its time, evidence, precision and probit test scores."""
+    row, bnn = posthoc_fit(net, train, test, member="subnetwork_laplace",
+                           family={"family": "subnetwork", "map_from": "net", "selection": {"strategy": "last_layer"}},
+                           inference={"evidence_at": evidence_at, "prior_structure": prior_structure})
+    probs = bnn.predict(test[0]).probs
+    bnn.posterior.link = "mc"  # the same posterior's predictive by draws of the linearised logits
+    torch.manual_seed(0)
+    by_draws = bnn.predict(test[0], num_samples=MC_DRAWS).probs
+    return {**row, **class_scores(probs, test[1]), "nll_mc": class_scores(by_draws, test[1])["nll"]}
 
 
 def laplace_torch_fit(net: nn.Module, train, test) -> dict[str, float] | None:

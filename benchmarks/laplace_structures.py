@@ -33,17 +33,16 @@ from __future__ import annotations
 import argparse
 import copy
 import multiprocessing
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from laplace_evidence import class_scores, digits_split, trained_net
+from laplace_evidence import class_scores, digits_split, posthoc_fit, trained_net
 from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zoo.runs import load_checkpoint, write_json
+from zoo.runs import write_json
 
 ZOO_ROWS = {  # row -> (member, subset, structure, overrides of the preset)
     "zoo last_layer_laplace": ("last_layer_laplace", "last_layer", "full", {}),
@@ -92,18 +91,8 @@ def mnist5k_net(epochs: int = 8, seed: int = 0):
 def zoo_fit(net: nn.Module, train, test, member: str, overrides: dict) -> dict:
     """One post-hoc fit by the zoo at the preset; its time, evidence, precisions and test scores (its own link and
     probit)."""
-    import zoo
-
-    with tempfile.TemporaryDirectory() as out:
-        bnn = zoo.BNN(copy.deepcopy(net), member=member, family={"map_from": "net"}, **overrides)
-        started = time.perf_counter()
-        bnn.fit(train, val=test, out=Path(out) / "run", progress=False)
-        seconds = time.perf_counter() - started
-        record = load_checkpoint(Path(out) / "run" / "checkpoint.pt", "cpu")
-    precision = record["prior_precision"]
-    row = {"seconds": seconds, "log_evidence": float(record["log_evidence"]),
-           "prior_precision": sum(precision.values()) / len(precision),
-           "weights": len(bnn.posterior.family.indices), **class_scores(bnn.predict(test[0]).probs, test[1])}
+    row, bnn = posthoc_fit(net, train, test, member=member, family={"map_from": "net"}, **overrides)
+    row.update(weights=len(bnn.posterior.family.indices), **class_scores(bnn.predict(test[0]).probs, test[1]))
     bnn.posterior.link = "probit"  # the same posterior under laplace-torch's link
     row["nll_probit"] = class_scores(bnn.predict(test[0]).probs, test[1])["nll"]
     return row

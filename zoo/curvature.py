@@ -305,7 +305,6 @@ class LayerFactors:
             out[slot.offset:slot.offset + slot.numel] = diag.flatten()
         return out
 
-
     def output_covariance(self, layout: ParameterLayout, variance: torch.Tensor) -> torch.Tensor:
         """The outputs' covariance J diag(variance) Jᵀ under independent weights, from the layer factors (no
         Jacobian is formed: a Linear weight w_ij contributes g_oi g_pi h_j² v_ij).

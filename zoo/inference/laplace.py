@@ -335,9 +335,34 @@ def _lbfgs(params: list[torch.Tensor], objective, iterations: int) -> None:
     optimizer.step(closure)
 
 
+def maximise_evidence(evidence: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+                      group_index: torch.Tensor, log_precision: torch.Tensor, log_noise: torch.Tensor | None,
+                      tune_noise: bool, iterations: int) -> None:
+    """Maximise a closed-form log Z over the group precisions (and σ) by L-BFGS, in place, within
+    :data:`LOG_PRECISION_RANGE` and :data:`LOG_NOISE_RANGE`.
+
+    :param evidence: (each element's precision ``[D]``, σ or None) -> log Z, differentiable.
+    :param group_index: each element's group ``[D]``.
+    :param log_precision: the log precision of each group ``[G]``; tuned in place.
+    :param log_noise: log σ (None: no noise, a categorical likelihood); tuned in place where ``tune_noise``.
+    :param tune_noise: whether σ is tuned too (a learned noise) or held.
+    :param iterations: L-BFGS iterations.
+    """
+    tuned = [log_precision.requires_grad_(True)] + ([log_noise.requires_grad_(True)] if tune_noise else [])
+
+    def noise() -> torch.Tensor | None:
+        return None if log_noise is None else _bounded(log_noise, LOG_NOISE_RANGE)
+
+    _lbfgs(tuned, lambda: -evidence(_bounded(log_precision, LOG_PRECISION_RANGE)[group_index], noise()), iterations)
+    with torch.no_grad():
+        log_precision.requires_grad_(False).clamp_(*LOG_PRECISION_RANGE)
+        if log_noise is not None:
+            log_noise.requires_grad_(False).clamp_(*LOG_NOISE_RANGE)
+
+
 def tune_regression(stats: GaussianStatistics, group_index: torch.Tensor, log_precision: torch.Tensor,
                     log_noise: torch.Tensor, tune_noise: bool, iterations: int) -> torch.Tensor:
-    """Maximise the closed-form evidence over the group precisions (and σ) by L-BFGS.
+    """Maximise the closed-form evidence over the group precisions (and σ) by L-BFGS (:func:`maximise_evidence`).
 
     :param stats: the linearised model's sufficient statistics.
     :param group_index: each element's group ``[D]``.
@@ -348,16 +373,9 @@ def tune_regression(stats: GaussianStatistics, group_index: torch.Tensor, log_pr
     :param iterations: L-BFGS iterations.
     :returns: the final log Z.
     """
-    log_precision.requires_grad_(True)
-    log_noise.requires_grad_(tune_noise)
-    params = [log_precision] + ([log_noise] if tune_noise else [])
-    _lbfgs(params, lambda: -stats.mode_and_evidence(_bounded(log_precision, LOG_PRECISION_RANGE)[group_index],
-                                                    _bounded(log_noise, LOG_NOISE_RANGE))[1], iterations)
-    log_precision.requires_grad_(False)
-    log_noise.requires_grad_(False)
+    maximise_evidence(lambda precision, noise: stats.mode_and_evidence(precision, noise)[1], group_index,
+                      log_precision, log_noise, tune_noise, iterations)
     with torch.no_grad():
-        log_precision.clamp_(*LOG_PRECISION_RANGE)
-        log_noise.clamp_(*LOG_NOISE_RANGE)
         return stats.mode_and_evidence(log_precision.exp()[group_index], log_noise.exp())[1]
 
 
@@ -624,6 +642,12 @@ class DiagonalStatistics:
     sum_squares: torch.Tensor | None
     n: int
 
+    @property
+    def finite(self) -> bool:
+        """Whether every sum is finite (a net whose outputs overflow or are NaN on some row makes them not)."""
+        fit_term = self.log_likelihood if self.sum_squares is None else self.sum_squares
+        return bool(torch.isfinite(self.diagonal).all() and torch.isfinite(fit_term))
+
     def curvature(self, noise: torch.Tensor | None) -> torch.Tensor:
         """The GGN's diagonal at a noise level.
 
@@ -777,29 +801,6 @@ def _diagonal_statistics(fit: FitContext, prior: _Prior) -> DiagonalStatistics:
     return stats
 
 
-def tune_diagonal(stats: DiagonalStatistics, prior: _Prior, iterations: int) -> None:
-    """Maximise :meth:`DiagonalStatistics.evidence` over the group precisions (and a learned σ) by L-BFGS, within
-    :data:`LOG_PRECISION_RANGE` and :data:`LOG_NOISE_RANGE`.
-
-    :param stats: the sums over the training rows.
-    :param prior: the MAP, the groups and their log precisions (and log σ), tuned in place.
-    :param iterations: L-BFGS iterations.
-    """
-    log_noise = prior.log_noise
-    tuned = [prior.log_precision.requires_grad_(True)]
-    if prior.learned_noise:
-        tuned.append(log_noise.requires_grad_(True))
-
-    def noise() -> torch.Tensor | None:
-        return None if log_noise is None else _bounded(log_noise, LOG_NOISE_RANGE)
-
-    _lbfgs(tuned, lambda: -stats.evidence(_bounded(prior.log_precision, LOG_PRECISION_RANGE)[prior.group_index],
-                                          prior.centre, noise()), iterations)
-    with torch.no_grad():
-        for value, bounds in zip(tuned, (LOG_PRECISION_RANGE, LOG_NOISE_RANGE), strict=False):
-            value.requires_grad_(False).clamp_(*bounds)
-
-
 def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
                           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each element's tuned prior precision Λ and the scale_tril of (G + Λ)⁻¹, tempered; ``curvature`` (G) becomes
@@ -833,14 +834,14 @@ def _diagonal_laplace(fit: FitContext, prior: _Prior,
     """The diagonal fit: the GGN's diagonal at the MAP, the tuned prior (and noise) by the evidence at the MAP,
     and log Z, each element's prior precision and the posterior's standard deviations (tempered)."""
     stats = _diagonal_statistics(fit, prior)
-    if not (torch.isfinite(stats.diagonal).all() and torch.isfinite(stats.log_likelihood if stats.sum_squares is None
-                                                                     else stats.sum_squares)):
+    if not stats.finite:
         raise TrainingDiverged("laplace: the GGN's diagonal or the MAP's log-likelihood is not finite: the MAP net's "
                                "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
     fit.log(f"laplace: GGN diagonal over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
             f"{time.perf_counter() - started:.1f} s")
     if fit.spec.tune:
-        tune_diagonal(stats, prior, fit.spec.tune_iterations)
+        maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
+                          prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
     noise = None if prior.log_noise is None else prior.log_noise.exp()
     precision = prior.log_precision.exp()[prior.group_index]
     log_z = stats.evidence(precision, prior.centre, noise)

@@ -477,13 +477,14 @@ class SubnetworkBNN(ModelFamily):
         subnet = pyro.sample(SITE, self.prior())
         observe_rows(self.likelihood, x, y, batch, lambda rows: self.forward(subnet, rows))
 
-    def weights(self, subnet: torch.Tensor) -> dict[str, torch.Tensor]:
+    def weights(self, subnet: torch.Tensor, around_zero: bool = False) -> dict[str, torch.Tensor]:
         """The parameters the subnet touches, MAP values with the subnet's entries replaced: ``{name: [S, ...]}``
-        for subnet draws ``[S, D]``."""
+        for subnet draws ``[S, D]``; ``around_zero``: zeros instead of the MAP values (tangents of the subnet)."""
         out = {}
         self._require_structure()
         for slot, positions, local in self._parts:
-            base = self._params[slot.name].detach().flatten().expand(subnet.shape[0], -1)
+            flat = self._params[slot.name].detach().flatten()
+            base = (torch.zeros_like(flat) if around_zero else flat).expand(subnet.shape[0], -1)
             out[slot.name] = base.index_copy(1, local, subnet[:, positions]).view(-1, *slot.shape)
         return out
 
@@ -519,6 +520,7 @@ class SubnetworkBNN(ModelFamily):
 
         :param x: inputs ``[B, ...]``.
         :param noise: a Gaussian likelihood's noise σ (None otherwise).
+        :returns: ``f`` and the diagonal.
         """
         factors = LayerFactors(self.net, self.layout, x, self._modules)
         root = self.likelihood.output_hessian_root(factors.f, noise)
@@ -535,19 +537,14 @@ class SubnetworkBNN(ModelFamily):
     def linearised_outputs(self, x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
         """The linearised net f + J δ at S subnet shifts δ ``[S, D]`` from the MAP: ``[S, B, O]``, by forward-mode
         products (no Jacobian is formed)."""
-        self._require_structure()
-        tangents = {}
-        for slot, positions, local in self._parts:
-            flat = shifts.new_zeros(shifts.shape[0], slot.numel)
-            tangents[slot.name] = flat.index_copy(1, local, shifts[:, positions]).view(-1, *slot.shape)
+        tangents = self.weights(shifts, around_zero=True)
         primals = {name: self._params[name].detach() for name in tangents}
 
         def outputs(weights: dict[str, torch.Tensor]) -> torch.Tensor:
             return torch.func.functional_call(self.net, weights, (x,))
 
-        with evaluation_mode(self.net):
-            f = outputs(primals)
-            moved = torch.func.vmap(lambda t: torch.func.jvp(outputs, (primals,), (t,))[1])(tangents)
+        with evaluation_mode(self.net):  # f (the same at every shift) and J δ, per shift
+            f, moved = torch.func.vmap(lambda t: torch.func.jvp(outputs, (primals,), (t,)))(tangents)
         return f + moved
 
 
