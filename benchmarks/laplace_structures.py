@@ -10,8 +10,9 @@ Two nets are trained once with plain PyTorch (Adam, weight decay 1e-4; no zoo co
 Then, from the trained weights:
 
 * the zoo at its presets, ``zoo.BNN(net, member=..., family={"map_from": "net"})``: ``last_layer_laplace`` (full
-  covariance over the output layer), the same with ``guide={"covariance": "diag"}``, and ``diagonal_laplace``
-  (diagonal over every weight but the BatchNorm's); each at its other defaults (per-layer prior precisions tuned by
+  covariance over the output layer), the same with ``guide={"covariance": "diag"}`` and ``"kron"``,
+  ``diagonal_laplace`` (diagonal over every weight but the BatchNorm's) and ``kfac_laplace`` (KFAC over the same);
+  each at its other defaults (per-layer prior precisions tuned by
   the evidence, the Laplace bridge); the NLL of the same posterior under the probit link is given beside;
 * laplace-torch 0.3 (the optional peer, skipped where it is not installed), ``Laplace(net, "classification",
   subset_of_weights=..., hessian_structure=...)`` for ``last_layer`` x ``full/diag/kron`` and ``all`` x
@@ -20,7 +21,8 @@ Then, from the trained weights:
   stopped after ``--peer-timeout`` seconds (its row then says so); a refusal is recorded with its message, a
   child the system killed with how long it ran.
 
-Timed: the whole post-hoc fit (the zoo's ``BNN.fit``, which also scores the test rows; laplace-torch's ``fit`` plus
+Timed: the whole post-hoc fit (the zoo's ``BNN.fit`` in memory, as without ``out=``, which also scores the test
+rows; no run directory, so no reliability plot; laplace-torch's ``fit`` plus
 ``optimize_prior_precision``). One process (the peer's children run one at a time), torch pinned to ``--threads``
 threads (1 by default). Ratios are the zoo's fit time over laplace-torch's for the same subset and structure.
 
@@ -48,7 +50,10 @@ ZOO_ROWS = {  # row -> (member, subset, structure, overrides of the preset)
     "zoo last_layer_laplace": ("last_layer_laplace", "last_layer", "full", {}),
     "zoo last_layer_laplace, covariance diag": ("last_layer_laplace", "last_layer", "diag",
                                                 {"guide": {"name": "laplace", "covariance": "diag"}}),
+    "zoo last_layer_laplace, covariance kron": ("last_layer_laplace", "last_layer", "kron",
+                                                {"guide": {"name": "laplace", "covariance": "kron"}}),
     "zoo diagonal_laplace": ("diagonal_laplace", "all", "diag", {}),
+    "zoo kfac_laplace": ("kfac_laplace", "all", "kron", {}),
 }
 PEER_ROWS = [("last_layer", "full"), ("last_layer", "diag"), ("last_layer", "kron"), ("all", "diag"),
              ("all", "kron")]

@@ -77,6 +77,13 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
         "one prior precision per layer tuned by the evidence at the MAP": {"inference.prior_structure": "layer",
                                                                            "inference.tune": True},
         "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
+    "kfac_laplace": {
+        "Kronecker-factored (KFAC) linearised Laplace over every weight": {
+            "model.family": "subnetwork", "guide.covariance": "kron", "model.selection.strategy": "all",
+            "inference.method": "laplace"},
+        "one prior precision per layer tuned by the evidence at the MAP": {"inference.prior_structure": "layer",
+                                                                           "inference.tune": True},
+        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
     "swag": {
         "rank-20 Gaussian": {"inference.method": "swag", "inference.rank": 20, "inference.num_models": 1},
         "momentum 0.9": {"inference.momentum": 0.9}},

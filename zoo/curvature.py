@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +140,23 @@ class ParameterLayout:
         :returns: the names (e.g. ``hidden0.weight``), one per index.
         """
         return [self.slots[k].name for k in self.slot_of(indices).tolist()]
+
+
+class KroneckerBlock(NamedTuple):
+    """One parameter tensor's Gaussian with a Kronecker-factored covariance, in the eigenbases of its factors: for the
+    tensor read as a matrix W [rows, cols] (row-major: a Linear weight [out, in], a Conv2d's [C_out, C_in kh kw], a
+    bias [out, 1]), vec(W) - mean = (rows ⊗ cols) (scale ∘ z) with z standard normal. With KFAC's G ⊗ A curvature
+    (G = Q_G diag(g) Q_Gᵀ over the outputs, A = Q_A diag(a) Q_Aᵀ over the inputs) and a prior precision δ,
+    rows = Q_G, cols = Q_A and scale = (g aᵀ + δ)^-½.
+
+    :param rows: the eigenvectors over the tensor's rows ``[rows, rows]``.
+    :param cols: the eigenvectors over its columns ``[cols, cols]``.
+    :param scale: the standard deviation along each product of eigenvectors ``[rows, cols]``.
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    scale: torch.Tensor
 
 
 def _patches(module: nn.Conv2d, h: torch.Tensor) -> torch.Tensor:
@@ -333,6 +350,71 @@ class LayerFactors:
             else:  # Conv2d: the Jacobian of w[c, n] is Σ_l g[c, l] patch[n, l]
                 J = torch.einsum("bocl,bnl->bocn", g, h)
                 out += torch.einsum("bocn,bpcn,cn->bop", J, J, v.view(g.shape[2], -1))
+        return out
+
+    def _factored_parts(self, slot: ParameterSlot) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A factored layer's ``g`` as ``[B, O, out, positions]`` and its input ``h`` as ``[B, in, positions]``
+        (None for a bias): one layout for Linear layers (one position), Linear layers over tokens and Conv2d."""
+        if slot.module_name in self.calls or slot.module_name not in self.h:
+            raise ZooInputError("guide.covariance", "kron", f"KFAC factors Linear and Conv2d layers, and "
+                                f"{slot.module_name!r} ({type(slot.module).__name__}) is neither: keep it at the MAP "
+                                f"with model.exclude: [{slot.module_name}], or use guide.covariance: diag")
+        g, h = self.g[slot.module_name], self.h[slot.module_name]
+        if g.dim() == 3:
+            g, h = g[..., None], h[..., None]
+        return g, (None if slot.kind == "bias" else h)
+
+    def kronecker_factors(self, slots: list[ParameterSlot],
+                          root: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """KFAC's sums over these rows for each parameter tensor, the "expand" form for weights shared over
+        positions (Martens & Grosse 2015; Grosse & Martens 2016; Eschenhagen et al. 2023): every (row, position)
+        counts as one example, so the GGN block is approximated by G ⊗ A with
+
+            G = Σ_{b,l} (R_b g_bl)ᵀ (R_b g_bl)    and    A = Σ_{b,l} h_bl h_blᵀ / (rows × positions),
+
+        what curvlinops (and so laplace-torch) computes. A bias's A is the number 1. Summed here are G, Σ h hᵀ and
+        the count; divide the second by the count over every row.
+
+        :param slots: the parameter tensors, each a Linear or Conv2d layer's weight or bias.
+        :param root: the output Hessians' roots ``R [B, P, O]``.
+        :returns: per slot, the sums G ``[out, out]``, Σ h hᵀ ``[cols, cols]`` and the count.
+        :raises ZooInputError: a slot of a layer without factors (an Embedding, a module of your own).
+        """
+        found = []
+        for slot in slots:
+            g, h = self._factored_parts(slot)
+            rg = torch.einsum("bpo,bocl->bpcl", root, g)
+            rows_sum = torch.einsum("bpcl,bpdl->cd", rg, rg)
+            count = g.shape[0] * g.shape[-1]
+            cols_sum = (rows_sum.new_full((1, 1), count) if h is None
+                        else torch.einsum("bnl,bml->nm", h, h))
+            found.append((rows_sum, cols_sum, count))
+        return found
+
+    def kronecker_output_covariance(self, slots: list[ParameterSlot],
+                                    blocks: list[KroneckerBlock]) -> torch.Tensor:
+        """The outputs' covariance J Σ Jᵀ under a Kronecker-factored Gaussian over the given parameter tensors,
+        from the layer factors in each block's eigenbases (a Linear weight's Jacobian row g hᵀ becomes
+        (Q_Gᵀ g)(Q_Aᵀ h)ᵀ, whose entries the block's variances weight).
+
+        :param slots: the parameter tensors, in the blocks' order.
+        :param blocks: their Gaussians.
+        :returns: ``[B, O, O]``.
+        """
+        out = self.f.new_zeros(*self.f.shape, self.f.shape[1])
+        for slot, block in zip(slots, blocks, strict=True):
+            g, h = self._factored_parts(slot)
+            g_rot = torch.einsum("bocl,cd->bodl", g, block.rows)
+            variance = block.scale.square()
+            if h is None:  # a bias: its Jacobian row is g summed over positions
+                g_sum = g_rot.sum(-1)
+                out += torch.einsum("boc,bpc,c->bop", g_sum, g_sum, variance[:, 0])
+            elif g.shape[-1] == 1:  # one position: Σ_c (Q_Gᵀ g)_oc (Q_Gᵀ g)_pc Σ_n v_cn (Q_Aᵀ h)_n²
+                h_rot = h[..., 0] @ block.cols
+                out += torch.einsum("boc,bpc,bc->bop", g_rot[..., 0], g_rot[..., 0], h_rot.square() @ variance.T)
+            else:  # over positions: the rotated Jacobian Σ_l (Q_Gᵀ g)_cl (Q_Aᵀ h)_nl in full
+                J = torch.einsum("bocl,bnl,nm->bocm", g_rot, h, block.cols)
+                out += torch.einsum("bocm,bpcm,cm->bop", J, J, variance)
         return out
 
 

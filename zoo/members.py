@@ -89,6 +89,12 @@ MEMBERS: dict[str, Member] = {
                                {"model": {"family": "subnetwork", "selection": {"strategy": "all"}},
                                 "guide": {"name": "laplace", "covariance": "diag"},
                                 "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
+    "kfac_laplace": Member("Kronecker-factored (KFAC) linearised Laplace over every weight of a MAP net "
+                           "(normalisation layers at the MAP), one prior precision per layer tuned by the evidence at "
+                           "the MAP, predictions by the Laplace bridge (Ritter et al. 2018; Immer et al. 2021)",
+                           {"model": {"family": "subnetwork", "selection": {"strategy": "all"}},
+                            "guide": {"name": "laplace", "covariance": "kron"},
+                            "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
     "swag": Member("SWAG: a diagonal + rank-20 Gaussian from SGD iterates, momentum 0.9 (Maddox et al. 2019)",
                    {"inference": {**SWAG, "num_models": 1}}),
     "multiswag": Member("MultiSWAG: 5 SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",

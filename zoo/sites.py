@@ -17,6 +17,9 @@ class LatentSite:
     init: torch.Tensor
     support: constraints.Constraint = constraints.real
     plate: tuple[str, int] | None = None  # the leading dim of `shape` is this plate; its terms are averaged
+    # a vector site made of whole weight tensors: each one's (rows, cols) as a row-major matrix, in site order (what a
+    # Kronecker-factored covariance is built on); None where the site holds parts of tensors
+    blocks: tuple[tuple[int, int], ...] | None = None
 
     @property
     def event_dim(self) -> int:

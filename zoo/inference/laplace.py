@@ -14,7 +14,10 @@ on the few groups, in turn.
 
 With a diagonal covariance (``guide.covariance: diag``) only the GGN's diagonal is summed, from the layer factors
 (no Jacobian, no D x D matrix: every weight of a large net), the posterior is N(θ_MAP, diag(1 / (diag G + Λ))) and
-the evidence is evaluated at the MAP (MacKay; laplace-torch's ``hessian_structure='diag'``).
+the evidence is evaluated at the MAP (MacKay; laplace-torch's ``hessian_structure='diag'``). With a Kronecker-factored
+one (``guide.covariance: kron``, KFAC) each weight tensor's GGN block is G ⊗ A, an output and an input factor summed
+from the same layer factors; their eigen-decompositions give the posterior (G ⊗ A + δ I)⁻¹ per tensor and the
+evidence at the MAP in closed form (laplace-torch's ``hessian_structure='kron'``).
 
 Predictions use the linearised net (GLM: closed form for regression, probit, Laplace
 bridge or Monte Carlo for classification) or the net itself at posterior draws; every score of a run uses the one
@@ -35,14 +38,14 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
 from guides.laplace import LaplaceGuide
-from zoo.curvature import ggn
+from zoo.curvature import KroneckerBlock, ggn
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
 from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
-from zoo.runs import CHECKPOINT_FILE, checkpoint_exists, load_checkpoint, save_checkpoint
+from zoo.runs import CHECKPOINT_FILE, check_size_fits, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
@@ -67,15 +70,19 @@ class LaplaceSpec(Tempered):
     """
 
     method: Literal["laplace"] = Field(description="laplace (needs model.family: subnetwork)")
-    prior_structure: Literal["scalar", "layer", "parameter"] = Field(
-        "layer", description="one prior precision for all, one per layer (module), or one per parameter tensor "
-        "(e.g. hidden0.weight and hidden0.bias apart)")
+    prior_structure: Literal["scalar", "layer", "parameter", "weight"] = Field(
+        "layer", description="one prior precision for all, one per layer (module), one per parameter tensor "
+        "(e.g. hidden0.weight and hidden0.bias apart), or one per weight (automatic relevance determination; "
+        "guide.covariance full or diag)")
     tune: bool = Field(True, description="tune the prior precision (and a learned noise) by the evidence")
     tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
     evidence_at: Literal["linearised_mode", "map"] | None = Field(
         None, description="where the evidence is evaluated: the linearised model's own mode for each prior (Antorán "
         "et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021); unset: linearised_mode for a full "
-        "covariance, map for a diagonal one (the only place a diagonal GGN gives it)")
+        "covariance, map for a diagonal or Kronecker-factored one (the only place their GGN gives it)")
+    curvature: Literal["ggn", "ef"] = Field(
+        "ggn", description="the likelihood's curvature: ggn, the generalised Gauss-Newton matrix; ef, the empirical "
+        "Fisher (each row's loss gradient squared: no second derivative; guide.covariance diag or kron)")
     predictive: Literal["glm", "nn"] = Field(
         "glm", description="glm: the linearised net (closed form for regression); nn: the net itself at draws")
     link: Literal["probit", "bridge", "mc"] = Field(
@@ -159,10 +166,11 @@ class LaplacePosterior(GuidePosterior):
         """
         means, covs = [], []
         with torch.no_grad():
-            if self.guide.diagonal:  # from the layer factors, without J
-                variance = self.guide.variance(self.site)
+            if self.guide.factored:  # from the layer factors, without J
+                covariance = (self.guide.kronecker_blocks(self.site) if self.guide.covariance == "kron"
+                              else self.guide.variance(self.site))
                 for xc in x.split(self.chunk_size):
-                    f, cov = self.family.linearised_covariance(xc, variance)
+                    f, cov = self.family.linearised_covariance(xc, covariance)
                     means.append(f)
                     covs.append(cov)
                 return torch.cat(means), torch.cat(covs)
@@ -208,7 +216,7 @@ class LaplacePosterior(GuidePosterior):
             shift = draws[self.site] - centre  # [S, D]
             parts = []
             for xc in x.split(self.chunk_size):
-                if self.guide.diagonal:  # forward-mode products: no [B, O, D] Jacobian over every weight
+                if self.guide.factored:  # forward-mode products: no [B, O, D] Jacobian over every weight
                     outputs = self.family.linearised_outputs(xc, shift)
                 else:
                     f, J = self.family.linearise(xc)
@@ -267,17 +275,21 @@ def prior_groups(parameter_names: list[str], structure: str) -> tuple[torch.Tens
     """Group index ``[D]`` of each subnet element and the group labels, for a scalar/per-layer/per-parameter prior.
 
     :param parameter_names: the parameter tensor each subnet element belongs to, one per element (``hidden0.weight``).
-    :param structure: ``scalar`` (one group, ``all``), ``layer`` (the name up to its last dot) or ``parameter``.
+    :param structure: ``scalar`` (one group, ``all``), ``layer`` (the name up to its last dot), ``parameter`` or
+        ``weight`` (each element its own group, labelled by its parameter and its position in the subnet).
     :returns: the group index ``[D]`` and the group labels, in order of first appearance.
     """
     if structure == "scalar":
         keys = ["all"] * len(parameter_names)
     elif structure == "layer":
         keys = [n.rpartition(".")[0] for n in parameter_names]
+    elif structure == "weight":
+        keys = [f"{n}[{k}]" for k, n in enumerate(parameter_names)]
     else:
         keys = list(parameter_names)
     labels = list(dict.fromkeys(keys))
-    index = torch.tensor([labels.index(k) for k in keys], dtype=torch.long)
+    position = {label: g for g, label in enumerate(labels)}
+    index = torch.tensor([position[k] for k in keys], dtype=torch.long)
     return index, labels
 
 
@@ -631,16 +643,19 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
 class DiagonalStatistics:
     """The diagonal Laplace's sums over the training rows at the MAP.
 
-    :param diagonal: the GGN's diagonal ``[D]`` (a Gaussian likelihood's at σ = 1: it scales as 1/σ²).
+    :param diagonal: the GGN's diagonal ``[D]`` (a Gaussian likelihood's at σ = 1: it scales as 1/σ^noise_power).
     :param log_likelihood: Σ log p(y | f) at the MAP (categorical), else None.
     :param sum_squares: Σ (y - f)² at the MAP (Gaussian), else None.
     :param n: rows summed over.
+    :param noise_power: how the curvature scales with a Gaussian noise σ: 1/σ² for the GGN, 1/σ⁴ for the empirical
+        Fisher (whose loss gradients scale as 1/σ²).
     """
 
     diagonal: torch.Tensor
     log_likelihood: torch.Tensor | None
     sum_squares: torch.Tensor | None
     n: int
+    noise_power: int = 2
 
     @property
     def finite(self) -> bool:
@@ -654,7 +669,7 @@ class DiagonalStatistics:
         :param noise: the Gaussian noise σ (None: categorical).
         :returns: ``[D]``.
         """
-        return self.diagonal if noise is None else self.diagonal / noise**2
+        return self.diagonal if noise is None else self.diagonal / noise**self.noise_power
 
     def evidence(self, precision: torch.Tensor, centre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """log Z at the MAP under a diagonal GGN (differentiable in the precisions ``[D]`` and σ):
@@ -666,12 +681,80 @@ class DiagonalStatistics:
         :param noise: the Gaussian noise σ (None: categorical).
         :returns: log Z.
         """
-        if noise is None:
-            log_lik = self.log_likelihood
-        else:
-            log_lik = -0.5 * self.n * torch.log(2 * math.pi * noise**2) - 0.5 * self.sum_squares / noise**2
-        return (log_lik - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
+        return (_map_log_likelihood(self, noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
                 - 0.5 * (self.curvature(noise) + precision).log().sum())
+
+
+def _map_log_likelihood(stats: DiagonalStatistics | KroneckerStatistics, noise: torch.Tensor | None) -> torch.Tensor:
+    """log p(y | f_MAP) from the sums over rows: the categorical log-likelihood, or the Gaussian's at σ."""
+    if noise is None:
+        return stats.log_likelihood
+    return -0.5 * stats.n * torch.log(2 * math.pi * noise**2) - 0.5 * stats.sum_squares / noise**2
+
+
+@dataclass
+class KroneckerStatistics:
+    """KFAC's factors of every weight tensor, summed over the training rows at the MAP and eigen-decomposed, and
+    the MAP's fit term.
+
+    :param output_eigenvalues: per tensor, the eigenvalues g of its output factor G ``[rows]`` (a Gaussian
+        likelihood's at σ = 1: G scales as 1/σ²).
+    :param output_bases: their eigenvectors Q_G ``[rows, rows]``.
+    :param input_eigenvalues: per tensor, the eigenvalues a of its input factor A ``[cols]``.
+    :param input_bases: their eigenvectors Q_A ``[cols, cols]``.
+    :param starts: where each tensor starts in the site (its prior precision is the one of that element).
+    :param log_likelihood: Σ log p(y | f) at the MAP (categorical), else None.
+    :param sum_squares: Σ (y - f)² at the MAP (Gaussian), else None.
+    :param n: rows summed over.
+    :param noise_power: how G scales with a Gaussian noise σ (2: the GGN; 4: the empirical Fisher).
+    """
+
+    output_eigenvalues: list[torch.Tensor]
+    output_bases: list[torch.Tensor]
+    input_eigenvalues: list[torch.Tensor]
+    input_bases: list[torch.Tensor]
+    starts: list[int]
+    log_likelihood: torch.Tensor | None
+    sum_squares: torch.Tensor | None
+    n: int
+    noise_power: int = 2
+
+    def curvature_eigenvalues(self, noise: torch.Tensor | None) -> list[torch.Tensor]:
+        """Each tensor's eigenvalues of G ⊗ A at a noise level.
+
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: per tensor, g aᵀ ``[rows, cols]``.
+        """
+        scale = 1.0 if noise is None else noise**-self.noise_power
+        return [torch.outer(g, a) * scale for g, a in zip(self.output_eigenvalues, self.input_eigenvalues,
+                                                             strict=True)]
+
+    def evidence(self, precision: torch.Tensor, centre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """log Z at the MAP under the KFAC GGN (differentiable in the precisions ``[D]`` and σ):
+
+            log p(y | f_MAP) - ½ θᵀΛθ + ½ Σ log λ_i - ½ Σ_tensors Σ_ij log(g_i a_j + δ_tensor).
+
+        :param precision: each element's prior precision ``[D]`` (one value per tensor).
+        :param centre: the MAP θ ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: log Z.
+        """
+        log_det = sum((eig + precision[start]).log().sum()
+                      for eig, start in zip(self.curvature_eigenvalues(noise), self.starts, strict=True))
+        return (_map_log_likelihood(self, noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
+                - 0.5 * log_det)
+
+    def blocks(self, precision: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> list[KroneckerBlock]:
+        """The posterior (G ⊗ A + δ I)⁻¹ of each tensor, tempered, in its factors' eigenbases.
+
+        :param precision: each element's prior precision ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :param temperature: T of the tempered posterior (its covariance times T).
+        :returns: one block per tensor.
+        """
+        return [KroneckerBlock(q_g, q_a, (temperature / (eig + precision[start])).sqrt())
+                for eig, q_g, q_a, start in zip(self.curvature_eigenvalues(noise), self.output_bases,
+                                                  self.input_bases, self.starts, strict=True)]
 
 
 # ------------------------------------------------------------------------------------------ the fit
@@ -717,7 +800,8 @@ def _initial_prior(fit: FitContext, site: str) -> _Prior:
     group_index, labels = prior_groups(family.parameter_names(), fit.spec.prior_structure)
     group_index = group_index.to(centre.device)
     initial = family.prior_precision.double()
-    log_precision = torch.stack([initial[group_index == g].mean().log() for g in range(len(labels))])
+    counts = torch.bincount(group_index, minlength=len(labels)).to(initial)
+    log_precision = (initial.new_zeros(len(labels)).index_add_(0, group_index, initial) / counts).log()
     noise = family.map_noise()
     learned_noise = family.likelihood.gaussian and family.likelihood.fixed_noise is None
     log_noise = torch.as_tensor(noise, dtype=torch.float64, device=centre.device).log() if noise is not None else None
@@ -789,16 +873,56 @@ def _diagonal_statistics(fit: FitContext, prior: _Prior) -> DiagonalStatistics:
     gaussian = fit.family.likelihood.gaussian
     zero = prior.centre.new_zeros(())
     stats = DiagonalStatistics(prior.centre.new_zeros(len(prior.centre)), None if gaussian else zero.clone(),
-                               zero.clone() if gaussian else None, fit.data.n_train)
+                               zero.clone() if gaussian else None, fit.data.n_train, _noise_power(fit.spec))
     for xc, yc in fit.data.train_chunks(fit.spec.chunk_size):
         with torch.no_grad():
-            f, diagonal = fit.family.diagonal_ggn(xc, 1.0)
+            f, diagonal = fit.family.diagonal_ggn(xc, 1.0, yc if fit.spec.curvature == "ef" else None)
         stats.diagonal += diagonal.double()
         if gaussian:
             stats.sum_squares += (yc.double() - f[:, 0].double()).square().sum()
         else:
             stats.log_likelihood -= F.cross_entropy(f.double(), yc.long(), reduction="sum")
     return stats
+
+
+def _kronecker_statistics(fit: FitContext, prior: _Prior) -> KroneckerStatistics:
+    """Sum KFAC's factors of every weight tensor (from the layer factors) and the MAP's log-likelihood over every
+    training row, ``chunk_size`` rows at a time, then eigen-decompose the factors (float64)."""
+    family, gaussian = fit.family, fit.family.likelihood.gaussian
+    shapes = fit.guide.sites[gaussian_site(fit.guide)].blocks
+    check_size_fits("guide.covariance", "kron", 8 * 4 * sum(r * r + c * c for r, c in shapes),
+                    "use guide.covariance: diag, or keep the widest layers at the MAP (model.exclude)",
+                    f"KFAC's factors of {len(shapes)} weight tensors (the widest {max(max(s) for s in shapes):,} "
+                    "wide)")
+    sums: list[list[torch.Tensor]] | None = None
+    counts: list[int] = []
+    fit_term = prior.centre.new_zeros(())
+    for xc, yc in fit.data.train_chunks(fit.spec.chunk_size):
+        with torch.no_grad():
+            f, factors = family.kronecker_factors(xc, 1.0, yc if fit.spec.curvature == "ef" else None)
+        if sums is None:
+            sums, counts = [[g.double(), a.double()] for g, a, _ in factors], [0] * len(factors)
+        else:
+            for pair, (g, a, _) in zip(sums, factors, strict=True):
+                pair[0] += g.double()
+                pair[1] += a.double()
+        counts = [c + count for c, (_, _, count) in zip(counts, factors, strict=True)]
+        if gaussian:
+            fit_term += (yc.double() - f[:, 0].double()).square().sum()
+        else:
+            fit_term -= F.cross_entropy(f.double(), yc.long(), reduction="sum")
+    decomposed = [(torch.linalg.eigh(g), torch.linalg.eigh(a / count)) for (g, a), count in zip(sums, counts,
+                                                                                              strict=True)]
+    outputs, inputs = zip(*decomposed, strict=True)
+    return KroneckerStatistics([g.eigenvalues.clamp_min(0) for g in outputs], [g.eigenvectors for g in outputs],
+                               [a.eigenvalues.clamp_min(0) for a in inputs], [a.eigenvectors for a in inputs],
+                               _block_starts(fit), None if gaussian else fit_term, fit_term if gaussian else None,
+                               fit.data.n_train, _noise_power(fit.spec))
+
+
+def _noise_power(spec: LaplaceSpec) -> int:
+    """How the curvature scales with a Gaussian noise σ: 1/σ² (GGN) or 1/σ⁴ (empirical Fisher)."""
+    return 4 if spec.curvature == "ef" else 2
 
 
 def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
@@ -849,12 +973,41 @@ def _diagonal_laplace(fit: FitContext, prior: _Prior,
     return log_z, precision, variance.sqrt()
 
 
+def _kronecker_laplace(fit: FitContext, prior: _Prior,
+                       started: float) -> tuple[torch.Tensor, torch.Tensor, list[KroneckerBlock]]:
+    """The Kronecker-factored fit: KFAC's factors at the MAP, the tuned prior (and noise) by the evidence at the
+    MAP, and log Z, each element's prior precision and the posterior's blocks (tempered)."""
+    stats = _kronecker_statistics(fit, prior)
+    fit_term = stats.log_likelihood if stats.sum_squares is None else stats.sum_squares
+    eigenvalues = stats.output_eigenvalues + stats.input_eigenvalues
+    if not (bool(torch.isfinite(fit_term)) and all(bool(torch.isfinite(e).all()) for e in eigenvalues)):
+        raise TrainingDiverged("laplace: KFAC's factors or the MAP's log-likelihood are not finite: the MAP net's "
+                               "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
+    fit.log(f"laplace: KFAC factors of {len(stats.starts)} weight tensors ({len(prior.centre):,} weights) from "
+            f"{fit.data.n_train:,} rows in {time.perf_counter() - started:.1f} s")
+    if fit.spec.tune:
+        maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
+                          prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
+    noise = None if prior.log_noise is None else prior.log_noise.exp()
+    precision = prior.log_precision.exp()[prior.group_index]
+    log_z = stats.evidence(precision, prior.centre, noise)
+    return log_z, precision, stats.blocks(precision, noise, fit.spec.temperature)
+
+
+def _block_starts(fit: FitContext) -> list[int]:
+    """Where each weight tensor of a kron site starts in the site."""
+    sizes = [r * c for r, c in fit.guide.sites[gaussian_site(fit.guide)].blocks]
+    return [sum(sizes[:k]) for k in range(len(sizes))]
+
+
 def _set_posterior(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
-                   scale: torch.Tensor) -> None:
-    """Set the guide's Gaussian (its scale_tril, or its standard deviations for a diagonal one), a learned noise
-    and the family's prior precision, in the data's dtype."""
+                   scale: torch.Tensor | list[KroneckerBlock]) -> None:
+    """Set the guide's Gaussian (its scale_tril, its standard deviations for a diagonal one, or its blocks for a
+    Kronecker-factored one), a learned noise and the family's prior precision, in the data's dtype."""
     dtype = fit.data.dtype
-    fit.guide.set_gaussian(site, prior.centre.to(dtype), scale.to(dtype))
+    scale = ([KroneckerBlock(*(part.to(dtype) for part in block)) for block in scale] if isinstance(scale, list)
+             else scale.to(dtype))
+    fit.guide.set_gaussian(site, prior.centre.to(dtype), scale)
     fit.family.set_hyperparameters({"prior_precision": precision.to(dtype)})
     if prior.learned_noise:
         fit.guide.set_point(fit.family.likelihood.noise_site, prior.log_noise.exp().to(dtype))
@@ -862,7 +1015,10 @@ def _set_posterior(fit: FitContext, site: str, prior: _Prior, precision: torch.T
 
 def _summary(result: LaplaceResult) -> str:
     """The log line of the tuned evidence, prior precisions and noise."""
-    described = ", ".join(f"{k} {v:.3g}" for k, v in result.prior_precision.items())
+    values = list(result.prior_precision.values())
+    described = (", ".join(f"{k} {v:.3g}" for k, v in result.prior_precision.items()) if len(values) <= 12 else
+                 f"{len(values):,} values from {min(values):.3g} to {max(values):.3g}, median "
+                 f"{sorted(values)[len(values) // 2]:.3g}")
     return (f"laplace: log evidence {result.log_evidence:.2f}; prior precision {described}"
             + (f"; noise {result.noise:.3g} (standardised)" if result.noise is not None else ""))
 
@@ -901,7 +1057,8 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
 
     started = time.perf_counter()
     prior = _initial_prior(fit, site)
-    fit_covariance = _diagonal_laplace if fit.guide.diagonal else _full_laplace
+    fit_covariance = {"full": _full_laplace, "diag": _diagonal_laplace, "kron": _kronecker_laplace}[
+        fit.guide.covariance]
     log_z, precision, scale = fit_covariance(fit, prior, started)
     _set_posterior(fit, site, prior, precision, scale)
     result = LaplaceResult(
@@ -916,6 +1073,9 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     if fit.monitor is not None:  # no intermediate posterior: scored once, at the end
         fit.monitor.final(result.posterior, fit.data)
     return result
+
+
+_STRUCTURE_NAMES = {"diag": "diagonal", "kron": "Kronecker-factored"}
 
 
 class Laplace(InferenceMethod):
@@ -935,11 +1095,24 @@ class Laplace(InferenceMethod):
         return f"laplace ({spec.predictive} predictive)"
 
     def check(self, run_spec) -> list[ZooInputError]:
-        diagonal = getattr(run_spec.guide, "covariance", "full") == "diag"
-        if diagonal and run_spec.inference.evidence_at == "linearised_mode":
-            return [ZooInputError("inference.evidence_at", "linearised_mode", "a diagonal Laplace (guide.covariance: "
-                                  "diag) evaluates the evidence at the MAP only: use inference.evidence_at: map (or "
-                                  "leave it out), or guide.covariance: full")]
+        covariance = getattr(run_spec.guide, "covariance", "full")
+        if covariance != "full" and run_spec.inference.evidence_at == "linearised_mode":
+            return [ZooInputError("inference.evidence_at", "linearised_mode", f"a {_STRUCTURE_NAMES[covariance]} "
+                                  f"Laplace (guide.covariance: {covariance}) evaluates the evidence at the MAP only: "
+                                  "use inference.evidence_at: map (or leave it out), or guide.covariance: full")]
+        if covariance == "full" and run_spec.inference.curvature == "ef":
+            return [ZooInputError("inference.curvature", "ef", "the empirical Fisher is offered with guide.covariance: "
+                                  "diag or kron; a full covariance takes the GGN (its evidence at the linearised "
+                                  "mode is the GGN's): use inference.curvature: ggn")]
+        if covariance == "kron" and run_spec.inference.prior_structure == "weight":
+            return [ZooInputError("inference.prior_structure", "weight", "a Kronecker-factored covariance takes one "
+                                  "prior precision per weight tensor: use scalar, layer or parameter, or "
+                                  "guide.covariance: diag or full for one per weight")]
+        strategy = getattr(getattr(run_spec.model, "selection", None), "strategy", None)
+        if covariance == "kron" and strategy not in (None, "all", "last_layer", "modules"):
+            return [ZooInputError("model.selection.strategy", strategy, "a Kronecker-factored covariance "
+                                  "(guide.covariance: kron) factors whole layers: use strategy all, last_layer or "
+                                  "modules, or guide.covariance: full or diag for a selection of weights")]
         if not run_spec.model.linearisable:
             takes = [name for name, family in FAMILIES.items() if family.linearisable]
             return [ZooInputError("model.family", run_spec.model.family, "inference.method: laplace linearises a "

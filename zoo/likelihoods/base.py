@@ -127,6 +127,19 @@ class Likelihood(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no Gauss-Newton curvature")
 
+    def output_gradient_root(self, f: torch.Tensor, y: torch.Tensor,
+                             noise: torch.Tensor | float | None) -> torch.Tensor:
+        """R ``[B, 1, O]``, each row's gradient of -log p(y | f) in f as a one-row root, so that
+        Σ_b (R_b J_b)ᵀ (R_b J_b) is the empirical Fisher (the GGN's stand-in that needs no second derivative).
+
+        :param f: outputs ``[B, O]``.
+        :param y: targets ``[B]``.
+        :param noise: a Gaussian likelihood's noise sigma (None otherwise).
+        :returns: the roots.
+        :raises NotImplementedError: a likelihood without one (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no empirical Fisher")
+
     def noise(self, values: dict[str, torch.Tensor]) -> torch.Tensor | float | None:
         """The observation noise sigma at given values of its latents: fixed, learned, or None where it has none.
 

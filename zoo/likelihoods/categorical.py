@@ -103,6 +103,10 @@ class Categorical(Likelihood):
     def output_hessian_root(self, f: torch.Tensor, noise: torch.Tensor | float | None) -> torch.Tensor:
         return categorical_hessian_root(f)
 
+    def output_gradient_root(self, f: torch.Tensor, y: torch.Tensor,
+                             noise: torch.Tensor | float | None) -> torch.Tensor:
+        return (f.softmax(-1) - F.one_hot(y.long(), f.shape[-1]).to(f)).unsqueeze(1)
+
 
 class CategoricalSpec(LikelihoodSection):
     """Categorical likelihood on the net's logits (classification)."""

@@ -101,6 +101,10 @@ class Gaussian(Likelihood):
         eye = torch.eye(outputs, dtype=f.dtype, device=f.device)
         return (eye / noise).expand(batch, outputs, outputs)
 
+    def output_gradient_root(self, f: torch.Tensor, y: torch.Tensor,
+                             noise: torch.Tensor | float | None) -> torch.Tensor:
+        return ((f - y.reshape(f.shape)) / noise**2).unsqueeze(1)
+
     def noise(self, values: dict[str, torch.Tensor]) -> torch.Tensor | float | None:
         return self.fixed_noise if self.fixed_noise is not None else values[self.noise_site]
 

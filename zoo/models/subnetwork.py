@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from guides.delta import DeltaGuide
-from zoo.curvature import LayerFactors, ParameterLayout
+from zoo.curvature import KroneckerBlock, LayerFactors, ParameterLayout, ParameterSlot
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
@@ -432,11 +432,25 @@ class SubnetworkBNN(ModelFamily):
         """The subnet ``[D]`` (initialised at its MAP values) and the likelihood's latents (at their MAP)."""
         indices = self._require_structure()
         flat = nn.utils.parameters_to_vector(self.net.parameters()).detach()
-        sites = {SITE: LatentSite(torch.Size([len(indices)]), flat[indices].clone())}
+        whole = self.whole_tensors()
+        blocks = None if whole is None else tuple((s.shape[0], s.numel // s.shape[0]) for s in whole)
+        sites = {SITE: LatentSite(torch.Size([len(indices)]), flat[indices].clone(), blocks=blocks)}
         for name, site in self.likelihood.latent_sites().items():
             init = self.map_values.get(name, site.init)
             sites[name] = LatentSite(site.shape, init.detach().clone().to(site.init), site.support, site.plate)
         return sites
+
+    def whole_tensors(self) -> list[ParameterSlot] | None:
+        """The parameter tensors the subnet holds, in site order, when it holds each one whole and in order (a
+        selection of layers: ``all``, ``last_layer``, ``modules``); None when it holds parts of tensors."""
+        parts = self._parts if self.indices is not None else []
+        start = 0
+        for slot, positions, local in parts:
+            in_order = bool((local.diff() == 1).all() and (positions.diff() == 1).all())
+            if len(local) != slot.numel or int(positions[0]) != start or not in_order:
+                return None
+            start += slot.numel
+        return [slot for slot, _, _ in parts] if parts else None
 
     def point_parameters(self) -> list[nn.Parameter]:
         """None: the weights outside the subnet are fixed at the MAP, not fitted further."""
@@ -514,24 +528,62 @@ class SubnetworkBNN(ModelFamily):
         factors = LayerFactors(self.net, self.layout, x, self._modules)
         return factors.f, factors.jacobian(self.layout, self._require_structure())
 
-    def diagonal_ggn(self, x: torch.Tensor, noise: torch.Tensor | float | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MAP net's outputs ``f [B, O]`` and the diagonal of the subnet's GGN over these rows ``[D]``, from the
-        layer factors (no Jacobian is formed: what a diagonal Laplace over every weight of a large net needs).
+    def diagonal_ggn(self, x: torch.Tensor, noise: torch.Tensor | float | None,
+                     y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP net's outputs ``f [B, O]`` and the diagonal of the subnet's GGN over these rows ``[D]`` (with
+        targets ``y``: the empirical Fisher's), from the layer factors (no Jacobian is formed: what a diagonal
+        Laplace over every weight of a large net needs).
 
         :param x: inputs ``[B, ...]``.
         :param noise: a Gaussian likelihood's noise σ (None otherwise).
+        :param y: the rows' targets, for the empirical Fisher (None: the GGN).
         :returns: ``f`` and the diagonal.
         """
         factors = LayerFactors(self.net, self.layout, x, self._modules)
-        root = self.likelihood.output_hessian_root(factors.f, noise)
+        root = self._curvature_root(factors.f, noise, y)
         return factors.f, factors.diagonal_ggn(self.layout, root)[self._require_structure()]
 
-    def linearised_covariance(self, x: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MAP net's outputs ``f [B, O]`` and the covariance ``J diag(variance) Jᵀ [B, O, O]`` of the linearised
-        net's outputs under independent subnet weights of the given variances ``[D]``, from the layer factors.
+    def kronecker_factors(self, x: torch.Tensor, noise: torch.Tensor | float | None, y: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, int]]]:
+        """The MAP net's outputs ``f [B, O]`` and KFAC's sums over these rows for each parameter tensor of the subnet
+        (:meth:`~zoo.curvature.LayerFactors.kronecker_factors`), of the GGN (with targets ``y``: of the empirical
+        Fisher).
+
+        :param x: inputs ``[B, ...]``.
+        :param noise: a Gaussian likelihood's noise σ (None otherwise).
+        :param y: the rows' targets, for the empirical Fisher (None: the GGN).
+        :returns: ``f`` and, per tensor in site order, the sums G, Σ h hᵀ and their count.
+        :raises ZooInputError: when the subnet holds parts of tensors, or a layer KFAC does not factor.
         """
         factors = LayerFactors(self.net, self.layout, x, self._modules)
-        flat = variance.new_zeros(self.layout.size).index_copy(0, self._require_structure(), variance)
+        root = self._curvature_root(factors.f, noise, y)
+        return factors.f, factors.kronecker_factors(self._kronecker_slots(), root)
+
+    def _curvature_root(self, f: torch.Tensor, noise: torch.Tensor | float | None,
+                        y: torch.Tensor | None) -> torch.Tensor:
+        """The output Hessians' roots (the GGN), or with targets the loss gradients' (the empirical Fisher)."""
+        if y is None:
+            return self.likelihood.output_hessian_root(f, noise)
+        return self.likelihood.output_gradient_root(f, y, noise)
+
+    def _kronecker_slots(self) -> list[ParameterSlot]:
+        slots = self.whole_tensors()
+        if slots is None:
+            raise ZooInputError("model.selection.strategy", self.spec.selection.strategy, "a Kronecker-factored "
+                                "covariance (guide.covariance: kron) needs whole layers: use strategy all, "
+                                "last_layer or modules, or guide.covariance: full or diag for a selection of weights")
+        return slots
+
+    def linearised_covariance(self, x: torch.Tensor, covariance: torch.Tensor | list[KroneckerBlock]
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP net's outputs ``f [B, O]`` and the covariance ``J Σ Jᵀ [B, O, O]`` of the linearised net's outputs,
+        from the layer factors (no Jacobian is formed), for Σ diagonal (the variances ``[D]``) or Kronecker-factored
+        (one :class:`~zoo.curvature.KroneckerBlock` per parameter tensor of the subnet).
+        """
+        factors = LayerFactors(self.net, self.layout, x, self._modules)
+        if isinstance(covariance, list):
+            return factors.f, factors.kronecker_output_covariance(self._kronecker_slots(), covariance)
+        flat = covariance.new_zeros(self.layout.size).index_copy(0, self._require_structure(), covariance)
         return factors.f, factors.output_covariance(self.layout, flat)
 
     def linearised_outputs(self, x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:

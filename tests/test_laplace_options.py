@@ -1,0 +1,79 @@
+"""The Laplace method's curvature and prior options: the empirical Fisher (``inference.curvature: ef``) against
+laplace-torch and its closed form, one prior precision per weight (``inference.prior_structure: weight``), and
+their refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.laplace_reference import relative_difference, require_laplace
+from tests.test_subnetwork import MOONS, TOY, _fitted, spec
+from zoo.errors import ZooInputError
+from zoo.models.subnetwork import SITE
+
+
+@pytest.mark.parametrize(("covariance", "subset"), [("diag", "all"), ("diag", "last_layer"), ("kron", "all"),
+                                                    ("kron", "last_layer")])
+def test_empirical_fisher_agrees_with_laplace_torch(covariance, subset, tmp_path):
+    """The same log evidence and probit predictive as laplace-torch's empirical-Fisher Laplace at the same prior
+    precision, to 1e-6 relative (its BackPACK backend for the diagonal: its curvlinops one gives another evidence
+    over the last layer; curvlinops for KFAC, which BackPACK does not offer)."""
+    require_laplace()
+    from laplace import Laplace
+    from laplace.curvature import BackPackEF, CurvlinopsEF
+
+    _, data, posterior = _fitted(MOONS, tmp_path, f"guide.covariance={covariance}",
+                                 f"model.selection.strategy={subset}", "inference.curvature=ef")
+    family = posterior.family
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
+                                         batch_size=data.n_train)
+    la = Laplace(family.net, "classification", subset_of_weights=subset, hessian_structure=covariance,
+                 prior_precision=float(family.prior_precision[0]),
+                 backend=BackPackEF if covariance == "diag" else CurvlinopsEF)
+    la.fit(loader)
+    record = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert relative_difference(torch.as_tensor(record["log_evidence"]),
+                               la.log_marginal_likelihood().detach().double()) < 1e-6
+    probs = la(data.x_test, pred_type="glm", link_approx="probit")
+    assert relative_difference(posterior.predict(data.x_test).log_probs[0].exp(), probs) < 1e-6
+
+
+def test_empirical_fisher_of_a_gaussian_is_its_squared_residuals_over_sigma_to_the_fourth(tmp_path):
+    """With a learned noise σ the empirical Fisher's diagonal is Σ_n (y_n - f_n)² J_n² / σ⁴ (the loss gradient is
+    (f - y)/σ²), and the posterior variance is 1 / (that + λ), unlike the GGN's Σ_n J_n² / σ²."""
+    _, data, posterior = _fitted(TOY, tmp_path, "guide.covariance=diag", "model.selection.strategy=all",
+                                 "inference.curvature=ef", "inference.tune=true", "likelihood.noise=learned")
+    family = posterior.family
+    noise = posterior.guide.point_estimate()["noise_scale"]
+    f, J = family.linearise(data.x_train)
+    residual = data.y_train - f[:, 0]
+    fisher = (residual[:, None] * J[:, 0]).square().sum(0) / noise**4
+    torch.testing.assert_close(posterior.guide.variance(SITE), 1 / (fisher + family.prior_precision))
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag"])
+def test_one_prior_precision_per_weight_finds_at_least_the_per_layer_evidence(covariance, tmp_path):
+    """Automatic relevance determination (one precision per weight, each tuned by the evidence) reaches at least
+    the evidence of one precision per layer, whose values are one of its choices; the precisions differ."""
+    found = {}
+    for structure in ("layer", "weight"):
+        _fitted(MOONS, tmp_path / structure, f"guide.covariance={covariance}", "model.selection.strategy=last_layer",
+                "inference.tune=true", f"inference.prior_structure={structure}")
+        found[structure] = torch.load(tmp_path / structure / "run" / "checkpoint.pt", weights_only=False)
+    weights = found["weight"]["prior_precision"]
+    assert len(weights) == 14  # the output layer of the 2-6-2 net: 12 weights and 2 biases
+    assert found["weight"]["log_evidence"] >= found["layer"]["log_evidence"] - 1e-6
+    assert max(weights.values()) / min(weights.values()) > 1.5
+    assert all(math.isfinite(v) and v > 0 for v in weights.values())
+
+
+def test_refusals():
+    with pytest.raises(ZooInputError, match="empirical Fisher is offered with guide.covariance: diag or kron"):
+        spec(MOONS, "inference.curvature=ef")  # a full covariance
+    with pytest.raises(ZooInputError, match="one prior precision per weight tensor"):
+        spec(MOONS, "guide.covariance=kron", "model.selection.strategy=all", "inference.prior_structure=weight")
+    with pytest.raises(ZooInputError, match="inference.curvature"):
+        spec(MOONS, "guide.covariance=diag", "inference.curvature=hessian")
