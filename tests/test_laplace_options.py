@@ -77,3 +77,32 @@ def test_refusals():
         spec(MOONS, "guide.covariance=kron", "model.selection.strategy=all", "inference.prior_structure=weight")
     with pytest.raises(ZooInputError, match="inference.curvature"):
         spec(MOONS, "guide.covariance=diag", "inference.curvature=hessian")
+
+
+def test_tuning_on_calibration_rows_picks_the_grid_value_of_least_nll(tmp_path):
+    """``tune_by: calibration`` sets the one precision of the grid whose probit predictive has the least NLL on
+    the rows held out of training, each candidate scored here by the posterior's own predict."""
+    from zoo.inference.laplace import GRID_LOG_PRECISIONS
+
+    _, data, posterior = _fitted(MOONS, tmp_path, "guide.covariance=diag", "model.selection.strategy=all",
+                                 "inference.tune_by=calibration", "inference.prior_structure=scalar",
+                                 "data.n_train=120", "data.calibration_fraction=0.3")
+    family, guide = posterior.family, posterior.guide
+    chosen = float(family.prior_precision[0])
+    _, ggn_diagonal = family.diagonal_ggn(data.x_train, 1.0)
+    x, y = data.x_calibration, data.y_calibration.long()
+    losses = []
+    for log_precision in GRID_LOG_PRECISIONS:
+        guide.set_gaussian(SITE, guide.point_estimate()[SITE], (ggn_diagonal + math.exp(log_precision)).rsqrt())
+        log_probs = posterior.predict(x).log_probs[0]
+        losses.append(float(-log_probs.gather(1, y[:, None]).mean()))
+    assert len(x) == 36 and max(losses) > min(losses)
+    assert chosen == pytest.approx(math.exp(GRID_LOG_PRECISIONS[losses.index(min(losses))]), rel=1e-6)
+
+
+def test_tuning_on_calibration_rows_refuses_a_prior_per_layer_and_data_without_calibration_rows():
+    grid = ("guide.covariance=diag", "model.selection.strategy=all", "inference.tune_by=calibration")
+    with pytest.raises(ZooInputError, match="prior_structure: scalar"):
+        spec(MOONS, *grid, "data.calibration_fraction=0.2")  # the default prior_structure: layer
+    with pytest.raises(ZooInputError, match="data.calibration_fraction"):
+        spec(MOONS, *grid, "inference.prior_structure=scalar")

@@ -26,6 +26,7 @@ its spec names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from pydantic import Field, PositiveInt
 from guides.laplace import LaplaceGuide
 from zoo.curvature import KroneckerBlock, ggn
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.evaluate import evaluate
 from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
 from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
 from zoo.models import FAMILIES
@@ -47,6 +49,7 @@ from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, check_size_fits, checkpoint_exists, load_checkpoint, save_checkpoint
 from zoo.sections import Tempered
+from zoo.tasks import task_of
 
 MAX_STORED_JACOBIAN = 200_000_000  # elements of J [N, O, D] kept in memory for classification's Newton steps
 # The evidence is maximised over log prior precisions and log σ inside these bounds: a group the evidence would
@@ -59,6 +62,7 @@ CG_STEPS = 200  # conjugate-gradient steps that solve one Newton step
 OUTER_ROUNDS = 5
 EVIDENCE_TOLERANCE = 1e-2  # nats (a Bayes factor of 1.01): the linearised-mode rounds stop when one gains less
 MODE_TOLERANCE = 1e-10  # the linearised mode is found when a step moves no weight by more than this (relative)
+GRID_LOG_PRECISIONS = torch.linspace(math.log(1e-4), math.log(1e4), 21).tolist()  # tune_by: calibration
 
 
 class LaplaceSpec(Tempered):
@@ -75,6 +79,11 @@ class LaplaceSpec(Tempered):
         "(e.g. hidden0.weight and hidden0.bias apart), or one per weight (automatic relevance determination; "
         "guide.covariance full or diag)")
     tune: bool = Field(True, description="tune the prior precision (and a learned noise) by the evidence")
+    tune_by: Literal["evidence", "calibration"] = Field(
+        "evidence", description="evidence: maximise the marginal likelihood (at evidence_at); calibration: the one "
+        "prior precision of a grid of 21 from 1e-4 to 1e4 whose predictive (this section's predictive and link) "
+        "scores best on the calibration rows held out of training (NLL, or test LL for regression; "
+        "data.calibration_fraction > 0 and prior_structure: scalar; laplace-torch's gridsearch)")
     tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
     evidence_at: Literal["linearised_mode", "map"] | None = Field(
         None, description="where the evidence is evaluated: the linearised model's own mode for each prior (Antorán "
@@ -840,14 +849,18 @@ def _linearise_rows(fit: FitContext, centre: torch.Tensor) -> _Rows:
     return _Rows(stats, fs, Js, torch.cat(ys) if ys else data.y_train)
 
 
-def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tune ``prior``'s log precisions (and log σ) in place by the evidence (or only evaluate it, without
-    ``spec.tune``); returns log Z and the GGN at the MAP.
+def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows,
+                grid: Callable[[torch.Tensor], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tune ``prior``'s log precisions (and log σ) in place by the evidence (or by ``grid``, given the GGN at the
+    MAP; or only evaluate it, without ``spec.tune``); returns log Z and the GGN at the MAP.
 
     A Gaussian likelihood's linearised model is a Gaussian linear model (closed-form evidence from sums over the
     rows); any other is categorical here (Newton's method to the linearised mode, on every row's Jacobian)."""
+    by_evidence = spec.tune and grid is None
     if rows.stats is not None:
-        if spec.tune:
+        if grid is not None:
+            grid(rows.stats.gram / prior.log_noise.exp() ** 2)
+        if by_evidence:
             log_z = tune_regression(rows.stats, prior.group_index, prior.log_precision, prior.log_noise,
                                     prior.learned_noise, spec.tune_iterations)
         else:
@@ -858,13 +871,46 @@ def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows) -> tuple[torch.Te
     rows.fs.clear()  # one copy of the stored Jacobian, not two
     rows.Js.clear()
     at_centre = ggn(J_all, categorical_hessian_root(f_all))  # the GGN at the MAP: the posterior's and a start
-    if spec.tune:
+    if grid is not None:
+        grid(at_centre)
+    if by_evidence:
         log_z = tune_classification(f_all, J_all, rows.targets, prior.centre, prior.group_index, prior.log_precision,
                                     spec.tune_iterations, at_map, at_centre)
     else:
         log_z = categorical_evidence(f_all, J_all, rows.targets, prior.centre,
                                      prior.log_precision.exp()[prior.group_index], at_map, curvature=at_centre)[0]
     return log_z, at_centre
+
+
+def _grid_search(fit: FitContext, prior: _Prior,
+                 scale_at: Callable[[torch.Tensor], torch.Tensor | list[KroneckerBlock]]) -> None:
+    """Set ``prior``'s one log precision to the value of :data:`GRID_LOG_PRECISIONS` whose posterior predictive
+    (the spec's predictive and link) scores best on the calibration rows (``inference.tune_by: calibration``).
+
+    :param fit: the fit (its data's calibration rows; its guide is set to each candidate in turn).
+    :param prior: the prior; its log precision is set in place.
+    :param scale_at: each element's precision ``[D]`` -> the guide's scale of the posterior there.
+    :raises ZooInputError: a data set without calibration rows.
+    """
+    data = fit.data
+    if data.x_calibration is None:
+        raise ZooInputError("inference.tune_by", "calibration", "needs rows held out of training: set "
+                            "data.calibration_fraction (e.g. 0.1), or tune_by: evidence")
+    rows = dataclasses.replace(data, x_test=data.x_calibration, y_test=data.y_calibration, x_ood={})
+    metric, direction = next(iter(task_of(data).metrics.items()))
+    site, losses = gaussian_site(fit.guide), []
+    for log_precision in GRID_LOG_PRECISIONS:
+        prior.log_precision.fill_(log_precision)
+        precision = prior.log_precision.exp()[prior.group_index]
+        _set_posterior(fit, site, prior, precision, scale_at(precision))
+        score = evaluate(LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec), rows,
+                         fit.spec.predictive_samples, fit.seed)[metric]
+        loss = score if direction == "minimize" else -score
+        losses.append(loss if math.isfinite(loss) else math.inf)
+    best = min(range(len(losses)), key=losses.__getitem__)
+    prior.log_precision.fill_(GRID_LOG_PRECISIONS[best])
+    fit.log(f"laplace: prior precision {math.exp(GRID_LOG_PRECISIONS[best]):.3g} of {len(losses)} from 1e-4 to "
+            f"1e4, by the {metric} of {len(rows.y_test):,} calibration rows ({abs(losses[best]):.4g})")
 
 
 def _diagonal_statistics(fit: FitContext, prior: _Prior) -> DiagonalStatistics:
@@ -942,8 +988,13 @@ def _full_laplace(fit: FitContext, prior: _Prior,
     rows = _linearise_rows(fit, prior.centre)
     fit.log(f"laplace: GGN over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
             f"{time.perf_counter() - started:.1f} s")
+    grid = None
+    if fit.spec.tune_by == "calibration":
+        def grid(curvature: torch.Tensor) -> None:
+            _grid_search(fit, prior, lambda precision: precision_to_scale_tril(curvature + torch.diag(precision))
+                         * math.sqrt(fit.spec.temperature))
     try:
-        log_z, curvature = _tune_prior(fit.spec, prior, rows)
+        log_z, curvature = _tune_prior(fit.spec, prior, rows, grid)
         precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
     except torch.linalg.LinAlgError as exc:
         raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
@@ -963,14 +1014,12 @@ def _diagonal_laplace(fit: FitContext, prior: _Prior,
                                "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
     fit.log(f"laplace: GGN diagonal over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
             f"{time.perf_counter() - started:.1f} s")
-    if fit.spec.tune:
-        maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
-                          prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
-    noise = None if prior.log_noise is None else prior.log_noise.exp()
+    def scale_at(precision: torch.Tensor) -> torch.Tensor:
+        return (fit.spec.temperature / (stats.curvature(_noise(prior)) + precision)).sqrt()
+
+    _tune_factored(fit, prior, stats, scale_at)
     precision = prior.log_precision.exp()[prior.group_index]
-    log_z = stats.evidence(precision, prior.centre, noise)
-    variance = fit.spec.temperature / (stats.curvature(noise) + precision)
-    return log_z, precision, variance.sqrt()
+    return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision)
 
 
 def _kronecker_laplace(fit: FitContext, prior: _Prior,
@@ -985,13 +1034,28 @@ def _kronecker_laplace(fit: FitContext, prior: _Prior,
                                "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
     fit.log(f"laplace: KFAC factors of {len(stats.starts)} weight tensors ({len(prior.centre):,} weights) from "
             f"{fit.data.n_train:,} rows in {time.perf_counter() - started:.1f} s")
-    if fit.spec.tune:
+    def scale_at(precision: torch.Tensor) -> list[KroneckerBlock]:
+        return stats.blocks(precision, _noise(prior), fit.spec.temperature)
+
+    _tune_factored(fit, prior, stats, scale_at)
+    precision = prior.log_precision.exp()[prior.group_index]
+    return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision)
+
+
+def _noise(prior: _Prior) -> torch.Tensor | None:
+    """The prior's current Gaussian noise σ (None: categorical)."""
+    return None if prior.log_noise is None else prior.log_noise.exp()
+
+
+def _tune_factored(fit: FitContext, prior: _Prior, stats: DiagonalStatistics | KroneckerStatistics,
+                   scale_at: Callable) -> None:
+    """Tune a diagonal or Kronecker-factored fit's prior in place: by its closed-form evidence at the MAP (and a
+    learned σ with it), or by the calibration rows' grid."""
+    if fit.spec.tune_by == "calibration":
+        _grid_search(fit, prior, scale_at)
+    elif fit.spec.tune:
         maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
                           prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
-    noise = None if prior.log_noise is None else prior.log_noise.exp()
-    precision = prior.log_precision.exp()[prior.group_index]
-    log_z = stats.evidence(precision, prior.centre, noise)
-    return log_z, precision, stats.blocks(precision, noise, fit.spec.temperature)
 
 
 def _block_starts(fit: FitContext) -> list[int]:
@@ -1104,6 +1168,13 @@ class Laplace(InferenceMethod):
             return [ZooInputError("inference.curvature", "ef", "the empirical Fisher is offered with guide.covariance: "
                                   "diag or kron; a full covariance takes the GGN (its evidence at the linearised "
                                   "mode is the GGN's): use inference.curvature: ggn")]
+        if run_spec.inference.tune_by == "calibration" and getattr(run_spec.data, "calibration_fraction", None) == 0:
+            return [ZooInputError("inference.tune_by", "calibration", "needs rows held out of training: set "
+                                  "data.calibration_fraction (e.g. 0.1), or tune_by: evidence")]
+        if run_spec.inference.tune_by == "calibration" and run_spec.inference.prior_structure != "scalar":
+            return [ZooInputError("inference.prior_structure", run_spec.inference.prior_structure, "tune_by: "
+                                  "calibration searches a grid of one prior precision for every weight: use "
+                                  "prior_structure: scalar, or tune_by: evidence")]
         if covariance == "kron" and run_spec.inference.prior_structure == "weight":
             return [ZooInputError("inference.prior_structure", "weight", "a Kronecker-factored covariance takes one "
                                   "prior precision per weight tensor: use scalar, layer or parameter, or "

@@ -298,7 +298,7 @@ class SubnetworkBNN(ModelFamily):
             if path is not None:
                 save_torch(path, self._structure_state())
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights "
-                f"({100 * len(self.indices) / self.layout.size:.2g}%), selected by {self.spec.selection.strategy}; "
+                f"({_percent(len(self.indices), self.layout.size)}), selected by {self.spec.selection.strategy}; "
                 f"{self.count_by_parameter()}")
         self.prior_precision = flat_precision[self.indices]
 
@@ -631,3 +631,9 @@ class SubnetworkModelSpec(FamilySection, ModuleChoice):
 
     def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> SubnetworkBNN:
         return SubnetworkBNN(net, priors, likelihood, self)
+
+
+def _percent(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as a percentage to two significant figures (``11%``, ``0.55%``, ``100%``)."""
+    share = 100 * part / whole
+    return f"{share:.0f}%" if share >= 10 else f"{share:.2g}%"
