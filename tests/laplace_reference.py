@@ -193,3 +193,43 @@ def require_laplace() -> None:
     except Exception as err:  # ImportError, or e.g. RuntimeError from a CUDA-only torchvision that torchmetrics imports
         pytest.skip(f"laplace-torch (optional 'peer' extra: pip install -e '.[peer]') does not import: "
                     f"{type(err).__name__}: {err}")
+
+
+def assert_agrees_with_laplace_torch(posterior, data, run_dir, subset: str, structure: str, backend=None,
+                                     tolerance: float = 1e-6) -> None:
+    """Fit laplace-torch's ``Laplace(net, task, subset_of_weights=subset, hessian_structure=structure)`` on the zoo
+    posterior's MAP net, at its prior precision and noise, on every training row in one batch, and assert the same
+    log evidence (the run's ``checkpoint.pt``) and GLM predictive (the moments for regression, probit for
+    classification) to ``tolerance`` relative.
+
+    :param posterior: a fitted zoo Laplace posterior (one prior precision for every weight).
+    :param data: its data set.
+    :param run_dir: its run directory.
+    :param subset: ``all`` or ``last_layer``.
+    :param structure: ``diag``, ``kron`` or ``full``.
+    :param backend: laplace-torch's curvature backend (None: its default GGN).
+    :param tolerance: the largest relative difference allowed.
+    """
+    from laplace import Laplace
+
+    family = posterior.family
+    task = "regression" if data.task == "regression" else "classification"
+    noise = float(family.likelihood.fixed_noise) if task == "regression" else 1.0
+    targets = data.y_train[:, None] if task == "regression" else data.y_train
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, targets),
+                                         batch_size=data.n_train)
+    la = Laplace(family.net, task, subset_of_weights=subset, hessian_structure=structure,
+                 prior_precision=float(family.prior_precision[0]), sigma_noise=noise,
+                 **({} if backend is None else {"backend": backend}))
+    la.fit(loader)
+    record = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert relative_difference(torch.as_tensor(record["log_evidence"]),
+                               la.log_marginal_likelihood().detach().double()) < tolerance
+    if task == "regression":
+        mean, var = la(data.x_test, pred_type="glm")
+        ours_mean, ours_cov = posterior.glm_moments(data.x_test)
+        assert relative_difference(ours_mean, mean) < tolerance
+        assert relative_difference(ours_cov, var) < tolerance
+    else:
+        probs = la(data.x_test, pred_type="glm", link_approx="probit")
+        assert relative_difference(posterior.predict(data.x_test).log_probs[0].exp(), probs) < tolerance

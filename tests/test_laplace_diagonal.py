@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.laplace_reference import dense_jacobian, relative_difference, require_laplace
+from tests.laplace_reference import assert_agrees_with_laplace_torch, dense_jacobian, require_laplace
 from tests.test_subnetwork import MOONS, TOY, _fitted, spec
 from zoo.curvature import LayerFactors, ParameterLayout
 from zoo.errors import ZooInputError
@@ -125,42 +125,15 @@ def test_evidence_is_the_closed_form_and_tuning_maximises_it(tmp_path):
     torch.testing.assert_close(posterior.guide.variance(SITE), 1 / (d / noise**2 + lam))
 
 
-def _laplace_torch_diag(net: nn.Module, data, subset: str, task: str, precision: float, noise: float):
-    from laplace import Laplace
-
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train[:, None]
-                                                                        if task == "regression" else data.y_train),
-                                         batch_size=32)
-    la = Laplace(net, task, subset_of_weights=subset, hessian_structure="diag", prior_precision=precision,
-                 sigma_noise=noise)
-    la.fit(loader)
-    return la
-
-
 @pytest.mark.parametrize("subset", ["all", "last_layer"])
 @pytest.mark.parametrize("base", ["toy", "moons"])
 def test_agrees_with_laplace_torch_diagonal(base, subset, tmp_path):
     """The same log evidence and GLM predictive (probit for classification) as laplace-torch's diagonal Laplace
     over the same weights, at the same prior precision, to 1e-6 relative."""
     require_laplace()
-    task = "regression" if base == "toy" else "classification"
     _, data, posterior = _fitted(TOY if base == "toy" else MOONS, tmp_path, "guide.covariance=diag",
                                  f"model.selection.strategy={subset}")
-    family = posterior.family
-    noise = float(family.likelihood.fixed_noise) if task == "regression" else 1.0
-    precision = float(family.prior_precision[0])
-    la = _laplace_torch_diag(family.net, data, subset, task, precision, noise)
-    record = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
-    assert relative_difference(torch.as_tensor(record["log_evidence"]),
-                               la.log_marginal_likelihood().detach().double()) < 1e-6
-    if task == "regression":
-        mean, var = la(data.x_test, pred_type="glm")
-        ours_mean, ours_cov = posterior.glm_moments(data.x_test)
-        assert relative_difference(ours_mean, mean) < 1e-6
-        assert relative_difference(ours_cov, var) < 1e-6
-    else:
-        probs = la(data.x_test, pred_type="glm", link_approx="probit")
-        assert relative_difference(posterior.predict(data.x_test).log_probs[0].exp(), probs) < 1e-6
+    assert_agrees_with_laplace_torch(posterior, data, tmp_path / "run", subset, "diag")
 
 
 @pytest.mark.parametrize("kind", sorted(NETS))

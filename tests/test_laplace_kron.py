@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 from guides.laplace import KroneckerNormal
-from tests.laplace_reference import dense_jacobian, relative_difference, require_laplace
+from tests.laplace_reference import (
+    assert_agrees_with_laplace_torch,
+    dense_jacobian,
+    relative_difference,
+    require_laplace,
+)
 from tests.test_laplace_diagonal import NETS
 from tests.test_subnetwork import MOONS, TOY, _fitted, _PositionMLP, spec
 from zoo.curvature import KroneckerBlock, LayerFactors, ParameterLayout
@@ -121,30 +126,9 @@ def test_agrees_with_laplace_torch_kron(base, subset, tmp_path):
     """The same log evidence and GLM predictive (probit for classification) as laplace-torch's Kronecker-factored
     Laplace over the same weights, fitted on one batch at the same prior precision, to 1e-6 relative."""
     require_laplace()
-    from laplace import Laplace
-
-    task = "regression" if base == "toy" else "classification"
     _, data, posterior = _fitted(TOY if base == "toy" else MOONS, tmp_path, "guide.covariance=kron",
                                  f"model.selection.strategy={subset}")
-    family = posterior.family
-    noise = float(family.likelihood.fixed_noise) if task == "regression" else 1.0
-    targets = data.y_train[:, None] if task == "regression" else data.y_train
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, targets),
-                                         batch_size=data.n_train)
-    la = Laplace(family.net, task, subset_of_weights=subset, hessian_structure="kron",
-                 prior_precision=float(family.prior_precision[0]), sigma_noise=noise)
-    la.fit(loader)
-    record = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
-    assert relative_difference(torch.as_tensor(record["log_evidence"]),
-                               la.log_marginal_likelihood().detach().double()) < 1e-6
-    if task == "regression":
-        mean, var = la(data.x_test, pred_type="glm")
-        ours_mean, ours_cov = posterior.glm_moments(data.x_test)
-        assert relative_difference(ours_mean, mean) < 1e-6
-        assert relative_difference(ours_cov, var) < 1e-6
-    else:
-        probs = la(data.x_test, pred_type="glm", link_approx="probit")
-        assert relative_difference(posterior.predict(data.x_test).log_probs[0].exp(), probs) < 1e-6
+    assert_agrees_with_laplace_torch(posterior, data, tmp_path / "run", subset, "kron")
 
 
 def test_tuning_maximises_the_evidence_and_sets_the_posterior(tmp_path):

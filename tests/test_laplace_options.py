@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.laplace_reference import relative_difference, require_laplace
+from tests.laplace_reference import assert_agrees_with_laplace_torch, require_laplace
 from tests.test_subnetwork import MOONS, TOY, _fitted, spec
 from zoo.errors import ZooInputError
 from zoo.models.subnetwork import SITE
@@ -22,23 +22,12 @@ def test_empirical_fisher_agrees_with_laplace_torch(covariance, subset, tmp_path
     precision, to 1e-6 relative (its BackPACK backend for the diagonal: its curvlinops one gives another evidence
     over the last layer; curvlinops for KFAC, which BackPACK does not offer)."""
     require_laplace()
-    from laplace import Laplace
     from laplace.curvature import BackPackEF, CurvlinopsEF
 
     _, data, posterior = _fitted(MOONS, tmp_path, f"guide.covariance={covariance}",
                                  f"model.selection.strategy={subset}", "inference.curvature=ef")
-    family = posterior.family
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
-                                         batch_size=data.n_train)
-    la = Laplace(family.net, "classification", subset_of_weights=subset, hessian_structure=covariance,
-                 prior_precision=float(family.prior_precision[0]),
-                 backend=BackPackEF if covariance == "diag" else CurvlinopsEF)
-    la.fit(loader)
-    record = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
-    assert relative_difference(torch.as_tensor(record["log_evidence"]),
-                               la.log_marginal_likelihood().detach().double()) < 1e-6
-    probs = la(data.x_test, pred_type="glm", link_approx="probit")
-    assert relative_difference(posterior.predict(data.x_test).log_probs[0].exp(), probs) < 1e-6
+    assert_agrees_with_laplace_torch(posterior, data, tmp_path / "run", subset, covariance,
+                                     backend=BackPackEF if covariance == "diag" else CurvlinopsEF)
 
 
 def test_empirical_fisher_of_a_gaussian_is_its_squared_residuals_over_sigma_to_the_fourth(tmp_path):

@@ -37,7 +37,15 @@ class Member:
 
 RANK1 = {"family": "rank1", "members": 4}
 PRIOR_AT_ONE = {"name": "normal", "loc": 1.0, "scale": 0.1}  # rank-1 factors: centred at 1
-SWAG = {"method": "swag", "momentum": 0.9}  # rank: the default 20, lowered to the iterates of a short budget
+SWAG = {"method": "swag", "momentum": 0.9}
+
+
+def _posthoc_laplace(strategy: str, covariance: str = "full") -> dict[str, Any]:
+    """A Laplace member over a selection of whole layers: per-layer precisions by the evidence, the Laplace bridge."""
+    return {"model": {"family": "subnetwork", "selection": {"strategy": strategy}},
+            "guide": {"name": "laplace", "covariance": covariance},
+            "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}
+  # rank: the default 20, lowered to the iterates of a short budget
 
 MEMBERS: dict[str, Member] = {
     "map": Member("MAP: one point estimate of every weight under the prior (weight decay)",
@@ -81,20 +89,15 @@ MEMBERS: dict[str, Member] = {
     "last_layer_laplace": Member("last-layer linearised Laplace: a full-covariance Gaussian over the output layer of "
                                  "a MAP net, one prior precision per layer tuned by the evidence, predictions by the "
                                  "Laplace bridge (Kristiadi et al. 2020; laplace-torch's default subset)",
-                                 {"model": {"family": "subnetwork", "selection": {"strategy": "last_layer"}},
-                                  "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
+                                 _posthoc_laplace("last_layer")),
     "diagonal_laplace": Member("diagonal linearised Laplace over every weight of a MAP net (normalisation layers at "
                                "the MAP), one prior precision per layer tuned by the evidence at the MAP, predictions "
                                "by the Laplace bridge",
-                               {"model": {"family": "subnetwork", "selection": {"strategy": "all"}},
-                                "guide": {"name": "laplace", "covariance": "diag"},
-                                "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
+                               _posthoc_laplace("all", "diag")),
     "kfac_laplace": Member("Kronecker-factored (KFAC) linearised Laplace over every weight of a MAP net "
                            "(normalisation layers at the MAP), one prior precision per layer tuned by the evidence at "
                            "the MAP, predictions by the Laplace bridge (Ritter et al. 2018; Immer et al. 2021)",
-                           {"model": {"family": "subnetwork", "selection": {"strategy": "all"}},
-                            "guide": {"name": "laplace", "covariance": "kron"},
-                            "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}),
+                           _posthoc_laplace("all", "kron")),
     "swag": Member("SWAG: a diagonal + rank-20 Gaussian from SGD iterates, momentum 0.9 (Maddox et al. 2019)",
                    {"inference": {**SWAG, "num_models": 1}}),
     "multiswag": Member("MultiSWAG: 5 SWAG Gaussians from independent SGD runs (Wilson & Izmailov 2020)",
