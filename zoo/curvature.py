@@ -148,15 +148,11 @@ class KroneckerBlock(NamedTuple):
     bias [out, 1]), vec(W) - mean = (rows ⊗ cols) (scale ∘ z) with z standard normal. With KFAC's G ⊗ A curvature
     (G = Q_G diag(g) Q_Gᵀ over the outputs, A = Q_A diag(a) Q_Aᵀ over the inputs) and a prior precision δ,
     rows = Q_G, cols = Q_A and scale = (g aᵀ + δ)^-½.
-
-    :param rows: the eigenvectors over the tensor's rows ``[rows, rows]``.
-    :param cols: the eigenvectors over its columns ``[cols, cols]``.
-    :param scale: the standard deviation along each product of eigenvectors ``[rows, cols]``.
     """
 
-    rows: torch.Tensor
-    cols: torch.Tensor
-    scale: torch.Tensor
+    rows: torch.Tensor  # the eigenvectors over the tensor's rows [rows, rows]
+    cols: torch.Tensor  # the eigenvectors over its columns [cols, cols]
+    scale: torch.Tensor  # the standard deviation along each product of eigenvectors [rows, cols]
 
 
 def _patches(module: nn.Conv2d, h: torch.Tensor) -> torch.Tensor:
