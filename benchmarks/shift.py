@@ -78,6 +78,18 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def _as_read_now(identity: dict) -> dict:
+    """A kept report's spec as this version of the zoo reads it: settings added since it was written take their
+    defaults (as a run directory's spec.yaml does on a resume); one the zoo no longer reads is kept as it was, and
+    so differs."""
+    from zoo.spec import load_spec, run_identity
+
+    try:
+        return json.loads(json.dumps(run_identity(load_spec(identity)), default=str))
+    except ZooInputError:
+        return identity
+
+
 def kept_report(path: Path, identity: dict) -> dict | None:
     """The report kept at ``path`` by ``--reports`` (None when there is none), refused when another spec made it.
 
@@ -89,7 +101,7 @@ def kept_report(path: Path, identity: dict) -> dict | None:
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    kept, asked = _flat(record["identity"]), _flat(identity)
+    kept, asked = _flat(_as_read_now(record["identity"])), _flat(identity)
     differ = sorted(k for k in kept.keys() | asked.keys() if kept.get(k) != asked.get(k))
     if differ:
         raise ZooInputError("--reports", str(path), f"this report was made by another spec (it differs at "

@@ -95,3 +95,15 @@ def test_tuning_on_calibration_rows_refuses_a_prior_per_layer_and_data_without_c
         spec(MOONS, *grid, "data.calibration_fraction=0.2")  # the default prior_structure: layer
     with pytest.raises(ZooInputError, match="data.calibration_fraction"):
         spec(MOONS, *grid, "inference.prior_structure=scalar")
+
+
+def test_the_evidence_is_taken_where_the_structure_takes_it_and_the_spec_says_so():
+    """Left out, ``evidence_at`` is written into the spec as the structure's own (the linearised mode for a full
+    covariance, the MAP for diag and kron), so a run's spec.yaml and identity carry the value it used."""
+    from zoo.spec import run_identity
+
+    assert spec(MOONS).inference.evidence_at == "linearised_mode"
+    for covariance in ("diag", "kron"):
+        written = spec(MOONS, f"guide.covariance={covariance}", "model.selection.strategy=all")
+        assert written.inference.evidence_at == "map" and run_identity(written)["inference"]["evidence_at"] == "map"
+    assert spec(MOONS, "inference.evidence_at=map").inference.evidence_at == "map"  # given: kept

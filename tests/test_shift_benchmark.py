@@ -134,3 +134,22 @@ def test_the_committed_shift_table_is_the_kept_reports_combined():
         for seed, diagnosis in by_seed.items():
             record = json.loads((kept / f"{stem}_seed{seed}_draws{out['predictive_samples']}.json").read_text())
             assert record["stopped"] == diagnosis
+
+
+def test_a_kept_report_from_before_a_setting_was_added_is_read_at_that_settings_default(tmp_path):
+    """A report kept by an older zoo lacks the settings added since; they are read at their defaults (as a run
+    directory's spec.yaml is on a resume), so the report still matches its spec, and a changed value still differs."""
+    from tests.test_subnetwork import MOONS
+    from zoo.spec import load_spec, run_identity
+
+    asked = json.loads(json.dumps(run_identity(load_spec(MOONS)), default=str))
+    older = json.loads(json.dumps(asked))
+    for added in ("tune_by", "curvature"):
+        del older["inference"][added]
+    path = tmp_path / "subnet_seed0_draws1.json"
+    path.write_text(json.dumps({"identity": older, "train_seconds": 1.0, "report": {}}))
+    assert bench.kept_report(path, asked)["train_seconds"] == 1.0
+    changed = json.loads(json.dumps(asked))
+    changed["inference"]["curvature"] = "ef"
+    with pytest.raises(ZooInputError, match=r"differs at inference\.curvature\)"):
+        bench.kept_report(path, changed)

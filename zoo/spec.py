@@ -177,6 +177,8 @@ class RunSpec(Strict):
             guide = v.get("guide") or {}
             if method is not None and method.own_guide and isinstance(guide, dict) and "name" not in guide:
                 v = {**v, "guide": {**guide, "name": method.own_guide}}
+            if method is not None:
+                v = method.complete(v)
         return v
 
     @model_validator(mode="after")

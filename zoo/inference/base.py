@@ -111,6 +111,16 @@ class InferenceMethod(ABC):
     # of the phase that trains (Laplace: the family's MAP phase, ``model.map``), so every member reads the same budget
     budget_section: ClassVar[str] = "inference"
 
+    def complete(self, tree: dict[str, Any]) -> dict[str, Any]:
+        """A spec tree (before validation) with the settings of this method whose default depends on other
+        sections written out, so that the saved spec and a run's identity carry the value the run used (nothing by
+        default).
+
+        :param tree: the spec as a dict, the member's preset and the method's own guide already in it.
+        :returns: the tree, completed.
+        """
+        return tree
+
     def convergence_advice(self, spec: Any, posterior: Any) -> list[str]:
         """What to change when this run's draws fail their convergence checks, read off the fit (e.g. a cap the
         sampler's adaptation ran into); the verdict's generic advice covers the rest. None by default.

@@ -1192,6 +1192,15 @@ class Laplace(InferenceMethod):
                                   "selection size 1.0 gives the whole net)")]
         return []
 
+    def complete(self, tree: dict) -> dict:
+        """``evidence_at`` left out (or null) becomes the structure's own: the linearised mode for a full covariance,
+        the MAP for a diagonal or Kronecker-factored one (the only place their GGN gives it)."""
+        inference, guide = tree.get("inference"), tree.get("guide")
+        if not isinstance(inference, dict) or inference.get("evidence_at") is not None:
+            return tree
+        covariance = guide.get("covariance", "full") if isinstance(guide, dict) else "full"
+        return {**tree, "inference": {**inference, "evidence_at": "linearised_mode" if covariance == "full" else "map"}}
+
     def fit_record(self, result) -> dict:
         return guide_fit_record(result)
 
