@@ -1194,7 +1194,11 @@ class Laplace(InferenceMethod):
 
     def complete(self, tree: dict) -> dict:
         """``evidence_at`` left out (or null) becomes the structure's own: the linearised mode for a full covariance,
-        the MAP for a diagonal or Kronecker-factored one (the only place their GGN gives it)."""
+        the MAP for a diagonal or Kronecker-factored one (the only place their GGN gives it).
+
+        :param tree: the spec as a dict, before validation.
+        :returns: the tree with ``inference.evidence_at`` written out.
+        """
         inference, guide = tree.get("inference"), tree.get("guide")
         if not isinstance(inference, dict) or inference.get("evidence_at") is not None:
             return tree
