@@ -107,7 +107,7 @@ def test_evidence_is_the_closed_form_and_tuning_maximises_it(tmp_path):
     f, J = family.linearise(data.x_train)
     d = J[:, 0].square().sum(0)
     residual = (data.y_train - f[:, 0]).square().sum()
-    stats = DiagonalStatistics(d, None, residual, data.n_train)
+    stats = DiagonalStatistics(diagonal=d, log_likelihood=None, sum_squares=residual, n=data.n_train)
 
     def by_hand(lam: torch.Tensor, sigma: torch.Tensor) -> float:
         n = data.n_train

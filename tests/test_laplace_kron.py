@@ -143,10 +143,12 @@ def test_tuning_maximises_the_evidence_and_sets_the_posterior(tmp_path):
     f, sums = family.kronecker_factors(data.x_train, 1.0)
     eig = [(torch.linalg.eigh(g), torch.linalg.eigh(a / c)) for g, a, c in sums]
     sizes = [s.numel for s in slots]
-    stats = KroneckerStatistics([g.eigenvalues for g, _ in eig], [g.eigenvectors for g, _ in eig],
-                                [a.eigenvalues for _, a in eig], [a.eigenvectors for _, a in eig],
-                                [sum(sizes[:k]) for k in range(len(sizes))], None,
-                                (data.y_train - f[:, 0]).square().sum(), data.n_train)
+    stats = KroneckerStatistics(output_eigenvalues=[g.eigenvalues for g, _ in eig],
+                                output_bases=[g.eigenvectors for g, _ in eig],
+                                input_eigenvalues=[a.eigenvalues for _, a in eig],
+                                input_bases=[a.eigenvectors for _, a in eig],
+                                starts=[sum(sizes[:k]) for k in range(len(sizes))], log_likelihood=None,
+                                sum_squares=(data.y_train - f[:, 0]).square().sum(), n=data.n_train)
     precision = family.prior_precision
     best = float(stats.evidence(precision, centre, noise))
     layers = {s.module_name for s in slots}

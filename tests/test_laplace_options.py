@@ -95,6 +95,9 @@ def test_tuning_on_calibration_rows_refuses_a_prior_per_layer_and_data_without_c
         spec(MOONS, *grid, "data.calibration_fraction=0.2")  # the default prior_structure: layer
     with pytest.raises(ZooInputError, match="data.calibration_fraction"):
         spec(MOONS, *grid, "inference.prior_structure=scalar")
+    with pytest.raises(ZooInputError) as both:  # every problem at once, not the first alone
+        spec(MOONS, *grid)
+    assert "inference.tune_by:" in str(both.value) and "inference.prior_structure:" in str(both.value)
 
 
 def test_the_evidence_is_taken_where_the_structure_takes_it_and_the_spec_says_so():

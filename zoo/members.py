@@ -37,7 +37,7 @@ class Member:
 
 RANK1 = {"family": "rank1", "members": 4}
 PRIOR_AT_ONE = {"name": "normal", "loc": 1.0, "scale": 0.1}  # rank-1 factors: centred at 1
-SWAG = {"method": "swag", "momentum": 0.9}
+SWAG = {"method": "swag", "momentum": 0.9}  # rank: the default 20, lowered to the iterates of a short budget
 
 
 def _posthoc_laplace(strategy: str, covariance: str = "full") -> dict[str, Any]:
@@ -45,7 +45,7 @@ def _posthoc_laplace(strategy: str, covariance: str = "full") -> dict[str, Any]:
     return {"model": {"family": "subnetwork", "selection": {"strategy": strategy}},
             "guide": {"name": "laplace", "covariance": covariance},
             "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}
-  # rank: the default 20, lowered to the iterates of a short budget
+
 
 MEMBERS: dict[str, Member] = {
     "map": Member("MAP: one point estimate of every weight under the prior (weight decay)",

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,7 @@ OUTER_ROUNDS = 5
 EVIDENCE_TOLERANCE = 1e-2  # nats (a Bayes factor of 1.01): the linearised-mode rounds stop when one gains less
 MODE_TOLERANCE = 1e-10  # the linearised mode is found when a step moves no weight by more than this (relative)
 GRID_LOG_PRECISIONS = torch.linspace(math.log(1e-4), math.log(1e4), 21).tolist()  # tune_by: calibration
+NO_CALIBRATION_ROWS = "needs rows held out of training: set data.calibration_fraction (e.g. 0.1), or tune_by: evidence"
 
 
 class LaplaceSpec(Tempered):
@@ -648,11 +649,10 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
     return best[0]
 
 
-@dataclass
-class DiagonalStatistics:
-    """The diagonal Laplace's sums over the training rows at the MAP.
+@dataclass(kw_only=True)
+class MapStatistics:
+    """What a diagonal or Kronecker-factored Laplace sums over the training rows at the MAP besides its curvature.
 
-    :param diagonal: the GGN's diagonal ``[D]`` (a Gaussian likelihood's at σ = 1: it scales as 1/σ^noise_power).
     :param log_likelihood: Σ log p(y | f) at the MAP (categorical), else None.
     :param sum_squares: Σ (y - f)² at the MAP (Gaussian), else None.
     :param n: rows summed over.
@@ -660,17 +660,53 @@ class DiagonalStatistics:
         Fisher (whose loss gradients scale as 1/σ²).
     """
 
-    diagonal: torch.Tensor
     log_likelihood: torch.Tensor | None
     sum_squares: torch.Tensor | None
     n: int
     noise_power: int = 2
+    what: ClassVar[str] = "curvature"  # what the curvature is, in the fit's log and its diagnosis
+
+    def curvature_tensors(self) -> list[torch.Tensor]:
+        """The curvature's tensors as summed (at σ = 1), for the finiteness check.
+
+        :returns: the tensors.
+        """
+        raise NotImplementedError
 
     @property
     def finite(self) -> bool:
-        """Whether every sum is finite (a net whose outputs overflow or are NaN on some row makes them not)."""
+        """Whether the fit term and every curvature tensor are finite (a net whose outputs overflow or are NaN on
+        some row makes them not)."""
         fit_term = self.log_likelihood if self.sum_squares is None else self.sum_squares
-        return bool(torch.isfinite(self.diagonal).all() and torch.isfinite(fit_term))
+        return bool(torch.isfinite(fit_term)) and all(bool(torch.isfinite(c).all()) for c in self.curvature_tensors())
+
+    def map_log_likelihood(self, noise: torch.Tensor | None) -> torch.Tensor:
+        """log p(y | f_MAP): the categorical log-likelihood, or the Gaussian's at σ.
+
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: the log-likelihood.
+        """
+        if noise is None:
+            return self.log_likelihood
+        return -0.5 * self.n * torch.log(2 * math.pi * noise**2) - 0.5 * self.sum_squares / noise**2
+
+
+@dataclass
+class DiagonalStatistics(MapStatistics):
+    """The diagonal Laplace's sums over the training rows at the MAP (and :class:`MapStatistics`'s).
+
+    :param diagonal: the GGN's diagonal ``[D]`` (a Gaussian likelihood's at σ = 1: it scales as 1/σ^noise_power).
+    :param log_likelihood: as in :class:`MapStatistics`.
+    :param sum_squares: as in :class:`MapStatistics`.
+    :param n: as in :class:`MapStatistics`.
+    :param noise_power: as in :class:`MapStatistics`.
+    """
+
+    diagonal: torch.Tensor
+    what: ClassVar[str] = "GGN diagonal"
+
+    def curvature_tensors(self) -> list[torch.Tensor]:
+        return [self.diagonal]
 
     def curvature(self, noise: torch.Tensor | None) -> torch.Tensor:
         """The GGN's diagonal at a noise level.
@@ -690,32 +726,43 @@ class DiagonalStatistics:
         :param noise: the Gaussian noise σ (None: categorical).
         :returns: log Z.
         """
-        return (_map_log_likelihood(self, noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
+        return (self.map_log_likelihood(noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
                 - 0.5 * (self.curvature(noise) + precision).log().sum())
 
+    def posterior_scale(self, precision: torch.Tensor, noise: torch.Tensor | None,
+                        temperature: float) -> torch.Tensor:
+        """The posterior's standard deviations (T / (diag G + λ))^½, what the diagonal guide holds.
 
-def _map_log_likelihood(stats: DiagonalStatistics | KroneckerStatistics, noise: torch.Tensor | None) -> torch.Tensor:
-    """log p(y | f_MAP) from the sums over rows: the categorical log-likelihood, or the Gaussian's at σ."""
-    if noise is None:
-        return stats.log_likelihood
-    return -0.5 * stats.n * torch.log(2 * math.pi * noise**2) - 0.5 * stats.sum_squares / noise**2
+        :param precision: each element's prior precision ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :param temperature: T of the tempered posterior (its covariance times T).
+        :returns: ``[D]``.
+        """
+        return (temperature / (self.curvature(noise) + precision)).sqrt()
+
+
+def _fit_term(f: torch.Tensor, y: torch.Tensor, gaussian: bool) -> torch.Tensor:
+    """One chunk's part of the MAP's fit term: Σ (y - f)² (Gaussian) or Σ log p(y | f) (categorical), float64."""
+    if gaussian:
+        return (y.double() - f[:, 0].double()).square().sum()
+    return -F.cross_entropy(f.double(), y.long(), reduction="sum")
 
 
 @dataclass
-class KroneckerStatistics:
-    """KFAC's factors of every weight tensor, summed over the training rows at the MAP and eigen-decomposed, and
-    the MAP's fit term.
+class KroneckerStatistics(MapStatistics):
+    """KFAC's factors of every weight tensor, summed over the training rows at the MAP and eigen-decomposed (and
+    :class:`MapStatistics`'s sums).
 
     :param output_eigenvalues: per tensor, the eigenvalues g of its output factor G ``[rows]`` (a Gaussian
-        likelihood's at σ = 1: G scales as 1/σ²).
+        likelihood's at σ = 1: G scales as 1/σ^noise_power).
     :param output_bases: their eigenvectors Q_G ``[rows, rows]``.
     :param input_eigenvalues: per tensor, the eigenvalues a of its input factor A ``[cols]``.
     :param input_bases: their eigenvectors Q_A ``[cols, cols]``.
     :param starts: where each tensor starts in the site (its prior precision is the one of that element).
-    :param log_likelihood: Σ log p(y | f) at the MAP (categorical), else None.
-    :param sum_squares: Σ (y - f)² at the MAP (Gaussian), else None.
-    :param n: rows summed over.
-    :param noise_power: how G scales with a Gaussian noise σ (2: the GGN; 4: the empirical Fisher).
+    :param log_likelihood: as in :class:`MapStatistics`.
+    :param sum_squares: as in :class:`MapStatistics`.
+    :param n: as in :class:`MapStatistics`.
+    :param noise_power: as in :class:`MapStatistics`.
     """
 
     output_eigenvalues: list[torch.Tensor]
@@ -723,10 +770,10 @@ class KroneckerStatistics:
     input_eigenvalues: list[torch.Tensor]
     input_bases: list[torch.Tensor]
     starts: list[int]
-    log_likelihood: torch.Tensor | None
-    sum_squares: torch.Tensor | None
-    n: int
-    noise_power: int = 2
+    what: ClassVar[str] = "KFAC factors"
+
+    def curvature_tensors(self) -> list[torch.Tensor]:
+        return self.output_eigenvalues + self.input_eigenvalues
 
     def curvature_eigenvalues(self, noise: torch.Tensor | None) -> list[torch.Tensor]:
         """Each tensor's eigenvalues of G ⊗ A at a noise level.
@@ -750,10 +797,11 @@ class KroneckerStatistics:
         """
         log_det = sum((eig + precision[start]).log().sum()
                       for eig, start in zip(self.curvature_eigenvalues(noise), self.starts, strict=True))
-        return (_map_log_likelihood(self, noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
+        return (self.map_log_likelihood(noise) - 0.5 * (precision * centre**2).sum() + 0.5 * precision.log().sum()
                 - 0.5 * log_det)
 
-    def blocks(self, precision: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> list[KroneckerBlock]:
+    def posterior_scale(self, precision: torch.Tensor, noise: torch.Tensor | None,
+                        temperature: float) -> list[KroneckerBlock]:
         """The posterior (G ⊗ A + δ I)⁻¹ of each tensor, tempered, in its factors' eigenbases.
 
         :param precision: each element's prior precision ``[D]``.
@@ -894,8 +942,7 @@ def _grid_search(fit: FitContext, prior: _Prior,
     """
     data = fit.data
     if data.x_calibration is None:
-        raise ZooInputError("inference.tune_by", "calibration", "needs rows held out of training: set "
-                            "data.calibration_fraction (e.g. 0.1), or tune_by: evidence")
+        raise ZooInputError("inference.tune_by", "calibration", NO_CALIBRATION_ROWS)
     rows = dataclasses.replace(data, x_test=data.x_calibration, y_test=data.y_calibration, x_ood={})
     metric, direction = next(iter(task_of(data).metrics.items()))
     site, losses = gaussian_site(fit.guide), []
@@ -917,18 +964,13 @@ def _diagonal_statistics(fit: FitContext, prior: _Prior) -> DiagonalStatistics:
     """Sum the GGN's diagonal (from the layer factors) and the MAP's log-likelihood over every training row,
     ``chunk_size`` rows at a time."""
     gaussian = fit.family.likelihood.gaussian
-    zero = prior.centre.new_zeros(())
-    stats = DiagonalStatistics(prior.centre.new_zeros(len(prior.centre)), None if gaussian else zero.clone(),
-                               zero.clone() if gaussian else None, fit.data.n_train, _noise_power(fit.spec))
+    diagonal, fit_term = prior.centre.new_zeros(len(prior.centre)), prior.centre.new_zeros(())
     for xc, yc in fit.data.train_chunks(fit.spec.chunk_size):
         with torch.no_grad():
-            f, diagonal = fit.family.diagonal_ggn(xc, 1.0, yc if fit.spec.curvature == "ef" else None)
-        stats.diagonal += diagonal.double()
-        if gaussian:
-            stats.sum_squares += (yc.double() - f[:, 0].double()).square().sum()
-        else:
-            stats.log_likelihood -= F.cross_entropy(f.double(), yc.long(), reduction="sum")
-    return stats
+            f, chunk = fit.family.diagonal_ggn(xc, 1.0, yc if fit.spec.curvature == "ef" else None)
+        diagonal += chunk.double()
+        fit_term += _fit_term(f, yc, gaussian)
+    return DiagonalStatistics(diagonal=diagonal, **_fit_sums(fit, fit_term))
 
 
 def _kronecker_statistics(fit: FitContext, prior: _Prior) -> KroneckerStatistics:
@@ -940,35 +982,30 @@ def _kronecker_statistics(fit: FitContext, prior: _Prior) -> KroneckerStatistics
                     "use guide.covariance: diag, or keep the widest layers at the MAP (model.exclude)",
                     f"KFAC's factors of {len(shapes)} weight tensors (the widest {max(max(s) for s in shapes):,} "
                     "wide)")
-    sums: list[list[torch.Tensor]] | None = None
-    counts: list[int] = []
+    sums: list[tuple[torch.Tensor, torch.Tensor, int]] | None = None  # per tensor: G, Σ h hᵀ and their count
     fit_term = prior.centre.new_zeros(())
     for xc, yc in fit.data.train_chunks(fit.spec.chunk_size):
         with torch.no_grad():
             f, factors = family.kronecker_factors(xc, 1.0, yc if fit.spec.curvature == "ef" else None)
-        if sums is None:
-            sums, counts = [[g.double(), a.double()] for g, a, _ in factors], [0] * len(factors)
-        else:
-            for pair, (g, a, _) in zip(sums, factors, strict=True):
-                pair[0] += g.double()
-                pair[1] += a.double()
-        counts = [c + count for c, (_, _, count) in zip(counts, factors, strict=True)]
-        if gaussian:
-            fit_term += (yc.double() - f[:, 0].double()).square().sum()
-        else:
-            fit_term -= F.cross_entropy(f.double(), yc.long(), reduction="sum")
-    decomposed = [(torch.linalg.eigh(g), torch.linalg.eigh(a / count)) for (g, a), count in zip(sums, counts,
-                                                                                              strict=True)]
+        chunk = [(g.double(), a.double(), count) for g, a, count in factors]
+        sums = chunk if sums is None else [(g0 + g, a0 + a, c0 + c)
+                                           for (g0, a0, c0), (g, a, c) in zip(sums, chunk, strict=True)]
+        fit_term += _fit_term(f, yc, gaussian)
+    decomposed = [(torch.linalg.eigh(g), torch.linalg.eigh(a / count)) for g, a, count in sums]
     outputs, inputs = zip(*decomposed, strict=True)
-    return KroneckerStatistics([g.eigenvalues.clamp_min(0) for g in outputs], [g.eigenvectors for g in outputs],
-                               [a.eigenvalues.clamp_min(0) for a in inputs], [a.eigenvectors for a in inputs],
-                               _block_starts(fit), None if gaussian else fit_term, fit_term if gaussian else None,
-                               fit.data.n_train, _noise_power(fit.spec))
+    return KroneckerStatistics(output_eigenvalues=[g.eigenvalues.clamp_min(0) for g in outputs],
+                               output_bases=[g.eigenvectors for g in outputs],
+                               input_eigenvalues=[a.eigenvalues.clamp_min(0) for a in inputs],
+                               input_bases=[a.eigenvectors for a in inputs], starts=_block_starts(fit),
+                               **_fit_sums(fit, fit_term))
 
 
-def _noise_power(spec: LaplaceSpec) -> int:
-    """How the curvature scales with a Gaussian noise σ: 1/σ² (GGN) or 1/σ⁴ (empirical Fisher)."""
-    return 4 if spec.curvature == "ef" else 2
+def _fit_sums(fit: FitContext, fit_term: torch.Tensor) -> dict:
+    """:class:`MapStatistics`'s fields from the summed fit term: where it goes for the likelihood, the rows, and how
+    the curvature scales with σ (1/σ² for the GGN, 1/σ⁴ for the empirical Fisher)."""
+    gaussian = fit.family.likelihood.gaussian
+    return {"log_likelihood": None if gaussian else fit_term, "sum_squares": fit_term if gaussian else None,
+            "n": fit.data.n_train, "noise_power": 4 if fit.spec.curvature == "ef" else 2}
 
 
 def _posterior_covariance(curvature: torch.Tensor, prior: _Prior,
@@ -1004,40 +1041,26 @@ def _full_laplace(fit: FitContext, prior: _Prior,
     return log_z, precision, scale_tril
 
 
-def _diagonal_laplace(fit: FitContext, prior: _Prior,
-                      started: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The diagonal fit: the GGN's diagonal at the MAP, the tuned prior (and noise) by the evidence at the MAP,
-    and log Z, each element's prior precision and the posterior's standard deviations (tempered)."""
-    stats = _diagonal_statistics(fit, prior)
+def _factored_laplace(fit: FitContext, prior: _Prior,
+                      started: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | list[KroneckerBlock]]:
+    """The diagonal or Kronecker-factored fit: its curvature summed at the MAP (no D x D matrix), the prior (and
+    noise) tuned by the closed-form evidence at the MAP or by the calibration rows' grid, and log Z, each element's
+    prior precision and the posterior's scale as the guide holds it (tempered)."""
+    stats = (_kronecker_statistics if fit.guide.covariance == "kron" else _diagonal_statistics)(fit, prior)
     if not stats.finite:
-        raise TrainingDiverged("laplace: the GGN's diagonal or the MAP's log-likelihood is not finite: the MAP net's "
+        raise TrainingDiverged(f"laplace: the {stats.what} or the MAP's log-likelihood are not finite: the MAP net's "
                                "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
-    fit.log(f"laplace: GGN diagonal over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
+    fit.log(f"laplace: {stats.what} over {len(prior.centre):,} weights from {fit.data.n_train:,} rows in "
             f"{time.perf_counter() - started:.1f} s")
-    def scale_at(precision: torch.Tensor) -> torch.Tensor:
-        return (fit.spec.temperature / (stats.curvature(_noise(prior)) + precision)).sqrt()
 
-    _tune_factored(fit, prior, stats, scale_at)
-    precision = prior.log_precision.exp()[prior.group_index]
-    return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision)
+    def scale_at(precision: torch.Tensor) -> torch.Tensor | list[KroneckerBlock]:
+        return stats.posterior_scale(precision, _noise(prior), fit.spec.temperature)
 
-
-def _kronecker_laplace(fit: FitContext, prior: _Prior,
-                       started: float) -> tuple[torch.Tensor, torch.Tensor, list[KroneckerBlock]]:
-    """The Kronecker-factored fit: KFAC's factors at the MAP, the tuned prior (and noise) by the evidence at the
-    MAP, and log Z, each element's prior precision and the posterior's blocks (tempered)."""
-    stats = _kronecker_statistics(fit, prior)
-    fit_term = stats.log_likelihood if stats.sum_squares is None else stats.sum_squares
-    eigenvalues = stats.output_eigenvalues + stats.input_eigenvalues
-    if not (bool(torch.isfinite(fit_term)) and all(bool(torch.isfinite(e).all()) for e in eigenvalues)):
-        raise TrainingDiverged("laplace: KFAC's factors or the MAP's log-likelihood are not finite: the MAP net's "
-                               "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
-    fit.log(f"laplace: KFAC factors of {len(stats.starts)} weight tensors ({len(prior.centre):,} weights) from "
-            f"{fit.data.n_train:,} rows in {time.perf_counter() - started:.1f} s")
-    def scale_at(precision: torch.Tensor) -> list[KroneckerBlock]:
-        return stats.blocks(precision, _noise(prior), fit.spec.temperature)
-
-    _tune_factored(fit, prior, stats, scale_at)
+    if fit.spec.tune_by == "calibration":
+        _grid_search(fit, prior, scale_at)
+    elif fit.spec.tune:
+        maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
+                          prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
     precision = prior.log_precision.exp()[prior.group_index]
     return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision)
 
@@ -1045,17 +1068,6 @@ def _kronecker_laplace(fit: FitContext, prior: _Prior,
 def _noise(prior: _Prior) -> torch.Tensor | None:
     """The prior's current Gaussian noise σ (None: categorical)."""
     return None if prior.log_noise is None else prior.log_noise.exp()
-
-
-def _tune_factored(fit: FitContext, prior: _Prior, stats: DiagonalStatistics | KroneckerStatistics,
-                   scale_at: Callable) -> None:
-    """Tune a diagonal or Kronecker-factored fit's prior in place: by its closed-form evidence at the MAP (and a
-    learned σ with it), or by the calibration rows' grid."""
-    if fit.spec.tune_by == "calibration":
-        _grid_search(fit, prior, scale_at)
-    elif fit.spec.tune:
-        maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
-                          prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
 
 
 def _block_starts(fit: FitContext) -> list[int]:
@@ -1121,8 +1133,7 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
 
     started = time.perf_counter()
     prior = _initial_prior(fit, site)
-    fit_covariance = {"full": _full_laplace, "diag": _diagonal_laplace, "kron": _kronecker_laplace}[
-        fit.guide.covariance]
+    fit_covariance = _factored_laplace if fit.guide.factored else _full_laplace
     log_z, precision, scale = fit_covariance(fit, prior, started)
     _set_posterior(fit, site, prior, precision, scale)
     result = LaplaceResult(
@@ -1159,38 +1170,39 @@ class Laplace(InferenceMethod):
         return f"laplace ({spec.predictive} predictive)"
 
     def check(self, run_spec) -> list[ZooInputError]:
-        covariance = getattr(run_spec.guide, "covariance", "full")
-        if covariance != "full" and run_spec.inference.evidence_at == "linearised_mode":
-            return [ZooInputError("inference.evidence_at", "linearised_mode", f"a {_STRUCTURE_NAMES[covariance]} "
-                                  f"Laplace (guide.covariance: {covariance}) evaluates the evidence at the MAP only: "
-                                  "use inference.evidence_at: map (or leave it out), or guide.covariance: full")]
-        if covariance == "full" and run_spec.inference.curvature == "ef":
-            return [ZooInputError("inference.curvature", "ef", "the empirical Fisher is offered with guide.covariance: "
-                                  "diag or kron; a full covariance takes the GGN (its evidence at the linearised "
-                                  "mode is the GGN's): use inference.curvature: ggn")]
-        if run_spec.inference.tune_by == "calibration" and getattr(run_spec.data, "calibration_fraction", None) == 0:
-            return [ZooInputError("inference.tune_by", "calibration", "needs rows held out of training: set "
-                                  "data.calibration_fraction (e.g. 0.1), or tune_by: evidence")]
-        if run_spec.inference.tune_by == "calibration" and run_spec.inference.prior_structure != "scalar":
-            return [ZooInputError("inference.prior_structure", run_spec.inference.prior_structure, "tune_by: "
-                                  "calibration searches a grid of one prior precision for every weight: use "
-                                  "prior_structure: scalar, or tune_by: evidence")]
-        if covariance == "kron" and run_spec.inference.prior_structure == "weight":
-            return [ZooInputError("inference.prior_structure", "weight", "a Kronecker-factored covariance takes one "
-                                  "prior precision per weight tensor: use scalar, layer or parameter, or "
-                                  "guide.covariance: diag or full for one per weight")]
+        inference, covariance = run_spec.inference, getattr(run_spec.guide, "covariance", "full")
         strategy = getattr(getattr(run_spec.model, "selection", None), "strategy", None)
-        if covariance == "kron" and strategy not in (None, "all", "last_layer", "modules"):
-            return [ZooInputError("model.selection.strategy", strategy, "a Kronecker-factored covariance "
-                                  "(guide.covariance: kron) factors whole layers: use strategy all, last_layer or "
-                                  "modules, or guide.covariance: full or diag for a selection of weights")]
-        if not run_spec.model.linearisable:
-            takes = [name for name, family in FAMILIES.items() if family.linearisable]
-            return [ZooInputError("model.family", run_spec.model.family, "inference.method: laplace linearises a "
-                                  f"MAP net around its latent weights, and family '{run_spec.model.family}' does not "
-                                  f"linearise: use model.family: {' or '.join(takes)} (for the subnetwork family, "
-                                  "selection size 1.0 gives the whole net)")]
-        return []
+        problems = []
+
+        def refuse(when: bool, field: str, value, fix: str) -> None:
+            if when:
+                problems.append(ZooInputError(field, value, fix))
+
+        refuse(covariance != "full" and inference.evidence_at == "linearised_mode", "inference.evidence_at",
+               "linearised_mode", f"a {_STRUCTURE_NAMES.get(covariance)} Laplace (guide.covariance: {covariance}) "
+               "evaluates the evidence at the MAP only: use inference.evidence_at: map (or leave it out), or "
+               "guide.covariance: full")
+        refuse(covariance == "full" and inference.curvature == "ef", "inference.curvature", "ef",
+               "the empirical Fisher is offered with guide.covariance: diag or kron; a full covariance takes the GGN "
+               "(its evidence at the linearised mode is the GGN's): use inference.curvature: ggn")
+        refuse(inference.tune_by == "calibration" and getattr(run_spec.data, "calibration_fraction", None) == 0,
+               "inference.tune_by", "calibration", NO_CALIBRATION_ROWS)
+        refuse(inference.tune_by == "calibration" and inference.prior_structure != "scalar",
+               "inference.prior_structure", inference.prior_structure, "tune_by: calibration searches a grid of one "
+               "prior precision for every weight: use prior_structure: scalar, or tune_by: evidence")
+        refuse(covariance == "kron" and inference.prior_structure == "weight", "inference.prior_structure", "weight",
+               "a Kronecker-factored covariance takes one prior precision per weight tensor: use scalar, layer or "
+               "parameter, or guide.covariance: diag or full for one per weight")
+        refuse(covariance == "kron" and strategy not in (None, "all", "last_layer", "modules"),
+               "model.selection.strategy", strategy, "a Kronecker-factored covariance (guide.covariance: kron) factors "
+               "whole layers: use strategy all, last_layer or modules, or guide.covariance: full or diag for a "
+               "selection of weights")
+        takes = [name for name, family in FAMILIES.items() if family.linearisable]
+        refuse(not run_spec.model.linearisable, "model.family", run_spec.model.family, "inference.method: laplace "
+               f"linearises a MAP net around its latent weights, and family '{run_spec.model.family}' does not "
+               f"linearise: use model.family: {' or '.join(takes)} (for the subnetwork family, selection size 1.0 "
+               "gives the whole net)")
+        return problems
 
     def complete(self, tree: dict) -> dict:
         """``evidence_at`` left out (or null) becomes the structure's own: the linearised mode for a full covariance,

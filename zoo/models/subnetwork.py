@@ -244,6 +244,7 @@ class SubnetworkBNN(ModelFamily):
         self._params = dict(net.named_parameters())  # the same Parameter objects across .to() and MAP copies
         self.indices: torch.Tensor | None = None
         self._parts: list = []  # layout.split(indices), kept with the indices: weights() runs every model call
+        self._whole: list[ParameterSlot] | None = None  # the tensors the subnet holds whole, when it holds only such
         self._modules: set[str] = set()  # the modules the subnet touches
         self.prior_precision: torch.Tensor | None = None
         self.map_values: dict[str, torch.Tensor] = {}
@@ -377,6 +378,7 @@ class SubnetworkBNN(ModelFamily):
         self.indices = indices
         self._parts = self.layout.split(indices)
         self._modules = {slot.module_name for slot, _, _ in self._parts}  # those whose layer factors are needed
+        self._whole = _whole_tensors(self._parts)
 
     def _set_map(self, values: dict[str, torch.Tensor]) -> None:
         """Set the net to its MAP weights; from here on it runs in eval mode, so the subnet's posterior is over one
@@ -443,14 +445,7 @@ class SubnetworkBNN(ModelFamily):
     def whole_tensors(self) -> list[ParameterSlot] | None:
         """The parameter tensors the subnet holds, in site order, when it holds each one whole and in order (a
         selection of layers: ``all``, ``last_layer``, ``modules``); None when it holds parts of tensors."""
-        parts = self._parts if self.indices is not None else []
-        start = 0
-        for slot, positions, local in parts:
-            in_order = bool((local.diff() == 1).all() and (positions.diff() == 1).all())
-            if len(local) != slot.numel or int(positions[0]) != start or not in_order:
-                return None
-            start += slot.numel
-        return [slot for slot, _, _ in parts] if parts else None
+        return self._whole
 
     def point_parameters(self) -> list[nn.Parameter]:
         """None: the weights outside the subnet are fixed at the MAP, not fitted further."""
@@ -553,7 +548,7 @@ class SubnetworkBNN(ModelFamily):
         :param noise: a Gaussian likelihood's noise σ (None otherwise).
         :param y: the rows' targets, for the empirical Fisher (None: the GGN).
         :returns: ``f`` and, per tensor in site order, the sums G, Σ h hᵀ and their count.
-        :raises ZooInputError: when the subnet holds parts of tensors, or a layer KFAC does not factor.
+        :raises ZooInputError: a layer KFAC does not factor (an Embedding), named with the fix.
         """
         factors = LayerFactors(self.net, self.layout, x, self._modules)
         root = self._curvature_root(factors.f, noise, y)
@@ -567,12 +562,9 @@ class SubnetworkBNN(ModelFamily):
         return self.likelihood.output_gradient_root(f, y, noise)
 
     def _kronecker_slots(self) -> list[ParameterSlot]:
-        slots = self.whole_tensors()
-        if slots is None:
-            raise ZooInputError("model.selection.strategy", self.spec.selection.strategy, "a Kronecker-factored "
-                                "covariance (guide.covariance: kron) needs whole layers: use strategy all, "
-                                "last_layer or modules, or guide.covariance: full or diag for a selection of weights")
-        return slots
+        if self._whole is None:  # the spec and the Laplace guide refuse such a subnet for kron before any fit
+            raise RuntimeError("Kronecker factors need a subnet of whole tensors (LatentSite.blocks)")
+        return self._whole
 
     def linearised_covariance(self, x: torch.Tensor, covariance: torch.Tensor | list[KroneckerBlock]
                               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -631,6 +623,18 @@ class SubnetworkModelSpec(FamilySection, ModuleChoice):
 
     def build(self, net: nn.Module, priors: dict[str, PriorSection], likelihood: Likelihood) -> SubnetworkBNN:
         return SubnetworkBNN(net, priors, likelihood, self)
+
+
+def _whole_tensors(parts: list[tuple[ParameterSlot, torch.Tensor, torch.Tensor]]) -> list[ParameterSlot] | None:
+    """The tensors of ``layout.split(indices)`` when the indices cover each one whole, in order, one after another;
+    else None."""
+    start = 0
+    for slot, positions, local in parts:
+        in_order = bool((local.diff() == 1).all() and (positions.diff() == 1).all())
+        if len(local) != slot.numel or int(positions[0]) != start or not in_order:
+            return None
+        start += slot.numel
+    return [slot for slot, _, _ in parts] or None
 
 
 def _percent(part: int, whole: int) -> str:
