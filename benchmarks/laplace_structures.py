@@ -10,13 +10,15 @@ Two nets are trained once with plain PyTorch (Adam, weight decay 1e-4; no zoo co
 Then, from the trained weights:
 
 * the zoo at its presets, ``zoo.BNN(net, member=..., family={"map_from": "net"})``: ``last_layer_laplace`` (full
-  covariance over the output layer), the same with ``guide={"covariance": "diag"}`` and ``"kron"``,
-  ``diagonal_laplace`` (diagonal over every weight but the BatchNorm's) and ``kfac_laplace`` (KFAC over the same);
+  covariance over the output layer), the same with ``guide={"covariance": "diag"}``, ``"kron"`` and ``"lowrank"``
+  (rank 10, its default), ``diagonal_laplace`` (diagonal over every weight but the BatchNorm's), ``kfac_laplace`` (KFAC over the
+  same) and ``diagonal_laplace`` with ``guide={"covariance": "lowrank"}`` (rank 10 over the same);
   each at its other defaults (per-layer prior precisions tuned by
   the evidence, the Laplace bridge); the NLL of the same posterior under the probit link is given beside;
 * laplace-torch 0.3 (the optional peer, skipped where it is not installed), ``Laplace(net, "classification",
   subset_of_weights=..., hessian_structure=...)`` for ``last_layer`` x ``full/diag/kron`` and ``all`` x
-  ``diag/kron``, then ``optimize_prior_precision(method="marglik", pred_type="glm", link_approx="probit")`` at its
+  ``diag/kron/lowrank`` (its lowrank needs the asdfghjkl backend, which is not on PyPI: its row records the
+  refusal), then ``optimize_prior_precision(method="marglik", pred_type="glm", link_approx="probit")`` at its
   other defaults, predicting by the GLM's probit, as its docs recommend. Each peer fit runs in a child process
   stopped after ``--peer-timeout`` seconds (its row then says so); a refusal is recorded with its message, a
   child the system killed with how long it ran.
@@ -52,11 +54,15 @@ ZOO_ROWS = {  # row -> (member, subset, structure, overrides of the preset)
                                                 {"guide": {"name": "laplace", "covariance": "diag"}}),
     "zoo last_layer_laplace, covariance kron": ("last_layer_laplace", "last_layer", "kron",
                                                 {"guide": {"name": "laplace", "covariance": "kron"}}),
+    "zoo last_layer_laplace, covariance lowrank": ("last_layer_laplace", "last_layer", "lowrank",
+                                                   {"guide": {"name": "laplace", "covariance": "lowrank"}}),
     "zoo diagonal_laplace": ("diagonal_laplace", "all", "diag", {}),
     "zoo kfac_laplace": ("kfac_laplace", "all", "kron", {}),
+    "zoo diagonal_laplace, covariance lowrank": ("diagonal_laplace", "all", "lowrank",
+                                                 {"guide": {"name": "laplace", "covariance": "lowrank"}}),
 }
 PEER_ROWS = [("last_layer", "full"), ("last_layer", "diag"), ("last_layer", "kron"), ("all", "diag"),
-             ("all", "kron")]
+             ("all", "kron"), ("all", "lowrank")]
 NETS = ("digits", "mnist5k")
 
 

@@ -78,6 +78,7 @@ def test_linearised_outputs_are_f_plus_j_delta(tmp_path):
     family = posterior.family
     shifts = torch.randn(5, len(family.indices), dtype=torch.float64)
     f, J = family.linearise(data.x_test[:7])
+    J = J.dense()
     torch.testing.assert_close(family.linearised_outputs(data.x_test[:7], shifts),
                                f + torch.einsum("bod,sd->sbo", J, shifts))
 
@@ -89,11 +90,13 @@ def test_posterior_variance_is_one_over_ggn_diagonal_plus_prior(base, tmp_path):
     family = posterior.family
     assert len(family.indices) == int(family.layout.selectable().sum())  # strategy all: every weight
     f, J = family.linearise(data.x_train)
+    J = J.dense()
     root = family.likelihood.output_hessian_root(f, family.likelihood.fixed_noise)
     ggn_diagonal = torch.einsum("bpo,bod->bpd", root, J).square().sum((0, 1))
     torch.testing.assert_close(posterior.guide.variance(SITE), 1 / (ggn_diagonal + family.prior_precision))
     mean, cov = posterior.glm_moments(data.x_test[:5])
     f_test, J_test = family.linearise(data.x_test[:5])
+    J_test = J_test.dense()
     torch.testing.assert_close(cov, torch.einsum("bod,bqd,d->boq", J_test, J_test, posterior.guide.variance(SITE)))
     torch.testing.assert_close(mean, f_test)
 
@@ -105,6 +108,7 @@ def test_evidence_is_the_closed_form_and_tuning_maximises_it(tmp_path):
     noise = posterior.guide.point_estimate()["noise_scale"]
     centre = posterior.guide.point_estimate()[SITE]
     f, J = family.linearise(data.x_train)
+    J = J.dense()
     d = J[:, 0].square().sum(0)
     residual = (data.y_train - f[:, 0]).square().sum()
     stats = DiagonalStatistics(diagonal=d, log_likelihood=None, sum_squares=residual, n=data.n_train)

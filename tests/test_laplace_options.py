@@ -38,6 +38,7 @@ def test_empirical_fisher_of_a_gaussian_is_its_squared_residuals_over_sigma_to_t
     family = posterior.family
     noise = posterior.guide.point_estimate()["noise_scale"]
     f, J = family.linearise(data.x_train)
+    J = J.dense()
     residual = data.y_train - f[:, 0]
     fisher = (residual[:, None] * J[:, 0]).square().sum(0) / noise**4
     torch.testing.assert_close(posterior.guide.variance(SITE), 1 / (fisher + family.prior_precision))
@@ -60,7 +61,7 @@ def test_one_prior_precision_per_weight_finds_at_least_the_per_layer_evidence(co
 
 
 def test_refusals():
-    with pytest.raises(ZooInputError, match="empirical Fisher is offered with guide.covariance: diag or kron"):
+    with pytest.raises(ZooInputError, match="empirical Fisher is offered with guide.covariance: diag, kron or lowrank"):
         spec(MOONS, "inference.curvature=ef")  # a full covariance
     with pytest.raises(ZooInputError, match="one prior precision per weight tensor"):
         spec(MOONS, "guide.covariance=kron", "model.selection.strategy=all", "inference.prior_structure=weight")

@@ -1,6 +1,7 @@
-"""Every Laplace structure (full, diag, kron) over every subset (every weight, the last layer, a selected subnetwork)
-on an MLP, a conv net with BatchNorm and a net with LayerNorm, post hoc from the nets' own weights: each fits and
-predicts, ``predict`` and ``evaluate`` give one NLL, and KFAC over a selection of single weights is refused."""
+"""Every Laplace structure (full, diag, kron, lowrank) over every subset (every weight, the last layer, a selected
+subnetwork) on an MLP, a conv net with BatchNorm and a net with LayerNorm, post hoc from the nets' own weights: each
+fits and predicts, ``predict`` and ``evaluate`` give one NLL, and KFAC over a selection of single weights is
+refused."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _rows() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torc
 
 
 @pytest.mark.parametrize("subset", sorted(SUBSETS))
-@pytest.mark.parametrize("covariance", ["full", "diag", "kron"])
+@pytest.mark.parametrize("covariance", ["full", "diag", "kron", "lowrank"])
 @pytest.mark.parametrize("kind", sorted(NET_BUILDERS))
 def test_every_structure_and_subset_fits_and_predicts(kind, covariance, subset):
     import zoo

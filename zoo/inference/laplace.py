@@ -6,18 +6,24 @@ Gauss-Newton matrix (GGN) and Λ the diagonal prior precision. Λ (one value per
 parameter tensor) and, for regression with a learned noise, the noise σ maximise the marginal likelihood of the
 linearised model f_lin(θ) = f + J (θ - θ_MAP), evaluated at that model's own mode θ* (Antorán et al. 2022):
 
-    log Z = log p(y | f_lin(θ*)) - ½ θ*ᵀ Λ θ* + ½ log|Λ| - ½ log|G(θ*) + Λ|
+    log Z = log p(y | f_lin(θ*)) - ½ θ*ᵀ Λ θ* + ½ log|Λ| - ½ log|G + Λ|
 
-For a Gaussian likelihood θ* and log Z are closed-form functions of (Λ, σ), maximised jointly by L-BFGS; for a
-categorical one θ* is found by Newton's method (conjugate gradients on GGN-vector products) and Λ by Newton's method
-on the few groups, in turn.
+with G the GGN at the linearisation point, the posterior's own curvature. For a Gaussian likelihood G does not
+depend on θ, and θ* and log Z are closed-form functions of (Λ, σ), maximised jointly by L-BFGS; for a categorical
+one θ* is found by Newton's method (conjugate gradients on GGN-vector products, no GGN formed) and Λ by Newton's
+method on the few groups, in turn: a minorise-maximise scheme whose evidence never decreases
+(:func:`tune_classification`). (The curvature at θ* itself, G(θ*), would make log Z depend on θ* through the
+determinant too, and the alternation would no longer be guaranteed to climb.)
 
 With a diagonal covariance (``guide.covariance: diag``) only the GGN's diagonal is summed, from the layer factors
 (no Jacobian, no D x D matrix: every weight of a large net), the posterior is N(θ_MAP, diag(1 / (diag G + Λ))) and
 the evidence is evaluated at the MAP (MacKay; laplace-torch's ``hessian_structure='diag'``). With a Kronecker-factored
 one (``guide.covariance: kron``, KFAC) each weight tensor's GGN block is G ⊗ A, an output and an input factor summed
 from the same layer factors; their eigen-decompositions give the posterior (G ⊗ A + δ I)⁻¹ per tensor and the
-evidence at the MAP in closed form (laplace-torch's ``hessian_structure='kron'``).
+evidence at the MAP in closed form (laplace-torch's ``hessian_structure='kron'``). With a low-rank one
+(``guide.covariance: lowrank``) the GGN's leading eigenpairs come from a randomised eigensolver on GGN-vector
+products (forward- and reverse-mode, no Jacobian), the posterior precision is Λ + U E Uᵀ, and the evidence at the
+MAP costs a k x k determinant (laplace-torch's ``hessian_structure='lowrank'``).
 
 Predictions use the linearised net (GLM: closed form for regression, probit, Laplace
 bridge or Monte Carlo for classification) or the net itself at posterior draws; every score of a run uses the one
@@ -39,7 +45,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
 from guides.laplace import LaplaceGuide
-from zoo.curvature import KroneckerBlock, ggn
+from zoo.curvature import KroneckerBlock, LowRankScale, OutputJacobian
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
@@ -59,9 +65,12 @@ LOG_PRECISION_RANGE = (-15.0, 15.0)
 LOG_NOISE_RANGE = (-10.0, 5.0)
 NEWTON_STEPS = 50  # Newton steps of the search for the linearised mode
 CG_STEPS = 200  # conjugate-gradient steps that solve one Newton step
-OUTER_ROUNDS = 5
+OUTER_ROUNDS = 20  # linearised-mode rounds, each one search for θ* (three on the digits MLP's last layer)
 EVIDENCE_TOLERANCE = 1e-2  # nats (a Bayes factor of 1.01): the linearised-mode rounds stop when one gains less
 MODE_TOLERANCE = 1e-10  # the linearised mode is found when a step moves no weight by more than this (relative)
+DECREMENT_TOLERANCE = 1e-12  # ... or when the log joint is within this (relative) of its maximum
+OVERSAMPLING = 10  # lowrank: the sketch's columns beyond the rank kept
+POWER_ITERATIONS = 2  # lowrank: passes of subspace iteration before the Nyström step
 GRID_LOG_PRECISIONS = torch.linspace(math.log(1e-4), math.log(1e4), 21).tolist()  # tune_by: calibration
 NO_CALIBRATION_ROWS = "needs rows held out of training: set data.calibration_fraction (e.g. 0.1), or tune_by: evidence"
 
@@ -88,8 +97,9 @@ class LaplaceSpec(Tempered):
     tune_iterations: PositiveInt = Field(100, description="L-BFGS iterations of the evidence maximisation")
     evidence_at: Literal["linearised_mode", "map"] | None = Field(
         None, description="where the evidence is evaluated: the linearised model's own mode for each prior (Antorán "
-        "et al. 2022), or the MAP of the net (MacKay; Immer et al. 2021); unset: linearised_mode for a full "
-        "covariance, map for a diagonal or Kronecker-factored one (the only place their GGN gives it)")
+        "et al. 2022; with the GGN of the MAP, the posterior's curvature), or the MAP of the net (MacKay; Immer et "
+        "al. 2021); unset: linearised_mode for a full "
+        "covariance, map for a diagonal, Kronecker-factored or low-rank one (the only place their GGN gives it)")
     curvature: Literal["ggn", "ef"] = Field(
         "ggn", description="the likelihood's curvature: ggn, the generalised Gauss-Newton matrix; ef, the empirical "
         "Fisher (each row's loss gradient squared: no second derivative; guide.covariance diag or kron)")
@@ -176,9 +186,9 @@ class LaplacePosterior(GuidePosterior):
         """
         means, covs = [], []
         with torch.no_grad():
-            if self.guide.factored:  # from the layer factors, without J
-                covariance = (self.guide.kronecker_blocks(self.site) if self.guide.covariance == "kron"
-                              else self.guide.variance(self.site))
+            if self.guide.factored:  # from the layer factors (and forward-mode products), without J
+                covariance = {"kron": self.guide.kronecker_blocks, "lowrank": self.guide.low_rank_scale}.get(
+                    self.guide.covariance, self.guide.variance)(self.site)
                 for xc in x.split(self.chunk_size):
                     f, cov = self.family.linearised_covariance(xc, covariance)
                     means.append(f)
@@ -230,7 +240,7 @@ class LaplacePosterior(GuidePosterior):
                     outputs = self.family.linearised_outputs(xc, shift)
                 else:
                     f, J = self.family.linearise(xc)
-                    outputs = f + torch.einsum("bod,sd->sbo", J, shift)
+                    outputs = f + (J @ shift.T).movedim(-1, 0)
                 parts.append(self.family.likelihood.predictive(outputs, draws))
             return PredictiveDraws.concat(parts)
 
@@ -406,15 +416,15 @@ def _bounded(log_value: torch.Tensor, bounds: tuple[float, float]) -> torch.Tens
     return log_value.clamp(*bounds).exp()
 
 
-def _categorical_log_joint(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+def _categorical_log_joint(f: torch.Tensor, J: OutputJacobian, y: torch.Tensor, centre: torch.Tensor,
                            theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     logits = f + J @ (theta - centre)
     return -F.cross_entropy(logits, y.long(), reduction="sum"), logits
 
 
-def _categorical_ggn(f: torch.Tensor, J: torch.Tensor, centre: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """G(θ) of the linearised categorical model: the GGN at the logits f + J (θ - centre) ``[D, D]``."""
-    return ggn(J, categorical_hessian_root(f + J @ (theta - centre)))
+def _categorical_ggn(f: torch.Tensor, J: OutputJacobian) -> torch.Tensor:
+    """The categorical GGN at the MAP's logits ``f`` ``[D, D]``."""
+    return J.ggn(categorical_hessian_root(f))
 
 
 def _preconditioned_cg(apply: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, chol: torch.Tensor,
@@ -444,15 +454,16 @@ def _preconditioned_cg(apply: Callable[[torch.Tensor], torch.Tensor], b: torch.T
     return x
 
 
-def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+def linearised_mode(f: torch.Tensor, J: OutputJacobian, y: torch.Tensor, centre: torch.Tensor,
                     precision: torch.Tensor, start: torch.Tensor | None = None,
-                    curvature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """θ* = argmax log p(y | f + J (θ - centre)) - ½ θᵀ Λ θ of the linearised categorical model, and G(θ*).
+                    preconditioner: torch.Tensor | None = None) -> torch.Tensor:
+    """θ* = argmax log p(y | f + J (θ - centre)) - ½ θᵀ Λ θ of the linearised categorical model.
 
     Newton's method whose steps are solved by conjugate gradients on GGN-vector products (N C D each, where forming a
-    GGN costs N C D²), preconditioned by G at ``start`` + Λ, as roughly as the gradient is large (inexact Newton,
-    Eisenstat & Walker 1996), with a backtracking line search. So the mode costs one
-    GGN however far it is from ``start``: the one at θ* that the evidence needs anyway. At most
+    GGN costs N C D²), preconditioned by the GGN at the MAP + Λ, as roughly as the gradient is large (inexact
+    Newton, Eisenstat & Walker 1996), with a backtracking line search: no GGN is formed. It stops when a step moves no
+    weight by more than :data:`MODE_TOLERANCE` (relative), or once the Newton decrement says the log joint is within
+    :data:`DECREMENT_TOLERANCE` (relative) of its maximum (that last step taken whole), after at most
     :data:`NEWTON_STEPS` steps.
 
     :param f: the net's logits at the MAP ``[N, C]``.
@@ -461,14 +472,14 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
     :param centre: the MAP θ ``[D]``.
     :param precision: the prior precision of each element ``[D]``.
     :param start: where the steps start (None: ``centre``).
-    :param curvature: G at ``start``, when known (None: built).
-    :returns: θ* ``[D]`` and G(θ*) ``[D, D]``.
+    :param preconditioner: the lower Cholesky factor of a matrix near the Hessian G(θ) + Λ (None: of the GGN at
+        the MAP + Λ, built).
+    :returns: θ* ``[D]``.
     """
     theta = (centre if start is None else start).clone()
-    if curvature is None:
-        curvature = _categorical_ggn(f, J, centre, theta)
-    built_at = theta.clone()
-    chol = torch.linalg.cholesky(curvature + torch.diag(precision))
+    chol = preconditioner
+    if chol is None:
+        chol = torch.linalg.cholesky(_categorical_ggn(f, J) + torch.diag(precision))
     onehot = F.one_hot(y.long(), f.shape[1]).to(f)
 
     def loss(value: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -479,17 +490,20 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
     (current, logits), first = loss(theta), None
     for _ in range(NEWTON_STEPS):
         p = logits.softmax(-1)
-        gradient = torch.einsum("bod,bo->d", J, p - onehot) + precision * theta
+        gradient = J.vjp(p - onehot) + precision * theta
         norm = float(gradient.norm())
         first = norm if first is None else first
         forcing = min(0.5, math.sqrt(norm / max(first, 1e-300)))  # inexact Newton: rough steps while far
 
         def hessian_times(v: torch.Tensor, p: torch.Tensor = p) -> torch.Tensor:
             u = J @ v
-            return torch.einsum("bod,bo->d", J, p * u - p * (p * u).sum(-1, keepdim=True)) + precision * v
+            return J.vjp(p * u - p * (p * u).sum(-1, keepdim=True)) + precision * v
 
         step = _preconditioned_cg(hessian_times, gradient, chol, max(forcing, 1e-12))
         slope, size = float(gradient @ step), 1.0
+        if slope < 2 * DECREMENT_TOLERANCE * (1 + abs(current)):  # ½ gᵀH⁻¹g: what the mode would still gain
+            theta = theta - step
+            break
         while size > 1e-10:
             trial = theta - size * step
             value, trial_logits = loss(trial)
@@ -499,14 +513,18 @@ def linearised_mode(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: t
         theta, current, logits = trial, value, trial_logits
         if size * float(step.abs().max()) < MODE_TOLERANCE * (1 + float(theta.abs().max())):
             break
-    if float((theta - built_at).abs().max()) > MODE_TOLERANCE * (1 + float(theta.abs().max())):
-        curvature = _categorical_ggn(f, J, centre, theta)
-    return theta, curvature
+    return theta
 
 
-def _occam(precision: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor) -> torch.Tensor:
-    """The prior's part of log Z: -½ θᵀΛθ + ½ log|Λ| - ½ log|G + Λ|."""
-    return _occam_from_cholesky(precision, theta, torch.linalg.cholesky(curvature + torch.diag(precision)))
+def _occam(precision: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor,
+           eigenvalues: torch.Tensor | None = None) -> torch.Tensor:
+    """The prior's part of log Z: -½ θᵀΛθ + ½ log|Λ| - ½ log|G + Λ| (with G's ``eigenvalues``, for a precision
+    shared by every weight, without a Cholesky factorisation)."""
+    if eigenvalues is None:
+        return _occam_from_cholesky(precision, theta, torch.linalg.cholesky(curvature + torch.diag(precision)))
+    shared = precision[0]
+    return (-0.5 * shared * theta @ theta + 0.5 * len(theta) * shared.log()
+            - 0.5 * (eigenvalues + shared).log().sum())
 
 
 def _occam_from_cholesky(precision: torch.Tensor, theta: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
@@ -540,20 +558,52 @@ def occam_derivatives(log_precision: torch.Tensor, group_index: torch.Tensor, th
     return value, gradient, hessian
 
 
+def _occam_of(group_index: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor, groups: int,
+              eigenvalues: torch.Tensor | None = None
+              ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """ℓ -> the Occam factor with its gradient and Hessian at fixed θ and G (:func:`occam_derivatives`). One
+    precision λ over every weight needs only G's eigenvalues e (one ``eigvalsh``, then O(D) per ℓ, where each
+    :func:`occam_derivatives` takes a Cholesky factorisation and an inverse):
+
+        φ = -½ λ θᵀθ + ½ D log λ - ½ Σ log(e_i + λ),
+        ∂φ/∂ℓ = ½ (D - λ θᵀθ - λ Σ 1/(e_i + λ)),
+        ∂²φ/∂ℓ² = ½ λ² Σ 1/(e_i + λ)² - ½ λ (θᵀθ + Σ 1/(e_i + λ)).
+    """
+    if groups > 1:
+        return lambda log_precision: occam_derivatives(log_precision, group_index, theta, curvature)
+    if eigenvalues is None:
+        eigenvalues = torch.linalg.eigvalsh(curvature).clamp_min(0)
+    squares, size = theta @ theta, len(theta)
+
+    def derivatives(log_precision: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        precision = log_precision.exp()
+        inverse = 1 / (eigenvalues + precision)
+        value = -0.5 * precision * squares + 0.5 * size * log_precision - 0.5 * (eigenvalues + precision).log().sum()
+        trace = inverse.sum()
+        gradient = 0.5 * (size - precision * squares - precision * trace)
+        hessian = 0.5 * precision**2 * inverse.square().sum() - 0.5 * precision * (squares + trace)
+        return value[0], gradient, hessian[:, None]
+
+    return derivatives
+
+
 def maximise_occam(log_precision: torch.Tensor, group_index: torch.Tensor, theta: torch.Tensor,
-                   curvature: torch.Tensor, iterations: int) -> None:
+                   curvature: torch.Tensor, iterations: int, eigenvalues: torch.Tensor | None = None) -> None:
     """Maximise the Occam factor over the groups' log precisions at fixed θ and G, in place: Newton's method on the
     few groups (one Cholesky and one inverse of G + Λ per step, where a quasi-Newton search takes several
-    Cholesky factorisations and their backward passes), with a backtracking line search and a gradient step where
-    the Hessian is not negative definite; the log precisions stay in :data:`LOG_PRECISION_RANGE`.
+    Cholesky factorisations and their backward passes; one eigen-decomposition in all for a single precision), with
+    a backtracking line search and a gradient step where the Hessian is not negative definite; the log precisions
+    stay in :data:`LOG_PRECISION_RANGE`.
 
     :param log_precision: ℓ ``[G]``, updated in place.
     :param group_index: each element's group ``[D]``.
     :param theta: θ ``[D]``.
     :param curvature: G ``[D, D]``.
     :param iterations: the most Newton steps.
+    :param eigenvalues: G's eigenvalues, when known (used for a single precision; None: computed).
     """
-    value, gradient, hessian = occam_derivatives(log_precision, group_index, theta, curvature)
+    occam = _occam_of(group_index, theta, curvature, len(log_precision), eigenvalues)
+    value, gradient, hessian = occam(log_precision)
     for _ in range(iterations):
         try:
             direction = -torch.linalg.solve(hessian, gradient)
@@ -565,7 +615,7 @@ def maximise_occam(log_precision: torch.Tensor, group_index: torch.Tensor, theta
         while step > 1e-6:
             trial = (log_precision + step * direction).clamp(*LOG_PRECISION_RANGE)
             moved = trial - log_precision
-            found = occam_derivatives(trial, group_index, theta, curvature)
+            found = occam(trial)
             if float(found[0]) >= float(value) + 1e-4 * float(gradient @ moved):
                 break
             step /= 2
@@ -577,10 +627,12 @@ def maximise_occam(log_precision: torch.Tensor, group_index: torch.Tensor, theta
             return
 
 
-def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
-                         precision: torch.Tensor, at_map: bool, start: torch.Tensor | None = None,
-                         curvature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """log Z of the linearised categorical model at its mode θ* (or at the MAP), with θ and G(θ).
+def categorical_evidence(f: torch.Tensor, J: OutputJacobian, y: torch.Tensor, centre: torch.Tensor,
+                         precision: torch.Tensor, at_map: bool, curvature: torch.Tensor,
+                         start: torch.Tensor | None = None, preconditioner: torch.Tensor | None = None,
+                         eigenvalues: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log Z of the linearised categorical model at its mode θ* (or at the MAP), with the GGN of the linearisation
+    point (the MAP's, the posterior's curvature), and θ.
 
     :param f: the net's logits at the MAP ``[N, C]``.
     :param J: their Jacobian ``[N, C, D]``.
@@ -588,31 +640,35 @@ def categorical_evidence(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, cent
     :param centre: the MAP θ ``[D]``.
     :param precision: the prior precision of each element ``[D]``.
     :param at_map: evaluate at the MAP instead of at the linearised mode.
+    :param curvature: the GGN at the MAP ``[D, D]``.
     :param start: where the search for θ* starts (None: ``centre``); unused at the MAP.
-    :param curvature: G at ``start`` (at the MAP: G there), when known (None: built).
-    :returns: log Z, θ ``[D]`` and the GGN G(θ) ``[D, D]``.
+    :param preconditioner: for the search (:func:`linearised_mode`; None: built from ``curvature``).
+    :param eigenvalues: ``curvature``'s, for a precision shared by every weight (None: a Cholesky factorisation).
+    :returns: log Z and θ ``[D]``.
     """
     if at_map:
         theta = centre
-        curvature = _categorical_ggn(f, J, centre, centre) if curvature is None else curvature
     else:
-        theta, curvature = linearised_mode(f, J, y, centre, precision, start, curvature)
+        if preconditioner is None:
+            preconditioner = torch.linalg.cholesky(curvature + torch.diag(precision))
+        theta = linearised_mode(f, J, y, centre, precision, start, preconditioner)
     log_lik, _ = _categorical_log_joint(f, J, y, centre, theta)
-    return log_lik + _occam(precision, theta, curvature), theta, curvature
+    return log_lik + _occam(precision, theta, curvature, eigenvalues), theta
 
 
-def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centre: torch.Tensor,
+def tune_classification(f: torch.Tensor, J: OutputJacobian, y: torch.Tensor, centre: torch.Tensor,
                         group_index: torch.Tensor, log_precision: torch.Tensor, iterations: int,
                         at_map: bool, curvature: torch.Tensor | None = None) -> torch.Tensor:
-    """Maximise log Z over the group precisions: at the MAP, :func:`maximise_occam` at θ = MAP and its G; at the
-    linearised mode, rounds that alternate θ*, G(θ*) and the precisions, keeping the best log Z.
+    """Maximise log Z over the group precisions: at the MAP, :func:`maximise_occam` at θ = MAP; at the linearised
+    mode, rounds that alternate θ* and the precisions.
 
-    The rounds start from the precisions that maximise the evidence at the MAP (cheap: G there is known). Each round
-    proposes the precisions that maximise log Z at the last θ* and G (the proposal ignores how G moves with θ*, so it
-    can lose evidence) and scores them exactly, at their own θ* and G(θ*): one GGN per round. The rounds end when a
-    round gains less than :data:`EVIDENCE_TOLERANCE`, after at most :data:`OUTER_ROUNDS`. (Where the data do not
-    need a group, log Z flattens out as its precision grows without end: the rounds stop on the evidence, not on
-    the precisions.)
+    The linearised mode's log Z(Λ) = max_θ [log p(y | f_lin(θ)) - ½ θᵀΛθ] + ½ log|Λ| - ½ log|G + Λ| (G at the
+    linearisation point) is bounded below by the same expression at any fixed θ, with equality at θ*(Λ). So each
+    round maximises that bound at the last θ* over the precisions (:func:`maximise_occam`, exact: the bound's
+    gradient is log Z's there) and then finds the new θ*: a minorise-maximise scheme whose log Z never decreases
+    (Hunter & Lange 2004), with no GGN beyond the MAP's. The rounds start from the precisions that maximise the
+    evidence at the MAP and end when one gains less than :data:`EVIDENCE_TOLERANCE`, after at most
+    :data:`OUTER_ROUNDS`.
 
     :param f: the net's logits at the MAP ``[N, C]``.
     :param J: their Jacobian ``[N, C, D]``.
@@ -627,18 +683,21 @@ def tune_classification(f: torch.Tensor, J: torch.Tensor, y: torch.Tensor, centr
     :returns: the best log Z, whose precisions ``log_precision`` holds.
     """
     if curvature is None:
-        curvature = _categorical_ggn(f, J, centre, centre)
-    maximise_occam(log_precision, group_index, centre, curvature, iterations)
-    log_z, theta, curvature = categorical_evidence(f, J, y, centre, log_precision.exp()[group_index], at_map,
-                                                   centre, curvature)
+        curvature = _categorical_ggn(f, J)
+    eigenvalues = torch.linalg.eigvalsh(curvature).clamp_min(0) if len(log_precision) == 1 else None
+    maximise_occam(log_precision, group_index, centre, curvature, iterations, eigenvalues)
+    precision = log_precision.exp()[group_index]
+    # one preconditioner for every round's search: G + Λ at the first precisions
+    chol = None if at_map else torch.linalg.cholesky(curvature + torch.diag(precision))
+    log_z, theta = categorical_evidence(f, J, y, centre, precision, at_map, curvature, None, chol, eigenvalues)
     if at_map:
         return log_z
     best = (log_z, log_precision.clone())
     for _ in range(OUTER_ROUNDS):
         proposal = log_precision.clone()
-        maximise_occam(proposal, group_index, theta, curvature, iterations)
-        log_z, theta, curvature = categorical_evidence(f, J, y, centre, proposal.exp()[group_index], False, theta,
-                                                       curvature)
+        maximise_occam(proposal, group_index, theta, curvature, iterations, eigenvalues)
+        log_z, theta = categorical_evidence(f, J, y, centre, proposal.exp()[group_index], False, curvature, theta,
+                                            chol, eigenvalues)
         gain = float(log_z - best[0])
         log_precision.copy_(proposal)
         if gain > 0:
@@ -814,6 +873,61 @@ class KroneckerStatistics(MapStatistics):
                                                   self.input_bases, self.starts, strict=True)]
 
 
+@dataclass
+class LowRankStatistics(MapStatistics):
+    """The GGN's k leading eigenpairs over every training row at the MAP (and :class:`MapStatistics`'s sums): the
+    posterior precision is Λ + U E Uᵀ (laplace-torch's ``hessian_structure='lowrank'``).
+
+    :param eigenvalues: E ``[k]`` (a Gaussian likelihood's at σ = 1: they scale as 1/σ^noise_power).
+    :param basis: U, orthonormal ``[D, k]``.
+    :param log_likelihood: as in :class:`MapStatistics`.
+    :param sum_squares: as in :class:`MapStatistics`.
+    :param n: as in :class:`MapStatistics`.
+    :param noise_power: as in :class:`MapStatistics`.
+    """
+
+    eigenvalues: torch.Tensor
+    basis: torch.Tensor
+    what: ClassVar[str] = "GGN's leading eigenpairs"
+
+    def curvature_tensors(self) -> list[torch.Tensor]:
+        return [self.eigenvalues, self.basis]
+
+    def _root(self, precision: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """W = Λ^-½ U E^½ at a noise level ``[D, k]``: Λ + U E Uᵀ = Λ^½ (I + W Wᵀ) Λ^½."""
+        scale = 1.0 if noise is None else noise**-self.noise_power
+        return self.basis * (self.eigenvalues * scale).sqrt() / precision.sqrt()[:, None]
+
+    def evidence(self, precision: torch.Tensor, centre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """log Z at the MAP under the low-rank GGN (differentiable in the precisions ``[D]`` and σ); by the matrix
+        determinant lemma, log|Λ + U E Uᵀ| = log|Λ| + log|I_k + Wᵀ W|:
+
+            log p(y | f_MAP) - ½ θᵀΛθ - ½ log|I_k + Wᵀ W|.
+
+        :param precision: each element's prior precision ``[D]``.
+        :param centre: the MAP θ ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :returns: log Z.
+        """
+        root = self._root(precision, noise)
+        inner = torch.eye(root.shape[1], dtype=root.dtype, device=root.device) + root.T @ root
+        return (self.map_log_likelihood(noise) - 0.5 * (precision * centre**2).sum()
+                - 0.5 * _logdet_from_cholesky(torch.linalg.cholesky(inner)))
+
+    def posterior_scale(self, precision: torch.Tensor, noise: torch.Tensor | None,
+                        temperature: float) -> LowRankScale:
+        """The posterior (Λ + U E Uᵀ)⁻¹, tempered, as the guide holds it.
+
+        :param precision: each element's prior precision ``[D]``.
+        :param noise: the Gaussian noise σ (None: categorical).
+        :param temperature: T of the tempered posterior (its covariance times T).
+        :returns: its scale.
+        """
+        q, r = torch.linalg.qr(self._root(precision, noise))
+        spread, rotation = torch.linalg.eigh(r @ r.T)
+        return LowRankScale((temperature / precision).sqrt(), q @ rotation, (1 + spread.clamp_min(0)).rsqrt() - 1)
+
+
 # ------------------------------------------------------------------------------------------ the fit
 @dataclass
 class _Prior:
@@ -835,7 +949,7 @@ class _Rows:
 
     stats: GaussianStatistics | None
     fs: list[torch.Tensor]
-    Js: list[torch.Tensor]
+    Js: list[OutputJacobian]
     targets: torch.Tensor  # every row's, in the order their Jacobians were stored
 
 
@@ -884,15 +998,15 @@ def _linearise_rows(fit: FitContext, centre: torch.Tensor) -> _Rows:
                             f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")
     for xc, yc in data.train_chunks(fit.spec.chunk_size):
         f, J = fit.family.linearise(xc)
-        f, J = f.double(), J.double()
+        f, J = f.double(), J.to(torch.float64)
         if store:
             fs.append(f)
             Js.append(J)
             ys.append(yc)
         else:
-            pseudo = yc.double() - f[:, 0] + J[:, 0] @ centre
-            stats.gram += J[:, 0].T @ J[:, 0]
-            stats.cross += J[:, 0].T @ pseudo
+            pseudo = yc.double() - f[:, 0] + (J @ centre)[:, 0]
+            stats.gram += J.ggn(f.new_ones(len(f), 1, 1))  # Jᵀ J of the one output
+            stats.cross += J.vjp(pseudo[:, None])
             stats.sum_squares += pseudo @ pseudo
     return _Rows(stats, fs, Js, torch.cat(ys) if ys else data.y_train)
 
@@ -915,10 +1029,10 @@ def _tune_prior(spec: LaplaceSpec, prior: _Prior, rows: _Rows,
             log_z = rows.stats.mode_and_evidence(prior.log_precision.exp()[prior.group_index], prior.log_noise.exp())[1]
         return log_z, rows.stats.gram / prior.log_noise.exp() ** 2
     at_map = spec.evidence_at == "map"
-    f_all, J_all = torch.cat(rows.fs), torch.cat(rows.Js)
+    f_all, J_all = torch.cat(rows.fs), type(rows.Js[0]).concat(rows.Js)
     rows.fs.clear()  # one copy of the stored Jacobian, not two
     rows.Js.clear()
-    at_centre = ggn(J_all, categorical_hessian_root(f_all))  # the GGN at the MAP: the posterior's and a start
+    at_centre = _categorical_ggn(f_all, J_all)  # the GGN at the MAP: the posterior's and the evidence's
     if grid is not None:
         grid(at_centre)
     if by_evidence:
@@ -1000,6 +1114,51 @@ def _kronecker_statistics(fit: FitContext, prior: _Prior) -> KroneckerStatistics
                                **_fit_sums(fit, fit_term))
 
 
+def _low_rank_statistics(fit: FitContext, prior: _Prior) -> LowRankStatistics:
+    """The GGN's leading eigenpairs over every training row by a randomised Nyström approximation (Halko, Martinsson
+    & Tropp 2011; Tropp et al. 2017): a Gaussian sketch of width rank + :data:`OVERSAMPLING`, refined by
+    :data:`POWER_ITERATIONS` passes of subspace iteration, then the stable Nyström factorisation of G on it. Each
+    pass is one GGN-matrix product over the rows, by forward- and reverse-mode products (``chunk_size`` rows at a
+    time; no Jacobian, no D x D matrix); the first also sums the MAP's log-likelihood. The sketch is drawn from the
+    run's seed, so a fit is reproducible."""
+    family, data, centre = fit.family, fit.data, prior.centre
+    rank = fit.guide.low_rank_scale(gaussian_site(fit.guide)).basis.shape[1]
+    width = min(len(centre), rank + OVERSAMPLING)
+    check_size_fits("guide.rank", rank, 8 * 6 * len(centre) * width, "give a lower guide.rank, or use "
+                    "guide.covariance: diag or kron", f"a sketch of {width} directions over {len(centre):,} weights "
+                    "and its products")
+    generator = torch.Generator().manual_seed(fit.seed)
+    sketch = torch.linalg.qr(torch.randn(len(centre), width, generator=generator, dtype=torch.float64)).Q
+    fit_term = centre.new_zeros(())
+
+    def times(block: torch.Tensor, first: bool = False) -> torch.Tensor:
+        nonlocal fit_term
+        out = torch.zeros_like(block)
+        for xc, yc in data.train_chunks(fit.spec.chunk_size):
+            f, product = family.curvature_times(xc, block.T.to(device=xc.device, dtype=xc.dtype).contiguous(), 1.0,
+                                                yc if fit.spec.curvature == "ef" else None)
+            out += product.T.to(out)
+            if first:
+                fit_term = fit_term + _fit_term(f, yc, family.likelihood.gaussian).to(fit_term)
+        return out
+
+    for step in range(POWER_ITERATIONS):
+        sketch = torch.linalg.qr(times(sketch, first=step == 0)).Q
+    product = times(sketch, first=POWER_ITERATIONS == 0)
+    # Nyström: G ≈ Y (Ωᵀ Y)⁺ Yᵀ for Y = G Ω. The products are as precise as the net's dtype, so the core's
+    # directions below that precision (G's null space: e.g. a shift common to every logit) are dropped.
+    core = sketch.T @ product
+    spread, rotation = torch.linalg.eigh(0.5 * (core + core.T))
+    kept = spread > width * torch.finfo(data.dtype).eps * float(spread.abs().max())
+    factor = product @ (rotation[:, kept] * spread[kept].rsqrt())  # G ≈ factor factorᵀ
+    basis, singular, _ = torch.linalg.svd(factor, full_matrices=False)
+    eigenvalues, basis = singular.square()[:rank], basis[:, :rank]
+    if len(eigenvalues) < rank:  # G has fewer directions than the rank: the rest add nothing to the prior
+        eigenvalues = torch.cat([eigenvalues, eigenvalues.new_zeros(rank - len(eigenvalues))])
+        basis = torch.linalg.qr(torch.cat([basis, sketch], 1)).Q[:, :rank]
+    return LowRankStatistics(eigenvalues=eigenvalues, basis=basis, **_fit_sums(fit, fit_term))
+
+
 def _fit_sums(fit: FitContext, fit_term: torch.Tensor) -> dict:
     """:class:`MapStatistics`'s fields from the summed fit term: where it goes for the likelihood, the rows, and how
     the curvature scales with σ (1/σ² for the GGN, 1/σ⁴ for the empirical Fisher)."""
@@ -1046,7 +1205,9 @@ def _factored_laplace(fit: FitContext, prior: _Prior,
     """The diagonal or Kronecker-factored fit: its curvature summed at the MAP (no D x D matrix), the prior (and
     noise) tuned by the closed-form evidence at the MAP or by the calibration rows' grid, and log Z, each element's
     prior precision and the posterior's scale as the guide holds it (tempered)."""
-    stats = (_kronecker_statistics if fit.guide.covariance == "kron" else _diagonal_statistics)(fit, prior)
+    summed = {"kron": _kronecker_statistics, "lowrank": _low_rank_statistics}.get(fit.guide.covariance,
+                                                                                  _diagonal_statistics)
+    stats = summed(fit, prior)
     if not stats.finite:
         raise TrainingDiverged(f"laplace: the {stats.what} or the MAP's log-likelihood are not finite: the MAP net's "
                                "outputs overflow or are NaN on some training rows; check the net's weights and inputs")
@@ -1081,8 +1242,12 @@ def _set_posterior(fit: FitContext, site: str, prior: _Prior, precision: torch.T
     """Set the guide's Gaussian (its scale_tril, its standard deviations for a diagonal one, or its blocks for a
     Kronecker-factored one), a learned noise and the family's prior precision, in the data's dtype."""
     dtype = fit.data.dtype
-    scale = ([KroneckerBlock(*(part.to(dtype) for part in block)) for block in scale] if isinstance(scale, list)
-             else scale.to(dtype))
+    if isinstance(scale, LowRankScale):
+        scale = LowRankScale(*(part.to(dtype) for part in scale))
+    elif isinstance(scale, list):
+        scale = [KroneckerBlock(*(part.to(dtype) for part in block)) for block in scale]
+    else:
+        scale = scale.to(dtype)
     fit.guide.set_gaussian(site, prior.centre.to(dtype), scale)
     fit.family.set_hyperparameters({"prior_precision": precision.to(dtype)})
     if prior.learned_noise:
@@ -1116,9 +1281,10 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     :param fit: the fit's :class:`~zoo.inference.base.FitContext`, read as follows. ``family``: the linearisable family,
         its net at the MAP; its prior precision is set to the tuned one; ``guide``: the Laplace guide, its point
         estimate at the MAP; its Gaussian (and a learned noise) is set in place; ``data``: the data set; the GGN is
-        summed over every training row; ``spec``: the run's ``inference`` section; ``seed``: unused (the fit is
-        deterministic); ``run_dir``: where ``checkpoint.pt`` is written; None writes nothing; ``resume``: load a
-        checkpoint ``run_dir`` already holds instead of refitting; ``log``: the run's log (None: no messages);
+        summed over every training row; ``spec``: the run's ``inference`` section; ``seed``: draws a low-rank fit's
+        sketch (the other fits are deterministic); ``run_dir``: where ``checkpoint.pt`` is written; None writes
+        nothing; ``resume``: load a checkpoint ``run_dir`` already holds instead of refitting; ``log``: the run's log
+        (None: no messages);
         ``progress``: unused (no progress bar); ``monitor``: scores the posterior once, at the end (None: no
         scoring).
     :returns: the tuned prior precision and noise, the evidence, the wall time and the posterior.
@@ -1150,7 +1316,7 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     return result
 
 
-_STRUCTURE_NAMES = {"diag": "diagonal", "kron": "Kronecker-factored"}
+_STRUCTURE_NAMES = {"diag": "diagonal", "kron": "Kronecker-factored", "lowrank": "low-rank"}
 
 
 class Laplace(InferenceMethod):
@@ -1183,7 +1349,8 @@ class Laplace(InferenceMethod):
                "evaluates the evidence at the MAP only: use inference.evidence_at: map (or leave it out), or "
                "guide.covariance: full")
         refuse(covariance == "full" and inference.curvature == "ef", "inference.curvature", "ef",
-               "the empirical Fisher is offered with guide.covariance: diag or kron; a full covariance takes the GGN "
+               "the empirical Fisher is offered with guide.covariance: diag, kron or lowrank; a full covariance "
+               "takes the GGN "
                "(its evidence at the linearised mode is the GGN's): use inference.curvature: ggn")
         refuse(inference.tune_by == "calibration" and getattr(run_spec.data, "calibration_fraction", None) == 0,
                "inference.tune_by", "calibration", NO_CALIBRATION_ROWS)
@@ -1206,7 +1373,7 @@ class Laplace(InferenceMethod):
 
     def complete(self, tree: dict) -> dict:
         """``evidence_at`` left out (or null) becomes the structure's own: the linearised mode for a full covariance,
-        the MAP for a diagonal or Kronecker-factored one (the only place their GGN gives it).
+        the MAP for a diagonal, Kronecker-factored or low-rank one (the only place their GGN gives it).
 
         :param tree: the spec as a dict, before validation.
         :returns: the tree with ``inference.evidence_at`` written out.

@@ -25,6 +25,7 @@ from zoo.parts import Strict
 from zoo.sites import LatentSite
 
 if TYPE_CHECKING:
+    from zoo.curvature import OutputJacobian
     from zoo.data.base import Dataset
     from zoo.likelihoods import Likelihood, PredictiveDraws
     from zoo.priors import PriorSection
@@ -177,11 +178,11 @@ class ModelFamily(ABC):
         if values:
             raise ValueError(f"{type(self).__name__} tunes no hyperparameters, but was given {sorted(values)}")
 
-    def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, OutputJacobian]:
         """The net's outputs and their Jacobian with respect to the latent weights, at the point estimate.
 
         :param x: inputs ``[B, D]``.
-        :returns: ``f [B, O]`` and ``J [B, O, D_latent]``.
+        :returns: ``f [B, O]`` and ``J [B, O, D_latent]`` as a linear map (``J.dense()`` is the tensor).
         :raises NotImplementedError: a family that is not linearisable (its section's ``linearisable``).
         """
         raise NotImplementedError(f"{type(self).__name__} does not linearise its net")

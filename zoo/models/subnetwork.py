@@ -27,7 +27,14 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from guides.delta import DeltaGuide
-from zoo.curvature import KroneckerBlock, LayerFactors, ParameterLayout, ParameterSlot
+from zoo.curvature import (
+    KroneckerBlock,
+    LayerFactors,
+    LowRankScale,
+    OutputJacobian,
+    ParameterLayout,
+    ParameterSlot,
+)
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
@@ -518,10 +525,11 @@ class SubnetworkBNN(ModelFamily):
         return fn.log_prob(y)
 
     # -- linearisation (what the Laplace method needs) ---------------------------------------------------
-    def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MAP net's outputs ``f [B, O]`` and their Jacobian with respect to the subnet ``J [B, O, D]``."""
+    def linearise(self, x: torch.Tensor) -> tuple[torch.Tensor, OutputJacobian]:
+        """The MAP net's outputs ``f [B, O]`` and their Jacobian with respect to the subnet ``J [B, O, D]``, as a
+        linear map: factored when the subnet is whole Linear layers (``last_layer``, ``modules``), else dense."""
         factors = LayerFactors(self.net, self.layout, x, self._modules)
-        return factors.f, factors.jacobian(self.layout, self._require_structure())
+        return factors.f, factors.output_jacobian(self.layout, self._require_structure(), self._whole)
 
     def diagonal_ggn(self, x: torch.Tensor, noise: torch.Tensor | float | None,
                      y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -566,17 +574,52 @@ class SubnetworkBNN(ModelFamily):
             raise RuntimeError("Kronecker factors need a subnet of whole tensors (LatentSite.blocks)")
         return self._whole
 
-    def linearised_covariance(self, x: torch.Tensor, covariance: torch.Tensor | list[KroneckerBlock]
+    def linearised_covariance(self, x: torch.Tensor, covariance: torch.Tensor | list[KroneckerBlock] | LowRankScale
                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The MAP net's outputs ``f [B, O]`` and the covariance ``J Σ Jᵀ [B, O, O]`` of the linearised net's outputs,
-        from the layer factors (no Jacobian is formed), for Σ diagonal (the variances ``[D]``) or Kronecker-factored
-        (one :class:`~zoo.curvature.KroneckerBlock` per parameter tensor of the subnet).
+        from the layer factors (no Jacobian is formed), for Σ diagonal (the variances ``[D]``), Kronecker-factored
+        (one :class:`~zoo.curvature.KroneckerBlock` per parameter tensor of the subnet) or low-rank
+        (:class:`~zoo.curvature.LowRankScale`: the diagonal part from the factors, the rank-k part by k forward-mode
+        products).
         """
+        if isinstance(covariance, LowRankScale):
+            f, diagonal_part = self.linearised_covariance(x, covariance.prior_scale.square())
+            directions = (covariance.prior_scale[:, None] * covariance.basis).T  # the columns of S - diag(scale)
+            moved = self.linearised_outputs(x, directions.to(f.dtype)) - f  # J diag(scale) basis: [k, B, O]
+            weights = covariance.covariance_weights().to(f.dtype)
+            return f, diagonal_part + torch.einsum("kbo,k,kbp->bop", moved, weights, moved)
         factors = LayerFactors(self.net, self.layout, x, self._modules)
         if isinstance(covariance, list):
             return factors.f, factors.kronecker_output_covariance(self._kronecker_slots(), covariance)
         flat = covariance.new_zeros(self.layout.size).index_copy(0, self._require_structure(), covariance)
         return factors.f, factors.output_covariance(self.layout, flat)
+
+    def curvature_times(self, x: torch.Tensor, vectors: torch.Tensor, noise: torch.Tensor | float | None,
+                        y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP net's outputs ``f [B, O]`` and the subnet's GGN over these rows (with targets ``y``: the empirical
+        Fisher) times S vectors, Σ_b J_bᵀ R_bᵀ R_b J_b v, by one forward-mode and one reverse-mode product per vector
+        (no Jacobian is formed: what a low-rank Laplace over every weight of a large net needs).
+
+        :param x: inputs ``[B, ...]``.
+        :param vectors: ``[S, D]``.
+        :param noise: a Gaussian likelihood's noise σ (None otherwise).
+        :param y: the rows' targets, for the empirical Fisher (None: the GGN).
+        :returns: ``f`` and the products ``[S, D]``.
+        """
+        indices = self._require_structure()
+        centre = nn.utils.parameters_to_vector(self.net.parameters()).detach()[indices]
+        moved_and_f = self.linearised_outputs(x, torch.cat([vectors, torch.zeros_like(vectors[:1])])).detach()
+        f, moved = moved_and_f[-1], moved_and_f[:-1] - moved_and_f[-1]  # f, and J v per vector
+        root = self._curvature_root(f, noise, y)  # [B, K, O]
+        weighted = torch.einsum("bko,bkp,sbp->sbo", root, root, moved)
+
+        def outputs(subnet: torch.Tensor) -> torch.Tensor:
+            weights = {name: w[0] for name, w in self.weights(subnet[None]).items()}
+            return torch.func.functional_call(self.net, weights, (x,))
+
+        with evaluation_mode(self.net), torch.enable_grad():
+            _, pullback = torch.func.vjp(outputs, centre)
+            return f, torch.func.vmap(pullback)(weighted)[0].detach()
 
     def linearised_outputs(self, x: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
         """The linearised net f + J δ at S subnet shifts δ ``[S, D]`` from the MAP: ``[S, B, O]``, by forward-mode
