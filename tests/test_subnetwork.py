@@ -611,3 +611,15 @@ def test_post_hoc_laplace_of_a_net_with_a_learned_noise_starts_it_at_the_residua
     site = bnn.family.likelihood.noise_site
     assert float(bnn.family.map_values[site]) == pytest.approx(residual_rms, rel=1e-5)
     assert math.isfinite(bnn.metrics["test_ll"])
+
+
+def test_the_stored_jacobian_is_bounded_by_what_it_holds(tmp_path, monkeypatch):
+    """The classification Laplace keeps every row's Jacobian: over a selection of single weights it is dense and
+    refused above MAX_STORED_JACOBIAN numbers (60 rows x 2 outputs x 12 weights = 1,440 here); a last layer kept as
+    its factors holds 60 x (2 x 2 + 6) + 60 x (2 x 2 + 1) = 900 and fits under the same bound."""
+    import zoo.inference.laplace as laplace
+
+    monkeypatch.setattr(laplace, "MAX_STORED_JACOBIAN", 1_000)
+    with pytest.raises(ZooInputError, match="1,440 numbers here"):
+        _fitted(MOONS, tmp_path / "selection")
+    _fitted(MOONS, tmp_path / "last_layer", "model.selection.strategy=last_layer")

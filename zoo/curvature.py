@@ -545,6 +545,13 @@ class OutputJacobian(ABC):
         """
 
     @abstractmethod
+    def numel(self) -> int:
+        """The numbers it holds.
+
+        :returns: their count.
+        """
+
+    @abstractmethod
     def to(self, dtype: torch.dtype) -> OutputJacobian:
         """The same Jacobian in another dtype.
 
@@ -582,6 +589,9 @@ class DenseJacobian(OutputJacobian):
 
     def dense(self) -> torch.Tensor:
         return self.tensor
+
+    def numel(self) -> int:
+        return self.tensor.numel()
 
     def to(self, dtype: torch.dtype) -> DenseJacobian:
         return DenseJacobian(self.tensor.to(dtype))
@@ -636,6 +646,9 @@ class FactoredJacobian(OutputJacobian):
 
     def dense(self) -> torch.Tensor:
         return torch.cat([(g[:, :, :, None] * h[:, None, None, :]).flatten(2) for g, h in self.parts], dim=2)
+
+    def numel(self) -> int:
+        return sum(g.numel() + h.numel() for g, h in self.parts)
 
     def to(self, dtype: torch.dtype) -> FactoredJacobian:
         return FactoredJacobian([(g.to(dtype), h.to(dtype)) for g, h in self.parts])

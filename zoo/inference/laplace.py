@@ -983,7 +983,8 @@ def _linearise_rows(fit: FitContext, centre: torch.Tensor) -> _Rows:
     """Linearise the net at the MAP over every training row, ``chunk_size`` rows at a time (streamed from a loader
     where the rows are): sums over rows for a Gaussian likelihood, every row's f and J otherwise.
 
-    :raises ZooInputError: when a classification Jacobian would exceed :data:`MAX_STORED_JACOBIAN` numbers.
+    :raises ZooInputError: when a classification Jacobian would exceed :data:`MAX_STORED_JACOBIAN` numbers (from
+        the first chunk's, before the rest are built).
     """
     data = fit.data
     D, n = len(centre), data.n_train
@@ -993,12 +994,14 @@ def _linearise_rows(fit: FitContext, centre: torch.Tensor) -> _Rows:
     if not store:
         stats = GaussianStatistics(centre.new_zeros(D, D), centre.new_zeros(D), centre.new_zeros(()), n,
                                    at=centre if fit.spec.evidence_at == "map" else None)
-    if store and n * data.out_dim * D > MAX_STORED_JACOBIAN:
-        raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
-                            f"{n:,} rows in memory, {n * data.out_dim * D:,} numbers here: select fewer weights")
     for xc, yc in data.train_chunks(fit.spec.chunk_size):
         f, J = fit.family.linearise(xc)
         f, J = f.double(), J.to(torch.float64)
+        if store and not Js and J.numel() * n // len(f) > MAX_STORED_JACOBIAN:  # checked on the first chunk
+            raise ZooInputError("model.selection.size", D, f"the classification Laplace keeps the Jacobian of all "
+                                f"{n:,} rows in memory, {J.numel() * n // len(f):,} numbers here (at most "
+                                f"{MAX_STORED_JACOBIAN:,}): select fewer weights, or whole Linear layers (their "
+                                "Jacobian is kept as the layers' factors)")
         if store:
             fs.append(f)
             Js.append(J)
