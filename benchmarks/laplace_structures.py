@@ -11,10 +11,10 @@ Then, from the trained weights:
 
 * the zoo at its presets, ``zoo.BNN(net, member=..., family={"map_from": "net"})``: ``last_layer_laplace`` (full
   covariance over the output layer), the same with ``guide={"covariance": "diag"}``, ``"kron"`` and ``"lowrank"``
-  (rank 10, its default), ``diagonal_laplace`` (diagonal over every weight but the BatchNorm's), ``kfac_laplace`` (KFAC over the
-  same) and ``diagonal_laplace`` with ``guide={"covariance": "lowrank"}`` (rank 10 over the same);
-  each at its other defaults (per-layer prior precisions tuned by
-  the evidence, the Laplace bridge); the NLL of the same posterior under the probit link is given beside;
+  (rank 10, its default), ``diagonal_laplace`` (diagonal over every weight but the BatchNorm's), ``kfac_laplace``
+  (KFAC over the same) and ``diagonal_laplace`` with ``guide={"covariance": "lowrank"}`` (rank 10 over the same);
+  each at its other defaults (per-layer prior precisions tuned by the evidence, the Laplace bridge); the NLL of
+  the same posterior under the probit link is given beside;
 * laplace-torch 0.3 (the optional peer, skipped where it is not installed), ``Laplace(net, "classification",
   subset_of_weights=..., hessian_structure=...)`` for ``last_layer`` x ``full/diag/kron`` and ``all`` x
   ``diag/kron/lowrank`` (its lowrank needs the asdfghjkl backend, which is not on PyPI: its row records the
