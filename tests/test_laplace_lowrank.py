@@ -140,4 +140,4 @@ def test_refusals(tmp_path, monkeypatch):
         _fitted(MOONS, tmp_path / "b", *LOW_RANK, "inference.evidence_at=linearised_mode")
     monkeypatch.setattr(zoo.runs, "available_memory", lambda: 2**20)  # the sketch and its products: 1.07 MB
     with pytest.raises(ZooInputError, match="a sketch of 110 directions over 202 weights"):
-        _fitted(MOONS, tmp_path / "c", *LOW_RANK, "net.hidden=[40]", "inference.predictive_samples=1")
+        _fitted(MOONS, tmp_path / "c", *LOW_RANK, "guide.rank=100", "net.hidden=[40]", "inference.predictive_samples=1")

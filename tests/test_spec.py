@@ -192,6 +192,15 @@ def test_a_setting_of_another_family_is_refused_naming_its_owner():
     assert "model.members: got 3; unknown setting here; it belongs to: deep_ensemble, rank1" in msg
 
 
+def test_a_run_directory_s_bag_of_fields_loads_where_two_parts_share_a_name_at_other_defaults():
+    """Run directories record every field of a section: ``guide.rank: 10`` (the auto guide's default; the laplace
+    guide's is unset) under a mean-field guide never did anything and is dropped; another value is refused naming
+    both parts that have the setting."""
+    assert load_spec({**BASE, "guide": {"name": "mean_field", "rank": 10}}).guide.name == "mean_field"
+    msg = spec_error(["guide.rank=7"])
+    assert "guide.rank: got 7; unknown setting here; it belongs to: auto, laplace" in msg
+
+
 def test_unknown_activation_lists_the_known_ones():
     msg = spec_error(["net.activation=swish"])
     for name in ("relu", "tanh", "gelu", "elu", "silu", "sigmoid"):
