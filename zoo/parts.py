@@ -191,8 +191,9 @@ class Catalogue(Generic[S]):
         An old name in :attr:`renamed` becomes its new one, with a :class:`FutureWarning`. A key that the named
         section does not have but another registered section does is dropped where it holds that section's default:
         run directories record every field of a section as it once was, one flat bag for every part of the kind,
-        and those values never did anything (a key that several sections have is dropped at any one's default). A
-        key at any other value is kept, so the spec refuses it naming the parts it belongs to.
+        and those values never did anything (where several sections have the key, at every one's default but those
+        left unset: a guide's ``rank`` is 10 for auto, unset for laplace). A key at any other value is kept, so the
+        spec refuses it naming the parts it belongs to.
 
         :param value: the section as written (a mapping; anything else passes through for pydantic to refuse).
         :param default: the name assumed where the section names none.
@@ -212,9 +213,9 @@ class Catalogue(Generic[S]):
         own = self[name]  # an unknown name is refused here, with the registered ones
         for key in [k for k in value if k not in own.model_fields]:
             defaults = [s.model_fields[key] for s in self.owner_sections(key) if not s.model_fields[key].is_required()]
-            # at the default of any part that has the key (two parts may share a name at other defaults: a guide's
-            # rank is 10 for auto, unset for laplace)
-            if any(_same(value[key], f.get_default(call_default_factory=True)) for f in defaults):
+            values = [f.get_default(call_default_factory=True) for f in defaults]
+            values = [v for v in values if v is not None] or values  # an unset default records no value
+            if values and all(_same(value[key], v) for v in values):
                 del value[key]
         return value
 
