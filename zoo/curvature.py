@@ -11,6 +11,11 @@ Any other layer with weights (an Embedding, a Conv1d/3d, a transposed or grouped
 is selectable too: its weights' Jacobian is the per-example vector-Jacobian product of the layer with the same
 ``∂f/∂(layer output)`` factor, one ``torch.func`` vmap over rows and outputs, taken in chunks of rows so that it
 never holds more than :data:`PER_EXAMPLE_FLOATS` numbers.
+
+The Jacobian the linearised Laplace keeps is a linear map (:class:`OutputJacobian`): the tensor for any selection
+(:class:`DenseJacobian`), or, for whole Linear layers, the two factors themselves (:class:`FactoredJacobian`), whose
+products and GGN cost a fraction of the dense ones. The diagonal, Kronecker-factored and low-rank posteriors are
+held as :class:`KroneckerBlock` and :class:`LowRankScale`, never as a D x D matrix.
 """
 
 from __future__ import annotations
