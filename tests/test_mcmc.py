@@ -192,6 +192,7 @@ def test_the_potential_is_captured_as_a_cuda_graph_only_from_gpu_inputs(device, 
 
     monkeypatch.setattr(compiled_module.torch, "compile", fake_compile)
     monkeypatch.setattr(compiled_module, "make_fx", lambda fn: lambda *inputs: fn)
+    monkeypatch.setattr(compiled_module, "lift_random_draws", lambda graph: [])  # a graph without draws
     traced = compiled_module.TracedCompile(lambda x: (x * 2,), "a test", cuda_graphs=True)
     x = torch.ones(3)
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device(device)))

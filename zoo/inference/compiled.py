@@ -10,12 +10,19 @@ specialised to the input shapes, hence one trace per shape.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from zoo.errors import ZooWarning
+
+# compiled graphs per TracedCompile (input shapes and static settings): an SVI run needs one or two (a last short
+# minibatch); cyclical SGHMC six (those two, each with the gradient alone, an exploration move and a noisy move)
+MAX_GRAPHS = 8
 
 
 class TracedCompile:
@@ -24,20 +31,25 @@ class TracedCompile:
     ``rewrite`` may edit each traced graph in place before it is compiled (e.g. :func:`exp_tanh`). Calling
     returns the compiled result, or ``None`` once tracing or compiling has failed (a model branching in Python
     on a tensor's value, no C++ compiler): that is said once as a warning and the caller runs ``fn`` eagerly
-    from then on.
+    from then on. Recompiling is bounded: past :data:`MAX_GRAPHS` input shapes, a call with a new shape returns
+    ``None`` (that call runs eagerly; said once), so a run whose shapes keep changing does not compile at every step.
 
     With ``cuda_graphs``, a graph whose inputs are on a GPU is also captured as a CUDA graph (Inductor's
     ``triton.cudagraphs``, what ``mode="reduce-overhead"`` sets): a call replays its kernels with one launch, where a
-    small net's eager step is bound by launching many small kernels from Python. Only for a ``fn`` that draws no
-    random numbers. A replay writes its outputs into the same memory as the last one, so they are copied before
-    they are returned (the HMC sampler keeps the last accepted point's gradient across calls).
+    small net's eager step is bound by launching many small kernels from Python. A captured graph may not draw
+    random numbers, so its draws are lifted out first (:func:`lift_random_draws`): each call makes them eagerly, in
+    the traced order (the numbers an eager step draws), and passes them in as inputs; a graph whose draws depend on
+    computed values is compiled without capture, said once. A replay writes its outputs into the same memory as the
+    last one, so they are copied before they are returned (the HMC sampler keeps the last accepted point's gradient
+    across calls).
     """
 
     def __init__(self, fn: Callable[..., Any], what: str,
                  rewrite: Callable[[torch.fx.GraphModule], None] | None = None, cuda_graphs: bool = False) -> None:
         self.fn, self.what, self.rewrite, self.cuda_graphs = fn, what, rewrite, cuda_graphs
         self.active = True
-        self._graphs: dict[tuple, Callable[..., Any]] = {}
+        self._graphs: dict[tuple, tuple[Callable[..., Any], list[Callable[[], torch.Tensor]], bool]] = {}
+        self._said_bound = False
 
     def __call__(self, *inputs: torch.Tensor, static: dict[str, Any] | None = None) -> Any | None:
         """``fn(*inputs, **static)``; ``static`` values (hashable, not tensors) are part of the graph, as shapes are."""
@@ -45,16 +57,17 @@ class TracedCompile:
             return None
         static = static or {}
         key = (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), tuple(sorted(static.items())))
-        captured = self.cuda_graphs and any(t.device.type == "cuda" for t in inputs)
+        if key not in self._graphs and len(self._graphs) >= MAX_GRAPHS:
+            if not self._said_bound:
+                warnings.warn(f"{self.what}: {MAX_GRAPHS} input shapes compiled already; calls with other shapes "
+                              "run eagerly", ZooWarning, stacklevel=3)
+                self._said_bound = True
+            return None
         try:
             if key not in self._graphs:
-                graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
-                if self.rewrite is not None:
-                    self.rewrite(graph)
-                # random draws stay eager ops: Inductor's own generator made a mean-field step slower than eager
-                # on CPU (784-400-400-10: 52 ms compiled against 29 ms eager), and different from eager's draws
-                self._graphs[key] = torch.compile(graph, dynamic=False, options=compile_options(captured))
-            out = self._graphs[key](*inputs)
+                self._graphs[key] = self._compile(inputs, static)
+            compiled, draws, captured = self._graphs[key]
+            out = compiled(*inputs, *(draw() for draw in draws))
             if captured:  # the next replay would overwrite these outputs
                 out = torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
             return out
@@ -63,6 +76,106 @@ class TracedCompile:
                           stacklevel=3)
             self.active = False
             return None
+
+    def _compile(self, inputs: tuple[torch.Tensor, ...], static: dict[str, Any]
+                 ) -> tuple[Callable[..., Any], list[Callable[[], torch.Tensor]], bool]:
+        """The compiled graph for these inputs, the eager draws it takes after them, and whether it is captured."""
+        graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
+        if self.rewrite is not None:
+            self.rewrite(graph)
+        captured, draws = self.cuda_graphs and any(t.device.type == "cuda" for t in inputs), []
+        if captured:
+            lifted = lift_random_draws(graph)
+            if lifted is None:
+                warnings.warn(f"{self.what}: a random draw depends on computed values, so the compiled graph is not "
+                              "captured as a CUDA graph", ZooWarning, stacklevel=4)
+                captured = False
+            else:
+                draws = lifted
+        # random draws left in a graph stay eager ops: Inductor's own generator made a mean-field step slower than
+        # eager on CPU (784-400-400-10: 52 ms compiled against 29 ms eager), and different from eager's draws
+        return torch.compile(graph, dynamic=False, options=compile_options(captured)), draws, captured
+
+
+EMPTY_TENSORS = ("empty", "empty_like", "new_empty", "empty_strided")  # aten ops whose values are never read
+
+
+def lift_random_draws(graph: torch.fx.GraphModule) -> list[Callable[[], torch.Tensor]] | None:
+    """Turn every random draw of a traced graph into a new input, in place; None (graph unchanged) where one cannot be.
+
+    A draw can be lifted when it reads no computed value: a draw of a given shape (``randn``), one shaped like a
+    tensor (``randn_like``: only its shape, strides, dtype and device are read) or one filling a fresh empty tensor
+    (``normal_``, ``cauchy_``, dropout's ``bernoulli_``). A draw whose distribution depends on computed values
+    (``bernoulli`` of a probability tensor) cannot.
+
+    :param graph: a graph traced by ``make_fx`` (its nodes carry their outputs' metadata).
+    :returns: one function per lifted draw, in the graph's order, each drawing that input eagerly; the graph then
+        takes those draws as inputs after its own.
+    """
+    g = graph.graph
+    random_nodes = [n for n in g.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                    and torch.Tag.nondeterministic_seeded in n.target.tags]
+    plans = []
+    for node in random_nodes:
+        tensor_args = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+        name = node.target._schema.name.split("::")[-1]
+        if name.endswith("_"):  # an in-place draw: it must fill a fresh empty tensor, and read nothing else
+            fresh = node.args[0]
+            if (len(tensor_args) != 1 or not isinstance(fresh, torch.fx.Node) or len(fresh.users) != 1
+                    or getattr(fresh.target, "_schema", None) is None
+                    or fresh.target._schema.name.split("::")[-1] not in EMPTY_TENSORS):
+                return None
+        elif tensor_args and not (name.endswith("_like") and len(tensor_args) == 1 and tensor_args[0] is node.args[0]):
+            return None
+        plans.append(node)
+    draws = []
+    last_input = [n for n in g.nodes if n.op == "placeholder"][-1]
+    for i, node in enumerate(plans):
+        draws.append(functools.partial(_redraw, node.target, _shaped(node.args), _shaped(node.kwargs)))
+        with g.inserting_after(last_input):
+            last_input = g.placeholder(f"random_draw_{i}")
+        fresh = node.args[0] if node.target._schema.name.endswith("_") else None
+        node.replace_all_uses_with(last_input)
+        g.erase_node(node)
+        if fresh is not None and not fresh.users:
+            g.erase_node(fresh)
+    graph.recompile()
+    return draws
+
+
+def _shaped(value: Any) -> Any:
+    """``value`` (a node's arguments) with every traced node replaced by its output's metadata (:class:`_Like`)."""
+    if isinstance(value, torch.fx.Node):
+        return _Like(value.meta["val"])
+    if isinstance(value, (list, tuple)):
+        return [_shaped(v) for v in value] if isinstance(value, list) else tuple(_shaped(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _shaped(v) for k, v in value.items()}
+    return value
+
+
+def _filled(value: Any) -> Any:
+    """``value`` with every :class:`_Like` replaced by a fresh empty tensor of its metadata."""
+    if isinstance(value, _Like):
+        return torch.empty_strided(value.shape, value.strides, dtype=value.dtype, device=value.device)
+    if isinstance(value, (list, tuple)):
+        return [_filled(v) for v in value] if isinstance(value, list) else tuple(_filled(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _filled(v) for k, v in value.items()}
+    return value
+
+
+class _Like:
+    """A traced tensor's metadata: all that a random draw shaped like it, or filling it, reads."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.shape, self.strides = tuple(value.shape), tuple(value.stride())
+        self.dtype, self.device = value.dtype, value.device
+
+
+def _redraw(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> torch.Tensor:
+    """One lifted draw, made eagerly: ``op`` on fresh empty tensors of the traced metadata."""
+    return op(*_filled(args), **_filled(kwargs))
 
 
 def compile_options(cuda_graphs: bool) -> dict[str, bool]:

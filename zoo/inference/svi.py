@@ -62,7 +62,9 @@ class SVIStep:
     into the tensor operations it performs, with the parameters read in place, and ``torch.compile`` fuses
     them. Pyro's per-site bookkeeping then costs nothing per step; the estimator and its gradients are the
     same (a test checks the traced graph against the eager ELBO at the same seed). Anything the tracer cannot
-    follow makes it say so and stay eager.
+    follow makes it say so and stay eager. On a GPU the graph (the ELBO with its reverse pass) is captured as a CUDA
+    graph, its random draws made eagerly and passed in (:class:`~zoo.inference.compiled.TracedCompile`); the update
+    is torch's fused Adam, one kernel.
 
     :param model: the Pyro model, called as ``model(x, y, batch)`` (a family's
         :meth:`~zoo.models.base.ModelFamily.model`).
@@ -94,7 +96,7 @@ class SVIStep:
         self.augment = augment
         self.reparam = LocalReparameterization() if local_reparam else None
         self.validated = False
-        self._compiled = TracedCompile(self._weighted_loss, "the SVI step") if compile else None
+        self._compiled = TracedCompile(self._weighted_loss, "the SVI step", cuda_graphs=True) if compile else None
         self.world = world or World()
         self.signalled: Callable[[], int] = lambda: 0  # the fit loop's deferred_interrupt sets it
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
