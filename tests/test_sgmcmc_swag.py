@@ -241,16 +241,16 @@ def test_only_a_run_of_stray_draws_stops_the_run(spiked_steps, stops, monkeypatc
     spec = load_spec(linear_spec("sgld", num_chains=3, epochs=10, batch_size=10, lr=1e-3, schedule="constant",
                                  burn_in_epochs=1, thin=1))
     data, family, guide, _ = prepare(spec)
-    real, calls = MinibatchPotential.value_and_grad, []
+    real, calls = MinibatchPotential.update, []
 
-    def lifted(self, z, rows):
-        energy, grad = real(self, z, rows)
+    def lifted(self, z, rows, move, *state, **settings):  # every step's update (value_and_grad's too)
+        energy, *rest = real(self, z, rows, move, *state, **settings)
         calls.append(None)
         if 10 <= len(calls) - 1 < 10 + spiked_steps:  # steps 10.. (all kept: burn-in is steps 0-3, thin 1)
             energy = energy + torch.tensor([0.0, 1e6, 0.0], dtype=energy.dtype)
-        return energy, grad
+        return energy, *rest
 
-    monkeypatch.setattr(MinibatchPotential, "value_and_grad", lifted)
+    monkeypatch.setattr(MinibatchPotential, "update", lifted)
     if stops:
         with pytest.raises(TrainingDiverged, match=r"chain\(s\) 1 strayed from the others by step 12 .*at 3 kept "
                            r"draws in a row"):

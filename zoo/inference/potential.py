@@ -12,6 +12,8 @@ starts: from the prior, the net's own initialisation, or the posterior of a run.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pyro
 import torch
@@ -236,9 +238,14 @@ class Potential:
 
 
 class MinibatchPotential:
-    """U_B(z) = -(log prior + N/B sum over B rows of log p(y | x, w)) / T - log|det J| at C points ``z [C, D]``."""
+    """U_B(z) = -(log prior + N/B sum over B rows of log p(y | x, w)) / T - log|det J| at C points ``z [C, D]``.
 
-    def __init__(self, family: ModelFamily, data: Dataset, temperature: float = 1.0) -> None:
+    With ``compile=True`` a minibatch method's whole update (:meth:`update`: the potential, its gradient and the
+    method's move) is one compiled graph per minibatch size (:class:`TracedCompile`; on a GPU also a CUDA graph),
+    the move's random draws passed in as inputs.
+    """
+
+    def __init__(self, family: ModelFamily, data: Dataset, temperature: float = 1.0, compile: bool = False) -> None:
         self.coords = Coordinates(family)
         self.log_joint = LogJoint(family, data.x_train, data.y_train)
         self.n, self.temperature = data.n_train, temperature
@@ -250,6 +257,14 @@ class MinibatchPotential:
             raise ZooInputError("model.family", type(family).__name__, "its batched log-likelihood differs from its "
                                 "model, and minibatch methods evaluate minibatches only through the batched one; use "
                                 "inference.method: hmc or nuts")
+        rewrite = exp_tanh if data.x_train.device.type == "cpu" else None
+        self._fused = (TracedCompile(self._traced_update, "the minibatch update", rewrite, cuda_graphs=True)
+                       if compile else None)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether updates run the compiled graph (asked for, and tracing and compiling have not failed)."""
+        return self._fused is not None and self._fused.active
 
     def value_and_grad(self, z: torch.Tensor, rows: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,20 +274,56 @@ class MinibatchPotential:
         :param rows: indices of training rows in memory (None: all of them), or a streamed ``(x, y)`` batch.
         :returns: the minibatch potential and its gradient.
         """
+        return self.update(z, rows, _no_move)
+
+    def update(self, z: torch.Tensor, rows: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None,
+               move: Callable[..., tuple[torch.Tensor, ...]], *state: torch.Tensor, **settings: Any
+               ) -> tuple[torch.Tensor, ...]:
+        """U_B and its gradient at ``z`` on a minibatch, then ``move(z, energy, grad, *state, **settings)``.
+
+        :param z: the chains' points ``[C, D]``.
+        :param rows: indices of training rows in memory (None: all of them), or a streamed ``(x, y)`` batch.
+        :param move: a function of tensors (no host reads, no random draws) returning the method's new state.
+        :param state: the move's tensor inputs (momenta, step size, the step's noise).
+        :param settings: the move's fixed settings (hashable: part of the compiled graph, as shapes are).
+        :returns: ``(energy [C], grad [C, D], *move's outputs)``.
+        """
         x, y = self.log_joint.x, self.log_joint.y
         if isinstance(rows, tuple):  # a batch streamed from a loader, moved to where the model computes
             x = rows[0].to(device=x.device, dtype=z.dtype if rows[0].is_floating_point() else rows[0].dtype)
             y = rows[1].to(device=x.device, dtype=z.dtype if rows[1].is_floating_point() else rows[1].dtype)
         elif rows is not None:
             x, y = x.index_select(0, rows), y.index_select(0, rows)
+        z = z.detach()
+        fused = self._fused(z, x, y, *state, static={"move": move, **settings}) if self.compiled else None
+        if fused is not None:
+            return fused
         with torch.enable_grad():
-            z = z.detach().requires_grad_(True)
-            values, log_det = self.coords.unpack(z)
-            log_joint = self.log_joint.on_rows(values, x, y, self.n / len(x))
-            energy = -(log_joint / self.temperature + log_det)
+            z = z.requires_grad_(True)
+            energy = self._energy(z, x, y)
             (grad,) = torch.autograd.grad(energy.sum(), z)
-        return energy.detach(), grad
+        energy = energy.detach()
+        return energy, grad, *move(z.detach(), energy, grad, *state, **settings)
 
+    def _energy(self, z: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        values, log_det = self.coords.unpack(z)
+        log_joint = self.log_joint.on_rows(values, x, y, self.n / len(x))
+        return -(log_joint / self.temperature + log_det)
+
+    def _traced_update(self, z: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *state: torch.Tensor,
+                       move: Callable[..., tuple[torch.Tensor, ...]], **settings: Any) -> tuple[torch.Tensor, ...]:
+        def total(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            energy = self._energy(z, x, y)
+            return energy.sum(), energy
+
+        with pyro.validation_enabled(False), torch.enable_grad():
+            grad, (_, energy) = torch.func.grad_and_value(total, has_aux=True)(z)
+        return energy, grad, *move(z, energy, grad, *state, **settings)
+
+
+def _no_move(z: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor) -> tuple[()]:
+    """The move of a plain evaluation: none."""
+    return ()
 
 
 # ------------------------------------------------------------------------------------------ starting points

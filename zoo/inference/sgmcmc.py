@@ -91,6 +91,9 @@ class SGMCMCSpec(Tempered):
                       "run directory (MAP or VI fit of the same spec): chains start at its draws")
     checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
     predictive_samples: PositiveInt = Field(400, description="draws (over all chains) used for test metrics")
+    compile: bool = Field(False, description="trace each step (gradient and move, the noise passed in) into one "
+                          "graph per minibatch size and compile it (a one-off compile of seconds; on a GPU also a "
+                          "CUDA graph); while the preconditioner adapts, the gradient alone is compiled")
 
     @model_validator(mode="after")
     def _default_schedule(self) -> SGMCMCSpec:
@@ -266,7 +269,7 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
 
 class _Chains:
     """The C chains of one SG-MCMC run in lockstep: their state (what a checkpoint holds) and the phases of a step,
-    each its own method: adapt the preconditioner, move, check the move is finite, keep a draw."""
+    each its own method: adapt the preconditioner, check the move (:func:`langevin_move`) is finite, keep a draw."""
 
     z: torch.Tensor  # the chains' positions [C, D]
     velocity: torch.Tensor  # sghmc's momenta [C, D] (sgld: zeros)
@@ -281,7 +284,7 @@ class _Chains:
     def __init__(self, fit: FitContext, loop: TrainingLoop, total: int, keep: set[int]) -> None:
         self.fit, self.spec, self.loop, self.total, self.keep = fit, fit.spec, loop, total, keep
         self.device = fit.data.x_train.device
-        self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature)
+        self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature, compile=self.spec.compile)
         self.noise = torch.Generator(device=self.device).manual_seed(fit.seed)
         preconditioned = self.spec.preconditioner != "none"
         self.adapting = burn_in_steps(self.spec, loop.per_epoch) if preconditioned else 0  # G adapts over these
@@ -336,9 +339,17 @@ class _Chains:
     def step(self, rows: torch.Tensor | None) -> None:
         """One step of every chain on the minibatch ``rows`` (None: every row): the loop's update."""
         lr, sampling = step_size(self.spec, self.loop.step, self.total)
-        energy, grad = self.potential.value_and_grad(self.z, rows)
-        self.adapt_preconditioner(grad, sampling)
-        new_z, new_velocity = self.move(grad, lr / self.loop.n, sampling)
+        eps = self.z.new_tensor(lr / self.loop.n, dtype=torch.float64)  # a tensor: one compiled graph for every lr
+        noise = (_randn(self.z, self.noise),) if sampling else ()
+        move = {"method": self.spec.method, "momentum": self.spec.momentum}
+        if self.loop.step < self.adapting or self.readapt:  # the preconditioner follows this step's gradient first
+            energy, grad = self.potential.value_and_grad(self.z, rows)
+            self.adapt_preconditioner(grad, sampling)
+            new_z, new_velocity = langevin_move(self.z, energy, grad, self.velocity, self.mass, self.root, eps, *noise,
+                                                **move)
+        else:  # G is fixed: gradient and move are one update
+            energy, grad, new_z, new_velocity = self.potential.update(self.z, rows, langevin_move, self.velocity,
+                                                                      self.mass, self.root, eps, *noise, **move)
         self.check_finite(new_z, energy, lr)
         self.z, self.velocity = new_z, new_velocity
         if self.loop.step in self.keep:
@@ -370,20 +381,6 @@ class _Chains:
             if self.noisy_steps:
                 mass = torch.minimum(mass, inverse_mass(self.noisy, self.noisy_steps, decay, kind))
             self.mass, self.root = mass, mass.sqrt()
-
-    def move(self, grad: torch.Tensor, eps: float, sampling: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The SGLD or SGHMC step of size ``eps`` on U, with noise when ``sampling``: the new ``(z, velocity)``."""
-        if self.spec.method == "sgld":
-            new_z, new_velocity = self.z - eps / 2 * self.mass * grad, self.velocity
-            if sampling:
-                new_z = new_z + math.sqrt(eps) * self.root * _randn(self.z, self.noise)
-            return new_z, new_velocity
-        momentum = self.spec.momentum
-        new_velocity = momentum * self.velocity - eps * self.mass * grad
-        if sampling:
-            spread = math.sqrt(2 * (1.0 - momentum) * eps)
-            new_velocity = new_velocity + spread * self.root * _randn(self.z, self.noise)
-        return self.z + new_velocity, new_velocity
 
     def check_finite(self, new_z: torch.Tensor, energy: torch.Tensor, lr: float) -> None:
         """Stop the run, saving the state this step started from, when the move left a chain non-finite."""
@@ -438,6 +435,35 @@ class _Chains:
         self.fit.log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
         result.posterior = ChainPosterior(self.fit.family, chains, stats)
         return result
+
+
+def langevin_move(z: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor,
+                  mass: torch.Tensor, root: torch.Tensor, eps: torch.Tensor, *noise: torch.Tensor, method: str,
+                  momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SGLD or SGHMC step of size ``eps`` on U from ``z``, with noise where ``noise`` is given (a sampling step):
+    the new ``(z, velocity)``.
+
+    :param z: the chains' points ``[C, D]``.
+    :param energy: U at ``z`` (unused: the step reads the gradient only).
+    :param grad: dU/dz ``[C, D]``.
+    :param velocity: sghmc's momenta ``[C, D]`` (sgld: passed through).
+    :param mass: G, the diagonal inverse mass ``[C, D]``.
+    :param root: G's square root, which scales the noise.
+    :param eps: the step size on U (lr / N), a 0-d float64 tensor (one compiled graph serves every step size).
+    :param noise: a sampling step's standard normal draw ``[C, D]``; none in an exploration step.
+    :param method: ``sgld`` or ``sghmc``.
+    :param momentum: sghmc's 1 - friction.
+    :returns: the new points and momenta.
+    """
+    if method == "sgld":
+        new_z = z - eps / 2 * mass * grad
+        if noise:
+            new_z = new_z + eps.sqrt() * root * noise[0]
+        return new_z, velocity
+    new_velocity = momentum * velocity - eps * mass * grad
+    if noise:
+        new_velocity = new_velocity + (2 * (1.0 - momentum) * eps).sqrt() * root * noise[0]
+    return z + new_velocity, new_velocity
 
 
 def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

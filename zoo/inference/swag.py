@@ -57,6 +57,8 @@ class SWAGSpec(Tempered):
                       "or a run directory (e.g. a MAP run of the same spec): SGD starts at its draws")
     checkpoint_every: PositiveInt = Field(1000, description="steps between checkpoints")
     predictive_samples: PositiveInt = Field(100, description="draws used for test metrics")
+    compile: bool = Field(False, description="trace each SGD update (gradient and momentum step) into one graph per "
+                          "minibatch size and compile it (a one-off compile of seconds; on a GPU also a CUDA graph)")
 
     @field_validator("temperature")
     @classmethod
@@ -193,7 +195,7 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         rank = collections  # the default rank, scaled to a short budget: every iterate is a column
         fit.log(f"SWAG's default rank {spec.rank} lowered to the {collections} iterates that {spec.epochs} epochs "
                 f"collect (epochs {enough} or more keep it)")
-    potential = MinibatchPotential(family, data)
+    potential = MinibatchPotential(family, data, compile=spec.compile)
     coords = potential.coords
     if fit.resume:
         saved = loop.resume(fit.run_dir)
@@ -220,9 +222,8 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     def update(rows: torch.Tensor | None) -> None:
         nonlocal z, velocity, collected
         lr = learning_rate(spec, loop.step, pretrain)
-        _, grad = potential.value_and_grad(z, rows)
-        new_velocity = spec.momentum * velocity + grad / loop.n
-        new_z = z - lr * new_velocity
+        _, _, new_z, new_velocity = potential.update(z, rows, sgd_move, velocity, z.new_tensor(lr, dtype=torch.float64),
+                                                     momentum=spec.momentum, n_rows=loop.n)
         if not torch.isfinite(new_z).all():
             raise TrainingDiverged(f"swag: SGD diverged at step {loop.step} (lr {lr:.3g}); lower inference.lr or "
                                    "inference.pretrain_lr")
@@ -241,6 +242,23 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, data)
     return result
+
+
+def sgd_move(z: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor, lr: torch.Tensor,
+             momentum: float, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGD step with momentum on the per-row loss U/N (``n_rows`` = N) from ``z``: the new ``(z, velocity)``.
+
+    :param z: the models' points ``[K, D]``.
+    :param energy: U at ``z`` (unused: SGD reads the gradient only).
+    :param grad: dU/dz ``[K, D]``.
+    :param velocity: the momenta ``[K, D]``.
+    :param lr: the step's learning rate, a 0-d float64 tensor (one compiled graph serves every learning rate).
+    :param momentum: the SGD momentum.
+    :param n_rows: N, the training rows U sums over.
+    :returns: the new points and momenta.
+    """
+    new_velocity = momentum * velocity + grad / n_rows
+    return z - lr * new_velocity, new_velocity
 
 
 def _collect(moments: dict[str, torch.Tensor], z: torch.Tensor, collected: int, rank: int) -> None:
