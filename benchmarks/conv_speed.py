@@ -17,7 +17,12 @@ mean-field <= 1.0 x bayesian-torch with the same estimator.
 
     python benchmarks/conv_speed.py [--depth 20] [--batch 128] [--members 4] [--rounds 5] [--steps 3]
                                     [--warmup 2] [--threads 1] [--rows 1024] [--modes eager,compiled]
-                                    [--families LABEL,...] [--json PATH]
+                                    [--families LABEL,...] [--precision float32|bf16] [--json PATH]
+
+Every row also gives images per second (B over the zoo's step) and the ratio per image seen: the zoo's step against
+the plain loop on the same B images (for rank-1 and the ensembles, whose K members each see every image, this is
+the K x B comparison's ratio times about K). ``--precision bf16`` runs every side's forward under ``torch.autocast``
+in bfloat16 (the zoo's ``inference.autocast: bf16``; eager only; no bayesian-torch row).
 
 ``--modes compiled`` compares like with like again: the zoo step with ``inference.compile: true`` against the
 deterministic loss under ``torch.compile`` (every minibatch size compiled before timing).
@@ -38,7 +43,7 @@ from timing import batches, optimiser_step, time_side_by_side  # noqa: E402 - si
 from zoo.data.base import make_dataset
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import ELBOS
-from zoo.inference.svi import SVIStep, make_optimizer
+from zoo.inference.svi import AUTOCAST_DTYPES, SVIStep, make_optimizer
 from zoo.models import FAMILIES as FAMILY_SECTIONS  # noqa: E402
 from zoo.nets import build_net
 from zoo.pipeline import build
@@ -84,7 +89,8 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
     """The zoo's SVI step for one family on ResNet-``depth``, built from a spec as ``zoo train`` builds it
     (``inference.compile`` set to ``compile``)."""
     raw = {"data": {"name": "digits"},  # not read: the family and guide are built on `data` below
-           "net": {"name": "resnet", "depth": depth, "in_channels": 3}, "device": "cpu", "seed": 0, **overrides}
+           "net": {"name": "resnet", "depth": depth, "in_channels": 3}, "device": data.device.type, "seed": 0,
+           **overrides}
     if "members" in FAMILY_SECTIONS[raw["model"]["family"]].model_fields:  # an ensemble family: K members
         raw["model"] = {**raw["model"], "members": members}
     raw["inference"] = {"batch_size": batch, "lr": ADAM.lr, "compile": compile, **overrides.get("inference", {})}
@@ -92,8 +98,9 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
     family, guide = build(spec, data)
     optimizer = make_optimizer(list(guide.parameters()) + family.point_parameters(), spec.inference)
     step = SVIStep(family.model, guide, ELBOS[spec.inference.elbo](1), optimizer,
-                   local_reparam=spec.inference.local_reparam, compile=spec.inference.compile)
-    order = batches(data.n_train, batch, seed=1)
+                   local_reparam=spec.inference.local_reparam, compile=spec.inference.compile,
+                   autocast=AUTOCAST_DTYPES[spec.inference.autocast])
+    order = batches(data.n_train, batch, seed=1, device=data.device)
 
     def run() -> torch.Tensor:  # the step reads its loss on the host, as the baselines' steps do
         return step(data.x_train, data.y_train, next(order))
@@ -102,15 +109,21 @@ def zoo_step(overrides: dict, data, depth: int, batch: int, members: int, compil
     return run
 
 
-def deterministic_step(data, depth: int, batch: int, tiles: int, compile: bool = False) -> Callable[[], float]:
+def deterministic_step(data, depth: int, batch: int, tiles: int, compile: bool = False,
+                       autocast: torch.dtype | None = None) -> Callable[[], float]:
     """The plain ResNet on the minibatch tiled ``tiles`` times: forward, cross-entropy, backward, Adam (the loss
-    under ``torch.compile`` when ``compile``)."""
-    net = plain_resnet(depth)
+    under ``torch.compile`` when ``compile``; its forward under ``torch.autocast`` to ``autocast`` when given), on
+    the data's device."""
+    net = plain_resnet(depth).to(data.device)
     optimizer = make_optimizer(list(net.parameters()), ADAM)
-    order = batches(data.n_train, batch, seed=1)
+    order = batches(data.n_train, batch, seed=1, device=data.device)
 
     def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(net(xb), yb)
+        if autocast is None:
+            return F.cross_entropy(net(xb), yb)
+        with torch.autocast(xb.device.type, autocast):
+            out = net(xb)
+        return F.cross_entropy(out.float(), yb)
 
     loss_fn = torch.compile(loss, dynamic=False) if compile else loss
 
@@ -164,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--families", help="comma-separated row labels to run (default: all)")
     parser.add_argument("--modes", default="eager", help="comma-separated: eager, compiled (the zoo step with "
                         "inference.compile against the deterministic loss under torch.compile; no bayesian-torch)")
+    parser.add_argument("--precision", choices=("float32", "bf16"), default="float32", help="bf16: every side's "
+                        "forward under torch.autocast (the zoo's inference.autocast: bf16); eager only")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if min(args.batch, args.members, args.rows, args.rounds, args.steps, args.threads) < 1 or args.warmup < 0:
@@ -174,38 +189,51 @@ def main(argv: list[str] | None = None) -> dict:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"eager", "compiled"}:
         parser.error(f"--modes takes eager and/or compiled, not {args.modes!r}")
+    autocast = AUTOCAST_DTYPES["bf16"] if args.precision == "bf16" else None
+    if autocast is not None and "compiled" in modes:
+        parser.error("--precision bf16 runs eagerly (the zoo refuses autocast with compile): use --modes eager")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     data = synthetic_cifar(args.rows)
     k, b = args.members, args.batch
     results = {"depth": args.depth, "batch_size": b, "members": k, "threads": args.threads, "rounds": args.rounds,
+               "precision": args.precision,
                "steps_per_round": args.steps, "modes": modes, "torch": torch.__version__, "rows": {}}
     table = Table(title=f"SVI step on ResNet-{args.depth} (3x32x32, B = {b}, K = {k}, {args.threads} thread(s)); "
                         "ratio = median of per-round ratios, lower is better", title_justify="left")
-    for col in ("family", "mode", "ms/step", "deterministic ms/step (rows)", "ratio", "bayesian-torch ms/step",
-                "ratio vs bayesian-torch", "target"):
+    for col in ("family", "mode", "ms/step", "images/s", "deterministic ms/step (rows)", "ratio",
+                "per image seen (vs B rows)", "bayesian-torch ms/step", "ratio vs bayesian-torch", "target"):
         table.add_column(col, justify="left" if col in ("family", "mode") else "right")
     for label, overrides, per_example, estimator in wanted:
         tiles = k if per_example == "K" else 1
         row = results["rows"][label] = {"deterministic_rows": tiles * b}
         for mode in modes:
             compiled = mode == "compiled"
+            if autocast is not None:
+                overrides = {**overrides, "inference": {**overrides.get("inference", {}), "autocast": "bf16"}}
             try:
                 zoo = zoo_step(overrides, data, args.depth, b, k, compile=compiled)
             except ZooInputError as err:  # the zoo refuses this mode for this family (e.g. compiled rank-1)
                 row[mode] = {"refused": str(err)}
-                table.add_row(label, mode, "refused", "-", "-", "-", "-", str(err).split(": ", 1)[-1][:60])
+                table.add_row(label, mode, "refused", "-", "-", "-", "-", "-", "-", str(err).split(": ", 1)[-1][:60])
                 continue
             warmup = args.warmup + (args.rows // b + 2 if compiled else 0)  # every batch size compiled first
             fig = row[mode] = {"versus_deterministic": compare(
-                zoo, deterministic_step(data, args.depth, b, tiles, compile=compiled), args, warmup)}
+                zoo, deterministic_step(data, args.depth, b, tiles, compile=compiled, autocast=autocast), args,
+                warmup)}
+            # per image seen: against the plain loop on the B images themselves (each member sees every one)
+            fig["per_image"] = (compare(zoo, deterministic_step(data, args.depth, b, 1, compile=compiled,
+                                                                autocast=autocast), args, args.warmup)
+                                if tiles > 1 else fig["versus_deterministic"])
+            fig["images_per_s"] = b / fig["versus_deterministic"]["ms_per_step"] * 1e3
             if compiled and not zoo.svi_step.compiled:
                 raise SystemExit(f"{label}: compiling the zoo step failed (see the warning above), so the compiled "
                                  "row would time the eager step; run with --modes eager")
-            peer = bayesian_torch_step(data, args.depth, b, estimator) if estimator and not compiled else None
+            with_peer = estimator and not compiled and autocast is None
+            peer = bayesian_torch_step(data, args.depth, b, estimator) if with_peer else None
             if peer is not None:
                 fig["versus_bayesian_torch"] = {**compare(zoo, peer, args, args.warmup), "estimator": estimator}
-            elif estimator and not compiled:
+            elif with_peer:
                 fig["versus_bayesian_torch"] = {"skipped": "bayesian-torch is not installed (pip install "
                                                            "'pyro-bnn-zoo[vision-bench]' in the vision venv)"}
             det, bt, target = fig["versus_deterministic"], fig.get("versus_bayesian_torch", {}), ""
@@ -215,10 +243,11 @@ def main(argv: list[str] | None = None) -> dict:
             if "ratio" in bt:
                 fig["bayesian_torch_ratio_within_target"] = bt["ratio"] <= BAYESIAN_TORCH_TARGET
                 target = f"<= {BAYESIAN_TORCH_TARGET} ({estimator}): {'yes' if bt['ratio'] <= 1.0 else 'no'}"
-            table.add_row(label, mode, f"{det['ms_per_step']:.0f}", f"{det['peer_ms_per_step']:.0f} ({tiles * b})",
-                          f"{det['ratio']:.2f}", f"{bt['peer_ms_per_step']:.0f}" if "ratio" in bt else "-",
+            table.add_row(label, mode, f"{det['ms_per_step']:.0f}", f"{fig['images_per_s']:.0f}",
+                          f"{det['peer_ms_per_step']:.0f} ({tiles * b})", f"{det['ratio']:.2f}",
+                          f"{fig['per_image']['ratio']:.2f}", f"{bt['peer_ms_per_step']:.0f}" if "ratio" in bt else "-",
                           f"{bt['ratio']:.2f}" if "ratio" in bt else ("not installed" if bt else "-"), target)
-    Console(width=max(Console().width, 150)).print(table)
+    Console(width=max(Console().width, 200)).print(table)
     if args.json:
         write_json(args.json, results)
     return results

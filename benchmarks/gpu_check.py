@@ -4,14 +4,18 @@ Made for the first GPU a run gets: ``make gpu-check`` (``DEVICE=cuda``, the full
 
 * **tests**: ``tests/test_cuda.py`` (every family trains and predicts on the device, HMC and NUTS, bf16 autocast,
   the loss read-back, rows kept in host memory), its pass/fail counts;
-* **SVI step**: the zoo's mean-field SVI step against the same maths hand-written in PyTorch, and the zoo's step
-  under ``inference.autocast: bf16`` against float32, each pair timed side by side in alternating rounds
-  (``benchmarks/svi_overhead.py``'s two sides, the device synchronised at each block's ends);
+* **SVI step**: the zoo's mean-field SVI step eager and compiled (``inference.compile: true``; on a GPU captured as
+  a CUDA graph, its draws passed in) against the same maths hand-written in PyTorch, eager and under
+  ``torch.compile`` (``benchmarks/compiled_step.py``'s four sides), and the zoo's step under ``inference.autocast:
+  bf16`` against float32, timed in alternating rounds, the device synchronised at each block's ends;
 * **DataLoader**: ``zoo.BNN.fit``'s step reading a ``DataLoader`` against tensors already on the device
   (``benchmarks/dataloader_speed.py``'s cases);
 * **leapfrog step**: one leapfrog step of the many-chain HMC on the 1-50-1 toy (the potential's value and gradient
   for every chain, and the position and momentum updates) with the potential run eagerly against
   ``inference.compile: true``, side by side, at 64, 512 and 4,096 chains;
+* **ResNet**: each member's SVI step on a CIFAR ResNet-20 (MAP, mean-field, rank-1 and BatchEnsemble with K = 4;
+  ``benchmarks/conv_speed.py``'s sides), float32 and bf16 autocast, against the plain deterministic loop on the same
+  128 images: images per second and the ratio per image seen;
 * **HMC**: the zoo's many-chain HMC on the toy at its defaults with ``inference.compile: true`` (full size: the
   first H200 run measured the eager step at about 5 ms, which puts 64 chains x (200 + 200) draws past 10 minutes),
   at 64, 512 and 4,096 chains: min bulk ESS of f at five inputs per second of sampling, R-hat, divergences
@@ -22,7 +26,9 @@ Made for the first GPU a run gets: ``make gpu-check`` (``DEVICE=cuda``, the full
 
 A section that fails is reported with its error and the others still run; the exit code is 1 when any failed. The
 report is rewritten (atomically) after every case, so a run cut off by a lease or a timeout keeps what it measured;
-``--budget-s`` stops starting new cases once that many seconds have passed (the rest are listed as not run).
+``--budget-s`` stops starting new cases once that many seconds have passed (the rest are listed as not run; at full
+size 450 s by default: the plan, ``PLAN_MINUTES``, is 8 minutes in all). The report opens with one summary table:
+each section's status and seconds against its planned minutes, and every ratio it measured.
 ``DEVICE=cpu`` (``--device cpu --size tiny``) runs the same sections at tiny sizes on the CPU: how CI keeps this
 script working where no GPU is. Figures from a CPU run are a smoke test, not a benchmark.
 
@@ -52,11 +58,15 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dataloader_speed import BATCH as LOADER_BATCH  # noqa: E402 - sibling modules of this script
+from compiled_step import NETS, data_for, hand_svi_step, time_rounds, zoo_svi_step  # noqa: E402 - sibling modules of this script
+from conv_speed import FAMILIES as CONV_FAMILIES  # noqa: E402
+from conv_speed import deterministic_step, synthetic_cifar  # noqa: E402
+from conv_speed import zoo_step as conv_zoo_step  # noqa: E402
+from dataloader_speed import BATCH as LOADER_BATCH  # noqa: E402
 from dataloader_speed import cases as loader_cases  # noqa: E402
 from dataloader_speed import seconds_per_step  # noqa: E402
 from hmc_speed import TOY, build_spec, run_zoo  # noqa: E402
-from svi_overhead import hand_step, zoo_step  # noqa: E402
+from svi_overhead import zoo_step  # noqa: E402
 from timing import benchmark_cases, time_side_by_side  # noqa: E402
 
 import zoo.pipeline  # noqa: E402
@@ -68,12 +78,15 @@ from zoo.spec import SVISpec  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 # per size: what each section runs (tiny: a smoke test of every path in a few minutes on a CPU)
 SIZES = {
-    "full": {"svi_cases": ("digits 64-100-10", "784-400-400-10"), "svi_rounds": 10, "svi_steps": 50,
-             "svi_warmup": 20, "loader_cases": ("digits 64-100-10 MLP", "digits conv net (1x8x8)"),
-             "loader_rounds": 10, "loader_steps": 60, "leapfrog_chains": (64, 512, 4096), "leapfrog_rounds": 10,
+    "full": {"svi_rounds": 10, "svi_steps": 50,
+             "svi_warmup": 20, "compiled_nets": ("digits", "784"), "resnet_depth": 20, "resnet_rows": 1024,
+             "resnet_rounds": 5, "resnet_steps": 10,
+             "loader_cases": ("digits 64-100-10 MLP", "digits conv net (1x8x8)"), "loader_rounds": 10,
+             "loader_steps": 60, "leapfrog_chains": (64, 512, 4096), "leapfrog_rounds": 10,
              "leapfrog_steps": 50, "hmc_chains": (64, 512, 4096), "hmc_warmup": 200, "hmc_samples": 200,
              "hmc_set": ("inference.compile=true",), "collective_floats": 2**22, "collective_reps": 50},
-    "tiny": {"svi_cases": ("digits 64-100-10",), "svi_rounds": 3, "svi_steps": 10, "svi_warmup": 3,
+    "tiny": {"svi_rounds": 3, "svi_steps": 10, "svi_warmup": 3,
+             "compiled_nets": ("digits",), "resnet_depth": 8, "resnet_rows": 64, "resnet_rounds": 2, "resnet_steps": 1,
              "loader_cases": ("digits 64-100-10 MLP",), "loader_rounds": 2, "loader_steps": 10,
              "leapfrog_chains": (8,), "leapfrog_rounds": 2, "leapfrog_steps": 5,
              "hmc_chains": (4, 8), "hmc_warmup": 30, "hmc_samples": 30,
@@ -120,18 +133,62 @@ def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[l
 
 
 def run_svi(device: torch.device, size: dict) -> Rows:
-    """The zoo's SVI step against the hand-written one, and bf16 autocast against float32, side by side."""
-    spec, sync = SVISpec(lr=1e-3), synchroniser(device)
-    timing = (size["svi_rounds"], size["svi_steps"], size["svi_warmup"])
-    for name, (sizes, x, y) in svi_cases(device, size["svi_cases"]).items():
-        zoo_us, hand_us = time_side_by_side(zoo_step(sizes, x, y, spec), hand_step(sizes, x, y, spec), *timing,
-                                            sync=sync)
+    """The zoo's SVI step eager and compiled (on a GPU: captured as a CUDA graph) against the hand-written step eager
+    and compiled, in alternating rounds (``benchmarks/compiled_step.py``'s four sides); and the zoo's step under
+    ``inference.autocast: bf16`` against float32."""
+    sync, spec = synchroniser(device), SVISpec(lr=1e-3)
+    for key in size["compiled_nets"]:
+        case = NETS[key]
+        data = data_for(case, 1024, device.type)
+        sides = {"zoo": zoo_svi_step(case, data, False), "zoo_compiled": zoo_svi_step(case, data, True),
+                 "hand": hand_svi_step(case, data, False), "hand_compiled": hand_svi_step(case, data, True)}
+        time_rounds(sides, size["svi_warmup"], 1, sync)  # every minibatch size traced and compiled (and captured)
+        times = time_rounds(sides, size["svi_rounds"], size["svi_steps"], sync)
+        if not sides["zoo_compiled"].compiled():
+            raise RuntimeError("compiling the zoo's SVI step failed (see the warning above): the compiled row is eager")
+
+        def ratio(a: str, b: str, times: dict[str, list[float]] = times) -> float:
+            return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+        sizes, x, y = svi_cases(device, (case_name := SVI_CASE[key],))[case_name]
         bf16_us, fp32_us = time_side_by_side(zoo_step(sizes, x, y, spec, autocast=torch.bfloat16),
-                                             zoo_step(sizes, x, y, spec), *timing, sync=sync)
-        yield name, {"zoo_us_per_step": statistics.median(zoo_us), "hand_us_per_step": statistics.median(hand_us),
-                     "zoo_to_hand_ratio": statistics.median(z / h for z, h in zip(zoo_us, hand_us, strict=True)),
-                     "bf16_us_per_step": statistics.median(bf16_us),
-                     "bf16_to_fp32_ratio": statistics.median(b / f for b, f in zip(bf16_us, fp32_us, strict=True))}
+                                             zoo_step(sizes, x, y, spec), size["svi_rounds"], size["svi_steps"],
+                                             size["svi_warmup"], sync=sync)
+        yield case_name, {
+            **{f"{name}_us_per_step": statistics.median(t) for name, t in times.items()},
+            "zoo_to_hand_ratio": ratio("zoo", "hand"), "compiled_to_eager_ratio": ratio("zoo_compiled", "zoo"),
+            "compiled_to_hand_compiled_ratio": ratio("zoo_compiled", "hand_compiled"),
+            "bf16_us_per_step": statistics.median(bf16_us),
+            "bf16_to_fp32_ratio": statistics.median(b / f for b, f in zip(bf16_us, fp32_us, strict=True))}
+
+
+SVI_CASE = {"digits": "digits 64-100-10", "784": "784-400-400-10"}  # svi_overhead.py's name of each net
+RESNET_FAMILIES = ("MAP", "mean-field (weight sample)", "rank-1 (mixture guide)", "BatchEnsemble")
+
+
+def run_resnet(device: torch.device, size: dict) -> Rows:
+    """Each member's SVI step on a CIFAR ResNet (``benchmarks/conv_speed.py``'s sides, B = 128, K = 4) against the
+    plain deterministic loop on the same B images, float32 and bf16 autocast: images per second and the ratio per
+    image seen (the goal on a GPU: rank-1 <= 1.5x, mean-field <= 2x)."""
+    sync, depth, batch, members = synchroniser(device), size["resnet_depth"], 128, 4
+    data = synthetic_cifar(size["resnet_rows"]).to(device.type)
+    overrides = {label: o for label, o, _, _ in CONV_FAMILIES}
+    for precision in ("float32", "bf16"):
+        autocast = torch.bfloat16 if precision == "bf16" else None
+        plain = deterministic_step(data, depth, batch, 1, autocast=autocast)
+        for label in RESNET_FAMILIES:
+            extra = {"inference": {**overrides[label].get("inference", {}), "autocast": "bf16"}} if autocast else {}
+            try:
+                zoo = conv_zoo_step({**overrides[label], **extra}, data, depth, batch, members)
+            except ZooInputError as err:  # a family autocast does not reach
+                yield f"{label}, {precision}", {"refused": str(err)}
+                continue
+            zoo_us, plain_us = time_side_by_side(zoo, plain, size["resnet_rounds"], size["resnet_steps"], warmup=2,
+                                                 sync=sync)
+            yield f"{label}, {precision}", {
+                "images_per_s": batch / statistics.median(zoo_us) * 1e6,
+                "deterministic_images_per_s": batch / statistics.median(plain_us) * 1e6,
+                "per_image_ratio": statistics.median(z / p for z, p in zip(zoo_us, plain_us, strict=True))}
 
 
 def run_loader(device: torch.device, size: dict) -> Rows:
@@ -243,7 +300,13 @@ def run_collectives(device: torch.device, size: dict) -> Rows:
 # in the order they run: the costliest (HMC at thousands of chains) last, so a short lease measures the rest first
 SECTIONS: dict[str, Callable[[torch.device, dict], Rows]] = {
     "tests": run_tests, "svi": run_svi, "dataloader": run_loader, "collectives": run_collectives,
-    "leapfrog": run_leapfrog, "hmc": run_hmc}
+    "leapfrog": run_leapfrog, "resnet": run_resnet, "hmc": run_hmc}
+# the full-size plan on an H100/H200: expected minutes per section, 8 in all (the first H200 run's where it measured
+# them: the 14 CUDA tests of then in 40 s, now 18 with four compiled ones; the SVI and DataLoader rows ~1 min each
+# before compiled sides; the rest estimated from this machine's compile times and the step counts above)
+PLAN_MINUTES = {"tests": 2.0, "svi": 1.5, "dataloader": 0.5, "collectives": 0.1, "leapfrog": 1.0, "resnet": 1.4,
+                "hmc": 1.5}
+FULL_BUDGET_S = 450  # no new case starts after 7.5 minutes at full size (a lease can end at any time after)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -257,7 +320,7 @@ def markdown(report: dict) -> str:
     """The report as Markdown: the machine, then a table per section (or its error)."""
     lines = [f"# GPU check: {report['device_name']}", "",
              f"`{report['command']}` on {report['date']}: torch {report['torch']}, CUDA {report['cuda']}, "
-             f"size {report['size']}, {report['threads']} CPU thread(s).", ""]
+             f"size {report['size']}, {report['threads']} CPU thread(s).", "", "## Summary", "", summary(report), ""]
     for name, section in report["sections"].items():
         lines += [f"## {name}", ""]
         rows = section["figures"]
@@ -273,6 +336,22 @@ def markdown(report: dict) -> str:
         lines += [f"{section['seconds']:.0f} s", ""]
     if report.get("not_run"):
         lines += [f"Not run (the {report['budget_s']:.0f} s budget was spent): {', '.join(report['not_run'])}.", ""]
+    return "\n".join(lines)
+
+
+def summary(report: dict) -> str:
+    """One table over the sections: status, seconds against the plan, and every ratio each measured."""
+    lines = ["| section | status | seconds | plan (full size) | ratios |", "|---|---|---|---|---|"]
+    for name in SECTIONS:
+        section = report["sections"].get(name)
+        if section is None:
+            status = "not run" if name in report.get("not_run", ()) else "not asked for"
+            lines.append(f"| {name} | {status} | | {PLAN_MINUTES[name] * 60:.0f} s | |")
+            continue
+        ratios = "; ".join(f"{case}: {k.replace('_ratio', '').replace('ratio_', '')} {_cell(v)}"
+                           for case, row in section["figures"].items() for k, v in row.items() if "ratio" in k)
+        status = "failed" if "error" in section else ("cut short" if section.get("stopped") else "passed")
+        lines.append(f"| {name} | {status} | {section['seconds']:.0f} | {PLAN_MINUTES[name] * 60:.0f} s | {ratios} |")
     return "\n".join(lines)
 
 
@@ -293,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="build/gpu-check", help="the report's folder")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of: {', '.join(SECTIONS)}")
-    parser.add_argument("--budget-s", type=float, help="start no new case after this many seconds (a lease's length)")
+    parser.add_argument("--budget-s", type=float, help="start no new case after this many seconds (default at full "
+                        f"size: {FULL_BUDGET_S}, what a short lease leaves; none at tiny size)")
     args = parser.parse_args(argv)
     only = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
@@ -309,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     size_name = args.size or ("full" if device.type == "cuda" else "tiny")
+    if args.budget_s is None and size_name == "full":
+        args.budget_s = FULL_BUDGET_S
     report = {"device": device.type, "device_name": device_name(device), "size": size_name,
               "torch": torch.__version__, "cuda": torch.version.cuda, "threads": args.threads,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -343,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(report, out)
     text = write_report(report, out)
     print(text)
+    print(summary(report))
     print(f"written: {out / 'gpu_check.json'}, {out / 'gpu_check.md'}")
     return 1 if report["failed"] else 0
 

@@ -23,6 +23,8 @@ def test_tiny_run_writes_ratios_per_family(tmp_path, capsys):
     assert rows["MAP"]["deterministic_rows"] == 8 and rows["rank-1 (mixture guide)"]["deterministic_rows"] == 16
     for row in rows.values():
         assert row["eager"]["versus_deterministic"]["ratio"] > 0
+        assert row["eager"]["images_per_s"] > 0 and row["eager"]["per_image"]["ratio"] > 0
+    assert rows["MAP"]["eager"]["per_image"] == rows["MAP"]["eager"]["versus_deterministic"]  # B rows already
     assert "rank1_ratio_within_target" in rows["rank-1 (mixture guide)"]["eager"]
     peer = rows["mean-field (local reparam.)"]["eager"]["versus_bayesian_torch"]
     assert "skipped" in peer or (peer["estimator"] == "Flipout" and peer["ratio"] > 0)
@@ -40,7 +42,16 @@ def test_compiled_mode_times_the_compiled_step_and_reports_a_refused_one(tmp_pat
     assert "slower compiled than eager" in figures["rows"]["rank-1 (mixture guide)"]["compiled"]["refused"]
 
 
-@pytest.mark.parametrize("argv", [["--batch", "0"], ["--families", "nonsense"], ["--modes", "jit"]])
+def test_bf16_runs_every_side_under_autocast(tmp_path):
+    figures = conv_speed.main(["--depth", "8", "--batch", "8", "--rows", "16", "--members", "2", "--rounds", "1",
+                               "--steps", "1", "--warmup", "0", "--families", "mean-field (weight sample)",
+                               "--precision", "bf16"])
+    row = figures["rows"]["mean-field (weight sample)"]["eager"]
+    assert figures["precision"] == "bf16" and row["images_per_s"] > 0 and "versus_bayesian_torch" not in row
+
+
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--families", "nonsense"], ["--modes", "jit"],
+                                  ["--precision", "bf16", "--modes", "compiled"]])
 def test_impossible_settings_are_refused(argv):
     with pytest.raises(SystemExit):
         conv_speed.main(argv)
