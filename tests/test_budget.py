@@ -56,4 +56,14 @@ def test_a_bad_budget_is_refused_naming_its_field_before_anything_is_written(tmp
 
 def test_a_swag_budget_too_short_for_its_rank_names_the_epochs_that_reach_it():
     with pytest.raises(ZooInputError, match=r"give epochs \d+ or more, or lower inference.rank to \d+ or less"):
-        zoo.BNN(net(), member="swag", device="cpu").fit((X, Y), epochs=2, pretrain_epochs=1, progress=False)
+        zoo.BNN(net(), member="swag", device="cpu").fit((X, Y), epochs=2, pretrain_epochs=1, rank=20, progress=False)
+
+
+@pytest.mark.parametrize("member", ["swag", "multiswag"])
+def test_a_short_budget_lowers_swags_default_rank_and_says_so(member):
+    """The rank a user did not set is scaled to a short budget's iterates (before, the fit's own settings made every
+    default look set, and ``fit(epochs=3)`` was refused)."""
+    said = []
+    bnn = zoo.BNN(net(), member=member, device="cpu").fit((X, Y), epochs=3, progress=False, echo=said.append)
+    assert any("default rank 20 lowered to the 3 iterates" in line for line in said)
+    assert bnn.posterior.deviations.shape[1] == 3

@@ -501,6 +501,15 @@ def test_autocast_refusals_say_what_to_change(extra, message):
         load_spec({"data": {"name": "toy_gap"}, **extra})
 
 
+def test_bf16_on_a_gpu_without_bfloat16_arithmetic_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    with pytest.raises(ZooInputError, match=r"Tesla V100\) has no bfloat16 arithmetic .*use autocast: none"):
+        load_spec({"data": {"name": "toy_gap"}, "device": "auto", "inference": {"autocast": "bf16"}})
+    load_spec({"data": {"name": "toy_gap"}, "device": "cpu", "inference": {"autocast": "bf16"}})  # the CPU has it
+
+
 def test_absurd_learning_rate_diverges_cleanly(tmp_path, spec_factory):
     spec = spec_factory("toy", "inference.lr=1e30", "inference.num_steps=50", "inference.batch_size=null",
                         "likelihood.noise=0.1")

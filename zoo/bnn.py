@@ -363,16 +363,16 @@ class BNN:
         budget (``epochs``, ``num_steps``) in the section its method trains in (e.g. Laplace's MAP phase)."""
         if not settings:
             return spec
-        tree = spec.model_dump(mode="json")
+        tree = spec.model_dump(mode="json", exclude_unset=True)  # defaults stay defaults (a rank scaled to a budget)
         where = registry.method_of(spec).budget_section
         budget = {k: v for k, v in settings.items() if k in BUDGET_SETTINGS and where != "inference"}
-        tree["inference"] = {**tree["inference"], **{k: v for k, v in settings.items() if k not in budget}}
+        tree["inference"] = {**tree.get("inference", {}), **{k: v for k, v in settings.items() if k not in budget}}
         if budget:
             *path, last = where.split(".")
             section = tree
             for key in path:
-                section = section[key]
-            section[last] = {**section[last], **budget}
+                section = section.setdefault(key, {})
+            section[last] = {**section.get(last, {}), **budget}
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         return _attach(load_spec(tree), module, None)
 

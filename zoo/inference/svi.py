@@ -665,6 +665,11 @@ class SVI(InferenceMethod):
             return [ZooInputError("inference.autocast", autocast, f"torch's autocast does not reach the "
                                   f"{run_spec.model.family} family's vmapped layers (they would stay float32): use "
                                   "autocast: none")]
+        on_gpu = run_spec.device == "cuda" or (run_spec.device == "auto" and torch.cuda.is_available())
+        if autocast == "bf16" and on_gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return [ZooInputError("inference.autocast", autocast, f"this GPU ({torch.cuda.get_device_name()}) has "
+                                  "no bfloat16 arithmetic (it needs compute capability 8.0 or later; bf16 would be "
+                                  "emulated, slower than float32): use autocast: none")]
         if run_spec.net.convolutional is not None:  # a net given in Python is checked when it is built
             problem = self.check_net(run_spec.inference, run_spec.model, run_spec.net.convolutional)
             return [problem] if problem is not None else []
