@@ -42,11 +42,20 @@ class TracedCompile:
     computed values is compiled without capture, said once. A replay writes its outputs into the same memory as the
     last one, so they are copied before they are returned (the HMC sampler keeps the last accepted point's gradient
     across calls).
+
+    ``fn`` is traced with gradients on, so a reverse pass it computes (``torch.autograd.grad``, ``torch.func.grad``)
+    is part of the graph, and the graph runs under ``no_grad``: no autograd graph is built around it. With
+    ``differentiable`` the outputs are differentiated afterwards instead: the graph runs with gradients on and
+    AOTAutograd compiles its reverse pass as a second graph. Tracing runs ``fn`` once for real; its random draws are
+    undone, and so are its writes to the ``untouched`` tensors (a BatchNorm's running statistics), so the first
+    compiled call computes what an eager call in its place would.
     """
 
     def __init__(self, fn: Callable[..., Any], what: str,
-                 rewrite: Callable[[torch.fx.GraphModule], None] | None = None, cuda_graphs: bool = False) -> None:
+                 rewrite: Callable[[torch.fx.GraphModule], None] | None = None, cuda_graphs: bool = False,
+                 differentiable: bool = False, untouched: Callable[[], list[torch.Tensor]] | None = None) -> None:
         self.fn, self.what, self.rewrite, self.cuda_graphs = fn, what, rewrite, cuda_graphs
+        self.differentiable, self.untouched = differentiable, untouched
         self.active = True
         self._graphs: dict[tuple, tuple[Callable[..., Any], list[Callable[[], torch.Tensor]], bool]] = {}
         self._said_bound = False
@@ -67,7 +76,8 @@ class TracedCompile:
             if key not in self._graphs:
                 self._graphs[key] = self._compile(inputs, static)
             compiled, draws, captured = self._graphs[key]
-            out = compiled(*inputs, *(draw() for draw in draws))
+            with torch.enable_grad() if self.differentiable else torch.no_grad():
+                out = compiled(*inputs, *(draw() for draw in draws))
             if captured:  # the next replay would overwrite these outputs
                 out = torch.utils._pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
             return out
@@ -80,7 +90,14 @@ class TracedCompile:
     def _compile(self, inputs: tuple[torch.Tensor, ...], static: dict[str, Any]
                  ) -> tuple[Callable[..., Any], list[Callable[[], torch.Tensor]], bool]:
         """The compiled graph for these inputs, the eager draws it takes after them, and whether it is captured."""
-        graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
+        on_gpu = torch.cuda.is_available()
+        gpus = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"}) if on_gpu else []
+        kept = [t.detach().clone() for t in self.untouched()] if self.untouched is not None else []
+        with torch.random.fork_rng(devices=gpus), torch.enable_grad():
+            graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
+        with torch.no_grad():
+            for t, value in zip(self.untouched() if kept else [], kept, strict=True):
+                t.copy_(value)
         if self.rewrite is not None:
             self.rewrite(graph)
         captured, draws = self.cuda_graphs and any(t.device.type == "cuda" for t in inputs), []
