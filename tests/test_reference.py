@@ -5,6 +5,7 @@ and the refusals of each."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -109,7 +110,8 @@ def test_a_budget_spent_says_how_far_the_reference_is_and_how_long_the_rest_woul
     found = ref.diagnose()
     assert not found.passed and ref.verdict.startswith("NOT CONVERGED")
     spent = [line for line in lines if "budget is spent" in line]
-    assert len(spent) == 1 and spent[0].startswith("the 1-second budget is spent: 5 draws per chain so far")
+    drawn = re.match(r"the 1-second budget is spent: (\d+) draws per chain so far", spent[0]) if spent else None
+    assert len(spent) == 1 and drawn and int(drawn[1]) % 5 == 0  # whole rounds of 5 draws: how many fit in 1 s varies
     assert "draws per chain may pass" in spent[0] and spent[0] in found.result["advice"] and spent[0] in ref.verdict
 
 
