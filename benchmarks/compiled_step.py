@@ -46,7 +46,7 @@ from zoo.data.base import Dataset, make_dataset
 from zoo.data.digits import load_digits
 from zoo.inference.compiled import compile_options
 from zoo.inference.elbo import ELBOS
-from zoo.inference.svi import SVIStep, make_optimizer
+from zoo.inference.svi import AUTOCAST_DTYPES, SVIStep, make_optimizer
 from zoo.nets import build_net
 from zoo.pipeline import build, train
 from zoo.runs import write_json
@@ -77,15 +77,17 @@ def data_for(case: dict, rows: int, device: str = "cpu") -> Dataset:
     return make_dataset("synthetic", "classification", x, y, x[:16], y[:16], n_classes=10).to(device)
 
 
-def zoo_svi_step(case: dict, data: Dataset, compile: bool) -> Callable[[], torch.Tensor]:
-    """The zoo's mean-field SVI step on the case's net, as ``zoo train`` builds it, on the data's device."""
+def zoo_svi_step(case: dict, data: Dataset, compile: bool, autocast: str = "none") -> Callable[[], torch.Tensor]:
+    """The zoo's mean-field SVI step on the case's net, as ``zoo train`` builds it, on the data's device
+    (``autocast``: the spec's ``inference.autocast``)."""
     spec = load_spec({"data": {"name": "digits"},  # not read: the family and guide are built on `data` below
                       "net": case["net"], "device": data.device.type, "seed": 0, "model": {"family": "all_weights"},
                       "guide": {"name": "mean_field"},
-                      "inference": {"batch_size": BATCH, "lr": ADAM.lr, "compile": compile}})
+                      "inference": {"batch_size": BATCH, "lr": ADAM.lr, "compile": compile, "autocast": autocast}})
     family, guide = build(spec, data)
     optimizer = make_optimizer(list(guide.parameters()) + family.point_parameters(), spec.inference)
-    step = SVIStep(family.model, guide, ELBOS[spec.inference.elbo](1), optimizer, compile=compile)
+    step = SVIStep(family.model, guide, ELBOS[spec.inference.elbo](1), optimizer, compile=compile,
+                   autocast=AUTOCAST_DTYPES[autocast])
     order = batches(data.n_train, BATCH, seed=1, device=data.device)
 
     def run() -> torch.Tensor:

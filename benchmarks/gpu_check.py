@@ -58,7 +58,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compiled_step import NETS, data_for, hand_svi_step, time_rounds, zoo_svi_step  # noqa: E402 - sibling modules of this script
+from compiled_step import NETS, data_for, hand_svi_step, ratio, time_rounds, zoo_svi_step  # noqa: E402 - sibling modules of this script
 from conv_speed import FAMILIES as CONV_FAMILIES  # noqa: E402
 from conv_speed import deterministic_step, synthetic_cifar  # noqa: E402
 from conv_speed import zoo_step as conv_zoo_step  # noqa: E402
@@ -66,14 +66,12 @@ from dataloader_speed import BATCH as LOADER_BATCH  # noqa: E402
 from dataloader_speed import cases as loader_cases  # noqa: E402
 from dataloader_speed import seconds_per_step  # noqa: E402
 from hmc_speed import TOY, build_spec, run_zoo  # noqa: E402
-from svi_overhead import zoo_step  # noqa: E402
-from timing import benchmark_cases, time_side_by_side  # noqa: E402
+from timing import time_side_by_side  # noqa: E402
 
 import zoo.pipeline  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.inference.potential import Potential  # noqa: E402
 from zoo.runs import write_json, write_text  # noqa: E402
-from zoo.spec import SVISpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # per size: what each section runs (tiny: a smoke test of every path in a few minutes on a CPU)
@@ -126,43 +124,29 @@ def run_tests(device: torch.device, size: dict) -> Rows:
     yield "tests/test_cuda.py", row
 
 
-def svi_cases(device: torch.device, names: tuple[str, ...]) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """``svi_overhead.py``'s cases (:func:`timing.benchmark_cases`), their rows on ``device``."""
-    every = benchmark_cases(argparse.Namespace(threads=None, synthetic_rows=10_000))
-    return {name: (every[name][0], every[name][1].float().to(device), every[name][2].to(device)) for name in names}
-
-
 def run_svi(device: torch.device, size: dict) -> Rows:
     """The zoo's SVI step eager and compiled (on a GPU: captured as a CUDA graph) against the hand-written step eager
-    and compiled, in alternating rounds (``benchmarks/compiled_step.py``'s four sides); and the zoo's step under
-    ``inference.autocast: bf16`` against float32."""
-    sync, spec = synchroniser(device), SVISpec(lr=1e-3)
+    and compiled, and the zoo's step under ``inference.autocast: bf16``, in alternating rounds
+    (``benchmarks/compiled_step.py``'s sides)."""
+    sync = synchroniser(device)
     for key in size["compiled_nets"]:
         case = NETS[key]
         data = data_for(case, 1024, device.type)
         sides = {"zoo": zoo_svi_step(case, data, False), "zoo_compiled": zoo_svi_step(case, data, True),
-                 "hand": hand_svi_step(case, data, False), "hand_compiled": hand_svi_step(case, data, True)}
+                 "hand": hand_svi_step(case, data, False), "hand_compiled": hand_svi_step(case, data, True),
+                 "zoo_bf16": zoo_svi_step(case, data, False, autocast="bf16")}
         time_rounds(sides, size["svi_warmup"], 1, sync)  # every minibatch size traced and compiled (and captured)
         times = time_rounds(sides, size["svi_rounds"], size["svi_steps"], sync)
         if not sides["zoo_compiled"].compiled():
             raise RuntimeError("compiling the zoo's SVI step failed (see the warning above): the compiled row is eager")
-
-        def ratio(a: str, b: str, times: dict[str, list[float]] = times) -> float:
-            return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
-
-        sizes, x, y = svi_cases(device, (case_name := SVI_CASE[key],))[case_name]
-        bf16_us, fp32_us = time_side_by_side(zoo_step(sizes, x, y, spec, autocast=torch.bfloat16),
-                                             zoo_step(sizes, x, y, spec), size["svi_rounds"], size["svi_steps"],
-                                             size["svi_warmup"], sync=sync)
-        yield case_name, {
+        yield case["label"], {
             **{f"{name}_us_per_step": statistics.median(t) for name, t in times.items()},
-            "zoo_to_hand_ratio": ratio("zoo", "hand"), "compiled_to_eager_ratio": ratio("zoo_compiled", "zoo"),
-            "compiled_to_hand_compiled_ratio": ratio("zoo_compiled", "hand_compiled"),
-            "bf16_us_per_step": statistics.median(bf16_us),
-            "bf16_to_fp32_ratio": statistics.median(b / f for b, f in zip(bf16_us, fp32_us, strict=True))}
+            "zoo_to_hand_ratio": ratio(times, "zoo", "hand"),
+            "compiled_to_eager_ratio": ratio(times, "zoo_compiled", "zoo"),
+            "compiled_to_hand_compiled_ratio": ratio(times, "zoo_compiled", "hand_compiled"),
+            "bf16_to_fp32_ratio": ratio(times, "zoo_bf16", "zoo")}
 
 
-SVI_CASE = {"digits": "digits 64-100-10", "784": "784-400-400-10"}  # svi_overhead.py's name of each net
 RESNET_FAMILIES = ("MAP", "mean-field (weight sample)", "rank-1 (mixture guide)", "BatchEnsemble")
 
 

@@ -29,14 +29,14 @@ def test_the_report_holds_every_section_and_a_failed_one_with_its_error(tmp_path
     assert code == 1 and report["failed"] == ["tests"]
     assert "the device fell over" in report["sections"]["tests"]["error"]
     assert report["size"] == "tiny" and report["device"] == "cpu"
-    svi = report["sections"]["svi"]["figures"]["digits 64-100-10"]
+    svi = report["sections"]["svi"]["figures"]["digits MLP 64-100-10"]
     assert svi["zoo_to_hand_ratio"] > 0 and svi["bf16_to_fp32_ratio"] > 0
     assert svi["compiled_to_eager_ratio"] > 0 and svi["compiled_to_hand_compiled_ratio"] > 0
     assert report["sections"]["dataloader"]["figures"]["digits 64-100-10 MLP"]["dataloader_ratio"] > 0
     collectives = report["sections"]["collectives"]["figures"]["one-rank gloo"]
     assert collectives["backend"] == "gloo" and collectives["all_reduce_us"] > 0
     page = (tmp_path / "gpu_check.md").read_text()
-    assert "## tests" in page and "**failed**" in page and "| digits 64-100-10 |" in page
+    assert "## tests" in page and "**failed**" in page and "| digits MLP 64-100-10 |" in page
     assert "| tests | failed |" in page and "| hmc | not asked for |" in page  # the summary table
     assert "bf16_to_fp32_ratio" in capsys.readouterr().out
     assert not torch.distributed.is_initialized()  # the one-rank group is taken down again

@@ -92,11 +92,12 @@ class TracedCompile:
         """The compiled graph for these inputs, the eager draws it takes after them, and whether it is captured."""
         on_gpu = torch.cuda.is_available()
         gpus = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"}) if on_gpu else []
-        kept = [t.detach().clone() for t in self.untouched()] if self.untouched is not None else []
+        untouched = self.untouched() if self.untouched is not None else []
+        kept = [t.detach().clone() for t in untouched]
         with torch.random.fork_rng(devices=gpus), torch.enable_grad():
             graph = make_fx(lambda *args: self.fn(*args, **static))(*inputs)  # a bound method's self is no input
         with torch.no_grad():
-            for t, value in zip(self.untouched() if kept else [], kept, strict=True):
+            for t, value in zip(untouched, kept, strict=True):
                 t.copy_(value)
         if self.rewrite is not None:
             self.rewrite(graph)
@@ -162,24 +163,7 @@ def lift_random_draws(graph: torch.fx.GraphModule) -> list[Callable[[], torch.Te
 
 def _shaped(value: Any) -> Any:
     """``value`` (a node's arguments) with every traced node replaced by its output's metadata (:class:`_Like`)."""
-    if isinstance(value, torch.fx.Node):
-        return _Like(value.meta["val"])
-    if isinstance(value, (list, tuple)):
-        return [_shaped(v) for v in value] if isinstance(value, list) else tuple(_shaped(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _shaped(v) for k, v in value.items()}
-    return value
-
-
-def _filled(value: Any) -> Any:
-    """``value`` with every :class:`_Like` replaced by a fresh empty tensor of its metadata."""
-    if isinstance(value, _Like):
-        return torch.empty_strided(value.shape, value.strides, dtype=value.dtype, device=value.device)
-    if isinstance(value, (list, tuple)):
-        return [_filled(v) for v in value] if isinstance(value, list) else tuple(_filled(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _filled(v) for k, v in value.items()}
-    return value
+    return torch.fx.node.map_arg(value, lambda node: _Like(node.meta["val"]))
 
 
 class _Like:
@@ -189,10 +173,15 @@ class _Like:
         self.shape, self.strides = tuple(value.shape), tuple(value.stride())
         self.dtype, self.device = value.dtype, value.device
 
+    def empty(self) -> torch.Tensor:
+        """A fresh empty tensor of this metadata."""
+        return torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=self.device)
+
 
 def _redraw(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> torch.Tensor:
     """One lifted draw, made eagerly: ``op`` on fresh empty tensors of the traced metadata."""
-    return op(*_filled(args), **_filled(kwargs))
+    args, kwargs = torch.fx.node.map_aggregate((args, kwargs), lambda a: a.empty() if isinstance(a, _Like) else a)
+    return op(*args, **kwargs)
 
 
 def compile_options(cuda_graphs: bool) -> dict[str, bool]:

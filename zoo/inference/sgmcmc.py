@@ -269,7 +269,8 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
 
 class _Chains:
     """The C chains of one SG-MCMC run in lockstep: their state (what a checkpoint holds) and the phases of a step,
-    each its own method: adapt the preconditioner, check the move (:func:`langevin_move`) is finite, keep a draw."""
+    each its own method: adapt the preconditioner, move (:func:`langevin_move`), check the move is finite, keep a
+    draw."""
 
     z: torch.Tensor  # the chains' positions [C, D]
     velocity: torch.Tensor  # sghmc's momenta [C, D] (sgld: zeros)
