@@ -26,6 +26,7 @@ from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
+from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO
 from zoo.spec import load_spec
 
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -565,9 +566,34 @@ def test_schedules_as_shares_of_the_run_follow_its_length(monkeypatch, spec_fact
     assert recorded[0] ** 20 == pytest.approx(0.25)
 
 
+@pytest.mark.parametrize("settings, first, last", [
+    (["inference.lr=null"], DEFAULT_LR, DEFAULT_LR * DEFAULT_LR_DECAY_TO ** (19 / 20)),  # the default: decayed
+    (["inference.lr=0.003"], 0.003, 0.003),  # a set lr is constant
+    (["inference.lr=0.003", "inference.lr_decay_to=0.5"], 0.003, 0.003 * 0.5 ** (19 / 20)),
+    (["inference.lr=null", "inference.lr_decay=0.9"], DEFAULT_LR, DEFAULT_LR * 0.9 ** 19),
+])
+def test_adam_takes_each_step_at_the_scheduled_lr(monkeypatch, spec_factory, settings, first, last):
+    """Adam's learning rate follows the run's schedule step by step: the default lr decays to
+    DEFAULT_LR_DECAY_TO of itself by the last step, a set lr stays constant unless a decay is set."""
+    seen = []
+    real = torch.optim.Adam
+
+    class Recording(real):
+        def step(self, *args, **kwargs):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "Adam", Recording)
+    spec = spec_factory("toy", "inference.num_steps=20", *settings)
+    data, family, guide, _ = prepare(spec)
+    svi.SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
+    assert len(seen) == 20
+    assert seen[0] == pytest.approx(first) and seen[-1] == pytest.approx(last)
+    assert all(a >= b for a, b in zip(seen, seen[1:], strict=False))
+
+
 @pytest.mark.parametrize("inference, pattern", [
     ({"lr_decay": 0.99, "lr_decay_to": 0.1, "optimizer": "clipped_adam"}, "not both"),
-    ({"lr_decay_to": 0.1}, "set optimizer: clipped_adam"),
     ({"kl_annealing_steps": 10, "kl_annealing_fraction": 0.5}, "not both"),
     ({"kl_annealing_fraction": 1.5}, "kl_annealing_fraction"),
 ])

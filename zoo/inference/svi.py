@@ -28,7 +28,7 @@ from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE
-from zoo.sections import CUDA_READ_LOSS_EVERY, SVISpec
+from zoo.sections import CUDA_READ_LOSS_EVERY, DEFAULT_LR, DEFAULT_LR_DECAY_TO, SVISpec
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
 
@@ -259,22 +259,43 @@ class SVIStep:
 
 def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int | None = None
                    ) -> torch.optim.Optimizer:
-    """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping); ``n_steps``, the run's
-    length, sets the per-step decay of ``lr_decay_to``.
+    """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping), at the run's starting
+    learning rate; ``n_steps``, the run's length, sets the per-step decay of ``lr_decay_to`` (ClippedAdam decays
+    its own lr; Adam's is set each step by :func:`scheduled_lr`).
 
     :param params: the trained tensors: the guide's parameters and the family's point parameters.
     :param spec: the run's ``inference`` section (its ``optimizer``, ``lr``, ``clip_norm``, ``lr_decay`` and
         ``lr_decay_to``).
-    :param n_steps: the run's steps; needed only with ``lr_decay_to``.
+    :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
     :returns: a :class:`~pyro.optim.clipped_adam.ClippedAdam` for ``clipped_adam``, else a torch Adam (fused when
         every tensor is float32 or float64).
-    :raises ValueError: when ``lr_decay_to`` is set and ``n_steps`` is None.
+    :raises ValueError: when the lr decays to a share of itself and ``n_steps`` is None.
     """
     if spec.optimizer == "clipped_adam":
-        return ClippedAdam(params, lr=spec.lr, clip_norm=spec.clip_norm, lrd=lr_decay_per_step(spec, n_steps))
+        return ClippedAdam(params, lr=starting_lr(spec), clip_norm=spec.clip_norm,
+                           lrd=lr_decay_per_step(spec, n_steps))
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
-    return torch.optim.Adam(params, lr=spec.lr, fused=fused)
+    return torch.optim.Adam(params, lr=starting_lr(spec), fused=fused)
 
+
+def starting_lr(spec: SVISpec) -> float:
+    """The learning rate of the first step: ``lr``, or :data:`~zoo.sections.DEFAULT_LR` where none is set.
+
+    :param spec: the run's ``inference`` section.
+    :returns: the learning rate.
+    """
+    return DEFAULT_LR if spec.lr is None else spec.lr
+
+
+def scheduled_lr(spec: SVISpec, step: int, n_steps: int | None = None) -> float:
+    """The learning rate of step ``step`` (from 0): the starting lr times the per-step decay to that step's power.
+
+    :param spec: the run's ``inference`` section.
+    :param step: the step, from 0.
+    :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
+    :returns: the learning rate.
+    """
+    return starting_lr(spec) * lr_decay_per_step(spec, n_steps) ** step
 
 def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
     """Steps between host reads of the loss: ``inference.read_loss_every``, else 1 on CPU (a read costs nothing
@@ -339,17 +360,20 @@ def _run_length(spec: SVISpec, n_steps: int | None, what: str) -> int:
 
 
 def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
-    """ClippedAdam's per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr after
-    ``n_steps`` steps.
+    """The per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr after ``n_steps``
+    steps; without a set lr and without either, the one that leaves :data:`~zoo.sections.DEFAULT_LR_DECAY_TO`.
 
-    :param spec: the run's ``inference`` section (its ``lr_decay`` and ``lr_decay_to``).
-    :param n_steps: the run's steps; needed only with ``lr_decay_to``.
+    :param spec: the run's ``inference`` section (its ``lr``, ``lr_decay`` and ``lr_decay_to``).
+    :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
     :returns: the factor the lr is multiplied by at each step, in (0, 1].
-    :raises ValueError: when ``lr_decay_to`` is set and ``n_steps`` is None.
+    :raises ValueError: when the lr decays to a share of itself and ``n_steps`` is None.
     """
-    if spec.lr_decay_to is None:
+    decay_to = spec.lr_decay_to
+    if decay_to is None and spec.lr is None and spec.lr_decay == 1.0:
+        decay_to = DEFAULT_LR_DECAY_TO
+    if decay_to is None:
         return spec.lr_decay
-    return spec.lr_decay_to ** (1.0 / _run_length(spec, n_steps, "lr_decay_to"))
+    return decay_to ** (1.0 / _run_length(spec, n_steps, "lr_decay_to"))
 
 
 def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
@@ -400,7 +424,8 @@ def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) 
     :param init_rho: the guide's initial rho (its softplus-parameterised scale); None for a guide without one.
     :returns: the remedies, each a short instruction naming the spec setting to change.
     """
-    hints = [f"lower inference.lr (now {spec.lr:g}), e.g. to {spec.lr / 10:g}"]
+    lr = starting_lr(spec)
+    hints = [f"lower inference.lr (now {lr:g}), e.g. to {lr / 10:g}"]
     if spec.optimizer != "clipped_adam":
         hints.append("use inference.optimizer: clipped_adam (it clips each gradient's norm)")
     else:
@@ -647,7 +672,12 @@ class SVIRun:
             self.step.signal = self.step.read_signal()
 
     def _update(self, batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        self.elbo.kl_weight = kl_weight(self.loop.step, self.fit.spec, self.n_steps)
+        spec = self.fit.spec
+        self.elbo.kl_weight = kl_weight(self.loop.step, spec, self.n_steps)
+        if spec.optimizer == "adam":  # ClippedAdam decays its own lr
+            lr = scheduled_lr(spec, self.loop.step, self.n_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         data = self.fit.data
         if isinstance(batch, tuple):  # a streamed (x, y) batch of a data set of n_train rows
             loss = self.step(*batch, None, n_rows=data.n_train)
