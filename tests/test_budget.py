@@ -55,7 +55,7 @@ def test_a_bad_budget_is_refused_naming_its_field_before_anything_is_written(tmp
 
 
 def test_a_swag_budget_too_short_for_its_rank_names_the_epochs_that_reach_it():
-    with pytest.raises(ZooInputError, match=r"give epochs \d+ or more, or lower inference.rank to \d+ or less"):
+    with pytest.raises(ZooInputError, match=r"collect for \d+ epochs or more .*, or lower inference.rank to \d+ or"):
         zoo.BNN(net(), member="swag", device="cpu").fit((X, Y), epochs=2, pretrain_epochs=1, rank=20, progress=False)
 
 
@@ -65,5 +65,28 @@ def test_a_short_budget_lowers_swags_default_rank_and_says_so(member):
     default look set, and ``fit(epochs=3)`` was refused)."""
     said = []
     bnn = zoo.BNN(net(), member=member, device="cpu").fit((X, Y), epochs=3, progress=False, echo=said.append)
-    assert any("default rank 20 lowered to the 3 iterates" in line for line in said)
-    assert bnn.posterior.deviations.shape[1] == 3
+    assert any("swag" in line and "(1 + 2) epochs" in line for line in said)  # the budget: a quarter collects
+    assert any("default rank 20 lowered to the 2 iterates" in line for line in said)
+    assert bnn.posterior.deviations.shape[1] == 2
+
+
+@pytest.mark.parametrize("epochs, pretrain, collecting", [(40, 30, 10), (30, 23, 7), (3, 1, 2), (2, 0, 2), (1, 0, 1)])
+def test_swag_spends_a_fit_budget_on_pretraining_then_the_last_quarter_collecting(epochs, pretrain, collecting):
+    from zoo.inference.swag import SWAG
+
+    assert SWAG().spend_budget({"epochs": epochs}, {}) == {"epochs": collecting, "pretrain_epochs": pretrain}
+    # a pretraining the user or the spec set is kept: the budget is the collecting epochs, as a spec reads them
+    assert SWAG().spend_budget({"epochs": epochs}, {"pretrain_epochs": 5}) == {"epochs": epochs}
+    assert SWAG().spend_budget({"epochs": 0}, {}) == {"epochs": 0}  # refused by the spec, naming epochs
+
+
+@pytest.mark.parametrize("collect_steps, per_epoch, rank, every", [
+    (800, 8, 20, 8),  # 100 collecting epochs: once per epoch, as in SWAG
+    (160, 8, 20, 8),  # 20 epochs reach the rank once per epoch
+    (40, 8, 20, 2),  # 5 epochs: every second step collects the 20
+    (10, 8, 20, 1),  # fewer steps than the rank: every step
+])
+def test_swag_collects_more_often_than_once_per_epoch_only_to_reach_its_rank(collect_steps, per_epoch, rank, every):
+    from zoo.inference.swag import default_collect_every
+
+    assert default_collect_every(collect_steps, per_epoch, rank) == every

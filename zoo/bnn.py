@@ -364,15 +364,15 @@ class BNN:
         if not settings:
             return spec
         tree = spec.model_dump(mode="json", exclude_unset=True)  # defaults stay defaults (a rank scaled to a budget)
-        where = registry.method_of(spec).budget_section
-        budget = {k: v for k, v in settings.items() if k in BUDGET_SETTINGS and where != "inference"}
+        method = registry.method_of(spec)
+        budget = {k: v for k, v in settings.items() if k in BUDGET_SETTINGS}
         tree["inference"] = {**tree.get("inference", {}), **{k: v for k, v in settings.items() if k not in budget}}
         if budget:
-            *path, last = where.split(".")
+            *path, last = method.budget_section.split(".")
             section = tree
             for key in path:
                 section = section.setdefault(key, {})
-            section[last] = {**section.get(last, {}), **budget}
+            section[last] = {**section.get(last, {}), **method.spend_budget(budget, section.get(last, {}))}
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         return _attach(load_spec(tree), module, None)
 

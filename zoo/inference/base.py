@@ -111,6 +111,16 @@ class InferenceMethod(ABC):
     # of the phase that trains (Laplace: the family's MAP phase, ``model.map``), so every member reads the same budget
     budget_section: ClassVar[str] = "inference"
 
+    def spend_budget(self, budget: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
+        """The settings that spend a fit's whole budget (``fit(epochs=E)``), to go into :attr:`budget_section`: the
+        budget itself by default; a method whose run has phases splits it between them.
+
+        :param budget: the fit's budget, ``{"epochs": E}`` or ``{"num_steps": T}``.
+        :param section: the budget section as set so far (the preset's and the user's settings; no defaults).
+        :returns: the settings to merge into the section.
+        """
+        return budget
+
     def complete(self, tree: dict[str, Any]) -> dict[str, Any]:
         """A spec tree (before validation) with the settings of this method whose default depends on other
         sections written out, so that the saved spec and a run's identity carry the value the run used (nothing by

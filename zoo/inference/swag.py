@@ -44,14 +44,16 @@ class SWAGSpec(Tempered):
     num_models: PositiveInt = Field(1, description="independent SWAG fits; > 1 is MultiSWAG (their mixture)")
     epochs: Epochs = Field(50, description="SGD epochs at the constant lr that collect iterates")
     pretrain_epochs: Annotated[NonNegativeInt, Field(le=MAX_EPOCHS)] = Field(100, description=(
-        "SGD epochs before collecting (0 when init is a MAP run), lr decayed from pretrain_lr to lr by a cosine"))
+        "SGD epochs before collecting (0 when init is a MAP run), lr decayed from pretrain_lr to lr by a cosine; "
+        "zoo.BNN.fit(epochs=E) without it pretrains for three quarters of E and collects for the rest"))
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
     pretrain_lr: PositiveFloat = Field(0.05, description="learning rate at the start of pretraining")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
     rank: PositiveInt = Field(20, ge=2, description="columns of the low-rank covariance (the last rank deviations)")
     collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
-                                              "per epoch)")
+                                              "per epoch, or as often as reaches the rank when the collecting "
+                                              "epochs are fewer than it)")
     init: str = Field("net", description="'net' (the net's own initialisation, redrawn per model), 'prior' "
                       "(prior draws), 'weights' (the net's own weights: SWAG post hoc on a trained net, net.weights), "
                       "or a run directory (e.g. a MAP run of the same spec): SGD starts at its draws")
@@ -155,6 +157,20 @@ def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
     return spec.lr + (spec.pretrain_lr - spec.lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
 
 
+def default_collect_every(collect_steps: int, per_epoch: int, rank: int) -> int:
+    """Steps between collected iterates when none is set: one per epoch, as in SWAG, unless that collects fewer
+    iterates than the rank; then as often as collects the rank (every step at most).
+
+    :param collect_steps: the steps of the collecting phase.
+    :param per_epoch: steps per epoch.
+    :param rank: the covariance's rank.
+    :returns: the steps between collections, at least 1.
+    """
+    if collect_steps // per_epoch >= rank:
+        return per_epoch
+    return max(1, min(per_epoch, collect_steps // rank))
+
+
 def fit_swag(fit: FitContext) -> SWAGResult:
     """Run ``spec.num_models`` SGD trajectories side by side and fit (Multi)SWAG to their collected iterates.
 
@@ -182,19 +198,20 @@ def fit_swag(fit: FitContext) -> SWAGResult:
                         fit.log, data.x_train.device, stream=data if data.streamed else None)
     pretrain = spec.pretrain_epochs * loop.per_epoch
     total = (spec.pretrain_epochs + spec.epochs) * loop.per_epoch
-    every = spec.collect_every or loop.per_epoch
+    every = spec.collect_every or default_collect_every(spec.epochs * loop.per_epoch, loop.per_epoch, spec.rank)
     collections = (total - pretrain) // every
     rank = spec.rank
     if collections < rank:
         enough = math.ceil(rank * every / loop.per_epoch)  # the fewest collecting epochs that reach the rank
         if "rank" in spec.model_fields_set or collections < 2:
             raise ZooInputError("inference.rank", rank, f"SWAG collects only {collections} iterates here "
-                                f"({spec.epochs} epochs x {loop.per_epoch} steps, one every {every} steps), fewer "
-                                f"than its rank: give epochs {enough} or more, or lower inference.rank to "
+                                f"({spec.epochs} collecting epochs x {loop.per_epoch} steps, one every {every} "
+                                f"steps), fewer than its rank: collect for {enough} epochs or more (inference.epochs; "
+                                f"fit(epochs=E) collects for the last quarter of E), or lower inference.rank to "
                                 f"{max(collections, 2)} or less (or collect_every)")
         rank = collections  # the default rank, scaled to a short budget: every iterate is a column
-        fit.log(f"SWAG's default rank {spec.rank} lowered to the {collections} iterates that {spec.epochs} epochs "
-                f"collect (epochs {enough} or more keep it)")
+        fit.log(f"SWAG's default rank {spec.rank} lowered to the {collections} iterates that {spec.epochs} "
+                f"collecting epochs collect ({enough} collecting epochs or more keep it)")
     potential = MinibatchPotential(family, data, compile=spec.compile)
     coords = potential.coords
     if fit.resume:
@@ -295,6 +312,20 @@ class SWAG(InferenceMethod):
 
     def describe(self, spec: SWAGSpec) -> str:
         return "multiswag" if spec.num_models > 1 else "swag"
+
+    def spend_budget(self, budget: dict, section: dict) -> dict:
+        """``fit(epochs=E)``: E epochs in all, the last quarter (at least two) collecting, unless the pretraining
+        was set (then E collecting epochs follow it, as ``epochs`` reads in a spec).
+
+        :param budget: the fit's budget, ``{"epochs": E}``.
+        :param section: the inference section as set so far (no defaults).
+        :returns: ``{"epochs": collecting, "pretrain_epochs": E - collecting}``, or the budget as it came.
+        """
+        total = budget.get("epochs")
+        if not isinstance(total, int) or isinstance(total, bool) or total < 1 or "pretrain_epochs" in section:
+            return budget  # a bad budget is refused by the spec, naming it
+        collecting = min(total, max(2, total // 4))  # two at least: a covariance needs two iterates
+        return {**budget, "epochs": collecting, "pretrain_epochs": total - collecting}
 
     def start_from(self, spec: SWAGSpec) -> Path | None:
         return starting_run(spec.init, ("net", "prior", "weights"))
