@@ -144,6 +144,21 @@ def test_crash_after_checkpoint_then_resume_is_exact(toy_run, tmp_path, spec_fac
     assert "resumed from" in (out / "train.log").read_text()
 
 
+def test_a_resumed_run_continues_the_default_lr_decay_exactly(tmp_path, spec_factory, monkeypatch):
+    """The default lr decays with the step count, so a run resumed from a checkpoint takes each later step at the
+    lr an uninterrupted run takes it at."""
+    settings = ("inference.lr=null", "inference.num_steps=40", "inference.checkpoint_every=20")
+    whole = run(spec_factory("toy", *settings), tmp_path / "whole")
+    out = tmp_path / "crashed"
+    interrupt_at(monkeypatch, 30, exc=RuntimeError)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run(spec_factory("toy", *settings), out)
+    assert checkpoint(out)["step"] == 20
+    monkeypatch.undo()
+    run(spec_factory("toy", *settings), out, resume=True)
+    assert_same_guide(out, whole.run_dir)
+
+
 def test_ctrl_c_between_steps_then_resume_is_exact(toy_run, tmp_path, spec_factory, monkeypatch):
     out = tmp_path / "interrupted"
     interrupt_at(monkeypatch, 130)
