@@ -297,6 +297,7 @@ def scheduled_lr(spec: SVISpec, step: int, n_steps: int | None = None) -> float:
     """
     return starting_lr(spec) * lr_decay_per_step(spec, n_steps) ** step
 
+
 def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
     """Steps between host reads of the loss: ``inference.read_loss_every``, else 1 on CPU (a read costs nothing
     there) and ``CUDA_READ_LOSS_EVERY`` on CUDA (a read each step would stall the GPU's queue every step).
