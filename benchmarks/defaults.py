@@ -393,6 +393,8 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
             lines.append(f"| {member} | {row['error']} |" + " |" * (len(head) - 2))
             continue
         bar = "" if member == "plain net" else ("✓" if row["meets_bar"] else f"✗ {row['misses']}")
+        if row["seeds"] < len(case["plain_lr"]):
+            member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
                  *([mean_se_cell(row["ece"], row["ece_se"], 3)] if classification else []),
                  f"{row['fit_time_ratio']:.1f}", bar]
@@ -439,6 +441,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="a setting for every member's fit, e.g. lr=0.01 (a hand-set value: the run is then not at "
                    "the defaults, and its cells are kept apart)")
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--finished-only", action="store_true", help="summarise the finished cells of --cells and fit "
+                   "none (a run still going, or stopped: the members and seeds it has reached)")
     p.add_argument("--from-json", nargs="+", metavar="JSON", help="print the Markdown tables of earlier runs' "
                    "summaries (the results page's) instead of running")
     args = p.parse_args(argv)
@@ -474,6 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = case.rows(seed, args.size, data_dir)
             for member in ["plain net", *members]:
                 key = (args.size, name, seed, member, "" if member == "plain net" else tag)
+                if key not in done and args.finished_only:
+                    continue
                 if key not in done:
                     try:
                         figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
@@ -487,6 +493,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"{name} seed {seed} {member}: {shown}", flush=True)
                 by_member.setdefault(member, []).append(done[key])
         plain = by_member["plain net"]
+        if not plain:
+            print(f"{name}: no finished cell")
+            continue
         summary = {m: summarise(case, cells, plain) for m, cells in by_member.items()}
         base = summary["plain net"]
         for member, row in summary.items():

@@ -52,6 +52,10 @@ def test_a_rerun_reads_the_finished_cells_instead_of_fitting_again(small_run, mo
         f.write('{"size": "small", "case": "toy"')  # a line torn by a kill mid-write is skipped
     again = defaults.main(argv)
     assert again["cases"]["toy"]["members"] == report["cases"]["toy"]["members"]
+    # a run still going (or stopped) is summarised as far as it got: an unfinished member is left out, not fitted
+    members = argv.index("--members") + 1
+    partial = defaults.main([*argv[:members], "map,mc_dropout", *argv[members + 1:], "--finished-only"])
+    assert list(partial["cases"]["toy"]["members"]) == ["plain net", "map"]
 
 
 def test_the_results_pages_tables_are_reprinted_from_the_json(small_run, capsys):
