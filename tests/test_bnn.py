@@ -292,7 +292,47 @@ def test_the_readme_quick_start_runs(tmp_path, monkeypatch):
     assert len(block.strip().splitlines()) <= 20
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        exec(compile(block.replace("epochs=20", "epochs=1"), "README", "exec"), {"__name__": "readme"})
+        exec(compile(block.replace("epochs=50", "epochs=1"), "README", "exec"), {"__name__": "readme"})
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_as_written_meets_the_bar_and_says_its_figures(tmp_path, monkeypatch):
+    """Run as written (its seed and epochs), the quick start's member is at least as good as the same net trained
+    plainly on the same loader (benchmarks/defaults.py's recipe and bar), and its comment states the figures."""
+    import re
+
+    from tests.conftest import load_benchmark
+
+    defaults = load_benchmark("defaults")
+    monkeypatch.chdir(tmp_path)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {"__name__": "readme"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(block, "README", "exec"), scope)
+    x, y, zoo_figures = scope["x"], scope["y"], scope["bnn"].metrics
+    epochs = int(re.search(r"epochs=(\d+)", block).group(1))
+    plain = []
+    for lr in defaults.PLAIN_LRS:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LayerNorm(32), torch.nn.ReLU(),
+                                  torch.nn.Linear(32, 2))
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+        for _ in range(epochs):
+            for xb, yb in scope["train"]:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(xb), yb).backward()
+                opt.step()
+        with torch.no_grad():
+            plain.append(defaults.scores(defaults.CASES["twoclass"], net(x[400:]), y[400:], None, 1.0))
+    best = min(plain, key=lambda m: m["nll"])  # picked on the rows it is scored on: the plain net's best case
+    ok, why = defaults.meets_bar(defaults.CASES["twoclass"], zoo_figures, best)
+    assert ok, why
+    said = re.search(r"here: accuracy ([\d.]+), NLL ([\d.]+)", block)
+    assert said, "the quick start's comment no longer states its figures"
+    assert float(said.group(1)) == pytest.approx(zoo_figures["accuracy"], abs=0.01)
+    assert float(said.group(2)) == pytest.approx(zoo_figures["nll"], abs=0.01)
 
 
 # ------------------------------------------------------------------------------------------ streamed data
