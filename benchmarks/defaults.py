@@ -241,33 +241,50 @@ def scores(case: Case, outputs: torch.Tensor, y: torch.Tensor, noise: float | No
     return {"rmse": m["rmse"], "nll": -m["test_ll"]}
 
 
+def train_plainly(net: nn.Module, batches: DataLoader, task: str, lr: float, epochs: int) -> float:
+    """Train ``net`` as a user would: Adam at ``lr`` on cross-entropy (classification) or squared error.
+
+    :param net: the net, trained in place and left in eval mode.
+    :param batches: the training ``(x, y)`` batches, read once per epoch.
+    :param task: ``classification`` or ``regression``.
+    :param lr: Adam's learning rate.
+    :param epochs: passes over ``batches``.
+    :returns: the seconds it took.
+    """
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    start = time.perf_counter()
+    net.train()
+    for _ in range(epochs):
+        for xb, yb in batches:
+            opt.zero_grad()
+            out = net(xb)
+            loss = (nn.functional.cross_entropy(out, yb) if task == "classification"
+                    else nn.functional.mse_loss(out.squeeze(-1), yb))
+            loss.backward()
+            opt.step()
+    net.eval()
+    return time.perf_counter() - start
+
+
+def outputs(net: nn.Module, x: torch.Tensor, case: Case) -> torch.Tensor:
+    """The plain net's logits, or its predicted means ``[N]`` for regression."""
+    out = net(x)
+    return out.squeeze(-1) if case.task == "regression" else out
+
+
 def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
-    """The net trained plainly: Adam at each lr of :data:`PLAIN_LRS`, the one with the best validation NLL kept."""
+    """The net trained plainly at each lr of :data:`PLAIN_LRS`, the one with the best validation NLL kept."""
     best: dict[str, Any] | None = None
     for lr in PLAIN_LRS:
         torch.manual_seed(seed)
         net = case.net(rows)
-        opt = torch.optim.Adam(net.parameters(), lr=lr)
-        loss_fn = nn.functional.cross_entropy if case.task == "classification" else (
-            lambda out, y: nn.functional.mse_loss(out.squeeze(-1), y))
-        start = time.perf_counter()
-        net.train()
-        for _ in range(epochs):
-            for xb, yb in loader(rows, case, seed):
-                opt.zero_grad()
-                loss_fn(net(xb), yb).backward()
-                opt.step()
-        seconds = time.perf_counter() - start
-        net.eval()
+        seconds = train_plainly(net, loader(rows, case, seed), case.task, lr, epochs)
         with torch.no_grad():
             noise = None
             if case.task == "regression":
-                noise = float(((net(rows.x_train).squeeze(-1) - rows.y_train) ** 2).mean().sqrt())
-            val = scores(case, net(rows.x_val).squeeze(-1) if case.task == "regression" else net(rows.x_val),
-                         rows.y_val, noise, 1.0)
-            test_out = net(rows.x_test)
-            test = scores(case, test_out.squeeze(-1) if case.task == "regression" else test_out, rows.y_test, noise,
-                          rows.y_unit)
+                noise = float(((outputs(net, rows.x_train, case) - rows.y_train) ** 2).mean().sqrt())
+            val = scores(case, outputs(net, rows.x_val, case), rows.y_val, noise, 1.0)
+            test = scores(case, outputs(net, rows.x_test, case), rows.y_test, noise, rows.y_unit)
         if math.isfinite(val["nll"]) and (best is None or val["nll"] < best["val_nll"]):
             best = {**test, "lr": lr, "val_nll": val["nll"], "seconds": seconds}
     if best is None:
@@ -352,26 +369,12 @@ def meets_bar(case: Case, row: dict, base: dict) -> tuple[bool, str]:
     return not misses, "; ".join(misses)
 
 
-def print_case(name: str, case: Case, summary: dict[str, dict], epochs: int) -> None:
+def show(text: str) -> None:
+    """The Markdown of the results page's tables, rendered in the terminal."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.markdown import Markdown
 
-    first = "accuracy" if case.task == "classification" else "RMSE"
-    table = Table(title=f"{name}: {case.about}, {epochs} epochs, batch {case.batch_size}")
-    for col in ("member", first, "NLL", *(["ECE"] if case.task == "classification" else []), "fit time ÷ plain",
-                "bar"):
-        table.add_column(col)
-    base = summary["plain net"]
-    key = "accuracy" if case.task == "classification" else "rmse"
-    for member, row in summary.items():
-        if "error" in row:
-            table.add_row(member, row["error"][:60], "", *([""] if case.task == "classification" else []), "", "✗")
-            continue
-        ok, why = (True, "") if member == "plain net" else meets_bar(case, row, base)
-        table.add_row(member, mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
-                      *([mean_se_cell(row["ece"], row["ece_se"], 3)] if case.task == "classification" else []),
-                      f"{row['fit_time_ratio']:.1f}", "" if member == "plain net" else ("✓" if ok else f"✗ {why}"))
-    Console(width=160).print(table)
+    Console(width=160).print(Markdown(text))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -501,10 +504,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for member, row in summary.items():
             if member != "plain net":
                 row["meets_bar"], row["misses"] = meets_bar(case, row, base)
-        print_case(name, case, summary, epochs)
         report["cases"][name] = {"about": case.about, "task": case.task, "epochs": epochs,
                                  "batch_size": case.batch_size, "plain_lr": [c["lr"] for c in plain],
                                  "members": summary}
+        show(markdown_table(name, report["cases"][name]))
     met = [(c, m) for c, v in report["cases"].items() for m, r in v["members"].items() if r.get("meets_bar") is False]
     report["cells_missing_bar"] = [f"{c}/{m}" for c, m in met]
     print(f"cells missing the bar: {len(met)} of "

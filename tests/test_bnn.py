@@ -318,12 +318,7 @@ def test_the_readme_quick_start_as_written_meets_the_bar_and_says_its_figures(tm
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LayerNorm(32), torch.nn.ReLU(),
                                   torch.nn.Linear(32, 2))
-        opt = torch.optim.Adam(net.parameters(), lr=lr)
-        for _ in range(epochs):
-            for xb, yb in scope["train"]:
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(net(xb), yb).backward()
-                opt.step()
+        defaults.train_plainly(net, scope["train"], "classification", lr, epochs)
         with torch.no_grad():
             plain.append(defaults.scores(defaults.CASES["twoclass"], net(x[400:]), y[400:], None, 1.0))
     best = min(plain, key=lambda m: m["nll"])  # picked on the rows it is scored on: the plain net's best case
