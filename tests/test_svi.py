@@ -26,7 +26,7 @@ from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
-from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO
+from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD
 from zoo.spec import load_spec
 
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -556,49 +556,56 @@ def test_kl_annealing_is_applied_during_training(monkeypatch, spec_factory):
     assert seen == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0]
 
 
-def test_schedules_as_shares_of_the_run_follow_its_length(monkeypatch, spec_factory):
-    """kl_annealing_fraction and lr_decay_to hold whatever the run's length (what a sweep over epochs needs)."""
-    spec = load_spec({"data": {"name": "toy_gap"}, "inference": {"kl_annealing_fraction": 0.5,
+def test_schedules_as_shares_of_the_run_follow_its_length():
+    """kl_annealing_fraction, lr_decay_to and lr_hold hold whatever the run's length (what a sweep over epochs
+    needs)."""
+    spec = load_spec({"data": {"name": "toy_gap"}, "inference": {"kl_annealing_fraction": 0.5, "lr": 0.01,
                                                                   "optimizer": "clipped_adam", "lr_decay_to": 0.1}})
     assert [svi.kl_weight(s, spec.inference, 8) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert [svi.kl_weight(s, spec.inference, 4) for s in range(3)] == [0.5, 1.0, 1.0]
     for n in (10, 1000):
+        assert svi.lr_hold_steps(spec.inference, n) == 0  # a set lr decays from the first step unless told
         assert svi.lr_decay_per_step(spec.inference, n) ** n == pytest.approx(0.1)
+        assert svi.scheduled_lr(spec.inference, n, n) == pytest.approx(0.01 * 0.1)
     with pytest.raises(ValueError, match="share of the run"):
         svi.kl_weight(0, spec.inference)
-    recorded = []
-    real = svi.ClippedAdam
-
-    def recording(params, **kwargs):
-        recorded.append(kwargs["lrd"])
-        return real(params, **kwargs)
-
-    monkeypatch.setattr(svi, "ClippedAdam", recording)
-    run = spec_factory("toy", "inference.num_steps=20", "inference.optimizer=clipped_adam",
-                       "inference.lr_decay_to=0.25")
-    data, family, guide, _ = prepare(run)
-    svi.SVI().fit(family, guide, data, run.inference, run.seed, progress=False)
-    assert recorded[0] ** 20 == pytest.approx(0.25)
+    held = load_spec({"data": {"name": "toy_gap"}, "inference": {"lr": 0.01, "lr_decay_to": 0.1, "lr_hold": 0.5}})
+    default = load_spec({"data": {"name": "toy_gap"}})
+    for n in (10, 1000):
+        assert svi.lr_hold_steps(held.inference, n) == n // 2
+        assert svi.lr_hold_steps(default.inference, n) == int(DEFAULT_LR_HOLD * n)
+        for s in (held, default):
+            h = svi.lr_hold_steps(s.inference, n)
+            lrs = [svi.scheduled_lr(s.inference, step, n) for step in range(n + 1)]
+            assert lrs[:h + 1] == [svi.starting_lr(s.inference)] * (h + 1)  # held, then decayed
+            assert lrs[n] == pytest.approx(svi.starting_lr(s.inference) * 0.1)
+            assert all(a > b for a, b in zip(lrs[h:], lrs[h + 1:], strict=False))
 
 
 @pytest.mark.parametrize("settings, first, last", [
-    (["inference.lr=null"], DEFAULT_LR, DEFAULT_LR * DEFAULT_LR_DECAY_TO ** (19 / 20)),  # the default: decayed
+    # the default: held for DEFAULT_LR_HOLD of the 20 steps, then decayed to DEFAULT_LR_DECAY_TO at step 20
+    (["inference.lr=null"], DEFAULT_LR, DEFAULT_LR * DEFAULT_LR_DECAY_TO ** (4 / 5)),
     (["inference.lr=0.003"], 0.003, 0.003),  # a set lr is constant
     (["inference.lr=0.003", "inference.lr_decay_to=0.5"], 0.003, 0.003 * 0.5 ** (19 / 20)),
-    (["inference.lr=null", "inference.lr_decay=0.9"], DEFAULT_LR, DEFAULT_LR * 0.9 ** 19),
+    (["inference.lr=0.003", "inference.lr_decay_to=0.5", "inference.lr_hold=0.5"], 0.003, 0.003 * 0.5 ** (9 / 10)),
+    (["inference.lr=null", "inference.lr_decay=0.9", "inference.lr_hold=0"], DEFAULT_LR, DEFAULT_LR * 0.9 ** 19),
+    (["inference.lr=0.003", "inference.lr_decay_to=0.5", "inference.optimizer=clipped_adam"], 0.003,
+     0.003 * 0.5 ** (19 / 20)),
 ])
-def test_adam_takes_each_step_at_the_scheduled_lr(monkeypatch, spec_factory, settings, first, last):
-    """Adam's learning rate follows the run's schedule step by step: the default lr decays to
-    DEFAULT_LR_DECAY_TO of itself by the last step, a set lr stays constant unless a decay is set."""
+def test_each_step_is_taken_at_the_scheduled_lr(monkeypatch, spec_factory, settings, first, last):
+    """The optimiser's learning rate follows the run's schedule step by step: the default lr is held, then decays
+    to DEFAULT_LR_DECAY_TO of itself by the last step; a set lr stays constant unless a decay is set; ClippedAdam
+    follows the same schedule."""
     seen = []
-    real = torch.optim.Adam
+    clipped = "inference.optimizer=clipped_adam" in settings
+    real = svi.ClippedAdam if clipped else torch.optim.Adam
 
     class Recording(real):
         def step(self, *args, **kwargs):
             seen.append(self.param_groups[0]["lr"])
             return super().step(*args, **kwargs)
 
-    monkeypatch.setattr(torch.optim, "Adam", Recording)
+    monkeypatch.setattr(*((svi, "ClippedAdam", Recording) if clipped else (torch.optim, "Adam", Recording)))
     spec = spec_factory("toy", "inference.num_steps=20", *settings)
     data, family, guide, _ = prepare(spec)
     svi.SVI().fit(family, guide, data, spec.inference, spec.seed, progress=False)
@@ -611,6 +618,8 @@ def test_adam_takes_each_step_at_the_scheduled_lr(monkeypatch, spec_factory, set
     ({"lr_decay": 0.99, "lr_decay_to": 0.1, "optimizer": "clipped_adam"}, "not both"),
     ({"kl_annealing_steps": 10, "kl_annealing_fraction": 0.5}, "not both"),
     ({"kl_annealing_fraction": 1.5}, "kl_annealing_fraction"),
+    ({"lr": 0.01, "lr_hold": 0.5}, "no decay to hold off"),
+    ({"lr_hold": 1.0}, "lr_hold"),
 ])
 def test_schedule_conflicts_are_refused(inference, pattern):
     with pytest.raises(ZooInputError, match=pattern):

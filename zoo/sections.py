@@ -19,8 +19,8 @@ from pydantic import (
 
 from zoo.parts import Strict
 
-__all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "MAX_EPOCHS", "MAX_STEPS", "Epochs", "SVISpec",
-           "Steps", "Strict", "Tempered"]
+__all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "DEFAULT_LR_HOLD", "MAX_EPOCHS", "MAX_STEPS",
+           "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
 
 # A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
 # larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
@@ -53,6 +53,7 @@ class Tempered(Strict):
 
 DEFAULT_LR = 1e-2  # SVI's learning rate when none is set, decayed to DEFAULT_LR_DECAY_TO of itself by the last step
 DEFAULT_LR_DECAY_TO = 0.1
+DEFAULT_LR_HOLD = 0.75  # the default lr's share of the run held at DEFAULT_LR before its decay (benchmarks/defaults.py)
 CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of its loss (see SVISpec.read_loss_every)
 
 
@@ -71,13 +72,16 @@ class SVISpec(Tempered):
         "adam, or clipped_adam (gradient clipping at clip_norm and a per-step lr decay)"))
     lr: PositiveFloat | None = Field(None, description=(
         f"the optimiser's learning rate, constant unless lr_decay or lr_decay_to is set; null (the default): "
-        f"{DEFAULT_LR:g} decayed to {DEFAULT_LR_DECAY_TO:g} of it by the run's last step (docs: the members page, "
-        "measured by benchmarks/defaults.py)"))
+        f"{DEFAULT_LR:g} for the first {DEFAULT_LR_HOLD:.0%} of the run, then decayed to {DEFAULT_LR_DECAY_TO:g} of "
+        "it by the run's last step (docs: the members page, measured by benchmarks/defaults.py)"))
     clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="per-step lr decay factor")
     lr_decay_to: float | None = Field(
         None, gt=0.0, le=1.0, description="the share of the lr left at the last step (the per-step decay follows "
         "from the run's length, so it holds when epochs or num_steps change; instead of lr_decay)")
+    lr_hold: float | None = Field(
+        None, ge=0.0, lt=1.0, description="the share of the run's steps taken at the starting lr before lr_decay or "
+        f"lr_decay_to starts to decay it; null: {DEFAULT_LR_HOLD:g} for the default lr (lr: null), else 0")
     num_particles: PositiveInt = Field(1, description="Monte Carlo draws of the ELBO per step")
     kl_annealing_steps: NonNegativeInt = Field(0, description="linear warm-up of the KL weight from 0 to 1")
     kl_annealing_fraction: float | None = Field(
@@ -108,6 +112,9 @@ class SVISpec(Tempered):
     def _one_way_per_schedule(self) -> SVISpec:
         if self.lr_decay_to is not None and self.lr_decay != 1.0:
             raise ValueError("set lr_decay (per step) or lr_decay_to (by the last step), not both")
+        if self.lr_hold and self.lr is not None and self.lr_decay_to is None and self.lr_decay == 1.0:
+            raise ValueError(f"lr_hold: got {self.lr_hold:g}, but lr {self.lr:g} is constant, so there is no decay "
+                             "to hold off: set lr_decay_to (or lr_decay), or drop lr_hold")
         if self.kl_annealing_fraction is not None and self.kl_annealing_steps:
             raise ValueError("set kl_annealing_steps or kl_annealing_fraction, not both")
         if self.autocast != "none" and self.compile:

@@ -28,7 +28,7 @@ from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE
-from zoo.sections import CUDA_READ_LOSS_EVERY, DEFAULT_LR, DEFAULT_LR_DECAY_TO, SVISpec
+from zoo.sections import CUDA_READ_LOSS_EVERY, DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD, SVISpec
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
 
@@ -257,23 +257,17 @@ class SVIStep:
             self.elbo.kl_weight, self.elbo.last_terms = saved, {}
 
 
-def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec, n_steps: int | None = None
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.optim.Optimizer:
     """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping), at the run's starting
-    learning rate; ``n_steps``, the run's length, sets the per-step decay of ``lr_decay_to`` (ClippedAdam decays
-    its own lr; Adam's is set each step by :func:`scheduled_lr`).
+    learning rate; the run sets its lr each step from :func:`scheduled_lr` (ClippedAdam's own decay is off).
 
     :param params: the trained tensors: the guide's parameters and the family's point parameters.
-    :param spec: the run's ``inference`` section (its ``optimizer``, ``lr``, ``clip_norm``, ``lr_decay`` and
-        ``lr_decay_to``).
-    :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
+    :param spec: the run's ``inference`` section (its ``optimizer``, ``lr`` and ``clip_norm``).
     :returns: a :class:`~pyro.optim.clipped_adam.ClippedAdam` for ``clipped_adam``, else a torch Adam (fused when
         every tensor is float32 or float64).
-    :raises ValueError: when the lr decays to a share of itself and ``n_steps`` is None.
     """
     if spec.optimizer == "clipped_adam":
-        return ClippedAdam(params, lr=starting_lr(spec), clip_norm=spec.clip_norm,
-                           lrd=lr_decay_per_step(spec, n_steps))
+        return ClippedAdam(params, lr=starting_lr(spec), clip_norm=spec.clip_norm, lrd=1.0)
     fused = all(p.dtype in (torch.float32, torch.float64) for p in params)
     return torch.optim.Adam(params, lr=starting_lr(spec), fused=fused)
 
@@ -287,15 +281,34 @@ def starting_lr(spec: SVISpec) -> float:
     return DEFAULT_LR if spec.lr is None else spec.lr
 
 
+def _hold_share(spec: SVISpec) -> float:
+    return spec.lr_hold if spec.lr_hold is not None else (DEFAULT_LR_HOLD if spec.lr is None else 0.0)
+
+
+def lr_hold_steps(spec: SVISpec, n_steps: int | None = None) -> int:
+    """Steps taken at the starting lr before its decay begins: ``lr_hold`` of the run, or
+    :data:`~zoo.sections.DEFAULT_LR_HOLD` of it for the default lr; 0 when the lr is constant.
+
+    :param spec: the run's ``inference`` section (its ``lr``, ``lr_hold``, ``lr_decay`` and ``lr_decay_to``).
+    :param n_steps: the run's steps; needed only when a share of them is held.
+    :returns: the held steps.
+    :raises ValueError: when a share is held and ``n_steps`` is None.
+    """
+    if _hold_share(spec) == 0.0 or lr_decay_per_step(spec, n_steps) == 1.0:
+        return 0
+    return int(_hold_share(spec) * _run_length(spec, n_steps, "lr_hold"))
+
+
 def scheduled_lr(spec: SVISpec, step: int, n_steps: int | None = None) -> float:
-    """The learning rate of step ``step`` (from 0): the starting lr times the per-step decay to that step's power.
+    """The learning rate of step ``step`` (from 0): the starting lr for the held steps, then times the per-step
+    decay once for each step after them.
 
     :param spec: the run's ``inference`` section.
     :param step: the step, from 0.
-    :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
+    :param n_steps: the run's steps; needed only when the lr decays to a share of itself or a share is held.
     :returns: the learning rate.
     """
-    return starting_lr(spec) * lr_decay_per_step(spec, n_steps) ** step
+    return starting_lr(spec) * lr_decay_per_step(spec, n_steps) ** max(0, step - lr_hold_steps(spec, n_steps))
 
 
 def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
@@ -361,12 +374,13 @@ def _run_length(spec: SVISpec, n_steps: int | None, what: str) -> int:
 
 
 def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
-    """The per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr after ``n_steps``
-    steps; without a set lr and without either, the one that leaves :data:`~zoo.sections.DEFAULT_LR_DECAY_TO`.
+    """The per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr at the last of
+    ``n_steps`` steps, the decay starting after the held steps (:func:`lr_hold_steps`); without a set lr and without
+    either, the one that leaves :data:`~zoo.sections.DEFAULT_LR_DECAY_TO`.
 
-    :param spec: the run's ``inference`` section (its ``lr``, ``lr_decay`` and ``lr_decay_to``).
+    :param spec: the run's ``inference`` section (its ``lr``, ``lr_decay``, ``lr_decay_to`` and ``lr_hold``).
     :param n_steps: the run's steps; needed only when the lr decays to a share of itself.
-    :returns: the factor the lr is multiplied by at each step, in (0, 1].
+    :returns: the factor the lr is multiplied by at each decaying step, in (0, 1].
     :raises ValueError: when the lr decays to a share of itself and ``n_steps`` is None.
     """
     decay_to = spec.lr_decay_to
@@ -374,7 +388,8 @@ def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
         decay_to = DEFAULT_LR_DECAY_TO
     if decay_to is None:
         return spec.lr_decay
-    return decay_to ** (1.0 / _run_length(spec, n_steps, "lr_decay_to"))
+    n = _run_length(spec, n_steps, "lr_decay_to")
+    return decay_to ** (1.0 / max(1, n - int(_hold_share(spec) * n)))
 
 
 def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
@@ -580,7 +595,7 @@ class SVIRun:
                                  "SVI", fit.progress, fit.log, data.x_train.device, writer=self.team.is_writer,
                                  stream=data if data.streamed else None)
         self.n_steps = spec.num_steps if spec.num_steps is not None else (spec.epochs or 1) * self.loop.per_epoch
-        self.optimizer = make_optimizer(list(self.named.values()), spec, self.n_steps)
+        self.optimizer = make_optimizer(list(self.named.values()), spec)
         self.elbo = ELBOS[spec.elbo](spec.num_particles)
         self.elbo.temperature = spec.temperature
         self.result = SVIResult()
@@ -675,10 +690,9 @@ class SVIRun:
     def _update(self, batch: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None) -> None:
         spec = self.fit.spec
         self.elbo.kl_weight = kl_weight(self.loop.step, spec, self.n_steps)
-        if spec.optimizer == "adam":  # ClippedAdam decays its own lr
-            lr = scheduled_lr(spec, self.loop.step, self.n_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        lr = scheduled_lr(spec, self.loop.step, self.n_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         data = self.fit.data
         if isinstance(batch, tuple):  # a streamed (x, y) batch of a data set of n_train rows
             loss = self.step(*batch, None, n_rows=data.n_train)
