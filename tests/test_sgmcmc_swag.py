@@ -177,10 +177,10 @@ def test_cyclical_sghmc_with_the_scale_adapted_metric_resumes_exactly(tmp_path, 
 
 @pytest.mark.parametrize("preconditioner", ["none", "rmsprop", "scale_adapted"])
 def test_sgld_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, preconditioner):
-    # rmsprop: burn-in (and so the preconditioner's estimation) runs to step 100, past the checkpoint at step 80
-    spec = load_spec(linear_spec("sgld", num_chains=3, epochs=30, batch_size=10, lr=0.01,
-                                 burn_in_epochs=5 if preconditioner == "none" else 25, thin=7, checkpoint_every=40,
-                                 preconditioner=preconditioner))
+    # burn-in (the preconditioner's estimation; without one, the exploring Adam steps) runs to step 100, past the
+    # checkpoint at step 80
+    spec = load_spec(linear_spec("sgld", num_chains=3, epochs=30, batch_size=10, lr=0.01, burn_in_epochs=25, thin=7,
+                                 checkpoint_every=40, preconditioner=preconditioner))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, loop)
     full = SGMCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
@@ -391,6 +391,55 @@ def test_sgmcmc_burns_in_a_quarter_of_any_budget_by_default(epochs):
     assert spec.burn_in_epochs is None and sgmcmc.burn_in_steps(spec, 100) == int(epochs * 100 * sgmcmc.BURN_IN_SHARE)
     assert sgmcmc.kept_steps(spec, epochs * 100, 100)[0] >= 25 * epochs  # none before the burn-in's end
     assert sgmcmc.burn_in_steps(load_spec(linear_spec("sghmc", burn_in_epochs=2.0)).inference, 4) == 8
+
+
+def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over_the_sampling_steps(monkeypatch):
+    """SGLD's default burn-in steps are Adam steps down U that draw no noise (no draw is kept from them); the
+    polynomial decay starts when they end, at the full lr. explore_burn_in: false (sghmc's default) keeps every step
+    a step of the sampler."""
+    spec = load_spec(linear_spec("sgld", epochs=40, batch_size=None, thin=1))
+    assert spec.inference.explore_burn_in and not load_spec(linear_spec("sghmc")).inference.explore_burn_in
+    assert not load_spec(linear_spec("sgld", preconditioner="rmsprop")).inference.explore_burn_in
+    with pytest.raises(ZooInputError, match="explore_burn_in.*preconditioner: none"):
+        load_spec(linear_spec("sgld", preconditioner="rmsprop", explore_burn_in=True))
+    burn = sgmcmc.burn_in_steps(spec.inference, 1)
+    lrs = [step_size(spec.inference, t, 40, burn)[0] for t in range(40)]
+    assert burn == 10 and lrs[:burn + 1] == [spec.inference.lr] * (burn + 1)
+    assert all(a > b for a, b in zip(lrs[burn:], lrs[burn + 1:], strict=False))
+    moves = []
+    langevin, adam = sgmcmc.langevin_move, sgmcmc.adam_move
+
+    def recording_langevin(*args, method, momentum):
+        moves.append(("langevin", len(args) == 8))  # the eighth argument is a sampling step's noise
+        return langevin(*args, method=method, momentum=momentum)
+
+    def recording_adam(*args):
+        moves.append(("adam", False))
+        return adam(*args)
+
+    monkeypatch.setattr(sgmcmc, "langevin_move", recording_langevin)
+    monkeypatch.setattr(sgmcmc, "adam_move", recording_adam)
+    for explore, first in ((True, ("adam", False)), (False, ("langevin", True))):
+        moves.clear()
+        run = load_spec(linear_spec("sgld", epochs=40, batch_size=None, thin=1, explore_burn_in=explore))
+        data, family, guide, _ = prepare(run)
+        result = SGMCMC().fit(family, guide, data, run.inference, 0, progress=False)
+        assert moves == [first] * burn + [("langevin", True)] * (40 - burn)
+        assert next(iter(result.draws.values())).shape[1] == 40 - burn
+
+
+def test_adam_move_is_torchs_adam():
+    """The exploring burn-in's step is Adam's, to the last bit of arithmetic that matters."""
+    z = torch.randn(3, 5, dtype=torch.float64)
+    param = torch.nn.Parameter(z.clone())
+    opt = torch.optim.Adam([param], lr=sgmcmc.EXPLORE_LR, betas=sgmcmc.ADAM_BETAS, eps=1e-8)
+    first, second = torch.zeros_like(z), torch.zeros_like(z)
+    for step in range(4):
+        grad = torch.sin(z * (step + 1))
+        param.grad = grad.clone()
+        opt.step()
+        z, first, second = sgmcmc.adam_move(z, grad, first, second, step)
+        torch.testing.assert_close(z, param.detach())
 
 
 def test_net_initialisation_redraws_the_net_for_every_chain_and_puts_it_back():

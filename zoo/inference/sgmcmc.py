@@ -51,7 +51,7 @@ from zoo.inference.loop import TrainingLoop
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import Epochs, Tempered
+from zoo.sections import DEFAULT_LR, Epochs, Tempered
 
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
@@ -75,6 +75,12 @@ class SGMCMCSpec(Tempered):
     burn_in_epochs: NonNegativeFloat | None = Field(None, description=(
         "epochs before the first kept draw; null: a quarter of the run's epochs (50 of the default 200), so that any "
         "number of epochs keeps draws"))
+    explore_burn_in: bool | None = Field(None, description=(
+        f"burn-in steps without noise that climb to a mode as the zoo's MAP fit does (Adam at {DEFAULT_LR:g} on "
+        "each chain), where the sampling steps start: far fewer steps than noisy ones take to reach the "
+        "posterior's bulk, and no draw is kept from them; null: true for sgld without a preconditioner (its own "
+        "steps have no momentum), false for sghmc (its cyclical schedule explores in every cycle) and for a "
+        "preconditioned run (its metric is estimated from the burn-in's noisy steps)"))
     thin: PositiveInt | None = Field(None, description=(
         "keep every thin-th step's state after burn-in; null: every 10th, or closer where the run is short, so that "
         f"each chain keeps {MIN_KEPT_DRAWS} draws where it has that many sampling steps"))
@@ -99,6 +105,12 @@ class SGMCMCSpec(Tempered):
     def _default_schedule(self) -> SGMCMCSpec:
         if self.schedule is None:
             self.schedule = "cyclical" if self.method == "sghmc" else "polynomial"
+        if self.explore_burn_in is None:
+            self.explore_burn_in = self.method == "sgld" and self.preconditioner == "none"
+        if self.explore_burn_in and self.preconditioner != "none":
+            raise ValueError(f"inference.explore_burn_in: got true with the {self.preconditioner} preconditioner, "
+                             "which is estimated from the burn-in's noisy gradients (noise-free steps near a mode "
+                             "would set it far too large): drop explore_burn_in, or use preconditioner: none")
         explores = self.schedule == "cyclical" and self.exploration > 0
         if self.preconditioner != "none" and self.burn_in_epochs == 0 and not (
                 self.preconditioner == "scale_adapted" and explores):
@@ -141,19 +153,21 @@ def inverse_mass(square: torch.Tensor, steps: int, decay: float, kind: str = "rm
     return inverse / inverse.mean(-1, keepdim=True) if kind == "rmsprop" else inverse
 
 
-def step_size(spec: SGMCMCSpec, step: int, total: int) -> tuple[float, bool]:
+def step_size(spec: SGMCMCSpec, step: int, total: int, explored: int = 0) -> tuple[float, bool]:
     """The learning rate at ``step`` of ``total`` and whether this step samples (injects noise; False while a
     cyclical schedule explores).
 
     :param spec: the run's ``inference`` section (its ``lr``, ``schedule``, ``cycles`` and ``exploration``).
     :param step: the step, from 0.
     :param total: the run's steps.
+    :param explored: the exploring burn-in's steps (``explore_burn_in``): taken at ``lr``, the polynomial decay
+        starting after them, over the sampling steps.
     :returns: ``(lr, sampling)``.
     """
     if spec.schedule == "constant":
         return spec.lr, True
     if spec.schedule == "polynomial":
-        return spec.lr * (1.0 + step / max(1.0, 0.01 * total)) ** -0.55, True
+        return spec.lr * (1.0 + max(0, step - explored) / max(1.0, 0.01 * (total - explored))) ** -0.55, True
     length = math.ceil(total / spec.cycles)
     phase = (step % length) / length
     return spec.lr / 2 * (math.cos(math.pi * phase) + 1.0), phase >= spec.exploration
@@ -290,6 +304,7 @@ class _Chains:
         preconditioned = self.spec.preconditioner != "none"
         self.adapting = burn_in_steps(self.spec, loop.per_epoch) if preconditioned else 0  # G adapts over these
         self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
+        self.exploring = burn_in_steps(self.spec, loop.per_epoch) if self.spec.explore_burn_in else 0
 
     # -- the state ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -332,6 +347,8 @@ class _Chains:
             f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({self.total:,} steps of {loop.batch} "
             f"rows, {spec.schedule} lr from {spec.lr:g}) over {self.potential.coords.dim:,} latent dimensions; "
             f"{len(self.keep)} draws per chain"
+            + (f"; the {self.exploring:,} burn-in steps explore (Adam at {EXPLORE_LR:g}, no noise)"
+               if self.exploring else "")
             + (f"; {spec.preconditioner} preconditioner estimated over the {self.adapting:,} burn-in steps"
                + (" and every exploration phase, frozen while draws are kept" if self.readapt else ", then frozen")
                if spec.preconditioner != "none" else ""))
@@ -339,7 +356,13 @@ class _Chains:
     # -- one step ----------------------------------------------------------------------------------------------
     def step(self, rows: torch.Tensor | None) -> None:
         """One step of every chain on the minibatch ``rows`` (None: every row): the loop's update."""
-        lr, sampling = step_size(self.spec, self.loop.step, self.total)
+        lr, sampling = step_size(self.spec, self.loop.step, self.total, self.exploring)
+        if self.loop.step < self.exploring:  # an exploring burn-in step: Adam, no noise, no draw
+            energy, grad = self.potential.value_and_grad(self.z, rows)
+            new_z, self.velocity, self.square = adam_move(self.z, grad, self.velocity, self.square, self.loop.step)
+            self.check_finite(new_z, energy, EXPLORE_LR)
+            self.z = new_z
+            return
         eps = self.z.new_tensor(lr / self.loop.n, dtype=torch.float64)  # a tensor: one compiled graph for every lr
         noise = (_randn(self.z, self.noise),) if sampling else ()
         move = {"method": self.spec.method, "momentum": self.spec.momentum}
@@ -465,6 +488,31 @@ def langevin_move(z: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, vel
     if noise:
         new_velocity = new_velocity + (2 * (1.0 - momentum) * eps).sqrt() * root * noise[0]
     return z + new_velocity, new_velocity
+
+
+EXPLORE_LR = DEFAULT_LR  # an exploring burn-in's Adam step: the zoo's MAP fit's (SVI's default lr)
+ADAM_BETAS = (0.9, 0.999)
+
+
+def adam_move(z: torch.Tensor, grad: torch.Tensor, first: torch.Tensor, second: torch.Tensor, step: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Adam step of every chain down U (an exploring burn-in's), at :data:`EXPLORE_LR`: the new points and
+    moment averages (bias-corrected at ``step``, from 0). Adam's per-coordinate scale keeps the step stable where a
+    learned noise makes U stiff, which SGD with momentum at the sampler's lr is not.
+
+    :param z: the chains' points ``[C, D]``.
+    :param grad: dU/dz ``[C, D]``.
+    :param first: the decaying average of the gradients (the chains' ``velocity`` slot during burn-in).
+    :param second: the decaying average of the squared gradients (the ``square`` slot; no preconditioner adapts
+        while the burn-in explores).
+    :param step: the step, from 0.
+    :returns: ``(z, first, second)`` after the step.
+    """
+    b1, b2 = ADAM_BETAS
+    first = b1 * first + (1.0 - b1) * grad
+    second = b2 * second + (1.0 - b2) * grad.square()
+    scale = (second / (1.0 - b2 ** (step + 1))).sqrt() + 1e-8
+    return z - EXPLORE_LR * first / (1.0 - b1 ** (step + 1)) / scale, first, second
 
 
 def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
