@@ -411,8 +411,8 @@ class BNN:
 
         :param data: the training rows: ``(x, y)`` tensors or arrays, a torch ``Dataset`` of ``(x, y)`` items, a
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
-        :param val: rows to score the fit on as it goes and at its end (the forms of ``data``); their metrics are
-            :attr:`metrics`.
+        :param val: rows to score the fit on at its end (the forms of ``data``), their metrics then
+            :attr:`metrics`; with ``echo``, also scored four times as it goes, each score a line.
         :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
             diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
         :param resume: continue the fit checkpointed in ``out`` (needs ``out``).
@@ -434,11 +434,12 @@ class BNN:
         spec = spec.model_copy(update={"data": section})
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
         if monitor is None and val is not None:
-            task = task_of(dataset)
-            metric = next(iter(task.metrics))
+            # scored five times as the fit goes where the scores are shown (echo), else once, at its end: each
+            # score is predictive_samples passes over the rows, most of a sampled member's fit on a small net
+            metric, reports = next(iter(task_of(dataset).metrics)), 1 if echo is None else 5
             monitor = ValidationMonitor(metric, lambda k, v: (echo or (lambda *_: None))(
-                f"validation {metric} {v:.4g} ({k}/5 of the fit)"), spec.inference.predictive_samples, spec.seed,
-                reports=5)
+                f"validation {metric} {v:.4g} ({k}/{reports} of the fit)"), spec.inference.predictive_samples,
+                spec.seed, reports=reports)
         with distributed.joined(resolve_device(spec.device)) as team, (
                 contextlib.nullcontext(None) if out is None
                 else claimed_run_directory(Path(out), resume) if team.is_writer
