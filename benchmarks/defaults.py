@@ -27,6 +27,7 @@ two processes with torch's default threads slow each other up to 10x on two core
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -51,8 +52,10 @@ from zoo.data.mnist5k import load_mnist5k  # noqa: E402
 from zoo.data.toy import load_toy_gap  # noqa: E402
 from zoo.data.uci import load_uci  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.inference import METHODS  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
+from zoo.spec import load_spec  # noqa: E402
 
 PLAIN_LRS = (1e-3, 3e-3, 1e-2)
 NOT_BUDGETED = {"hmc": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)",
@@ -318,6 +321,25 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def defaults_edition(member: str) -> str:
+    """A fingerprint of a member's defaults: its preset resolved to a whole spec (every field's default, nulls
+    resolved by the spec's validators), and the constants of the modules that resolve the rest (the spec's
+    sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``). A finished cell is reused only
+    at the same edition, so a changed default reruns the members it touches instead of tabling figures of the old."""
+    spec = load_spec({"member": member, "data": {"name": "toy_gap"}})
+    modules = {"zoo.sections", "zoo.inference.svi", type(METHODS.method(spec.inference.method)).__module__}
+    constants = {f"{m}.{k}": v for m in sorted(modules) for k, v in vars(sys.modules[m]).items()
+                 if k.isupper() and isinstance(v, int | float | str | tuple)}
+    what = {"spec": spec.model_dump(mode="json"), "constants": constants}
+    return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cell_key(cell: dict) -> tuple:
+    """Which run a cell belongs to: its size, case, seed, member, hand-set settings and defaults' edition."""
+    return (cell["size"], cell["case"], cell["seed"], cell["member"], cell.get("settings", ""),
+            cell.get("edition", ""))
+
+
 def read_cells(path: Path) -> dict[tuple, dict]:
     """The finished cells of an earlier run (a torn last line, from a kill mid-write, is skipped)."""
     out: dict[tuple, dict] = {}
@@ -327,7 +349,7 @@ def read_cells(path: Path) -> dict[tuple, dict]:
                 cell = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            out[(cell["size"], cell["case"], cell["seed"], cell["member"], cell.get("settings", ""))] = cell
+            out[cell_key(cell)] = cell
     return out
 
 
@@ -480,7 +502,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in seeds:
             rows = case.rows(seed, args.size, data_dir)
             for member in ["plain net", *members]:
-                key = (args.size, name, seed, member, "" if member == "plain net" else tag)
+                is_plain = member == "plain net"
+                key = (args.size, name, seed, member, "" if is_plain else tag,
+                       "" if is_plain else defaults_edition(member))
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:
@@ -490,7 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     except (ZooInputError, ValueError, RuntimeError) as e:
                         figures = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
                     done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,
-                                 "settings": key[-1], **figures}
+                                 "settings": key[-2], "edition": key[-1], **figures}
                     append_cell(cells_path, done[key])
                     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
                     print(f"{name} seed {seed} {member}: {shown}", flush=True)

@@ -58,6 +58,25 @@ def test_a_rerun_reads_the_finished_cells_instead_of_fitting_again(small_run, mo
     assert list(partial["cases"]["toy"]["members"]) == ["plain net", "map"]
 
 
+def test_a_changed_default_reruns_the_members_cells_not_the_plain_nets(small_run, monkeypatch, tmp_path):
+    """A cell is reused only at the defaults' edition it was fitted at: a changed default, a preset or a resolving
+    constant, fits its members again (the plain net, which no zoo default touches, is kept)."""
+    out, argv, _ = small_run
+    import zoo.sections
+
+    before = defaults.defaults_edition("map")
+    monkeypatch.setattr(zoo.sections, "DEFAULT_LR_HOLD", zoo.sections.DEFAULT_LR_HOLD / 2, raising=True)
+    assert defaults.defaults_edition("map") != before
+    fitted = []
+    monkeypatch.setattr(defaults, "member_fit", lambda case, rows, seed, member, *a, **k: fitted.append(member) or
+                        {"accuracy": 0.5, "nll": 1.0, "ece": 0.0, "brier": 0.5, "seconds": 1.0})
+    monkeypatch.setattr(defaults, "plain_net", lambda *a, **k: pytest.fail("the plain net was fitted again"))
+    cells = tmp_path / "cells.jsonl"
+    cells.write_text((out / "cells.jsonl").read_text())
+    defaults.main(["--size", "small", "--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)])
+    assert fitted == ["map"]
+
+
 def test_the_results_pages_tables_are_reprinted_from_the_json(small_run, capsys):
     out, _, report = small_run
     capsys.readouterr()
