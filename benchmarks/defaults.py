@@ -487,6 +487,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tag = ",".join(args.set)
     torch.set_num_threads(args.threads)
     cells_path = Path(args.cells)
+    editions = {member: defaults_edition(member) for member in members}
     done = read_cells(cells_path)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
@@ -503,8 +504,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = case.rows(seed, args.size, data_dir)
             for member in ["plain net", *members]:
                 is_plain = member == "plain net"
-                key = (args.size, name, seed, member, "" if is_plain else tag,
-                       "" if is_plain else defaults_edition(member))
+                key = (args.size, name, seed, member, "" if is_plain else tag, "" if is_plain else editions[member])
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:

@@ -356,13 +356,13 @@ class _Chains:
     # -- one step ----------------------------------------------------------------------------------------------
     def step(self, rows: torch.Tensor | None) -> None:
         """One step of every chain on the minibatch ``rows`` (None: every row): the loop's update."""
-        lr, sampling = step_size(self.spec, self.loop.step, self.total, self.exploring)
         if self.loop.step < self.exploring:  # an exploring burn-in step: Adam, no noise, no draw
             energy, grad = self.potential.value_and_grad(self.z, rows)
             new_z, self.velocity, self.square = adam_move(self.z, grad, self.velocity, self.square, self.loop.step)
             self.check_finite(new_z, energy, EXPLORE_LR)
             self.z = new_z
             return
+        lr, sampling = step_size(self.spec, self.loop.step, self.total, self.exploring)
         eps = self.z.new_tensor(lr / self.loop.n, dtype=torch.float64)  # a tensor: one compiled graph for every lr
         noise = (_randn(self.z, self.noise),) if sampling else ()
         move = {"method": self.spec.method, "momentum": self.spec.momentum}
