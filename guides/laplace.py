@@ -25,6 +25,25 @@ from zoo.errors import ZooInputError
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 LOW_RANK = 10  # guide.rank: the GGN's eigenpairs a lowrank covariance keeps (laplace-torch's default, low_rank=10)
+# guide.covariance auto: full up to this many weights, kron above (whole layers). On one core a 4,096-square GGN's
+# eigvalsh takes 3.4 s and its Cholesky 0.6 s; mnist5k's conv net's head (15,690 weights) took ~200 s per eigvalsh
+FULL_COVARIANCE_MAX = 4096
+Covariance = Literal["full", "diag", "kron", "lowrank"]
+
+
+def resolve_covariance(covariance: Covariance | Literal["auto"], sites: dict[str, LatentSite]) -> Covariance:
+    """``auto``: ``full`` over at most :data:`FULL_COVARIANCE_MAX` weights or where the sites are not whole weight
+    tensors, ``kron`` (KFAC) over more; any other covariance is itself.
+
+    :param covariance: the spec's ``guide.covariance``.
+    :param sites: the Gaussian sites the covariance is over.
+    :returns: the covariance the guide holds.
+    """
+    if covariance != "auto":
+        return covariance
+    size = sum(site.shape[0] for site in sites.values())
+    whole_tensors = all(site.blocks is not None for site in sites.values())
+    return "kron" if size > FULL_COVARIANCE_MAX and whole_tensors else "full"
 
 
 class KroneckerNormal(dist.TorchDistribution):
@@ -115,7 +134,8 @@ class LaplaceGuide(SiteGuide):
     """q(w) = N(w_MAP, Σ) on vector weight sites (Σ from the Laplace method); a Delta on every other site.
 
     :param sites: the family's latent sites.
-    :param covariance: ``full`` (Σ held as its Cholesky factor, D x D), ``diag`` (Σ diagonal, held as the D
+    :param covariance: ``auto`` (:func:`resolve_covariance`: full over a few thousand weights, kron over more),
+        ``full`` (Σ held as its Cholesky factor, D x D), ``diag`` (Σ diagonal, held as the D
         standard deviations: what fits a Laplace over every weight of a large net) or ``kron`` (Σ block-diagonal over
         the site's weight tensors, each block Kronecker-factored and held in its factors' eigenbases: KFAC; needs a
         site of whole tensors, ``LatentSite.blocks``) or ``lowrank`` (the prior's precision plus the GGN's ``rank``
@@ -125,11 +145,12 @@ class LaplaceGuide(SiteGuide):
     :raises ZooInputError: ``kron`` on a site that holds parts of weight tensors; a ``rank`` above a site's size.
     """
 
-    def __init__(self, sites: dict[str, LatentSite], covariance: Literal["full", "diag", "kron", "lowrank"] = "full",
+    def __init__(self, sites: dict[str, LatentSite], covariance: Covariance | Literal["auto"] = "full",
                  rank: int | None = None) -> None:
         super().__init__(sites)
-        self.covariance = covariance
         gaussian = {n: s for n, s in sites.items() if self.is_gaussian(n)}
+        self.asked_covariance = covariance  # auto, or the covariance itself
+        self.covariance = covariance = resolve_covariance(covariance, gaussian)
         self.low_rank = nn.ParameterDict()
         for name, site in gaussian.items() if covariance == "lowrank" else ():
             size = site.shape[0]
@@ -230,8 +251,10 @@ class LaplaceGuideSpec(GuideSection):
     needs = frozenset({WEIGHT_VECTOR})
 
     name: Literal["laplace"] = Field(description="laplace")
-    covariance: Literal["full", "diag", "kron", "lowrank"] = Field(
-        "full", description="full: the GGN of the random weights in full (D x D; a subnetwork or a last layer); "
+    covariance: Covariance | Literal["auto"] = Field(
+        "full", description=f"auto: full over at most {FULL_COVARIANCE_MAX:,} weights (or a selection of single "
+        "weights), kron over more whole layers (what last_layer_laplace takes: a conv net's wide head stays "
+        "affordable); full: the GGN of the random weights in full (D x D; a subnetwork or a last layer); "
         "diag: its diagonal only (D numbers: every weight of a large net; laplace-torch's hessian_structure='diag'); "
         "kron: KFAC, one Kronecker product of an output and an input factor per weight tensor (whole layers: "
         "selection all, last_layer or modules; laplace-torch's hessian_structure='kron'); lowrank: the GGN's "
@@ -243,12 +266,12 @@ class LaplaceGuideSpec(GuideSection):
 
     @property
     def label(self) -> str:
-        return "laplace" if self.covariance == "full" else f"laplace:{self.covariance}"
+        return "laplace" if self.covariance == "full" else f"laplace:{self.covariance}"  # (auto: laplace:auto)
 
     @property
     def dense_matrices(self) -> int:
         # the GGN, its Cholesky factor, the covariance and the guide's scale_tril; none for diag or kron (whose
-        # factors are each a layer's width squared)
+        # factors are each a layer's width squared), nor auto (full only up to FULL_COVARIANCE_MAX weights)
         return 4 if self.covariance == "full" else 0
 
     def build(self, sites: dict[str, LatentSite]) -> LaplaceGuide:

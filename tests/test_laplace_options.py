@@ -111,3 +111,67 @@ def test_the_evidence_is_taken_where_the_structure_takes_it_and_the_spec_says_so
         written = spec(MOONS, f"guide.covariance={covariance}", "model.selection.strategy=all")
         assert written.inference.evidence_at == "map" and run_identity(written)["inference"]["evidence_at"] == "map"
     assert spec(MOONS, "inference.evidence_at=map").inference.evidence_at == "map"  # given: kept
+
+
+def _calibration_nll(posterior, data, noise: float) -> float:
+    """The calibration rows' mean GLM NLL at noise σ, the posterior at the fit's prior precision recomputed in
+    closed form: Σ = (JᵀJ / σ² + Λ)⁻¹ over the training rows' Jacobian, the outputs' variance σ² + jᵀ Σ j."""
+    family = posterior.family
+    eye = torch.eye(len(family.prior_precision), dtype=torch.float64)
+    J_train = family.linearise(data.x_train)[1] @ eye
+    f, J = family.linearise(data.x_calibration)
+    J = (J @ eye)[:, 0]
+    covariance = torch.linalg.inv(J_train[:, 0].T @ J_train[:, 0] / noise**2 + torch.diag(family.prior_precision))
+    variance = noise**2 + ((J @ covariance) * J).sum(-1)
+    mean, _ = posterior.glm_moments(data.x_calibration)
+    return float(0.5 * ((data.y_calibration - mean[:, 0]) ** 2 / variance + variance.log()).mean())
+
+
+def test_a_learned_noise_is_the_likeliest_on_the_calibration_rows(tmp_path):
+    """With calibration rows, a learned noise σ is set (after the evidence tunes the prior) to the σ whose GLM
+    predictive, its posterior recomputed at σ, is likeliest on them: the closed form's NLL there is below its NLL
+    2 % either side, the zoo's predictive variance is the closed form's, and ``noise_by: evidence`` keeps the
+    evidence's σ, another one."""
+    calibrated = ("likelihood.noise=learned", "inference.tune=true", "data.calibration_fraction=0.3")
+    _, data, posterior = _fitted(TOY, tmp_path / "a", *calibrated)
+    noise = float(posterior.guide.point_estimate()["noise_scale"])
+    at_noise = _calibration_nll(posterior, data, noise)
+    assert at_noise < min(_calibration_nll(posterior, data, noise * 1.02), _calibration_nll(posterior, data,
+                                                                                             noise / 1.02))
+    _, own_variance = posterior.glm_moments(data.x_calibration)
+    eye = torch.eye(len(posterior.family.prior_precision), dtype=torch.float64)
+    J_train = posterior.family.linearise(data.x_train)[1] @ eye
+    J = (posterior.family.linearise(data.x_calibration)[1] @ eye)[:, 0]
+    covariance = torch.linalg.inv(J_train[:, 0].T @ J_train[:, 0] / noise**2
+                                  + torch.diag(posterior.family.prior_precision))
+    torch.testing.assert_close(own_variance[:, 0, 0], ((J @ covariance) * J).sum(-1), rtol=1e-6, atol=1e-9)
+    _, _, by_evidence = _fitted(TOY, tmp_path / "b", *calibrated, "inference.noise_by=evidence")
+    assert abs(float(by_evidence.guide.point_estimate()["noise_scale"]) / noise - 1) > 0.05
+
+
+def test_a_noise_by_calibration_needs_calibration_rows_and_a_learned_noise(tmp_path):
+    with pytest.raises(ZooInputError, match="inference.noise_by: got 'calibration'"):
+        _fitted(TOY, tmp_path / "a", "likelihood.noise=learned", "inference.noise_by=calibration")
+    with pytest.raises(ZooInputError, match="a learned Gaussian noise"):
+        _fitted(TOY, tmp_path / "b", "data.calibration_fraction=0.3", "inference.noise_by=calibration")
+
+
+def test_the_rows_given_to_fit_as_val_calibrate_a_laplace_fits_noise():
+    """``fit(val=...)``'s rows are the calibration rows of a post-hoc Laplace: its learned noise is set on them (the
+    log says so), where a fit without them keeps the evidence's."""
+    import zoo
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(240, 3, generator=g)
+    y = x[:, 0] - x[:, 1] ** 2 + 0.3 * torch.randn(240, generator=g)
+    noises = {}
+    for given in ("val", "none"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        lines: list[str] = []
+        bnn = zoo.BNN(net, member="last_layer_laplace", likelihood="gaussian", seed=0)
+        bnn.fit((x[:160], y[:160]), val=(x[160:], y[160:]) if given == "val" else None, epochs=5, progress=False,
+                echo=lines.append)
+        noises[given] = float(bnn.guide.point_estimate()["noise_scale"])
+        assert ("80 calibration rows" in "\n".join(lines)) == (given == "val")
+    assert noises["val"] != pytest.approx(noises["none"], rel=0.01)

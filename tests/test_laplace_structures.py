@@ -5,6 +5,8 @@ refused."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -44,3 +46,39 @@ def test_every_structure_and_subset_fits_and_predicts(kind, covariance, subset):
     nll = float(-log_probs.gather(1, bnn.data.y_test.long()[:, None]).mean())
     assert evaluate(bnn.posterior, bnn.data, num_samples=1)["nll"] == pytest.approx(nll, rel=1e-5)
     assert bnn.metrics["nll"] == pytest.approx(nll, rel=1e-5)
+
+
+@pytest.mark.parametrize(("width", "chosen"), [(8, "full"), (512, "kron")])
+def test_auto_covariance_is_full_over_a_narrow_head_and_kfac_over_a_wide_one(width, chosen):
+    """The last_layer_laplace preset's ``auto``: a head of 8 x 3 + 3 weights gets the full covariance, one of
+    512 x 10 + 10 = 5,130 (above FULL_COVARIANCE_MAX) KFAC's, each with its own structure's evidence and a log line
+    saying which."""
+    import zoo
+    from guides.laplace import FULL_COVARIANCE_MAX
+
+    outputs = 3 if width == 8 else 10
+    net = nn.Sequential(nn.Linear(16, width), nn.Tanh(), nn.Linear(width, outputs))
+    head = width * outputs + outputs
+    assert (head > FULL_COVARIANCE_MAX) == (chosen == "kron")
+    x = torch.randn(60, 16, generator=torch.Generator().manual_seed(0))
+    y = x[:, :outputs].argmax(-1)
+    lines: list[str] = []
+    untrained = copy.deepcopy(net)
+    bnn = zoo.BNN(net, member="last_layer_laplace", seed=0).fit((x, y), epochs=1, progress=False, echo=lines.append)
+    assert bnn.posterior.guide.covariance == chosen
+    assert f"laplace: guide.covariance auto is {chosen} over {head:,} weights" in "\n".join(lines)
+    evidence_at = "linearised_mode" if chosen == "full" else "map"
+    same = zoo.BNN(untrained, member="last_layer_laplace", seed=0, guide={"name": "laplace", "covariance": chosen},
+                   inference={"method": "laplace", "prior_structure": "layer", "link": "bridge",
+                              "evidence_at": evidence_at}).fit((x, y), epochs=1, progress=False)
+    torch.testing.assert_close(bnn.posterior.guide.variance("subnet"), same.posterior.guide.variance("subnet"))
+
+
+@pytest.mark.parametrize("setting", [{"evidence_at": "linearised_mode"}, {"curvature": "ef"},
+                                     {"prior_structure": "weight"}])
+def test_auto_covariance_refuses_a_setting_one_of_its_structures_cannot_take(setting):
+    import zoo
+
+    with pytest.raises(ZooInputError, match="set guide.covariance: full or kron"):
+        zoo.BNN(nn.Sequential(nn.Linear(4, 2)), member="last_layer_laplace",
+                inference={"method": "laplace", "link": "bridge", **setting})

@@ -64,9 +64,9 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
         "one prior precision per layer tuned by the evidence": {"inference.prior_structure": "layer",
                                                                 "inference.tune": True}},
     "last_layer_laplace": {
-        "full-covariance Gaussian over the output layer": {"model.family": "subnetwork", "guide.covariance": "full",
-                                                           "model.selection.strategy": "last_layer",
-                                                           "inference.method": "laplace"},
+        "a Gaussian over the output layer": {"model.family": "subnetwork", "model.selection.strategy": "last_layer",
+                                             "inference.method": "laplace"},
+        "(guide.covariance auto)": {"guide.covariance": "auto"},
         "one prior precision per layer tuned by the evidence": {"inference.prior_structure": "layer",
                                                                 "inference.tune": True},
         "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},

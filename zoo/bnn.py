@@ -394,6 +394,8 @@ class BNN:
             task = None if isinstance(likelihood, AutoLikelihoodSpec) else likelihood.task
             batch = spec.inference.model_dump().get("batch_size") or 128
             dataset = dataset_from(data, val, task=task, batch_size=batch, test_name="val")
+        if val is not None and dataset.x_calibration is None:  # held out of training: what post-hoc steps tune on
+            dataset = dataclasses.replace(dataset, x_calibration=dataset.x_test, y_calibration=dataset.y_test)
         return dataset, GivenData.of(dataset)
 
     def fit(self, data: TrainingData, *, val: Rows | Dataset | None = None, out: str | Path | None = None,
@@ -412,7 +414,9 @@ class BNN:
         :param data: the training rows: ``(x, y)`` tensors or arrays, a torch ``Dataset`` of ``(x, y)`` items, a
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
         :param val: rows to score the fit on at its end (the forms of ``data``), their metrics then
-            :attr:`metrics`; with ``echo``, also scored four times as it goes, each score a line.
+            :attr:`metrics`; with ``echo``, also scored four times as it goes, each score a line. They are also the
+            calibration rows of post-hoc steps (a Laplace fit's noise by σ-scaling, its ``tune_by: calibration``),
+            so score on other rows for a figure nothing was tuned on.
         :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
             diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
         :param resume: continue the fit checkpointed in ``out`` (needs ``out``).

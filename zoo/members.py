@@ -91,10 +91,12 @@ MEMBERS: dict[str, Member] = {
                                  {"model": {"family": "subnetwork", "selection": {"strategy": "largest_variance",
                                                                                   "size": 0.1}},
                                   "inference": {"method": "laplace", "prior_structure": "layer"}}),
-    "last_layer_laplace": Member("last-layer linearised Laplace: a full-covariance Gaussian over the output layer of "
-                                 "a MAP net, one prior precision per layer tuned by the evidence, predictions by the "
-                                 "Laplace bridge (Kristiadi et al. 2020; laplace-torch's default subset)",
-                                 _posthoc_laplace("last_layer")),
+    "last_layer_laplace": Member("last-layer linearised Laplace: a Gaussian over the output layer of a MAP net, "
+                                 "full-covariance over a narrow head and Kronecker-factored over a wide one "
+                                 "(guide.covariance auto), one prior precision per layer tuned by the evidence, "
+                                 "predictions by the Laplace bridge (Kristiadi et al. 2020; laplace-torch's "
+                                 "default subset)",
+                                 _posthoc_laplace("last_layer", "auto")),
     "diagonal_laplace": Member("diagonal linearised Laplace over every weight of a MAP net (normalisation layers at "
                                "the MAP), one prior precision per layer tuned by the evidence at the MAP, predictions "
                                "by the Laplace bridge",

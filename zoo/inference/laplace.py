@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
-from guides.laplace import LaplaceGuide
+from guides.laplace import FULL_COVARIANCE_MAX, LaplaceGuide
 from zoo.curvature import KroneckerBlock, LowRankScale, OutputJacobian
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import evaluate
@@ -108,6 +108,12 @@ class LaplaceSpec(Tempered):
     link: Literal["probit", "bridge", "mc"] = Field(
         "probit", description="classification glm: the probit approximation, the Laplace bridge (a Dirichlet) or "
         "Monte Carlo over the linearised logits; predict, evaluate, metrics.json and the shift report all use it")
+    noise_by: Literal["evidence", "calibration"] | None = Field(
+        None, description="a learned Gaussian noise σ: evidence, tuned with the prior by the evidence on the "
+        "training rows; calibration, then scaled with the posterior's covariance (λσ² kept) to the σ of greatest "
+        "likelihood on the calibration rows (σ-scaling: closed form), which a MAP that fits its training rows "
+        "closer than new ones needs; unset: calibration where the fit has calibration rows (fit(val=...) or "
+        "data.calibration_fraction) and predictive glm, evidence otherwise")
     chunk_size: PositiveInt = Field(256, description="rows per Jacobian batch (memory vs speed)")
     predictive_samples: PositiveInt = Field(200, description="draws used for test metrics")
 
@@ -117,7 +123,7 @@ class LaplaceResult:
     """What the Laplace fit leaves besides the guide: the tuned prior and noise, the evidence and the cost.
 
     :param seconds: the fit's wall time.
-    :param log_evidence: log Z of the linearised model at the tuned prior (and noise).
+    :param log_evidence: log Z of the linearised model at the tuned prior (and noise), before any σ-scaling.
     :param prior_precision: the tuned prior precision of each group (``all``, a layer or a parameter tensor).
     :param noise: the Gaussian noise σ in standardised units (tuned where learned); None for classification.
     :param posterior: the fitted posterior.
@@ -1194,13 +1200,19 @@ def _full_laplace(fit: FitContext, prior: _Prior,
                          * math.sqrt(fit.spec.temperature))
     try:
         log_z, curvature = _tune_prior(fit.spec, prior, rows, grid)
+        data_curvature = curvature * _noise(prior) ** 2 if _noise_source(fit, prior) == "calibration" else None
+
+        def scale_at(precision: torch.Tensor) -> torch.Tensor:  # at the prior's current noise
+            posterior_precision = data_curvature / _noise(prior) ** 2 + torch.diag(precision)
+            return precision_to_scale_tril(posterior_precision) * math.sqrt(fit.spec.temperature)
+
         precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
     except torch.linalg.LinAlgError as exc:
         raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
                                "not have converged (raise model.map.num_steps), or the evidence was maximised at "
                                "an extreme: try inference.tune: false, another prior_structure, or "
                                "guide.covariance: diag") from None
-    return log_z, precision, scale_tril
+    return log_z, precision, scale_tril, scale_at
 
 
 def _factored_laplace(fit: FitContext, prior: _Prior,
@@ -1226,7 +1238,55 @@ def _factored_laplace(fit: FitContext, prior: _Prior,
         maximise_evidence(lambda precision, noise: stats.evidence(precision, prior.centre, noise), prior.group_index,
                           prior.log_precision, prior.log_noise, prior.learned_noise, fit.spec.tune_iterations)
     precision = prior.log_precision.exp()[prior.group_index]
-    return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision)
+    return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision), scale_at
+
+
+def _noise_source(fit: FitContext, prior: _Prior) -> str:
+    """Where a fit's Gaussian noise comes from: ``inference.noise_by``, or where unset, the calibration rows where
+    the fit has them, its noise is learned and its predictive is the GLM's (whose variance σ-scaling reads), the
+    evidence otherwise (a categorical likelihood has no noise: evidence).
+
+    :raises ZooInputError: ``noise_by: calibration`` without calibration rows, or on a fixed noise.
+    """
+    asked, has_rows = fit.spec.noise_by, fit.data.x_calibration is not None
+    if asked == "calibration" and not (has_rows and prior.learned_noise):
+        raise ZooInputError("inference.noise_by", "calibration", "needs rows held out of training and a learned "
+                            "Gaussian noise: pass val= to fit, set data.calibration_fraction (e.g. 0.1), or use "
+                            "noise_by: evidence")
+    if asked is not None:
+        return asked
+    return "calibration" if has_rows and prior.learned_noise and fit.spec.predictive == "glm" else "evidence"
+
+
+def _calibrate_noise(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
+                     scale_at: Callable[[torch.Tensor], torch.Tensor | list[KroneckerBlock] | LowRankScale],
+                     ) -> torch.Tensor | list[KroneckerBlock] | LowRankScale:
+    """Set ``prior``'s noise σ (in place) to the one whose GLM predictive N(f, σ² + v_σ) is likeliest on the
+    calibration rows, the prior precision kept and the posterior recomputed at each σ tried (v_σ its outputs'
+    variance: the GGN over σ² plus the prior precision, inverted); a bounded search of log σ within a factor e⁴ of
+    the evidence's.
+
+    :returns: the posterior's scale at the σ found.
+    """
+    from scipy.optimize import minimize_scalar
+
+    x, y = fit.data.x_calibration, fit.data.y_calibration.double()
+    start = float(prior.log_noise)
+    posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+
+    def nll(log_noise: float) -> float:
+        prior.log_noise.fill_(log_noise)
+        _set_posterior(fit, site, prior, precision, scale_at(precision))
+        mean, covariance = posterior.glm_moments(x)
+        variance = prior.log_noise.exp() ** 2 + covariance[:, 0, 0].double()
+        return float(0.5 * ((y - mean[:, 0].double()) ** 2 / variance + variance.log()).mean())
+
+    low, high = max(start - 4, LOG_NOISE_RANGE[0]), min(start + 4, LOG_NOISE_RANGE[1])
+    found = minimize_scalar(nll, bounds=(low, high), method="bounded", options={"xatol": 1e-3})
+    prior.log_noise.fill_(found.x)
+    fit.log(f"laplace: noise {math.exp(start):.4g} -> {math.exp(found.x):.4g}, the likeliest on "
+            f"{len(y):,} calibration rows (the evidence's prior precision kept)")
+    return scale_at(precision)
 
 
 def _noise(prior: _Prior) -> torch.Tensor | None:
@@ -1296,6 +1356,12 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     :raises TrainingDiverged: when GGN + prior precision is not positive definite.
     """
     site = gaussian_site(fit.guide)
+    if fit.guide.asked_covariance == "auto":
+        fit.log(f"laplace: guide.covariance auto is {fit.guide.covariance} over "
+                f"{fit.guide.sites[site].shape[0]:,} weights (full up to {FULL_COVARIANCE_MAX:,})")
+    if fit.spec.evidence_at is None:  # guide.covariance auto: the structure's own, as LaplaceSpec's complete()
+        at = "linearised_mode" if fit.guide.covariance == "full" else "map"
+        fit = dataclasses.replace(fit, spec=fit.spec.model_copy(update={"evidence_at": at}))
     path = fit.file(CHECKPOINT_FILE)
     if fit.resume and path is not None and checkpoint_exists(path):
         return _resume_finished(fit, path)
@@ -1303,7 +1369,9 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     started = time.perf_counter()
     prior = _initial_prior(fit, site)
     fit_covariance = _factored_laplace if fit.guide.factored else _full_laplace
-    log_z, precision, scale = fit_covariance(fit, prior, started)
+    log_z, precision, scale, scale_at = fit_covariance(fit, prior, started)
+    if _noise_source(fit, prior) == "calibration":
+        scale = _calibrate_noise(fit, site, prior, precision, scale_at)
     _set_posterior(fit, site, prior, precision, scale)
     result = LaplaceResult(
         seconds=time.perf_counter() - started, log_evidence=float(log_z),
@@ -1347,8 +1415,14 @@ class Laplace(InferenceMethod):
             if when:
                 problems.append(ZooInputError(field, value, fix))
 
-        refuse(covariance != "full" and inference.evidence_at == "linearised_mode", "inference.evidence_at",
-               "linearised_mode", f"a {_STRUCTURE_NAMES.get(covariance)} Laplace (guide.covariance: {covariance}) "
+        refuse(covariance == "auto" and (inference.evidence_at == "linearised_mode" or inference.curvature == "ef"
+                                         or inference.prior_structure == "weight"), "guide.covariance", "auto",
+               f"auto (full, or kron over more than {FULL_COVARIANCE_MAX:,} weights) takes only what both take: "
+               "evidence_at map or unset, curvature ggn, prior_structure scalar, layer or parameter; set "
+               "guide.covariance: full or kron for the setting you gave")
+        refuse(covariance not in ("full", "auto") and inference.evidence_at == "linearised_mode",
+               "inference.evidence_at", "linearised_mode",
+               f"a {_STRUCTURE_NAMES.get(covariance)} Laplace (guide.covariance: {covariance}) "
                "evaluates the evidence at the MAP only: use inference.evidence_at: map (or leave it out), or "
                "guide.covariance: full")
         refuse(covariance == "full" and inference.curvature == "ef", "inference.curvature", "ef",
@@ -1385,6 +1459,8 @@ class Laplace(InferenceMethod):
         if not isinstance(inference, dict) or inference.get("evidence_at") is not None:
             return tree
         covariance = guide.get("covariance", "full") if isinstance(guide, dict) else "full"
+        if covariance == "auto":  # known once the guide sees the weights: fit_laplace writes it out then
+            return tree
         return {**tree, "inference": {**inference, "evidence_at": "linearised_mode" if covariance == "full" else "map"}}
 
     def fit_record(self, result) -> dict:
