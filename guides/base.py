@@ -173,6 +173,12 @@ class GuideSection(Strict):
         once: what a family with a sized weight vector (the subnetwork) checks against memory before its fit."""
         return 0
 
+    @property
+    def factored_layers_only(self) -> bool:
+        """Whether the guide's covariance covers only layers with input and output factors (Linear, Conv2d: KFAC),
+        so that a selection of every weight keeps the others at their MAP."""
+        return False
+
     @abstractmethod
     def build(self, sites: dict[str, LatentSite]) -> Guide:
         """The guide over a family's latent sites with this section's settings.

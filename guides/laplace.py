@@ -274,6 +274,10 @@ class LaplaceGuideSpec(GuideSection):
         # factors are each a layer's width squared), nor auto (full only up to FULL_COVARIANCE_MAX weights)
         return 4 if self.covariance == "full" else 0
 
+    @property
+    def factored_layers_only(self) -> bool:
+        return self.covariance == "kron"
+
     def build(self, sites: dict[str, LatentSite]) -> LaplaceGuide:
         return LaplaceGuide(sites, self.covariance, self.rank)
 

@@ -217,13 +217,20 @@ class _Embedded(nn.Module):
         return self.out(self.embed(x[:, 0].long().clamp(0, 4)))
 
 
-def test_names_a_layer_it_cannot_factor():
+def test_kfac_over_every_weight_keeps_the_layers_it_cannot_factor_at_the_map():
+    """kfac_laplace (every weight) on a net with an Embedding: the Embedding stays at its MAP, as with
+    ``model.exclude: [embed]``, and the log names it; a selection that names the Embedding under KFAC is refused,
+    naming the fix."""
     import zoo
 
     x = torch.randint(0, 5, (30, 1)).float()
-    with pytest.raises(ZooInputError, match="'embed' \\(Embedding\\).*model.exclude: \\[embed\\]"):
-        zoo.BNN(_Embedded(), member="kfac_laplace", family={"map_from": "net"}).fit((x, (x[:, 0] > 2).long()),
-                                                                                  progress=False)
-    bnn = zoo.BNN(_Embedded(), member="kfac_laplace", family={"map_from": "net", "exclude": ["embed"]})
-    bnn.fit((x, (x[:, 0] > 2).long()), progress=False)
+    y = (x[:, 0] > 2).long()
+    lines: list[str] = []
+    bnn = zoo.BNN(_Embedded(), member="kfac_laplace", family={"map_from": "net"}).fit((x, y), progress=False,
+                                                                                     echo=lines.append)
+    assert "subnetwork: KFAC factors Linear and Conv2d layers; embed (Embedding) stay at the MAP" in lines
     assert len(bnn.posterior.family.indices) == 10  # the output layer only
+    assert bool(bnn.predict(x[:4]).probs.isfinite().all())
+    named = {"map_from": "net", "selection": {"strategy": "modules", "modules": ["embed", "out"]}}
+    with pytest.raises(ZooInputError, match="'embed' \\(Embedding\\).*model.exclude: \\[embed\\]"):
+        zoo.BNN(_Embedded(), member="kfac_laplace", family=named).fit((x, y), progress=False)

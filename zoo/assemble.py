@@ -247,7 +247,8 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     family.to(data.device, dtype)
     # handed the SVI fit for a MAP net: families do not import inference methods
     family.fit_structure(data, StructureFit(run_dir, spec.seed, log or RunLog(None, echo=None), progress,
-                                            fit_map=SVI().fit, dense_matrices=spec.guide.dense_matrices))
+                                            fit_map=SVI().fit, dense_matrices=spec.guide.dense_matrices,
+                                            factored_layers_only=spec.guide.factored_layers_only))
     pyro.set_rng_seed(spec.seed)
     guide = spec.guide.build(family.latent_sites())
     # a guide built on the model itself (Pyro's autoguides) traces it at two rows

@@ -64,6 +64,8 @@ class StructureFit:
     :param fit_map: the SVI fit, for a family that needs a MAP net (families do not import inference methods).
     :param dense_matrices: how many D x D matrices over its weight vector the run's guide keeps (the guide
         section's ``dense_matrices``), for a family that refuses a size whose covariance would not fit.
+    :param factored_layers_only: whether the guide covers only layers KFAC factors (the guide section's
+        ``factored_layers_only``): a selection of every weight then keeps the others at their MAP.
     """
 
     run_dir: Path | None
@@ -72,6 +74,7 @@ class StructureFit:
     progress: bool
     fit_map: Callable[..., object]
     dense_matrices: int = 0
+    factored_layers_only: bool = False
 
 
 class ModelFamily(ABC):

@@ -34,6 +34,7 @@ from zoo.curvature import (
     OutputJacobian,
     ParameterLayout,
     ParameterSlot,
+    factored,
 )
 from zoo.data.base import Dataset
 from zoo.errors import ZooInputError
@@ -299,6 +300,8 @@ class SubnetworkBNN(ModelFamily):
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
             chosen = selection.select(context)
+            if how.factored_layers_only and self.spec.selection.strategy == "all":
+                chosen = self._factored_only(chosen, log)
             if how.dense_matrices and self.spec.selection.strategy not in SIZED_SELECTIONS:  # (sized: checked above)
                 check_subnet_fits(len(chosen), self.spec.selection.strategy, element_size, how.dense_matrices)
             self._set_indices(chosen.to(data.x_train.device))
@@ -380,6 +383,19 @@ class SubnetworkBNN(ModelFamily):
             raise ZooInputError("model.map_from", str(source), "its checkpoint.pt holds no BatchNorm statistics "
                                 "(written before the zoo saved them); refit the MAP run")
         return buffers
+
+    def _factored_only(self, chosen: torch.Tensor, log) -> torch.Tensor:
+        """Every weight under KFAC: the layers it cannot factor (an Embedding) stay at their MAP, as normalisation
+        layers do, with a log line naming them."""
+        unfactored = [s for s in self.layout.slots if s.selectable and not factored(s.module)]
+        if not unfactored:
+            return chosen
+        kept = torch.ones(self.layout.size, dtype=torch.bool, device=chosen.device)
+        for slot in unfactored:
+            kept[slot.offset:slot.offset + slot.numel] = False
+        names = ", ".join(sorted({f"{s.module_name} ({type(s.module).__name__})" for s in unfactored}))
+        log(f"subnetwork: KFAC factors Linear and Conv2d layers; {names} stay at the MAP")
+        return chosen[kept[chosen]]
 
     def _set_indices(self, indices: torch.Tensor) -> None:
         self.indices = indices
