@@ -101,26 +101,33 @@ def test_every_family_and_method_fits_a_users_net_with_residual_blocks_layernorm
 
 
 def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(monkeypatch):
-    """fit(val=...) scores the finished fit once (its metrics); with ``echo`` it also scores four times as it goes,
+    """fit(val=...) scores the finished fit once (its metrics); with ``echo`` it also scores five times as it goes,
     each a line. Unshown scores were most of a sampled member's fit on a small net (mnist5k mean-field: 35 s
-    without them, 84 s with)."""
+    without them, 84 s with; rank-1's 400 predictive draws scored the rows twice at the end, as the monitor's last
+    report and as the metrics)."""
     x = torch.randn(40, 3)
     y = x @ torch.tensor([1.0, -2.0, 0.5])
-    scored = []
-    real = zoo.bnn.ValidationMonitor.__call__
+    scored, metrics = [], []
+    real, real_evaluate = zoo.bnn.ValidationMonitor.__call__, zoo.bnn.evaluate
 
     def counting(self, *args, **kwargs):
         scored.append(self.reports)
         return real(self, *args, **kwargs)
 
+    def counting_metrics(*args, **kwargs):
+        metrics.append(1)
+        return real_evaluate(*args, **kwargs)
+
     monkeypatch.setattr(zoo.bnn.ValidationMonitor, "__call__", counting)
+    monkeypatch.setattr(zoo.bnn, "evaluate", counting_metrics)
     lines = []
     for echo in (None, lines.append):
         scored.clear()
+        metrics.clear()
         bnn = zoo.BNN(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)), guide="mean_field")
         bnn.fit((x, y), val=(x[:10], y[:10]), num_steps=20, batch_size=None, progress=False, echo=echo)
         assert "nll" in bnn.metrics or "test_ll" in bnn.metrics
-        assert scored == ([1] if echo is None else [5] * 5)
+        assert scored == ([] if echo is None else [5] * 5) and metrics == [1]
     assert sum("validation" in line for line in lines) == 5
 
 

@@ -414,7 +414,8 @@ class BNN:
         :param data: the training rows: ``(x, y)`` tensors or arrays, a torch ``Dataset`` of ``(x, y)`` items, a
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
         :param val: rows to score the fit on at its end (the forms of ``data``), their metrics then
-            :attr:`metrics`; with ``echo``, also scored four times as it goes, each score a line. They are also the
+            :attr:`metrics`; with ``echo``, also scored five times as it goes (the last at its end), each score a
+            line. They are also the
             calibration rows of post-hoc steps (a Laplace fit's noise by σ-scaling, its ``tune_by: calibration``),
             so score on other rows for a figure nothing was tuned on.
         :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
@@ -437,11 +438,12 @@ class BNN:
         digests = dataset.digests()
         spec = spec.model_copy(update={"data": section})
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
-        if monitor is None and val is not None:
-            # scored five times as the fit goes where the scores are shown (echo), else once, at its end: each
-            # score is predictive_samples passes over the rows, most of a sampled member's fit on a small net
-            metric, reports = next(iter(task_of(dataset).metrics)), 1 if echo is None else 5
-            monitor = ValidationMonitor(metric, lambda k, v: (echo or (lambda *_: None))(
+        if monitor is None and val is not None and echo is not None:
+            # scored five times as the fit goes where the scores are shown (echo); else only once, at its end, as
+            # the fit's metrics below: each score is predictive_samples passes over the rows, most of a sampled
+            # member's fit on a small net
+            metric, reports = next(iter(task_of(dataset).metrics)), 5
+            monitor = ValidationMonitor(metric, lambda k, v: echo(
                 f"validation {metric} {v:.4g} ({k}/{reports} of the fit)"), spec.inference.predictive_samples,
                 spec.seed, reports=reports)
         with distributed.joined(resolve_device(spec.device)) as team, (
