@@ -415,9 +415,8 @@ class BNN:
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
         :param val: rows to score the fit on at its end (the forms of ``data``), their metrics then
             :attr:`metrics`; with ``echo``, also scored five times as it goes (the last at its end), each score a
-            line. They are also the
-            calibration rows of post-hoc steps (a Laplace fit's noise by σ-scaling, its ``tune_by: calibration``),
-            so score on other rows for a figure nothing was tuned on.
+            line. They are also the calibration rows of post-hoc steps (a Laplace fit's learned noise, its
+            ``tune_by: calibration``), so score on other rows for a figure nothing was tuned on.
         :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
             diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
         :param resume: continue the fit checkpointed in ``out`` (needs ``out``).

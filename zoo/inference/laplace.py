@@ -110,10 +110,10 @@ class LaplaceSpec(Tempered):
         "Monte Carlo over the linearised logits; predict, evaluate, metrics.json and the shift report all use it")
     noise_by: Literal["evidence", "calibration"] | None = Field(
         None, description="a learned Gaussian noise σ: evidence, tuned with the prior by the evidence on the "
-        "training rows; calibration, then scaled with the posterior's covariance (λσ² kept) to the σ of greatest "
-        "likelihood on the calibration rows (σ-scaling: closed form), which a MAP that fits its training rows "
-        "closer than new ones needs; unset: calibration where the fit has calibration rows (fit(val=...) or "
-        "data.calibration_fraction) and predictive glm, evidence otherwise")
+        "training rows; calibration, then set to the σ whose GLM predictive is likeliest on the calibration rows, "
+        "the evidence's prior precision kept and the posterior recomputed at each σ tried (what a MAP that fits "
+        "its training rows closer than new ones needs); unset: calibration where the fit has calibration rows "
+        "(fit(val=...) or data.calibration_fraction) and predictive glm, evidence otherwise")
     chunk_size: PositiveInt = Field(256, description="rows per Jacobian batch (memory vs speed)")
     predictive_samples: PositiveInt = Field(200, description="draws used for test metrics")
 
@@ -123,7 +123,8 @@ class LaplaceResult:
     """What the Laplace fit leaves besides the guide: the tuned prior and noise, the evidence and the cost.
 
     :param seconds: the fit's wall time.
-    :param log_evidence: log Z of the linearised model at the tuned prior (and noise), before any σ-scaling.
+    :param log_evidence: log Z of the linearised model at the tuned prior (and noise), before the noise is set on
+        calibration rows.
     :param prior_precision: the tuned prior precision of each group (``all``, a layer or a parameter tensor).
     :param noise: the Gaussian noise σ in standardised units (tuned where learned); None for classification.
     :param posterior: the fitted posterior.
@@ -1243,7 +1244,7 @@ def _factored_laplace(fit: FitContext, prior: _Prior,
 
 def _noise_source(fit: FitContext, prior: _Prior) -> str:
     """Where a fit's Gaussian noise comes from: ``inference.noise_by``, or where unset, the calibration rows where
-    the fit has them, its noise is learned and its predictive is the GLM's (whose variance σ-scaling reads), the
+    the fit has them, its noise is learned and its predictive is the GLM's (whose variance the search reads), the
     evidence otherwise (a categorical likelihood has no noise: evidence).
 
     :raises ZooInputError: ``noise_by: calibration`` without calibration rows, or on a fixed noise.
