@@ -113,16 +113,20 @@ def test_the_evidence_is_taken_where_the_structure_takes_it_and_the_spec_says_so
     assert spec(MOONS, "inference.evidence_at=map").inference.evidence_at == "map"  # given: kept
 
 
-def _calibration_nll(posterior, data, noise: float) -> float:
-    """The calibration rows' mean GLM NLL at noise σ, the posterior at the fit's prior precision recomputed in
-    closed form: Σ = (JᵀJ / σ² + Λ)⁻¹ over the training rows' Jacobian, the outputs' variance σ² + jᵀ Σ j."""
+def _closed_form_variance(posterior, data, noise: float) -> torch.Tensor:
+    """The linearised outputs' variance jᵀ Σ j on the calibration rows, Σ = (JᵀJ / σ² + Λ)⁻¹ recomputed in closed
+    form at noise σ from the training rows' Jacobian and the fit's prior precision."""
     family = posterior.family
     eye = torch.eye(len(family.prior_precision), dtype=torch.float64)
-    J_train = family.linearise(data.x_train)[1] @ eye
-    f, J = family.linearise(data.x_calibration)
-    J = (J @ eye)[:, 0]
-    covariance = torch.linalg.inv(J_train[:, 0].T @ J_train[:, 0] / noise**2 + torch.diag(family.prior_precision))
-    variance = noise**2 + ((J @ covariance) * J).sum(-1)
+    J_train = (family.linearise(data.x_train)[1] @ eye)[:, 0]
+    J = (family.linearise(data.x_calibration)[1] @ eye)[:, 0]
+    covariance = torch.linalg.inv(J_train.T @ J_train / noise**2 + torch.diag(family.prior_precision))
+    return ((J @ covariance) * J).sum(-1)
+
+
+def _calibration_nll(posterior, data, noise: float) -> float:
+    """The calibration rows' mean GLM NLL at noise σ, the posterior recomputed there (:func:`_closed_form_variance`)."""
+    variance = noise**2 + _closed_form_variance(posterior, data, noise)
     mean, _ = posterior.glm_moments(data.x_calibration)
     return float(0.5 * ((data.y_calibration - mean[:, 0]) ** 2 / variance + variance.log()).mean())
 
@@ -139,12 +143,8 @@ def test_a_learned_noise_is_the_likeliest_on_the_calibration_rows(tmp_path):
     assert at_noise < min(_calibration_nll(posterior, data, noise * 1.02), _calibration_nll(posterior, data,
                                                                                              noise / 1.02))
     _, own_variance = posterior.glm_moments(data.x_calibration)
-    eye = torch.eye(len(posterior.family.prior_precision), dtype=torch.float64)
-    J_train = posterior.family.linearise(data.x_train)[1] @ eye
-    J = (posterior.family.linearise(data.x_calibration)[1] @ eye)[:, 0]
-    covariance = torch.linalg.inv(J_train[:, 0].T @ J_train[:, 0] / noise**2
-                                  + torch.diag(posterior.family.prior_precision))
-    torch.testing.assert_close(own_variance[:, 0, 0], ((J @ covariance) * J).sum(-1), rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(own_variance[:, 0, 0], _closed_form_variance(posterior, data, noise), rtol=1e-6,
+                               atol=1e-9)
     _, _, by_evidence = _fitted(TOY, tmp_path / "b", *calibrated, "inference.noise_by=evidence")
     assert abs(float(by_evidence.guide.point_estimate()["noise_scale"]) / noise - 1) > 0.05
 

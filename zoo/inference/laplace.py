@@ -1201,13 +1201,13 @@ def _full_laplace(fit: FitContext, prior: _Prior,
                          * math.sqrt(fit.spec.temperature))
     try:
         log_z, curvature = _tune_prior(fit.spec, prior, rows, grid)
-        data_curvature = curvature * _noise(prior) ** 2 if _noise_source(fit, prior) == "calibration" else None
-
-        def scale_at(precision: torch.Tensor) -> torch.Tensor:  # at the prior's current noise
-            posterior_precision = data_curvature / _noise(prior) ** 2 + torch.diag(precision)
-            return precision_to_scale_tril(posterior_precision) * math.sqrt(fit.spec.temperature)
-
         precision, scale_tril = _posterior_covariance(curvature, prior, fit.spec.temperature)
+        tuned_noise = _noise(prior)
+
+        def scale_at(other: torch.Tensor) -> torch.Tensor:  # at the prior's current noise: the GGN over σ² scales
+            ggn = (curvature - torch.diag(precision)) * (tuned_noise / _noise(prior)) ** 2  # (regression only)
+            return precision_to_scale_tril(ggn + torch.diag(other)) * math.sqrt(fit.spec.temperature)
+
     except torch.linalg.LinAlgError as exc:
         raise TrainingDiverged(f"laplace: GGN + prior precision is not positive definite ({exc}). The MAP net may "
                                "not have converged (raise model.map.num_steps), or the evidence was maximised at "
@@ -1360,9 +1360,9 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     if fit.guide.asked_covariance == "auto":
         fit.log(f"laplace: guide.covariance auto is {fit.guide.covariance} over "
                 f"{fit.guide.sites[site].shape[0]:,} weights (full up to {FULL_COVARIANCE_MAX:,})")
-    if fit.spec.evidence_at is None:  # guide.covariance auto: the structure's own, as LaplaceSpec's complete()
-        at = "linearised_mode" if fit.guide.covariance == "full" else "map"
-        fit = dataclasses.replace(fit, spec=fit.spec.model_copy(update={"evidence_at": at}))
+    if fit.spec.evidence_at is None:  # guide.covariance auto: the structure's own, now that the guide has chosen
+        fit = dataclasses.replace(fit, spec=fit.spec.model_copy(update={"evidence_at": _own_evidence_at(
+            fit.guide.covariance)}))
     path = fit.file(CHECKPOINT_FILE)
     if fit.resume and path is not None and checkpoint_exists(path):
         return _resume_finished(fit, path)
@@ -1389,6 +1389,16 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
 
 
 _STRUCTURE_NAMES = {"diag": "diagonal", "kron": "Kronecker-factored", "lowrank": "low-rank"}
+
+
+def _own_evidence_at(covariance: str) -> str:
+    """Where a covariance structure takes the evidence when ``evidence_at`` is unset: the linearised mode for a full
+    covariance, the MAP for the others (the only place their GGN gives it).
+
+    :param covariance: the guide's covariance (``auto`` resolved).
+    :returns: ``linearised_mode`` or ``map``.
+    """
+    return "linearised_mode" if covariance == "full" else "map"
 
 
 class Laplace(InferenceMethod):
@@ -1462,7 +1472,7 @@ class Laplace(InferenceMethod):
         covariance = guide.get("covariance", "full") if isinstance(guide, dict) else "full"
         if covariance == "auto":  # known once the guide sees the weights: fit_laplace writes it out then
             return tree
-        return {**tree, "inference": {**inference, "evidence_at": "linearised_mode" if covariance == "full" else "map"}}
+        return {**tree, "inference": {**inference, "evidence_at": _own_evidence_at(covariance)}}
 
     def fit_record(self, result) -> dict:
         return guide_fit_record(result)
