@@ -233,9 +233,7 @@ def test_a_run_is_the_same_whether_its_spec_names_its_member_or_spells_it_out():
 
 VARIANTS = {"subnet_laplace_resnet_digits.yaml": "a ResNet-8's subnetwork: 500 weights, not 10% of them",
             "rank1_normal_digits.yaml": "the factors' Normal(1, 0.1) its results were measured at; the preset's "
-                                        "Normal(1, 1) was chosen by benchmarks/defaults.py",
-            "rank1_gsm_digits.yaml": "the Cauchy guide components its results were measured with; the preset's "
-                                     "Normal components were chosen by benchmarks/defaults.py"}
+                                        "Normal(1, 1) was chosen by benchmarks/defaults.py"}
 
 
 def test_a_members_digits_config_overrides_none_of_its_presets_values():
