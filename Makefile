@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-bootstrapped
 DEMO_DIR ?= runs/demo
 
-.PHONY: bootstrap peer test test-slow test-configs test-release test-all test-vision vision vision-bench lint demo benchmarks docs docs-check gpu-check clean
+.PHONY: bootstrap peer bench-peers test test-slow test-configs test-release test-all test-vision vision vision-bench lint demo benchmarks docs docs-check gpu-check clean
 
 bootstrap: $(STAMP)
 
@@ -27,6 +27,12 @@ peer: $(STAMP)
 	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt -e '.[peer]'
 	@$(PY) -c 'import torchvision' 2>/dev/null || $(PY) -m pip uninstall -q -y torchvision
 	$(PY) -c 'import laplace; print("laplace-torch", laplace.__version__ if hasattr(laplace, "__version__") else "ok")'
+
+# The samplers benchmarks/hmc_speed.py compares the zoo's HMC with (NumPyro, BlackJAX, nutpie with PyMC), so that
+# the tests pinning their models to the zoo's potential run (they skip without them). Against .venv's torch, pinned.
+bench-peers: $(STAMP)
+	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-pin.txt -e '.[bench,nutpie]'
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; each test file on one worker, so a file's module fixtures
 # are built once); the tests set torch to one thread each. `make test` leaves out the tests marked slow (over ~15 s:

@@ -1,4 +1,5 @@
-"""HMC speed: the zoo's samplers against NumPyro's NUTS, BlackJAX's ChEES-HMC and MAMS on a BNN, by function ESS/s.
+"""HMC speed: the zoo's samplers against NumPyro's NUTS, BlackJAX's ChEES-HMC and MAMS and nutpie's NUTS on a BNN,
+by function ESS/s.
 
 Models (``--model``; every side samples exactly the chosen density on the same standardised float32 tensors):
 
@@ -13,6 +14,7 @@ Models (``--model``; every side samples exactly the chosen density on the same s
   likelihood whose sigma is a latent site ``noise_scale`` (a scalar) under a LogNormal(-1, 1) prior in
   standardised target units (``likelihood.noise: learned``, as ``zoo.likelihoods.Gaussian`` samples it). Every
   side samples it in the same unconstrained coordinate, log sigma, with the same log-Jacobian term.
+- ``uci:<folder>`` (e.g. ``uci:energy``, ``uci:concrete``): the same model on that folder's split 0.
 
 A model is its zoo spec sections (``BenchModel``); the NumPyro model (and with it BlackJAX's density) is written
 from the spec the zoo side builds (``numpyro_model_of``), so ``--zoo-set`` overrides of the prior scale, the noise
@@ -59,9 +61,16 @@ the target its docs use, as the function has no default; diagonal preconditionin
 average of 2 integration steps per proposal; its two tuning passes given ``--warmup`` iterations in equal halves),
 then ``adjusted_mclmc_dynamic`` draws (isokinetic McLachlan, two gradients a step; the number of steps drawn
 uniformly with that mean), the chains vmapped; its settings are the chains' medians. ``--blackjax-methods ''``
-(or ``--numpyro-methods ''``) skips the side. Every row also gives the gradients per draw (sampling phase) and the min
-ESS per 1,000 of them over all chains: what a gradient buys, whatever it costs; and, where the sampler reports its
-warm-up (the zoo's many-chain HMC, BlackJAX's ChEES), the gradients each chain spent in warm-up and the min ESS per
+(or ``--numpyro-methods ''``) skips the side.
+nutpie side (``--nutpie-methods``, off by default; ``pip install -e .[nutpie]``): the same model written in PyMC from
+the zoo's spec (``pymc_model_of``: float64 copies of the same tensors), compiled by numba, sampled by nutpie's NUTS at
+its defaults with ``diag`` (its diagonal mass matrix, adapted from draws and gradients) or ``low_rank``
+(``low_rank_modified_mass_matrix=True``, its low-rank modified mass matrix), C chains one after another
+(``cores=1``). Time: the wall time of ``nutpie.sample`` (warm-up and sampling); the numba compile is timed apart as
+its compile time. Gradients: its leapfrog steps, warm-up included.
+Every row also gives the gradients per draw (sampling phase) and the min ESS per 1,000 of them over all chains: what
+a gradient buys, whatever it costs; and, where the sampler reports its warm-up (the zoo's many-chain HMC, BlackJAX's
+ChEES, nutpie), the gradients each chain spent in warm-up and the min ESS per
 1,000 gradients of the whole run, warm-up included: with the cost per gradient level, this is what sets min ESS/s.
 
 Figure: function-space ESS. f(x), the net's output (the mean of y, standardised), at five inputs: on ``toy``
@@ -75,10 +84,11 @@ ratio zoo best ÷ NumPyro best is the headline (higher is better; target >= 2); 
 reported beside it. Each candidate runs once, one after the other, so machine noise on a shared machine moves the
 absolute figures; note the chains and threads used.
 
-    python benchmarks/hmc_speed.py [--model toy|uci:bostonHousing] [--data-dir DIR]
+    python benchmarks/hmc_speed.py [--model toy|uci:bostonHousing|uci:<folder>] [--data-dir DIR]
                                    [--warmup 200] [--samples 200] [--zoo-methods hmc:64[,nuts:2]]
                                    [--numpyro-methods vectorized:4,sequential:4,parallel:2] [--threads N]
-                                   [--blackjax-methods chees:64,chees_diag:64] [--seed 0] [--json PATH]
+                                   [--blackjax-methods chees:64,chees_diag:64] [--nutpie-methods diag:4,low_rank:4]
+                                   [--seed 0] [--json PATH]
                                    [--zoo-set inference.KEY=VALUE ...]
 
 Needs the optional NumPyro/JAX/BlackJAX/Optax extra (``pip install -e .[bench]``) and ArviZ.
@@ -126,15 +136,21 @@ NOISE = 0.1  # toy: likelihood sigma in ORIGINAL target units (the spec's conven
 X_EVAL = (-1.5, -0.75, 0.0, 0.75, 1.5)  # toy, original input units: outside, left cluster, gap, right cluster, outside
 TEST_ROWS = 5  # UCI: f is read at the first this many test rows of the split
 JAX_ACTIVATIONS = ("tanh", "relu")  # the hidden activations the NumPyro model writes
-# mams: method hmc with inference.kernel mams; a _mclachlan suffix: inference.integrator mclachlan
-ZOO_METHODS = ("hmc", "mams", "nuts", "hmc_mclachlan", "mams_mclachlan")
+# mams: method hmc with inference.kernel mams; a _mclachlan suffix: inference.integrator mclachlan; _lowrank and
+# _dense: inference.metric low_rank and dense
+ZOO_OPTIONS = {"mclachlan": {"integrator": "mclachlan"}, "lowrank": {"metric": "low_rank"},
+               "dense": {"metric": "dense"}}
+ZOO_METHODS = ("hmc", "mams", "nuts", "hmc_mclachlan", "mams_mclachlan", "hmc_lowrank", "mams_lowrank", "hmc_dense")
 NUMPYRO_METHODS = ("vectorized", "sequential", "parallel")
 BLACKJAX_METHODS = ("chees", "chees_diag", "adjusted_mclmc")
+NUTPIE_METHODS = ("diag", "low_rank")  # nutpie's NUTS with its diagonal or its low-rank modified mass matrix
 MCLMC_TARGET_ACCEPT = 0.9  # adjusted_mclmc_find_L_and_step_size has no default target; 0.9 as BlackJAX's docs run it
 CHEES_LEARNING_RATE = 0.025  # Adam on the log trajectory length, as BlackJAX's ChEES documentation runs it
 CHEES_INITIAL_STEP_SIZE = 0.01
 INSTALL_HINT = "hmc_speed.py needs NumPyro and JAX (pip install -e .[bench]) and ArviZ (pip install arviz)"
 BLACKJAX_HINT = "the BlackJAX side needs BlackJAX and Optax (pip install -e .[bench]); --blackjax-methods '' skips it"
+NUTPIE_HINT = "the nutpie side needs nutpie and PyMC (pip install -e .[nutpie]); --nutpie-methods '' skips it"
+SIDES = ("zoo", "numpyro", "blackjax", "nutpie")
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -199,6 +215,16 @@ BOSTON = BenchModel("uci:bostonHousing", {"data": {"name": "uci:bostonHousing", 
 MODELS = {model.name: model for model in (TOY, BOSTON)}
 
 
+def bench_model(name: str) -> BenchModel:
+    """``--model``: the toy, or configs/hmc_uci.yaml's model on split 0 of any UCI folder (``uci:<folder>``)."""
+    if name in MODELS:
+        return MODELS[name]
+    if name.startswith("uci:") and len(name) > 4:
+        return BenchModel(name, {**BOSTON.sections, "data": {"name": name, "split": 0}}, BOSTON.eval_inputs,
+                          BOSTON.eval_original, BOSTON.eval_caption)
+    raise ValueError(f"--model: {name!r}; use toy or uci:<folder>, e.g. uci:bostonHousing or uci:energy")
+
+
 def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: list[str],
                bench: BenchModel = TOY, data_dir: str | None = None) -> zoo.spec.RunSpec:
     """The run spec of ``bench`` (UCI data read from ``data_dir``) with a zoo sampler; ``overrides``
@@ -216,10 +242,12 @@ def build_spec(method: str, chains: int, warmup: int, samples: int, overrides: l
 
 def zoo_sampler(method: str) -> dict:
     """A zoo candidate's name as its inference settings: ``hmc`` (ChEES-HMC), ``mams``, ``nuts``, and the first two
-    with ``_mclachlan`` (the two-stage integrator)."""
-    name, _, integrator = method.partition("_")
-    return ({"method": "hmc", "kernel": "mams"} if name == "mams" else {"method": name}) | (
-        {"integrator": integrator} if integrator else {})
+    with ``_mclachlan`` (the two-stage integrator), ``_lowrank`` or ``_dense`` (the metric)."""
+    name, *options = method.split("_")
+    settings = {"method": "hmc", "kernel": "mams"} if name == "mams" else {"method": name}
+    for option in options:
+        settings |= ZOO_OPTIONS[option]
+    return settings
 
 
 def resolve_data_dir(explicit: str | None) -> str:
@@ -410,16 +438,23 @@ def run_numpyro(method: str, chains: int, args: argparse.Namespace, problem: Pro
 def jax_row(side: str, method: str, args: argparse.Namespace, problem: Problem, draws: dict, wall: float,
             compile_seconds: float, divergent, n_steps, gradients_per_step: int = 1,
             warmup_gradients: float | None = None, **extra) -> dict:
-    """One JAX-side candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and
-    R-hat of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
+    """One JAX-side candidate's row (:func:`peer_row`), with the XLA host devices it ran on."""
     import jax
 
+    return peer_row(side, method, args, problem, draws, wall, compile_seconds, divergent, n_steps,
+                    gradients_per_step, warmup_gradients, host_devices=jax.local_device_count(), **extra)
+
+
+def peer_row(side: str, method: str, args: argparse.Namespace, problem: Problem, draws: dict, wall: float,
+             compile_seconds: float, divergent, n_steps, gradients_per_step: int = 1,
+             warmup_gradients: float | None = None, **extra) -> dict:
+    """One peer candidate's row: times, divergences and leapfrog steps of the sampling phase, and the ESS and R-hat
+    of f(x) under its draws ``{site: [chains, samples, *shape]}``; ESS/s without and with compile time."""
     f = numpy_forward({k: np.asarray(v) for k, v in draws.items()}, problem.x_eval, problem.activation)
     row = {"side": side, "method": method, "chains": int(f.shape[0]), "warmup": args.warmup,
            "samples": int(f.shape[1]), "seconds": wall - compile_seconds, "seconds_compile_inclusive": wall,
            "compile_seconds": compile_seconds, "divergences": int(np.asarray(divergent).sum()),
-           "leapfrog_steps_per_draw": float(np.asarray(n_steps).mean()),
-           "host_devices": jax.local_device_count(), **extra, **diagnostics(f)}
+           "leapfrog_steps_per_draw": float(np.asarray(n_steps).mean()), **extra, **diagnostics(f)}
     row["min_ess_per_s"] = per_second(row["min_ess"], row["seconds"])
     row["min_ess_per_s_compile_inclusive"] = per_second(row["min_ess"], wall)
     add_gradient_figures(row, gradients_per_step * row["leapfrog_steps_per_draw"], warmup_gradients)
@@ -556,6 +591,53 @@ def run_blackjax(method: str, chains: int, args: argparse.Namespace, problem: Pr
                    settings=tuned_settings(np.asarray(step_size), np.asarray(length)))
 
 
+# ------------------------------------------------------------------------------------------ nutpie side
+def pymc_model_of(spec: zoo.spec.RunSpec, family, data: Dataset):
+    """The zoo model built from ``spec`` written in PyMC for nutpie: the same sites, shapes (torch ``nn.Linear``
+    layout), priors and float64 copies of the standardised training tensors; a learned noise is the latent
+    ``noise_scale`` under its LogNormal prior, which PyMC samples as log sigma with its Jacobian, as the zoo does."""
+    import pymc as pm
+
+    numpyro_model_of(spec, family)  # the same refusal of models this side does not write
+    prior, likelihood = spec.prior.default, family.likelihood
+    hidden = spec.net.hidden[0]
+    x = data.x_train.detach().double().cpu().numpy()
+    y = data.y_train.detach().double().cpu().numpy().reshape(-1)
+    with pm.Model() as model:
+        w1 = pm.Normal("hidden0.weight", 0.0, prior.scale, shape=(hidden, x.shape[1]))
+        b1 = pm.Normal("hidden0.bias", 0.0, prior.scale, shape=(hidden,))
+        w2 = pm.Normal("out.weight", 0.0, prior.scale, shape=(1, hidden))
+        b2 = pm.Normal("out.bias", 0.0, prior.scale, shape=(1,))
+        sigma = likelihood.fixed_noise if likelihood.fixed_noise is not None else pm.LogNormal(
+            Gaussian.noise_site, likelihood.prior_loc, likelihood.prior_scale)
+        act = pm.math.tanh if spec.net.activation == "tanh" else (lambda a: pm.math.maximum(a, 0.0))
+        f = (pm.math.dot(act(pm.math.dot(x, w1.T) + b1), w2.T) + b2)[:, 0]
+        pm.Normal("obs", f, sigma, observed=y)
+    return model
+
+
+def run_nutpie(method: str, chains: int, args: argparse.Namespace, problem: Problem, model) -> dict:
+    """One nutpie candidate: its NUTS with the diagonal (``diag``) or the low-rank modified mass matrix
+    (``low_rank``) at nutpie's defaults otherwise, the chains one after another (``cores=1``) on the PyMC model
+    compiled by numba; the compile is timed apart. Gradients: nutpie's leapfrog steps, warm-up included."""
+    import nutpie
+
+    started = time.perf_counter()
+    compiled = nutpie.compile_pymc_model(model, backend="numba")
+    compile_seconds = time.perf_counter() - started
+    trace = nutpie.sample(compiled, draws=args.samples, tune=args.warmup, chains=chains, cores=1, seed=args.seed,
+                          low_rank_modified_mass_matrix=method == "low_rank", save_warmup=True, progress_bar=False)
+    wall = time.perf_counter() - started
+    posterior, stats = trace.posterior, trace.sample_stats
+    draws = {name: posterior[name].values for name in ("hidden0.weight", "hidden0.bias", "out.weight", "out.bias")}
+    warmup_steps = float(trace.warmup_sample_stats["n_steps"].values.sum(axis=1).mean())
+    settings = {"step_size": float(np.median(stats["step_size"].values))}
+    if method == "low_rank":
+        settings["mass_matrix_directions"] = float(np.median(stats["num_eigenvalues"].values))
+    return peer_row("nutpie", method, args, problem, draws, wall, compile_seconds, stats["diverging"].values,
+                    stats["n_steps"].values, warmup_gradients=warmup_steps, settings=settings)
+
+
 def tuned_settings(step_size: np.ndarray, length: np.ndarray) -> dict:
     """The adapted step size and trajectory length; where each chain tuned its own (adjusted MCLMC), their medians
     over the chains whose tuning ended finite, and how many did not."""
@@ -599,9 +681,10 @@ def _fmt(value: float | None, spec: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """Run every candidate of both sides, print the table; returns the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=list(MODELS), default=TOY.name,
-                        help="the model every side samples (module docstring): the toy tanh net on toy_gap, or "
-                        "configs/hmc_uci.yaml's ReLU net with learned noise on bostonHousing split 0")
+    parser.add_argument("--model", default=TOY.name,
+                        help="the model every side samples (module docstring): toy, the tanh net on toy_gap, or "
+                        "uci:<folder>, configs/hmc_uci.yaml's ReLU net with learned noise on the folder's split 0 "
+                        "(e.g. uci:bostonHousing, uci:energy)")
     parser.add_argument("--data-dir", help="UCI models: the folder holding bostonHousing/ (default: $ZOO_DATA_DIR, "
                         "else ../shared/data/uci beside the repository)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up iterations per chain")
@@ -616,6 +699,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="BlackJAX candidates METHOD:CHAINS (chees: ChEES-tuned dynamic HMC; chees_diag: the same "
                         "with BlackJAX's diagonal mass matrix; adjusted_mclmc: BlackJAX's MAMS, each chain tuned by "
                         "adjusted_mclmc_find_L_and_step_size); '' skips the side")
+    parser.add_argument("--nutpie-methods", default="",
+                        help="nutpie candidates METHOD:CHAINS (diag: its NUTS with a diagonal mass matrix; low_rank: "
+                        "with its low-rank modified mass matrix), run one chain after another; '' (the default) skips "
+                        "the side")
     parser.add_argument("--threads", type=int, help="torch intra-op threads; 1 also makes XLA's CPU compute "
                         "single-threaded per device (default: each library's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both samplers (the data set stays seed 0)")
@@ -641,9 +728,11 @@ def main(argv: list[str] | None = None) -> dict:
                               if args.numpyro_methods.strip() else [])
         blackjax_candidates = (parse_candidates(args.blackjax_methods, BLACKJAX_METHODS, "--blackjax-methods")
                                if args.blackjax_methods.strip() else [])
+        nutpie_candidates = (parse_candidates(args.nutpie_methods, NUTPIE_METHODS, "--nutpie-methods")
+                             if args.nutpie_methods.strip() else [])
+        bench = bench_model(args.model)
     except ValueError as exc:
         parser.error(str(exc))
-    bench = MODELS[args.model]
     if bench.uci:
         try:
             args.data_dir = resolve_data_dir(args.data_dir)
@@ -668,6 +757,13 @@ def main(argv: list[str] | None = None) -> dict:
         except ImportError:
             sys.exit(BLACKJAX_HINT)
         versions.update(blackjax=blackjax.__version__, optax=optax.__version__)
+    if nutpie_candidates:
+        try:
+            import nutpie
+            import pymc
+        except ImportError:
+            sys.exit(NUTPIE_HINT)
+        versions.update(nutpie=nutpie.__version__, pymc=pymc.__version__)
 
     # the model every side samples: data, standardised noise and prior scale exactly as a zoo run has them
     reference = build_spec("hmc", 1, args.warmup, args.samples, args.zoo_set, bench, args.data_dir)
@@ -684,7 +780,7 @@ def main(argv: list[str] | None = None) -> dict:
                "x_eval": bench.eval_original(data), "x_eval_standardised": x_eval.squeeze(-1).tolist(),
                "warmup": args.warmup, "samples": args.samples, "seed": args.seed, "zoo_set": args.zoo_set,
                "torch_threads": torch.get_num_threads(), "xla_single_thread": xla_single_thread,
-               "versions": versions, "target_ratio": TARGET_RATIO, "zoo": {}, "numpyro": {}, "blackjax": {}}
+               "versions": versions, "target_ratio": TARGET_RATIO, **{side: {} for side in SIDES}}
     if bench is not TOY:  # keys the toy's figures never had (a JSON without bench_model is the toy's)
         results.update(bench_model=bench.name, split=reference.data.model_dump().get("split"),
                        x_eval_caption=bench.eval_caption, data_dir=args.data_dir if bench.uci else None)
@@ -694,6 +790,10 @@ def main(argv: list[str] | None = None) -> dict:
         results["numpyro"][f"{method}:{chains}"] = run_numpyro(method, chains, args, problem)
     for method, chains in blackjax_candidates:
         results["blackjax"][f"{method}:{chains}"] = run_blackjax(method, chains, args, problem)
+    if nutpie_candidates:
+        pymc_model = pymc_model_of(reference, family, data)
+        for method, chains in nutpie_candidates:
+            results["nutpie"][f"{method}:{chains}"] = run_nutpie(method, chains, args, problem, pymc_model)
     results["host_devices"] = jax.local_device_count()
 
     summarise(results)
@@ -742,11 +842,12 @@ def summarise(results: dict) -> None:
     The headline compares the best candidates by min ESS/s; the ``_converged`` figures compare only candidates
     whose draws pass the convergence checks (:func:`converged`).
     """
-    for side in ("zoo", "numpyro", "blackjax"):
+    results.setdefault("nutpie", {})  # figures written before the nutpie side
+    for side in SIDES:
         for row in results[side].values():
             row["converged"] = converged(row)
     for suffix, only in (("", False), ("_converged", True)):
-        for side in ("zoo", "numpyro", "blackjax"):
+        for side in SIDES:
             rows = results[side]
             name = best_of(rows, "min_ess_per_s", only)
             inclusive = best_of(rows, "min_ess_per_s_compile_inclusive", only)
@@ -755,7 +856,7 @@ def summarise(results: dict) -> None:
             results[f"{side}_best{suffix}_min_ess_per_s"] = rows[name]["min_ess_per_s"] if name else None
             results[f"{side}_best{suffix}_min_ess_per_s_compile_inclusive"] = (
                 rows[inclusive]["min_ess_per_s_compile_inclusive"] if inclusive else None)
-        for peer in ("numpyro", "blackjax"):
+        for peer in SIDES[1:]:
             results[f"ratio_zoo_over_{peer}{suffix}"] = ratio(results[f"zoo_best{suffix}_min_ess_per_s"],
                                                               results[f"{peer}_best{suffix}_min_ess_per_s"])
             results[f"ratio_zoo_over_{peer}{suffix}_compile_inclusive"] = ratio(
@@ -783,7 +884,7 @@ def print_tables(results: dict) -> None:
                 "divergences", "leapfrog/draw", "grad/draw", "ESS/1k grad", "warm-up grad", "ESS/1k grad+w",
                 "converged"):
         table.add_column(col, justify="left" if col == "sampler" else "right", no_wrap=True)
-    for side in ("zoo", "numpyro", "blackjax"):
+    for side in SIDES:
         for name, row in results[side].items():
             label = f"{side} {name}" + (" (best)" if name == results[f"{side}_best"] else "")
             table.add_row(label, str(row["chains"]), f"{row['seconds']:.1f}", f"{row['compile_seconds']:.1f}",
@@ -794,10 +895,12 @@ def print_tables(results: dict) -> None:
                           _fmt(row.get("warmup_gradients_per_chain"), ",.0f"),
                           _fmt(row.get("min_ess_per_1k_gradients_with_warmup"), ".2f"),
                           "yes" if row["converged"] else "NO")
-    summary = Table(title="zoo best ÷ NumPyro best, the headline, and ÷ BlackJAX best (min ESS/s; higher is better)")
+    summary = Table(title="zoo best ÷ NumPyro best, the headline, and ÷ BlackJAX and nutpie best (min ESS/s; higher is "
+                          "better)")
     for col in ("figure", "zoo best", "peer best", "ratio", f"≥ {TARGET_RATIO}"):
         summary.add_column(col, justify="left" if col == "figure" else "right")
-    for peer in ("numpyro", "blackjax"):
+    peer_names = {"numpyro": "NumPyro", "blackjax": "BlackJAX", "nutpie": "nutpie"}
+    for peer in SIDES[1:]:
         for suffix, among in (("", "all candidates"), ("_converged", "converged candidates only")):
             for inclusive, how in (("", "without compile"), ("_compile_inclusive", "with compile and start-up")):
                 if peer == "blackjax" and inclusive:
@@ -808,7 +911,7 @@ def print_tables(results: dict) -> None:
                     continue  # the side was skipped
                 r = results[f"ratio_zoo_over_{peer}{suffix}{inclusive}"]
                 target = ("yes" if r is not None and r >= TARGET_RATIO else "no") if peer == "numpyro" else "–"
-                summary.add_row(f"÷ {'NumPyro' if peer == 'numpyro' else 'BlackJAX'}: min ESS/s ({how}), {among}",
+                summary.add_row(f"÷ {peer_names[peer]}: min ESS/s ({how}), {among}",
                                 f"{zoo_name}: {_fmt(results[f'zoo_best{suffix}_min_ess_per_s{inclusive}'], '.2f')}",
                                 f"{peer} {peer_name}: "
                                 f"{_fmt(results[f'{peer}_best{suffix}_min_ess_per_s{inclusive}'], '.2f')}",

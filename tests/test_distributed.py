@@ -170,13 +170,14 @@ def draws(run: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(run / SAMPLES_FILE)["draws"]
 
 
-@pytest.mark.slow  # torchrun: ~50 s a kernel (make test-slow)
+@pytest.mark.slow  # torchrun: ~50 s a case (make test-slow)
 @needs_two_cores
-@pytest.mark.parametrize("kernel", ["chees", "mams"])
-def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkpoint(tmp_path, kernel):
+@pytest.mark.parametrize(("kernel", "metric"), [("chees", "diagonal"), ("mams", "diagonal"), ("chees", "low_rank")])
+def test_two_processes_share_the_hmc_chains_and_one_process_resumes_their_checkpoint(tmp_path, kernel, metric):
     """The adaptation pools all chains in one order and each process draws every chain's random numbers, so the
-    draws are bit-identical; a checkpoint written by two processes continues in one. Both kernels."""
-    spec = write(tmp_path / "s.yaml", {**HMC, "inference": {**HMC["inference"], "kernel": kernel}})
+    draws are bit-identical; a checkpoint written by two processes continues in one. Both kernels, and the low-rank
+    metric (fitted from every chain's draws and gradients, gathered in one order)."""
+    spec = write(tmp_path / "s.yaml", {**HMC, "inference": {**HMC["inference"], "kernel": kernel, "metric": metric}})
     assert main(["train", str(spec), "--out", str(tmp_path / "one"), "--no-progress"]) in (0, 3)
     assert main(["train", str(spec), "--out", str(tmp_path / "two"), "--no-progress", "--nproc", "2"]) in (0, 3)
     one, two = draws(tmp_path / "one"), draws(tmp_path / "two")

@@ -145,6 +145,7 @@ API_MODULES = [
     "zoo.metrics",
     "zoo.report",
     "zoo.diagnostics.grow",
+    "zoo.inference.metric",
     "zoo.sweep.directory",
     "zoo.sweep.space",
     "zoo.sweep.study",

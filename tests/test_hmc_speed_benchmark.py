@@ -304,3 +304,30 @@ def test_boston_without_its_data_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         hmc_speed.main(["--model", "uci:bostonHousing", "--data-dir", str(tmp_path / "absent")])
     assert exit_info.value.code == 2 and "absent" in capsys.readouterr().err
+
+
+def test_boston_pymc_model_for_nutpie_has_the_zoo_potential(boston_root):
+    pytest.importorskip("pymc", reason="the nutpie side needs its extra: pip install -e .[nutpie]")
+    spec = hmc_speed.build_spec("hmc", 3, 10, 10, [], hmc_speed.BOSTON, str(boston_root))
+    data, family, potential, zoo_energy, values, unconstrained, _ = boston_energy_at_three_points(boston_root)
+    model = hmc_speed.pymc_model_of(spec, family, data)
+    # PyMC samples log sigma (its value variable noise_scale_log__) with the log-Jacobian, as the zoo's coordinates
+    logp = model.compile_logp(jacobian=True)
+    names = {"noise_scale": "noise_scale_log__"}
+    for i in range(3):
+        point = {names.get(name, name): value[i].double().numpy() for name, value in unconstrained.items()}
+        assert -float(logp(point)) == pytest.approx(float(zoo_energy[i]), rel=1e-4)
+
+
+def test_the_zoo_candidates_name_their_metric_and_any_uci_folder_is_a_model():
+    assert hmc_speed.zoo_sampler("hmc_lowrank") == {"method": "hmc", "metric": "low_rank"}
+    assert hmc_speed.zoo_sampler("mams_lowrank") == {"method": "hmc", "kernel": "mams", "metric": "low_rank"}
+    assert hmc_speed.zoo_sampler("hmc_mclachlan") == {"method": "hmc", "integrator": "mclachlan"}
+    assert hmc_speed.bench_model("uci:bostonHousing") is hmc_speed.BOSTON
+    energy = hmc_speed.bench_model("uci:energy")
+    assert energy.sections["data"] == {"name": "uci:energy", "split": 0} and energy.uci
+    assert energy.sections["net"] == hmc_speed.BOSTON.sections["net"]
+    with pytest.raises(ValueError, match="uci:<folder>"):
+        hmc_speed.bench_model("energy")
+    assert hmc_speed.parse_candidates("diag:4,low_rank:2", hmc_speed.NUTPIE_METHODS, "--nutpie-methods") == [
+        ("diag", 4), ("low_rank", 2)]

@@ -19,6 +19,7 @@ from zoo.inference import mcmc
 from zoo.inference.compiled import exp_tanh
 from zoo.inference.draws import SAMPLES_FILE
 from zoo.inference.mcmc import MCMC, DualAveraging, halton
+from zoo.inference.metric import Metric
 from zoo.inference.potential import Coordinates, LogJoint, Potential
 from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import SamplePosterior
@@ -69,7 +70,9 @@ def assert_matches_conjugate(result, data, temperature: float = 1.0) -> tuple[to
     pytest.param("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "compile": True},
                  marks=COMPILED_STEP_MARKS),
     ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "kernel": "mams"}),
-], ids=["nuts", "hmc", "nuts-compiled", "hmc-compiled", "hmc-mams"])
+    ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "metric": "low_rank"}),
+    ("hmc", {"num_chains": 32, "warmup_steps": 150, "num_samples": 100, "metric": "dense"}),
+], ids=["nuts", "hmc", "nuts-compiled", "hmc-compiled", "hmc-mams", "hmc-low-rank", "hmc-dense"])
 def test_samplers_recover_the_conjugate_linear_regression_posterior(method, settings):
     spec = load_spec(linear_spec(method, **settings))
     data, family, guide, _ = prepare(spec)
@@ -259,15 +262,20 @@ def test_point_estimated_weights_need_a_fitted_run_to_start_from():
         MCMC().fit(family, guide, data, spec.inference, 0, progress=False)
 
 
-@pytest.mark.parametrize("kernel", ["chees", "mams"])
-def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, kernel):
-    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=6, num_samples=6, checkpoint_every=4,
-                                 kernel=kernel))
+@pytest.mark.parametrize(("kernel", "metric", "warmup", "stop"), [
+    ("chees", "diagonal", 6, 8), ("mams", "diagonal", 6, 8),
+    ("chees", "low_rank", 12, 4),  # stopped inside a metric window: its draws and gradients are in the checkpoint
+], ids=["chees", "mams", "low-rank-mid-window"])
+def test_hmc_resumes_exactly_from_a_checkpoint(tmp_path, monkeypatch, kernel, metric, warmup, stop):
+    spec = load_spec(linear_spec("hmc", num_chains=4, warmup_steps=warmup, num_samples=6, checkpoint_every=4,
+                                 kernel=kernel, metric=metric))
     data, family, guide, _ = prepare(spec)
     saved = record_checkpoints(monkeypatch, mcmc)
     full = MCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
-    at_eight = next(s for s in saved if not s["done"] and s["sampler"]["iteration"] == 8)
-    runs.save_torch(tmp_path / SAMPLES_FILE, at_eight)  # as if the run had stopped after iteration 8
+    at_stop = next(s for s in saved if not s["done"] and s["sampler"]["iteration"] == stop)
+    if metric == "low_rank":
+        assert len(at_stop["sampler"]["window_grads"]) == len(at_stop["sampler"]["window"]) > 0
+    runs.save_torch(tmp_path / SAMPLES_FILE, at_stop)  # as if the run had stopped there
     resumed = MCMC().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
     for name, value in full.draws.items():
         assert torch.equal(resumed.draws[name], value)
@@ -311,7 +319,7 @@ def test_slowest_quarter_period_is_that_of_the_largest_whitened_eigenvalue():
     cov = scales[:, None] * corr * scales[None, :]
     draws = torch.distributions.MultivariateNormal(torch.zeros(3, dtype=torch.float64), cov).sample((400, 16))
     draws = draws + 5.0 * torch.randn(1, 16, 3, dtype=torch.float64)  # chains centred apart: pooled within-chain
-    got = mcmc.slowest_quarter_period(draws, scales**2)
+    got = mcmc.slowest_quarter_period(draws, Metric(scales**2))
     assert got == pytest.approx(math.pi / 2 * math.sqrt(1.9), rel=0.05)
 
 
@@ -475,6 +483,15 @@ def test_the_verdict_names_the_leapfrog_cap_when_it_cut_the_trajectory_chees_set
     assert wanted > 1 and settings["trajectory_length"] <= settings["step_size"] * (1 + 1e-9)
     assert settings["warmup_gradients"] == 60  # what warm-up cost each chain: one step, one gradient, per draw
     assert verdict.startswith("NOT CONVERGED") and f"set inference.max_leapfrog_steps={wanted}" in verdict
+    assert "metric modified along" not in verdict  # a diagonal metric has no directions to name
+    # under a richer metric the verdict also says how many directions it modified, and by how much
+    spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10,
+                                               max_leapfrog_steps=1, metric="dense")))
+    assert main(["train", str(spec), "--out", str(tmp_path / "dense"), "--no-progress"]) == STRICT_EXIT
+    verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
+    settings = runs.load_torch(tmp_path / "dense" / SAMPLES_FILE)["settings"]
+    directions = int(settings["metric_directions"])
+    assert directions >= 1 and f"under a dense metric modified along {directions} direction" in verdict
     # uncapped, the same warm-up says nothing of the cap
     spec.write_text(yaml.safe_dump(linear_spec("hmc", num_chains=4, warmup_steps=60, num_samples=10)))
     main(["train", str(spec), "--out", str(tmp_path / "free"), "--no-progress"])
@@ -510,8 +527,8 @@ def test_esh_velocity_update_is_the_exact_flow_under_a_constant_score():
     torch.testing.assert_close(none, torch.zeros(5, dtype=torch.float64))
 
 
-def sampler_in_the_bulk(kernel: str = "mams", integrator: str = "leapfrog",
-                        step_size: float = 0.05) -> mcmc.ManyChainHMC:
+def sampler_in_the_bulk(kernel: str = "mams", integrator: str = "leapfrog", step_size: float = 0.05,
+                        low_rank: bool = False) -> mcmc.ManyChainHMC:
     """The many-chain sampler on the conjugate model, three chains in its posterior's bulk, under a metric near (not
     equal to) its variances. (Far out in the tails a D = 2 target's score, over D - 1 = 1, turns MAMS's velocity
     almost completely within a step: exact, but so contracting a map that its inverse amplifies rounding error by
@@ -523,7 +540,10 @@ def sampler_in_the_bulk(kernel: str = "mams", integrator: str = "leapfrog",
     z0 = mean + cov.diagonal().sqrt() * torch.randn(3, 2, generator=torch.Generator().manual_seed(2),
                                                     dtype=torch.float64)
     sampler = mcmc.ManyChainHMC(potential, z0, spec.inference, torch.Generator().manual_seed(0))
-    sampler.inv_mass = cov.diagonal() * torch.tensor([0.5, 2.0], dtype=torch.float64)  # whitening is exercised
+    sampler.metric = Metric(cov.diagonal() * torch.tensor([0.5, 2.0], dtype=torch.float64))  # whitening is exercised
+    if low_rank:  # and a direction along which the metric is not the diagonal
+        sampler.metric = Metric(sampler.metric.variance, torch.tensor([[0.6], [0.8]], dtype=torch.float64),
+                                torch.tensor([3.0], dtype=torch.float64))
     return sampler
 
 
@@ -532,7 +552,7 @@ def energy_error(sampler: mcmc.ManyChainHMC, velocity: torch.Tensor, steps: int)
     z, v, energy, _, kinetic = sampler.integrate(sampler.z, velocity, sampler.grad, steps)
     if sampler.spec.kernel == "mams":
         return energy + kinetic - sampler.energy
-    hamiltonian = lambda u, p: u + 0.5 * (sampler.inv_mass * p**2).sum(-1)  # noqa: E731
+    hamiltonian = lambda u, p: u + 0.5 * (p**2).sum(-1)  # noqa: E731 - the velocity is the whitened momentum
     return hamiltonian(energy, v) - hamiltonian(sampler.energy, velocity)
 
 
@@ -540,13 +560,14 @@ def start_velocity(sampler: mcmc.ManyChainHMC) -> torch.Tensor:
     noise = torch.randn(3, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     if sampler.spec.kernel == "mams":
         return noise / noise.norm(dim=-1, keepdim=True)
-    return noise / sampler.inv_mass.sqrt()
+    return noise
 
 
+@pytest.mark.parametrize("low_rank", [False, True], ids=["diagonal", "low-rank"])
 @pytest.mark.parametrize("integrator", ["leapfrog", "mclachlan"])
 @pytest.mark.parametrize("kernel", ["chees", "mams"])
-def test_trajectories_are_reversible_and_their_energy_error_shrinks_as_the_step_squared(kernel, integrator):
-    sampler = sampler_in_the_bulk(kernel, integrator)
+def test_trajectories_are_reversible_and_their_energy_error_shrinks_as_the_step_squared(kernel, integrator, low_rank):
+    sampler = sampler_in_the_bulk(kernel, integrator, low_rank=low_rank)
     velocity = start_velocity(sampler)
     z, v, _, grad, kinetic = sampler.integrate(sampler.z, velocity, sampler.grad, 20)
     back, v_back, _, _, kinetic_back = sampler.integrate(z, -v, grad, 20)
