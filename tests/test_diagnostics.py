@@ -440,3 +440,14 @@ def test_compare_cli_on_different_data_exits_2(moons_dir, vi_dir, capsys):
     assert main(["compare", str(moons_dir), str(vi_dir), "--allow-unconverged"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: RUN: got 'vi (svi/mean_field)'; cannot be compared") and "training rows differ" in err
+
+
+def test_an_r_hat_left_undefined_by_stuck_chains_counts_as_infinite():
+    from zoo.posterior_checks import _stuck_as_infinite
+
+    stuck = np.stack([np.full((5, 2), 1.0), np.full((5, 2), 2.0)])  # [chains, draws, element]: apart, each constant
+    same = np.ones((2, 5, 2))  # constant and equal: no information either way
+    assert np.isinf(_stuck_as_infinite(np.full(2, np.nan), stuck)).all()
+    assert np.isnan(_stuck_as_infinite(np.full(2, np.nan), same)).all()
+    moving = np.random.default_rng(0).normal(size=(2, 5, 2))
+    assert _stuck_as_infinite(np.array([1.2, np.nan]), moving).tolist()[0] == 1.2  # a defined R-hat is kept

@@ -4,6 +4,7 @@ ESS/s; and its NumPyro model, and the log density BlackJAX samples, are the zoo'
 at the same weights, the same f(x)), on the toy and on bostonHousing (a tiny folder of that name written by the
 test, so it runs without the UCI data)."""
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ ROW_KEYS = {"side", "method", "chains", "warmup", "samples", "seconds", "compile
             "leapfrog_steps_per_draw"}
 
 
+@pytest.mark.slow  # every side compiled and run tiny: ~20 s (make test-slow)
 def test_benchmark_writes_ess_per_second_and_their_ratio(tmp_path, capsys):
     pytest.importorskip("blackjax", reason="the BlackJAX side needs the bench extra: pip install -e .[bench]")
     out = tmp_path / "hmc_speed.json"
@@ -276,12 +278,15 @@ def test_boston_blackjax_log_density_is_minus_the_zoo_potential(boston_root):
         assert float(site_values(flat)["noise_scale"]) == pytest.approx(float(values["noise_scale"][i]), rel=1e-6)
 
 
+@pytest.mark.slow  # every side compiled and run tiny: ~15 s (make test-slow)
 def test_boston_benchmark_runs_tiny_and_writes_its_model(tmp_path, capsys):
     pytest.importorskip("blackjax", reason="the BlackJAX side needs the bench extra: pip install -e .[bench]")
     root, out = write_boston(tmp_path / "uci"), tmp_path / "hmc_speed_boston.json"
+    with_nutpie = importlib.util.find_spec("nutpie") is not None  # the nutpie extra, where it is installed
     hmc_speed.main(["--model", "uci:bostonHousing", "--data-dir", str(root), "--warmup", "10", "--samples", "10",
-                    "--zoo-methods", "hmc:4", "--numpyro-methods", "vectorized:2", "--blackjax-methods", "chees:2",
-                    "--zoo-set", "inference.max_leapfrog_steps=8", "--json", str(out)])
+                    "--zoo-methods", "hmc:4,hmc_lowrank:4", "--numpyro-methods", "vectorized:2",
+                    "--blackjax-methods", "chees:2", "--zoo-set", "inference.max_leapfrog_steps=8", "--json", str(out)]
+                   + (["--nutpie-methods", "low_rank:2"] if with_nutpie else []))
     figures = json.loads(out.read_text())
     assert figures["bench_model"] == "uci:bostonHousing" and figures["data"] == "uci:bostonHousing"
     assert figures["split"] == 0 and figures["data_dir"] == str(root.resolve()) and figures["n_train"] == 32
@@ -290,9 +295,15 @@ def test_boston_benchmark_runs_tiny_and_writes_its_model(tmp_path, capsys):
     assert figures["noise"] == "learned" and figures["noise_standardised"] is None
     assert figures["noise_prior"] == {"name": "lognormal", "loc": -1.0, "scale": 1.0, "units": "standardised"}
     assert np.array(figures["x_eval"]).shape == np.array(figures["x_eval_standardised"]).shape == (5, 13)
-    for side, name in (("zoo", "hmc:4"), ("numpyro", "vectorized:2"), ("blackjax", "chees:2")):
+    sides = [("zoo", "hmc:4"), ("zoo", "hmc_lowrank:4"), ("numpyro", "vectorized:2"), ("blackjax", "chees:2")]
+    for side, name in sides + ([("nutpie", "low_rank:2")] if with_nutpie else []):
         row = figures[side][name]
         assert len(row["ess_bulk"]) == 5 and row["min_ess"] == min(row["ess_bulk"]) and row["seconds"] > 0
+    if with_nutpie:  # its warm-up's leapfrog steps, and the directions its mass matrix modified
+        nutpie_row = figures["nutpie"]["low_rank:2"]
+        assert nutpie_row["warmup_gradients_per_chain"] >= 10 and "mass_matrix_directions" in nutpie_row["settings"]
+        assert figures["ratio_zoo_over_nutpie"] == pytest.approx(
+            figures["zoo_best_min_ess_per_s"] / figures["nutpie_best_min_ess_per_s"])
     printed = " ".join(capsys.readouterr().out.split())  # the title wraps
     assert "learned noise, LogNormal(-1, 1) prior on uci:bostonHousing split 0, 10 warm-up" in printed
     assert "bulk ESS and R-hat of f(x) at the first 5 test rows (min / max of the five)" in printed

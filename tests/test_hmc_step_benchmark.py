@@ -11,6 +11,7 @@ pytest.importorskip("blackjax", reason="the JAX side needs the bench extra: pip 
 hmc_step = load_benchmark("hmc_step")
 
 
+@pytest.mark.slow  # the zoo's step and JAX's, compiled and timed tiny: ~12 s alone (make test-slow)
 def test_tiny_run_times_every_side_and_writes_the_ratios(tmp_path, capsys):
     out = tmp_path / "step.json"
     result = hmc_step.main(["--chains", "2,3", "--steps", "2", "--rounds", "1", "--json", str(out)])

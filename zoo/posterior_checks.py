@@ -159,11 +159,22 @@ def _function_rows(post: xr.Dataset, with_rhat: bool) -> list[dict[str, Any]]:
                 "variable": name if point is None else f"{name}[{int(point)}]",
                 "mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0,
                 "q5": float(np.quantile(v, 0.05)), "q95": float(np.quantile(v, 0.95)),
-                "r_hat": _float(rhat[name].sel(sel)) if rhat is not None else None,
+                "r_hat": _float(_stuck_as_infinite(rhat[name].sel(sel).values, values.sel(sel).values))
+                if rhat is not None else None,
                 "ess_bulk": _float(bulk[name].sel(sel)), "ess_tail": _float(tail[name].sel(sel)),
                 "mcse_mean": _float(mcse[name].sel(sel)),
             })
     return rows
+
+
+def _stuck_as_infinite(r_hat: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """R-hat of draws ``[chains, draws, ...]`` (one value per trailing element), made infinite where it is undefined
+    because every chain is constant but the chains differ: stuck chains, the worst disagreement, not a pass
+    (whether ArviZ reports such draws as NaN or as a finite value depends on whether it runs its numba path)."""
+    r_hat = np.asarray(r_hat, dtype=float)
+    constant = np.all(draws == draws[:, :1], axis=1)  # [chains, ...]: each chain constant
+    differ = np.any(draws[:, 0] != draws[:1, 0], axis=0)
+    return np.where(np.isnan(r_hat) & constant.all(axis=0) & differ, np.inf, r_hat)
 
 
 def _per_chain_rows(post: xr.Dataset) -> list[dict[str, Any]]:
@@ -223,7 +234,7 @@ def _weight_summary(post: xr.Dataset, with_rhat: bool) -> dict[str, Any]:
         out.update(r_hat_quantiles=None, worst=[], r_hat_undefined=None)
         return out
     rhat_ds = _quiet(lambda: az.rhat(ds, method="rank"))
-    rhat = np.concatenate([np.asarray(rhat_ds[n].values, dtype=float).reshape(-1) for n in names])
+    rhat = np.concatenate([_stuck_as_infinite(rhat_ds[n].values, ds[n].values).reshape(-1) for n in names])
     elements = weight_elements(post)
     order = np.argsort(np.where(np.isnan(rhat), -np.inf, rhat))[::-1][:WORST_SHOWN]
     out.update(
