@@ -35,7 +35,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from uci import parse_datasets, parse_splits, resolve_data_dir  # noqa: E402
-from uci_references import DEFAULT_SPEC, run_until  # noqa: E402
+from uci_references import DEFAULT_SPEC, run_until, train_command  # noqa: E402
 
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
@@ -167,10 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                     if not finished(run):
                         overrides = [*args.set, f"inference.metric={metric}"] + (
                             [f"inference.num_samples={args.samples}"] if args.samples else [])
-                        command = [sys.executable, "-m", "zoo.cli", "train", args.spec, "--out", str(run),
-                                   "--set", f"data.name=uci:{dataset}", "--set", f"data.split={split}",
-                                   "--data-dir", data_dir, *(x for o in overrides for x in ("--set", o)),
-                                   "--no-progress"] + (["--resume"] if (run / "spec.yaml").is_file() else [])
+                        # a first run, or --resume of one cut short (the reference script's first command)
+                        command = train_command(args.spec, run, dataset, split, data_dir, overrides, "not started",
+                                                0, 0.0)
                         code = run_until(command, run.parent / "logs" / f"{run.name}.log", time.monotonic() + 1e9,
                                          args.threads, console)
                         if not finished(run):

@@ -381,16 +381,22 @@ def numpyro_model(hidden: int, prior_scale: float, noise: float | None, activati
     return model
 
 
-def numpyro_model_of(spec: zoo.spec.RunSpec, family) -> Callable:
-    """The NumPyro model of the zoo model built from ``spec`` (its sections after ``--zoo-set``), standardised
-    noise and noise prior read off the built ``family``; ValueError for a model the JAX sides do not write."""
+def refuse_unwritable(spec: zoo.spec.RunSpec, family) -> None:
+    """ValueError for a zoo model the peer sides (NumPyro, BlackJAX, nutpie) do not write."""
     prior, likelihood = spec.prior.default, family.likelihood
     if (prior.name != "normal" or prior.loc != 0.0 or spec.prior.sites or len(spec.net.hidden) != 1
             or spec.net.activation not in JAX_ACTIVATIONS or spec.net.name != "mlp"
             or not isinstance(likelihood, Gaussian)):
-        raise ValueError("the NumPyro and BlackJAX sides write a one-hidden-layer tanh or ReLU MLP with a "
+        raise ValueError("the NumPyro, BlackJAX and nutpie sides write a one-hidden-layer tanh or ReLU MLP with a "
                          "Normal(0, s) prior and a Gaussian likelihood of fixed or learned noise; keep --zoo-set "
                          "to such a model")
+
+
+def numpyro_model_of(spec: zoo.spec.RunSpec, family) -> Callable:
+    """The NumPyro model of the zoo model built from ``spec`` (its sections after ``--zoo-set``), standardised
+    noise and noise prior read off the built ``family``; ValueError for a model the JAX sides do not write."""
+    refuse_unwritable(spec, family)
+    prior, likelihood = spec.prior.default, family.likelihood
     return numpyro_model(spec.net.hidden[0], prior.scale, likelihood.fixed_noise, spec.net.activation,
                          (likelihood.prior_loc, likelihood.prior_scale))
 
@@ -598,7 +604,7 @@ def pymc_model_of(spec: zoo.spec.RunSpec, family, data: Dataset):
     ``noise_scale`` under its LogNormal prior, which PyMC samples as log sigma with its Jacobian, as the zoo does."""
     import pymc as pm
 
-    numpyro_model_of(spec, family)  # the same refusal of models this side does not write
+    refuse_unwritable(spec, family)
     prior, likelihood = spec.prior.default, family.likelihood
     hidden = spec.net.hidden[0]
     x = data.x_train.detach().double().cpu().numpy()
