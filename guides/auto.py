@@ -201,8 +201,9 @@ class AutoGuide(Guide):
                 definite = False
             if not definite:
                 if gradient > 1e-2:
-                    remedy = ("L-BFGS ended away from a stationary point: fit the MAP longer, full batch "
-                              "(inference.num_steps, batch_size: null), so that the polish starts near the mode")
+                    remedy = ("L-BFGS ended away from a stationary point; a longer full-batch MAP fit "
+                              "(inference.num_steps, batch_size: null) may help, though on a ReLU net L-BFGS often "
+                              "stalls at the kinks of -log p")
                 elif self.auto.loc.dtype != torch.float64:
                     remedy = "in float32 the polish stops short of the mode: set dtype: float64"
                 else:
@@ -211,8 +212,9 @@ class AutoGuide(Guide):
                 raise ZooInputError("guide.auto", self.spec.auto, "the Hessian of -log p(y, w) at the MAP point "
                                     f"(polished by L-BFGS from {before:.6g} to {after:.6g}, gradient norm "
                                     f"{gradient:.2g} there) is not positive definite, so the point is not a mode "
-                                    f"({remedy}); the zoo's subnetwork Laplace "
-                                    "(model.family: subnetwork) uses the GGN, which is positive definite")
+                                    f"({remedy}); the zoo's Laplace members use the GGN, which is positive "
+                                    "definite at any point: member: kfac_laplace or diagonal_laplace (every "
+                                    "weight), last_layer_laplace or subnetwork_laplace")
             with torch.no_grad():
                 self.laplace.loc.copy_(fitted.loc)
                 self.laplace.scale = fitted.scale
