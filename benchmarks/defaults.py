@@ -22,6 +22,10 @@ two processes with torch's default threads slow each other up to 10x on two core
 
     OMP_NUM_THREADS=1 python benchmarks/defaults.py --json benchmarks/results/defaults.json
     python benchmarks/defaults.py --size small --cases twoclass --members map,mean_field   # seconds
+
+With ``--reference`` the tables also hold the posterior itself, sampled by the many-chain HMC at a fixed number of
+draws on the nets small enough for it (its worst R-hat and least ESS beside it): where it meets the bar, a member
+that misses it misses by its approximation, not by the prior or the likelihood.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ from zoo.spec import load_spec  # noqa: E402
 PLAIN_LRS = (1e-3, 3e-3, 1e-2)
 NOT_BUDGETED = {"hmc": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)",
                 "nuts": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)"}
+# --reference: the posterior itself beside the members, by the many-chain HMC at a fixed number of draws (not grown
+# to convergence: its R-hat and ESS go in the table), where the net is small enough for it here
+REFERENCE = "hmc"
+REFERENCE_DRAWS = {"full": {"num_chains": 8, "warmup_steps": 300, "num_samples": 300, "compile": True},
+                   "small": {"num_chains": 4, "warmup_steps": 20, "num_samples": 20, "max_leapfrog_steps": 16}}
+REFERENCE_MAX_DIM = 2000  # twoclass's 418 weights: ~90 s a seed on one thread
 FULL_COVARIANCE = ("auto_mvn", "auto_laplace_approximation")  # D x D: run only where D is small
 FULL_COVARIANCE_MAX_DIM = 2000  # digits' 64-100-10 MLP (7,510 weights): auto_mvn's 100 test draws took 80 s
 ACCURACY_SLACK = 0.01  # a cell may lose at most one point of accuracy
@@ -296,24 +306,33 @@ def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
 
 
 def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
-               settings: dict[str, Any] | None = None) -> dict[str, Any]:
+               settings: dict[str, Any] | None = None, size: str = "full") -> dict[str, Any]:
     """The member at its defaults (or with ``settings`` for its fit) on a fresh copy of the case's net, scored on
-    the test rows."""
+    the test rows; the reference (:data:`REFERENCE`) at :data:`REFERENCE_DRAWS` of ``size`` instead of ``epochs``,
+    with its function-space R-hat and ESS on the test rows."""
     torch.manual_seed(seed)
     net = case.net(rows)
     dim = sum(p.numel() for p in net.parameters())
     if member in FULL_COVARIANCE and dim > FULL_COVARIANCE_MAX_DIM:
         return {"error": f"not run: a full covariance over {dim:,} weights (above {FULL_COVARIANCE_MAX_DIM:,})"}
+    if member == REFERENCE and dim > REFERENCE_MAX_DIM:
+        return {"error": f"not run: HMC over {dim:,} weights (above {REFERENCE_MAX_DIM:,})"}
+    budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs}
     likelihood = "categorical" if case.task == "classification" else "gaussian"
     start = time.perf_counter()
     bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed)
-    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), epochs=epochs, progress=False,
-            **(settings or {}))
+    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget, **(settings or {}))
     seconds = time.perf_counter() - start
     m = bnn.evaluate((rows.x_test, rows.y_test))
+    chains = {}
+    if member == REFERENCE:
+        function_space = bnn.diagnose(test=(rows.x_test, rows.y_test)).result["function_space"]
+        chains = {"r_hat": max(r["r_hat"] for r in function_space),
+                  "min_ess": min(r["ess_bulk"] for r in function_space),
+                  "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
     if case.task == "classification":
-        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds}
-    return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"], "seconds": seconds}
+        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds} | chains
+    return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"], "seconds": seconds} | chains
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -372,6 +391,9 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
     for k in keys:
         mean, se = mean_and_standard_error([c[k] for c in cells])
         out[k], out[f"{k}_se"] = mean, se
+    if all("r_hat" in c for c in cells):  # the reference's chains: their worst over the seeds
+        out["r_hat"], out["min_ess"] = max(c["r_hat"] for c in cells), min(c["min_ess"] for c in cells)
+        out["draws"] = cells[0]["draws"]
     plain_seconds = {c["seed"]: c["seconds"] for c in plain}
     out["fit_time_ratio"] = float(np.mean([c["seconds"] / plain_seconds[c["seed"]] for c in cells]))
     return out
@@ -418,6 +440,9 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
             lines.append(f"| {member} | {row['error']} |" + " |" * (len(head) - 2))
             continue
         bar = "" if member == "plain net" else ("✓" if row["meets_bar"] else f"✗ {row['misses']}")
+        if "r_hat" in row:
+            member = (f"{member}: the posterior ({row['draws']}; worst R-hat {row['r_hat']:.3f}, "
+                      f"min ESS {row['min_ess']:.0f})")
         if row["seeds"] < len(case["plain_lr"]):
             member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
@@ -465,6 +490,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for every member's fit, e.g. lr=0.01 (a hand-set value: the run is then not at "
                    "the defaults, and its cells are kept apart)")
+    p.add_argument("--reference", action="store_true", help=f"also sample the posterior itself by {REFERENCE} "
+                   f"(full size: {REFERENCE_DRAWS['full']['num_chains']} chains x "
+                   f"({REFERENCE_DRAWS['full']['warmup_steps']} + {REFERENCE_DRAWS['full']['num_samples']}) draws, "
+                   f"not grown to convergence; its R-hat and ESS are in the table) on the nets of at most "
+                   f"{REFERENCE_MAX_DIM:,} weights: is the bar within reach of the exact posterior?")
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--finished-only", action="store_true", help="summarise the finished cells of --cells and fit "
                    "none (a run still going, or stopped: the members and seeds it has reached)")
@@ -488,6 +518,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     cells_path = Path(args.cells)
     editions = {member: defaults_edition(member) for member in members}
+    if args.reference:
+        members.append(REFERENCE)
+        draws = json.dumps(REFERENCE_DRAWS[args.size], sort_keys=True)
+        editions[REFERENCE] = f"{defaults_edition(REFERENCE)}-{hashlib.sha1(draws.encode()).hexdigest()[:6]}"
     done = read_cells(cells_path)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
@@ -504,13 +538,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = case.rows(seed, args.size, data_dir)
             for member in ["plain net", *members]:
                 is_plain = member == "plain net"
-                key = (args.size, name, seed, member, "" if is_plain else tag, "" if is_plain else editions[member])
+                key = (args.size, name, seed, member, "" if is_plain or member == REFERENCE else tag,
+                       "" if is_plain else editions[member])
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:
                     try:
                         figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
-                                   else member_fit(case, rows, seed, member, epochs, settings))
+                                   else member_fit(case, rows, seed, member, epochs,
+                                                   None if member == REFERENCE else settings, args.size))
                     except (ZooInputError, ValueError, RuntimeError) as e:
                         figures = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
                     done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,

@@ -99,6 +99,25 @@ def test_the_bar_is_the_plain_nets_accuracy_less_a_point_and_its_nll():
     assert not defaults.meets_bar(regression, {"rmse": 1.06, "nll": 0.5}, {"rmse": 1.0, "nll": 0.5})[0]
 
 
+def test_the_reference_row_samples_the_posterior_and_reports_its_chains(tmp_path):
+    """--reference adds the posterior by HMC at a fixed number of draws, with its R-hat and ESS in the row and the
+    table, and is not run on a net too large for it."""
+    report = defaults.main(["--size", "small", "--cases", "twoclass,digits", "--members", "map", "--seeds", "0",
+                            "--reference", "--cells", str(tmp_path / "cells.jsonl")])
+    row = report["cases"]["twoclass"]["members"][defaults.REFERENCE]
+    assert row["accuracy"] > 0.5 and row["nll"] == row["nll"] and isinstance(row["meets_bar"], bool)
+    assert row["r_hat"] >= 1.0 and row["min_ess"] > 0 and row["draws"] == "4 chains × (20 + 20)"
+    table = defaults.markdown_table("twoclass", report["cases"]["twoclass"])
+    assert f"the posterior (4 chains × (20 + 20); worst R-hat {row['r_hat']:.3f}" in table
+    assert report["cases"]["digits"]["members"][defaults.REFERENCE]["error"].startswith("not run: HMC over 7,510")
+    # the reference's cell is its own: a --set for the members neither reaches it nor refits it
+    cells = (tmp_path / "cells.jsonl").read_text().splitlines()
+    again = defaults.main(["--size", "small", "--cases", "twoclass", "--members", "map", "--seeds", "0",
+                           "--reference", "--set", "lr=0.003", "--cells", str(tmp_path / "cells.jsonl")])
+    assert again["cases"]["twoclass"]["members"][defaults.REFERENCE] == row
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == len(cells) + 1  # the map cell at lr 0.003
+
+
 def test_the_plain_net_is_scored_by_the_zoos_metrics():
     case = defaults.CASES["toy"]
     y = torch.tensor([0.0, 1.0])
