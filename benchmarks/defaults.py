@@ -308,8 +308,9 @@ def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
 def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
                settings: dict[str, Any] | None = None, size: str = "full") -> dict[str, Any]:
     """The member at its defaults (or with ``settings`` for its fit) on a fresh copy of the case's net, scored on
-    the test rows; the reference (:data:`REFERENCE`) at :data:`REFERENCE_DRAWS` of ``size`` instead of ``epochs``,
-    with its function-space R-hat and ESS on the test rows."""
+    the test rows; the reference (:data:`REFERENCE`) at :data:`REFERENCE_DRAWS` of ``size`` instead of ``epochs``
+    and ``settings`` (a hand-set value for the members is not the reference's), with its function-space R-hat and
+    ESS on the test rows."""
     torch.manual_seed(seed)
     net = case.net(rows)
     dim = sum(p.numel() for p in net.parameters())
@@ -317,11 +318,11 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
         return {"error": f"not run: a full covariance over {dim:,} weights (above {FULL_COVARIANCE_MAX_DIM:,})"}
     if member == REFERENCE and dim > REFERENCE_MAX_DIM:
         return {"error": f"not run: HMC over {dim:,} weights (above {REFERENCE_MAX_DIM:,})"}
-    budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs}
+    budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **(settings or {})}
     likelihood = "categorical" if case.task == "classification" else "gaussian"
     start = time.perf_counter()
     bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed)
-    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget, **(settings or {}))
+    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
     seconds = time.perf_counter() - start
     m = bnn.evaluate((rows.x_test, rows.y_test))
     chains = {}
@@ -545,8 +546,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if key not in done:
                     try:
                         figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
-                                   else member_fit(case, rows, seed, member, epochs,
-                                                   None if member == REFERENCE else settings, args.size))
+                                   else member_fit(case, rows, seed, member, epochs, settings, args.size))
                     except (ZooInputError, ValueError, RuntimeError) as e:
                         figures = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
                     done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,

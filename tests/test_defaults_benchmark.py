@@ -4,6 +4,7 @@ cells file, and bad options."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -106,7 +107,9 @@ def test_the_reference_row_samples_the_posterior_and_reports_its_chains(tmp_path
                             "--reference", "--cells", str(tmp_path / "cells.jsonl")])
     row = report["cases"]["twoclass"]["members"][defaults.REFERENCE]
     assert row["accuracy"] > 0.5 and row["nll"] == row["nll"] and isinstance(row["meets_bar"], bool)
-    assert row["r_hat"] >= 1.0 and row["min_ess"] > 0 and row["draws"] == "4 chains × (20 + 20)"
+    # R-hat of 4 short chains may fall just under 1: finite and positive is what a sampled row always has
+    assert math.isfinite(row["r_hat"]) and row["r_hat"] > 0 and row["min_ess"] > 0
+    assert row["draws"] == "4 chains × (20 + 20)"
     table = defaults.markdown_table("twoclass", report["cases"]["twoclass"])
     assert f"the posterior (4 chains × (20 + 20); worst R-hat {row['r_hat']:.3f}" in table
     assert report["cases"]["digits"]["members"][defaults.REFERENCE]["error"].startswith("not run: HMC over 7,510")
