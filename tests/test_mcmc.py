@@ -605,3 +605,58 @@ def test_mams_starts_from_hmc_scaled_settings_and_aims_at_its_own_acceptance():
         load_spec(linear_spec("nuts", integrator="mclachlan"))
     assert load_spec(linear_spec("nuts", kernel="chees")).inference.kernel == "chees"  # a default is no error
 
+
+
+class Funnel:
+    """The potential of Neal's funnel in 2-D: v ~ N(0, 3^2), x | v ~ N(0, e^v). Far down its neck (v = -16) the
+    x-gradient is ~1e7, so a step the chains in the bulk accept diverges on every trajectory there."""
+
+    def __init__(self) -> None:
+        self.evaluations = 0
+
+    def value_and_grad(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.evaluations += 1
+        v, x = z[..., 0], z[..., 1]
+        value = v**2 / 18 + 0.5 * x**2 * torch.exp(-v) + 0.5 * v
+        return value, torch.stack([v / 9 - 0.5 * x**2 * torch.exp(-v) + 0.5, x * torch.exp(-v)], -1)
+
+
+def funnel_sampler(z0: torch.Tensor, warmup_steps: int, lines: list[str]) -> mcmc.ManyChainHMC:
+    spec = load_spec(linear_spec("hmc", num_chains=len(z0), warmup_steps=warmup_steps, num_samples=10,
+                                 trajectory_criterion="weights"))
+    return mcmc.ManyChainHMC(Funnel(), z0, spec.inference, torch.Generator().manual_seed(0), log=lines.append)
+
+
+def test_a_chain_stuck_at_its_start_restarts_at_a_moving_chain_after_the_initial_buffer():
+    z0 = 0.5 * torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    z0[5] = torch.tensor([-16.0, 3.0], dtype=torch.float64)  # potential ~4e7: the concrete run's stuck chain
+    lines: list[str] = []
+    sampler = funnel_sampler(z0, warmup_steps=100, lines=lines)
+    buffer = math.floor(mcmc.METRIC_BUFFER * 100)
+    for _ in range(buffer - 1):
+        sampler.step(warmup=True)
+    assert torch.equal(sampler.z[5], z0[5]) and int(sampler.moves[5]) == 0  # stuck: every proposal rejected
+    assert (sampler.moves[torch.arange(8) != 5] > 0).all()
+    sampler.step(warmup=True)  # the buffer's last iteration
+    assert any(torch.equal(sampler.z[5], sampler.z[c]) for c in range(8) if c != 5)
+    assert float(sampler.energy[5]) < 100 and torch.isfinite(sampler.grad[5]).all()
+    assert len(lines) == 1 and "chain(s) 5 accepted no proposal in the first 15 iterations" in lines[0], lines
+    for _ in range(30):  # and from there it moves as the others do
+        sampler.step(warmup=True)
+    assert int(sampler.moves[5]) > 10
+    state = sampler.state_dict()  # the count is checkpointed with the chains
+    assert state["moves"].shape == (8,)
+
+
+def test_no_chain_is_restarted_when_all_move_or_the_buffer_is_too_short_to_tell():
+    z0 = 0.5 * torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    lines: list[str] = []
+    sampler = funnel_sampler(z0, warmup_steps=100, lines=lines)
+    for _ in range(20):
+        sampler.step(warmup=True)
+    assert lines == []
+    z0[5] = torch.tensor([-16.0, 3.0], dtype=torch.float64)
+    short = funnel_sampler(z0, warmup_steps=40, lines=lines)  # a 6-iteration buffer
+    for _ in range(10):
+        short.step(warmup=True)
+    assert lines == [] and torch.equal(short.z[5], z0[5])
