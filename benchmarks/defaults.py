@@ -72,6 +72,7 @@ REFERENCE_DRAWS = {"full": {"num_chains": 8, "warmup_steps": 300, "num_samples":
 REFERENCE_MAX_DIM = 2000  # twoclass's 418 weights: ~90 s a seed on one thread
 FULL_COVARIANCE = ("auto_mvn", "auto_laplace_approximation")  # D x D: run only where D is small
 FULL_COVARIANCE_MAX_DIM = 2000  # digits' 64-100-10 MLP (7,510 weights): auto_mvn's 100 test draws took 80 s
+PART_SECTIONS = ("prior", "guide", "likelihood", "family")  # the parts of a member --set reaches (zoo.BNN's)
 ACCURACY_SLACK = 0.01  # a cell may lose at most one point of accuracy
 RMSE_SLACK = 1.05  # ... or 5 % of RMSE
 
@@ -318,10 +319,12 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
         return {"error": f"not run: a full covariance over {dim:,} weights (above {FULL_COVARIANCE_MAX_DIM:,})"}
     if member == REFERENCE and dim > REFERENCE_MAX_DIM:
         return {"error": f"not run: HMC over {dim:,} weights (above {REFERENCE_MAX_DIM:,})"}
-    budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **(settings or {})}
-    likelihood = "categorical" if case.task == "classification" else "gaussian"
+    fit_settings, parts = split_settings(settings or {}) if member != REFERENCE else ({}, {})
+    budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **fit_settings}
+    likelihood = {"name": "categorical" if case.task == "classification" else "gaussian",
+                  **parts.pop("likelihood", {})}
     start = time.perf_counter()
-    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed)
+    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed, **parts)
     bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
     seconds = time.perf_counter() - start
     m = bnn.evaluate((rows.x_test, rows.y_test))
@@ -462,7 +465,8 @@ def parse_names(text: str, known: dict | list, option: str) -> list[str]:
 
 
 def parse_settings(items: list[str]) -> dict[str, Any]:
-    """``--set lr=0.01`` as ``{"lr": 0.01}`` (values read as YAML: numbers, booleans, strings)."""
+    """``--set lr=0.01`` as ``{"lr": 0.01}`` (values read as YAML: numbers, booleans, strings); a part's key keeps
+    its section (``prior.scale=3`` as ``{"prior.scale": 3}``), which :func:`split_settings` routes."""
     import yaml
 
     out = {}
@@ -471,7 +475,34 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ZooInputError("--set", item, "write KEY=VALUE, e.g. lr=0.01")
         out[key.strip()] = yaml.safe_load(value)
+    split_settings(out)  # an unknown section is refused before anything runs
     return out
+
+
+def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict]]:
+    """``--set``'s values as the fit's inference settings (``lr``, ``inference.lr``) and overrides of the member's
+    parts (``prior.scale``, ``guide.init_rho``: :data:`PART_SECTIONS`), which merge into its preset key by key.
+
+    :param settings: :func:`parse_settings`'s mapping.
+    :returns: the fit's keyword settings, and the parts as ``zoo.BNN`` takes them (``{"prior": {"scale": 3}}``).
+    :raises ZooInputError: a key under a section that is neither ``inference`` nor a part.
+    """
+    fit: dict[str, Any] = {}
+    parts: dict[str, dict] = {}
+    for key, value in settings.items():
+        section, dot, rest = key.partition(".")
+        if not dot or section == "inference":
+            fit[rest if dot else key] = value
+        elif section in PART_SECTIONS:
+            *path, last = rest.split(".")
+            node = parts.setdefault(section, {})
+            for name in path:
+                node = node.setdefault(name, {})
+            node[last] = value
+        else:
+            raise ZooInputError("--set", key, f"set an inference setting (lr=0.01) or a part's (prior.scale=3, "
+                                f"guide.init_rho=-6); the parts: {', '.join(PART_SECTIONS)}")
+    return fit, parts
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -489,8 +520,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--cells", default="benchmarks/results/defaults_cells.jsonl",
                    help="the finished cells, appended as they end: a rerun continues from them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting for every member's fit, e.g. lr=0.01 (a hand-set value: the run is then not at "
-                   "the defaults, and its cells are kept apart)")
+                   help="a setting for every member's fit, e.g. lr=0.01, or of its parts (prior.scale=3, "
+                   "guide.init_rho=-6: merged into the preset) (a hand-set value: the run is then not at the "
+                   "defaults, and its cells are kept apart)")
     p.add_argument("--reference", action="store_true", help=f"also sample the posterior itself by {REFERENCE} "
                    f"(full size: {REFERENCE_DRAWS['full']['num_chains']} chains x "
                    f"({REFERENCE_DRAWS['full']['warmup_steps']} + {REFERENCE_DRAWS['full']['num_samples']}) draws, "

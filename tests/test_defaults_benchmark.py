@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import zoo
 from tests.conftest import load_benchmark
 from zoo.errors import ZooInputError
 
@@ -135,8 +136,34 @@ def test_the_plain_net_is_scored_by_the_zoos_metrics():
     (["--members", "no_such"], "use some of"),
     (["--cases", "cifar"], "use some of"),
     (["--set", "lr"], "KEY=VALUE"),
+    (["--set", "net.hidden=3"], "the parts: prior, guide"),
     (["--seeds", "2-0"], "backwards"),
 ])
 def test_bad_options_are_refused_naming_them(argv, says, tmp_path):
     with pytest.raises(ZooInputError, match=says):
         defaults.main([*argv, "--cells", str(tmp_path / "cells.jsonl")])
+
+
+def test_a_set_reaches_the_fit_or_the_members_parts():
+    """--set lr=... is the fit's; --set prior.scale=... (a part's key) merges into the member's preset."""
+    fit, parts = defaults.split_settings({"lr": 0.01, "inference.epochs": 3, "prior.scale": 3.0,
+                                          "guide.init_rho": -6.0, "likelihood.noise_prior.loc": -2.0})
+    assert fit == {"lr": 0.01, "epochs": 3}
+    assert parts == {"prior": {"scale": 3.0}, "guide": {"init_rho": -6.0},
+                     "likelihood": {"noise_prior": {"loc": -2.0}}}
+    seen = []
+
+    class Recording(zoo.BNN):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.spec)
+
+    case = defaults.CASES["toy"]
+    rows = case.rows(0, "small", None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(defaults.zoo, "BNN", Recording)
+        defaults.member_fit(case, rows, 0, "mean_field", 1, {"prior.scale": 3.0, "guide.init_rho": -6.0,
+                                                             "likelihood.noise_prior.loc": -2.0}, "small")
+    spec = seen[0]
+    assert spec.prior.default.scale == 3.0 and spec.guide.name == "mean_field" and spec.guide.init_rho == -6.0
+    assert spec.likelihood.name == "gaussian" and spec.likelihood.noise_prior.loc == -2.0
