@@ -512,7 +512,8 @@ class ManyChainHMC:
         self.mine = self.team.chains(len(z))
         self.z = z[self.mine].detach().clone()
         self.energy, self.grad = potential.value_and_grad(self.z)
-        self.moves = torch.zeros(len(self.z), dtype=torch.long, device=self.z.device)  # accepted warm-up proposals
+        # accepted proposals per chain in the initial buffer (None after it): a chain with none is stuck
+        self.moves: torch.Tensor | None = torch.zeros(len(self.z), dtype=torch.long, device=self.z.device)
         self.metric = Metric(torch.ones(z.shape[1], dtype=z.dtype, device=z.device))
         # MAMS moves at unit speed in the whitened space, HMC at |p| ~ sqrt(D): the same motion takes sqrt(D)
         # times the integration time, so the spec's HMC-scaled step and length are rescaled
@@ -654,8 +655,10 @@ class ManyChainHMC:
         # posterior would otherwise make the criterion measure distances between modes, and T collapses.
         function_space = spec.trajectory_criterion == "function"
         past_buffer = t > METRIC_BUFFER * spec.warmup_steps
-        if t == math.floor(METRIC_BUFFER * spec.warmup_steps) and t >= STUCK_CHAIN_MIN_BUFFER:
-            self._restart_stuck_chains()
+        if t == math.floor(METRIC_BUFFER * spec.warmup_steps):  # the initial buffer's last iteration
+            if t >= STUCK_CHAIN_MIN_BUFFER:
+                self._restart_stuck_chains()
+            self.moves = None  # only the buffer's count is read: no more counting, nor checkpointing it
         chees = spec.adapt_trajectory_length and past_buffer
         if spec.adapt_trajectory_length:
             here = self.z
@@ -742,7 +745,7 @@ class ManyChainHMC:
         # every process draws the same numbers (the generator is seeded alike), so all agree on the sources
         pick = torch.rand(len(stuck), generator=self.gen, device=self.gen.device)
         sources = moving[(pick * len(moving)).long().clamp(max=len(moving) - 1).to(moving.device)]
-        for key in ("z", "energy", "grad", "centre", "rows"):
+        for key in self.CHAIN_STATE:
             value = getattr(self, key)
             if value is not None:
                 every = self.team.all_chains(value).clone()
