@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pyro
 import pytest
 import torch
 from torch import nn
@@ -153,13 +154,27 @@ def test_fits_and_predicts_on_nets_with_normalisation_layers(kind, tmp_path):
     y = (x[:, :3].argmax(-1))
     bnn = zoo.BNN(net, member="diagonal_laplace", family={"map_from": "net"})
     bnn.fit((x[:40], y[:40]), val=(x[40:], y[40:]), out=tmp_path / "run", progress=False)
-    scores = evaluate(bnn.posterior, bnn.data, num_samples=1)
-    log_probs = bnn.posterior.predict(bnn.data.x_test).log_probs[0]
-    nll = float(-log_probs.gather(1, bnn.data.y_test.long()[:, None]).mean())
-    assert scores["nll"] == pytest.approx(nll, rel=1e-5)
+    assert evaluate_nll(bnn) == pytest.approx(predictive_nll(bnn), rel=1e-5)
     assert len(bnn.posterior.family.indices) == int(bnn.posterior.family.layout.selectable().sum())
     again = zoo.BNN.load(tmp_path / "run")
     torch.testing.assert_close(again.posterior.guide.variance(SITE), bnn.posterior.guide.variance(SITE))
+    assert again.posterior.link == bnn.posterior.link  # the link the fit chose on the val rows
+
+
+def predictive_nll(bnn) -> float:
+    """The test NLL of a classification fit's predictive, from ``predict`` at the fit's own draws count and seed
+    (one closed form, or draws of the logits where its link is ``mc``)."""
+    samples, seed = bnn.spec.inference.predictive_samples, bnn.spec.seed
+    pyro.set_rng_seed(seed + 1)
+    draws = bnn.posterior.predict(bnn.data.x_test, num_samples=samples).log_probs
+    log_probs = draws.logsumexp(0) - math.log(len(draws))
+    assert bool(log_probs.isfinite().all())
+    return float(-log_probs.gather(1, bnn.data.y_test.long()[:, None]).mean())
+
+
+def evaluate_nll(bnn) -> float:
+    """The same NLL by :func:`zoo.evaluate.evaluate`, at the same draws count and seed."""
+    return evaluate(bnn.posterior, bnn.data, bnn.spec.inference.predictive_samples, seed=bnn.spec.seed)["nll"]
 
 
 def test_a_diagonal_over_a_net_too_large_for_a_full_covariance_is_not_refused(monkeypatch, tmp_path):

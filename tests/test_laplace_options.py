@@ -78,6 +78,7 @@ def test_tuning_on_calibration_rows_picks_the_grid_value_of_least_nll(tmp_path):
                                  "inference.tune_by=calibration", "inference.prior_structure=scalar",
                                  "data.n_train=120", "data.calibration_fraction=0.3")
     family, guide = posterior.family, posterior.guide
+    posterior.link = "probit"  # the grid scores the spec's link; link_by then chooses the fit's among the three
     chosen = float(family.prior_precision[0])
     _, ggn_diagonal = family.diagonal_ggn(data.x_train, 1.0)
     x, y = data.x_calibration, data.y_calibration.long()
@@ -99,6 +100,24 @@ def test_tuning_on_calibration_rows_refuses_a_prior_per_layer_and_data_without_c
     with pytest.raises(ZooInputError) as both:  # every problem at once, not the first alone
         spec(MOONS, *grid)
     assert "inference.tune_by:" in str(both.value) and "inference.prior_structure:" in str(both.value)
+
+
+def test_tuning_on_calibration_rows_takes_the_val_rows_given_to_fit():
+    """Data given in Python bring their calibration rows with ``fit(val=...)``: ``tune_by: calibration`` fits on
+    them (it was refused, the spec's data section having no calibration_fraction), and without them it is refused
+    at the fit, naming both ways to give them."""
+    import zoo
+
+    x = torch.randn(100, 4, generator=torch.Generator().manual_seed(0))
+    y = x[:, :3].argmax(-1)
+    grid = {"inference": {"tune_by": "calibration", "prior_structure": "scalar"}}
+    lines: list[str] = []
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    zoo.BNN(net, member="kfac_laplace", **grid).fit((x[:80], y[:80]), val=(x[80:], y[80:]), epochs=2,
+                                                      progress=False, echo=lines.append)
+    assert any(line.startswith("laplace: prior precision") and "20 calibration rows" in line for line in lines)
+    with pytest.raises(ZooInputError, match="pass val= to fit or set data.calibration_fraction"):
+        zoo.BNN(net, member="kfac_laplace", **grid).fit((x[:80], y[:80]), epochs=2, progress=False)
 
 
 def test_the_evidence_is_taken_where_the_structure_takes_it_and_the_spec_says_so():

@@ -69,21 +69,24 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
         "(guide.covariance auto)": {"guide.covariance": "auto"},
         "one prior precision per layer tuned by the evidence": {"inference.prior_structure": "layer",
                                                                 "inference.tune": True},
-        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
+        "predictions by the Laplace bridge or the link likeliest on validation rows": {
+            "inference.predictive": "glm", "inference.link": "bridge", "inference.link_by": None}},
     "diagonal_laplace": {
         "diagonal linearised Laplace over every weight": {"model.family": "subnetwork", "guide.covariance": "diag",
                                                           "model.selection.strategy": "all",
                                                           "inference.method": "laplace"},
         "one prior precision per layer tuned by the evidence at the MAP": {"inference.prior_structure": "layer",
                                                                            "inference.tune": True},
-        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
+        "predictions by the Laplace bridge or the link likeliest on validation rows": {
+            "inference.predictive": "glm", "inference.link": "bridge", "inference.link_by": None}},
     "kfac_laplace": {
         "Kronecker-factored (KFAC) linearised Laplace over every weight": {
             "model.family": "subnetwork", "guide.covariance": "kron", "model.selection.strategy": "all",
             "inference.method": "laplace"},
         "one prior precision per layer tuned by the evidence at the MAP": {"inference.prior_structure": "layer",
                                                                            "inference.tune": True},
-        "predictions by the Laplace bridge": {"inference.predictive": "glm", "inference.link": "bridge"}},
+        "predictions by the Laplace bridge or the link likeliest on validation rows": {
+            "inference.predictive": "glm", "inference.link": "bridge", "inference.link_by": None}},
     "swag": {
         "rank-20 Gaussian": {"inference.method": "swag", "inference.rank": 20, "inference.num_models": 1},
         "momentum 0.9": {"inference.momentum": 0.9}},

@@ -544,9 +544,60 @@ def test_every_classification_score_uses_the_link_the_spec_names(link, tmp_path)
     probs = bnn.predict(data.x_test * data.x_std + data.x_mean).probs
     nll = -probs.double().gather(-1, data.y_test.long()[:, None]).log().mean()
     assert float(nll) == pytest.approx(exact["nll"], rel=1e-6)  # predict and evaluate: one NLL
-    posterior.link = "mc"  # Monte Carlo over the linearised logits: draws again
+    posterior.link = "mc"  # Monte Carlo over the linearised logits: 5 draws of them, not the closed form
     scores = evaluate(posterior, data, num_samples=5)
-    assert posterior.scoring_draws(5) is not None and {k: scores[k] for k in exact} != exact
+    assert {k: scores[k] for k in exact} != exact
+
+
+def test_mc_draws_the_logits_from_their_gaussian_as_weight_draws_would(tmp_path):
+    """``link: mc`` without weight draws samples the linearised logits from N(f, J Σ Jᵀ): the same predictive as
+    linearising at weight draws. With 4,000 draws each, the two class probabilities agree to Monte Carlo error
+    (their logits' means and covariances are the GLM's moments; a wrong root or a dropped correlation fails)."""
+    _, data, posterior = _fitted(MOONS, tmp_path, "inference.link=mc", "inference.tune=true")
+    x = data.x_test[:40]
+    torch.manual_seed(0)
+    by_logits = posterior.predict(x, num_samples=4000).log_probs
+    by_weights = posterior.predict(x, draws=posterior.sample(4000)).log_probs
+    assert by_logits.shape == by_weights.shape == (4000, 40, 2)
+    p_logits, p_weights = by_logits.exp(), by_weights.exp()
+    error = (p_logits.var(0) / 4000 + p_weights.var(0) / 4000).sqrt()
+    assert bool(((p_logits.mean(0) - p_weights.mean(0)).abs() <= 5 * error + 1e-6).all())
+    assert float(p_logits.var(0).mean()) == pytest.approx(float(p_weights.var(0).mean()), rel=0.15)
+    mean, covariance = posterior.glm_moments(x)
+    logits = by_logits[:, :, 1] - by_logits[:, :, 0]  # log-odds: linear in the logits, so Gaussian
+    torch.testing.assert_close(logits.mean(0), mean[:, 1] - mean[:, 0], atol=0.2, rtol=0.05)
+    odds_variance = covariance[:, 0, 0] + covariance[:, 1, 1] - 2 * covariance[:, 0, 1]
+    torch.testing.assert_close(logits.var(0), odds_variance, atol=1e-3, rtol=0.15)
+
+
+def test_a_classification_fit_with_calibration_rows_predicts_by_the_likeliest_link_there(tmp_path):
+    """With calibration rows a classification Laplace chooses its link (probit, bridge or draws of the logits) by
+    their NLL, each in its log line: the closed forms' NLLs are those recomputed here from the GLM's moments, the
+    draws' within Monte Carlo error of 4,000 draws, and the chosen link has the least; the run reloads with it;
+    ``link_by: fixed`` keeps the spec's link; ``link_by: calibration`` without the rows is refused."""
+    import re
+
+    from zoo.inference.laplace import LINKS, link_log_probs
+
+    _, data, posterior = _fitted(MOONS, tmp_path / "a", "data.calibration_fraction=0.3", "inference.tune=true",
+                                 "inference.link=bridge")
+    assert posterior.link != "bridge"  # the reloaded run predicts by the link chosen, not the spec's
+    log = (tmp_path / "a" / "run" / "train.log").read_text()
+    y = data.y_calibration.long()[:, None]
+    line = re.search(rf"laplace: link (\w+), the likeliest on {len(y)} calibration rows \(NLL (.*)\)", log)
+    logged = {link: float(value) for link, value in (part.split() for part in line.group(2).split(", "))}
+    assert set(logged) == set(LINKS) and line.group(1) == min(logged, key=logged.get) == posterior.link
+    mean, covariance = posterior.glm_moments(data.x_calibration)
+    for link in LINKS:
+        log_probs = link_log_probs(link, mean.double(), covariance.double(), 4000, torch.Generator().manual_seed(1))
+        each = -(log_probs.logsumexp(0) - math.log(len(log_probs))).gather(1, y)
+        assert logged[link] == pytest.approx(float(each.mean()), abs=5e-5 if link != "mc" else 0.01), link
+    assert logged["bridge"] != pytest.approx(logged["probit"], abs=1e-3)  # the choice has a difference to make
+    _, _, fixed = _fitted(MOONS, tmp_path / "b", "data.calibration_fraction=0.3", "inference.tune=true",
+                          "inference.link=probit", "inference.link_by=fixed")
+    assert fixed.link == "probit"
+    with pytest.raises(ZooInputError, match="inference.link_by: chooses a classification GLM's link on rows held out"):
+        _fitted(MOONS, tmp_path / "c", "inference.link_by=calibration")
 
 
 def test_laplace_bridge_inverts_the_dirichlet_laplace_approximation():

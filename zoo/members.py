@@ -44,7 +44,8 @@ SWAG = {"method": "swag", "momentum": 0.9}  # rank: the default 20, lowered to t
 
 
 def _posthoc_laplace(strategy: str, covariance: str = "full") -> dict[str, Any]:
-    """A Laplace member over a selection of whole layers: per-layer precisions by the evidence, the Laplace bridge."""
+    """A Laplace member over a selection of whole layers: per-layer precisions by the evidence, the Laplace bridge
+    (or, where the fit has validation rows, the link likeliest there: ``inference.link_by`` unset)."""
     return {"model": {"family": "subnetwork", "selection": {"strategy": strategy}},
             "guide": {"name": "laplace", "covariance": covariance},
             "inference": {"method": "laplace", "prior_structure": "layer", "link": "bridge"}}
@@ -94,16 +95,17 @@ MEMBERS: dict[str, Member] = {
     "last_layer_laplace": Member("last-layer linearised Laplace: a Gaussian over the output layer of a MAP net, "
                                  "full-covariance over a narrow head and Kronecker-factored over a wide one "
                                  "(guide.covariance auto), one prior precision per layer tuned by the evidence, "
-                                 "predictions by the Laplace bridge (Kristiadi et al. 2020; laplace-torch's "
-                                 "default subset)",
+                                 "predictions by the Laplace bridge or the link likeliest on validation rows "
+                                 "(Kristiadi et al. 2020; laplace-torch's default subset)",
                                  _posthoc_laplace("last_layer", "auto")),
     "diagonal_laplace": Member("diagonal linearised Laplace over every weight of a MAP net (normalisation layers at "
                                "the MAP), one prior precision per layer tuned by the evidence at the MAP, predictions "
-                               "by the Laplace bridge",
+                               "by the Laplace bridge or the link likeliest on validation rows",
                                _posthoc_laplace("all", "diag")),
     "kfac_laplace": Member("Kronecker-factored (KFAC) linearised Laplace over every weight of a MAP net "
                            "(normalisation layers at the MAP), one prior precision per layer tuned by the evidence at "
-                           "the MAP, predictions by the Laplace bridge (Ritter et al. 2018; Immer et al. 2021)",
+                           "the MAP, predictions by the Laplace bridge or the link likeliest on validation rows "
+                           "(Ritter et al. 2018; Immer et al. 2021)",
                            _posthoc_laplace("all", "kron")),
     "swag": Member("SWAG: a diagonal + rank-20 Gaussian from SGD iterates, momentum 0.9 (Maddox et al. 2019)",
                    {"inference": {**SWAG, "num_models": 1}}),

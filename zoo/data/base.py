@@ -558,6 +558,14 @@ class DataSection(Strict):
         """
         return (cls.prefix,) if cls.prefix is not None else tuple(cls.catalogue)
 
+    def brings_calibration_rows(self) -> bool | None:
+        """Whether the data set will hold calibration rows (those of ``calibration_fraction``); None where that is
+        not known before it is loaded.
+
+        :returns: True, False or None.
+        """
+        return self.calibration_fraction > 0
+
     @abstractmethod
     def load(self, seed: int) -> Dataset:
         """The data set, standardised with its training statistics (before the validation and calibration carves).

@@ -338,6 +338,13 @@ class GivenData(DataSection):
         section._dataset = data
         return section
 
+    def brings_calibration_rows(self) -> bool | None:
+        """Whether the rows given hold calibration rows (``fit(val=...)``'s).
+
+        :returns: True or False; None before the rows are given.
+        """
+        return None if self._dataset is None else self._dataset.x_calibration is not None
+
     def load(self, seed: int) -> Dataset:
         if self._dataset is None:
             raise ZooInputError("data.name", "given", "this run's data were given in Python, not named by the spec: "

@@ -72,7 +72,12 @@ DECREMENT_TOLERANCE = 1e-12  # ... or when the log joint is within this (relativ
 OVERSAMPLING = 10  # lowrank: the sketch's columns beyond the rank kept
 POWER_ITERATIONS = 2  # lowrank: passes of subspace iteration before the Nyström step
 GRID_LOG_PRECISIONS = torch.linspace(math.log(1e-4), math.log(1e4), 21).tolist()  # tune_by: calibration
-NO_CALIBRATION_ROWS = "needs rows held out of training: set data.calibration_fraction (e.g. 0.1), or tune_by: evidence"
+LINKS = ("bridge", "probit", "mc")  # classification GLM links link_by: calibration chooses from (ties: the first)
+NO_CALIBRATION_ROWS = ("needs rows held out of training: pass val= to fit or set data.calibration_fraction (e.g. "
+                       "0.1), or use tune_by: evidence")
+NO_LINK_ROWS = ("chooses a classification GLM's link on rows held out of training: pass val= to fit or set "
+                "data.calibration_fraction (e.g. 0.1), with predictive: glm on a classification task; or use "
+                "link_by: fixed")
 
 
 class LaplaceSpec(Tempered):
@@ -107,7 +112,12 @@ class LaplaceSpec(Tempered):
         "glm", description="glm: the linearised net (closed form for regression); nn: the net itself at draws")
     link: Literal["probit", "bridge", "mc"] = Field(
         "probit", description="classification glm: the probit approximation, the Laplace bridge (a Dirichlet) or "
-        "Monte Carlo over the linearised logits; predict, evaluate, metrics.json and the shift report all use it")
+        "Monte Carlo over the linearised logits; predict, evaluate, metrics.json and the shift report all use it "
+        "(the one link_by chose, where it chose)")
+    link_by: Literal["calibration", "fixed"] | None = Field(
+        None, description="classification glm: calibration, use the link (of probit, bridge and mc) whose predictive "
+        "is likeliest on the calibration rows; fixed, always link; unset: calibration where the fit has calibration "
+        "rows (fit(val=...) or data.calibration_fraction), fixed otherwise")
     noise_by: Literal["evidence", "calibration"] | None = Field(
         None, description="a learned Gaussian noise σ: evidence, tuned with the prior by the evidence on the "
         "training rows; calibration, then set to the σ whose GLM predictive is likeliest on the calibration rows, "
@@ -128,6 +138,8 @@ class LaplaceResult:
     :param prior_precision: the tuned prior precision of each group (``all``, a layer or a parameter tensor).
     :param noise: the Gaussian noise σ in standardised units (tuned where learned); None for classification.
     :param posterior: the fitted posterior.
+    :param link: the classification link the fit chose on calibration rows (``inference.link_by``); None where it
+        chose none (the spec's ``link`` stands).
     """
 
     seconds: float = 0.0
@@ -135,6 +147,7 @@ class LaplaceResult:
     prior_precision: dict[str, float] = field(default_factory=dict)
     noise: float | None = None
     posterior: LaplacePosterior | None = None
+    link: str | None = None
 
 
 # ------------------------------------------------------------------------------------------ the posterior
@@ -157,29 +170,26 @@ class LaplacePosterior(GuidePosterior):
         self.site = gaussian_site(guide)
 
     @classmethod
-    def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec) -> LaplacePosterior:
+    def from_spec(cls, family: ModelFamily, guide: LaplaceGuide, spec: LaplaceSpec,
+                  chosen_link: str | None = None) -> LaplacePosterior:
         """The posterior with the spec's predictive settings.
 
         :param family: the linearisable family the guide was fitted to.
         :param guide: the fitted Laplace guide.
         :param spec: the run's ``inference`` section (its ``predictive``, ``link`` and ``chunk_size``).
+        :param chosen_link: the link the fit chose on calibration rows, in place of the spec's (``link_by``).
         :returns: the posterior.
         """
-        return cls(family, guide, spec.predictive, spec.link, spec.chunk_size)
-
-    @property
-    def closed_form(self) -> bool:
-        """Whether the predictive needs no weight draws: the GLM's Gaussian (regression), probit or Laplace bridge
-        (classification) closed form."""
-        return self.predictive == "glm" and (self.family.likelihood.gaussian or self.link != "mc")
+        return cls(family, guide, spec.predictive, chosen_link or spec.link, spec.chunk_size)
 
     def scoring_draws(self, num_samples: int) -> dict[str, torch.Tensor] | None:
-        """The draws a set of scores shares: none for a closed-form predictive, which scores every set of inputs.
+        """The draws a set of scores shares: none for the GLM predictive, which scores every set of inputs from its
+        outputs' Gaussian (closed forms, or draws of the logits for ``link: mc``).
 
         :param num_samples: how many draws to take where the predictive needs them.
-        :returns: None for a closed form, else ``num_samples`` draws of the Gaussian site.
+        :returns: None for the GLM, else ``num_samples`` draws of the Gaussian site.
         """
-        return None if self.closed_form else super().scoring_draws(num_samples)
+        return None if self.predictive == "glm" else super().scoring_draws(num_samples)
 
     def _noise(self) -> torch.Tensor | float:
         return self.family.likelihood.noise(self.guide.point_estimate())
@@ -211,8 +221,9 @@ class LaplacePosterior(GuidePosterior):
 
     def predict(self, x: torch.Tensor, num_samples: int | None = None, draws: dict[str, torch.Tensor] | None = None,
                 chunk_size: int | None = None) -> PredictiveDraws:
-        """GLM: the closed form (Gaussian for regression; probit or Laplace bridge for classification) when no draws
-        are given, else the linearised net at each draw; NN: the net itself at each draw.
+        """GLM: from the linearised net's Gaussian outputs when no draws are given (the closed form for regression,
+        probit or the Laplace bridge; for ``link: mc``, ``num_samples`` draws of the logits), else the linearised net
+        at each draw; NN: the net itself at each draw.
 
         :param x: inputs ``[B, D]``, standardised like the training rows.
         :param num_samples: how many weight draws to take where draws are used; ignored when ``draws`` is given and
@@ -220,20 +231,19 @@ class LaplacePosterior(GuidePosterior):
         :param draws: weight draws ``{site: [S, ...]}`` to predict with.
         :param chunk_size: inputs scored at a time by the net (``nn``); the GLM's Jacobians take :attr:`chunk_size`.
         :returns: one predictive distribution per draw at the ``B`` inputs; the closed forms give one
-            (``loc``/``scale [1, B]`` or ``log_probs [1, B, C]``).
+            (``loc``/``scale [1, B]`` or ``log_probs [1, B, C]``), ``link: mc`` one per draw of the logits.
         :raises ValueError: when draws are needed and neither ``num_samples`` nor ``draws`` is given.
         """
         if self.predictive == "nn":
             return super().predict(x, num_samples, draws, chunk_size)
-        if draws is None and self.closed_form:
+        if draws is None and self.predictive == "glm":
+            if self.link == "mc" and not self.family.likelihood.gaussian and num_samples is None:
+                raise ValueError("predict needs num_samples or draws")
             mean, cov = self.glm_moments(x)
-            variance = cov.diagonal(dim1=-2, dim2=-1)
             if self.family.likelihood.gaussian:
                 noise = torch.as_tensor(self._noise(), dtype=mean.dtype, device=mean.device)
-                return PredictiveDraws(loc=mean[None, :, 0], scale=(noise**2 + variance[:, 0]).sqrt()[None])
-            if self.link == "bridge":
-                return PredictiveDraws(log_probs=laplace_bridge(mean, variance)[None])
-            return PredictiveDraws(log_probs=F.log_softmax(mean / (1 + math.pi / 8 * variance).sqrt(), -1)[None])
+                return PredictiveDraws(loc=mean[None, :, 0], scale=(noise**2 + cov[:, 0, 0]).sqrt()[None])
+            return PredictiveDraws(log_probs=link_log_probs(self.link, mean, cov, num_samples))
         if draws is None:
             if num_samples is None:
                 raise ValueError("predict needs num_samples or draws")
@@ -250,6 +260,32 @@ class LaplacePosterior(GuidePosterior):
                     outputs = f + (J @ shift.T).movedim(-1, 0)
                 parts.append(self.family.likelihood.predictive(outputs, draws))
             return PredictiveDraws.concat(parts)
+
+
+def link_log_probs(link: str, mean: torch.Tensor, covariance: torch.Tensor, num_samples: int | None = None,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Class log-probabilities of linearised logits N(mean, covariance) under a classification link.
+
+    Drawing the logits from their Gaussian is the same distribution as drawing the weights and linearising (the
+    logits are linear in them), at the cost of one K x K eigendecomposition a row instead of a Jacobian product a
+    draw.
+
+    :param link: ``probit`` (each logit's mean over √(1 + π v / 8)), ``bridge`` (:func:`laplace_bridge`) or ``mc``.
+    :param mean: the logits' means ``[B, K]``.
+    :param covariance: their covariance per row ``[B, K, K]``.
+    :param num_samples: ``mc``'s draws of the logits.
+    :param generator: ``mc``'s random numbers (None: torch's global generator, which Pyro's seed sets).
+    :returns: log p ``[1, B, K]`` for a closed form, ``[S, B, K]`` for ``mc``'s S draws.
+    """
+    variance = covariance.diagonal(dim1=-2, dim2=-1)
+    if link == "bridge":
+        return laplace_bridge(mean, variance)[None]
+    if link == "probit":
+        return F.log_softmax(mean / (1 + math.pi / 8 * variance).sqrt(), -1)[None]
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+    root = eigenvectors * eigenvalues.clamp_min(0).sqrt()[..., None, :]
+    noise = torch.randn(num_samples, *mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+    return F.log_softmax(mean + torch.einsum("bij,sbj->sbi", root, noise), -1)
 
 
 def laplace_bridge(mean: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
@@ -966,8 +1002,9 @@ def _resume_finished(fit: FitContext, path: Path) -> LaplaceResult:
     fit.guide.load_state_dict(state["guide"])
     fit.family.set_hyperparameters(state["hyperparameters"])
     fit.log("the Laplace fit had finished; loaded it")
-    result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"])
-    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"],
+                           link=state.get("link"))
+    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec, result.link)
     return result
 
 
@@ -1290,6 +1327,40 @@ def _calibrate_noise(fit: FitContext, site: str, prior: _Prior, precision: torch
     return scale_at(precision)
 
 
+def _link_source(fit: FitContext) -> str:
+    """Whether a fit chooses its classification link on calibration rows (``calibration``) or keeps the spec's
+    (``fixed``): ``inference.link_by``, or where unset, ``calibration`` where the fit has calibration rows, a
+    categorical likelihood and the GLM predictive.
+
+    :raises ZooInputError: ``link_by: calibration`` without calibration rows, for regression or the NN predictive.
+    """
+    asked = fit.spec.link_by
+    can = (fit.data.x_calibration is not None and not fit.family.likelihood.gaussian
+           and fit.spec.predictive == "glm")
+    if asked == "calibration" and not can:
+        raise ZooInputError("inference.link_by", "calibration", NO_LINK_ROWS)
+    return asked or ("calibration" if can else "fixed")
+
+
+def _choose_link(fit: FitContext) -> str:
+    """The link (of :data:`LINKS`) whose GLM predictive has the least NLL on the calibration rows, with a log line
+    of each one's NLL; ``mc`` takes ``predictive_samples`` draws of the logits, seeded by the fit's seed."""
+    posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    y = fit.data.y_calibration.long()
+    mean, covariance = posterior.glm_moments(fit.data.x_calibration)
+    generator = torch.Generator(device=mean.device).manual_seed(fit.seed)
+    nll = {}
+    for link in LINKS:
+        log_probs = link_log_probs(link, mean.double(), covariance.double(), fit.spec.predictive_samples, generator)
+        mixed = log_probs.logsumexp(0) - math.log(len(log_probs))
+        value = float(-mixed.gather(1, y[:, None]).mean())
+        nll[link] = value if math.isfinite(value) else math.inf
+    best = min(LINKS, key=lambda link: (nll[link], LINKS.index(link)))
+    fit.log(f"laplace: link {best}, the likeliest on {len(y):,} calibration rows (NLL "
+            + ", ".join(f"{link} {value:.4f}" for link, value in nll.items()) + ")")
+    return best
+
+
 def _noise(prior: _Prior) -> torch.Tensor | None:
     """The prior's current Gaussian noise σ (None: categorical)."""
     return None if prior.log_noise is None else prior.log_noise.exp()
@@ -1333,7 +1404,7 @@ def _save(fit: FitContext, path: Path, result: LaplaceResult) -> None:
     save_checkpoint(path, {"guide": fit.guide.state_dict(), "point_parameters": [], "buffers": fit.family.buffers(),
                            "hyperparameters": fit.family.hyperparameters(), "seconds": result.seconds,
                            "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
-                           "noise": result.noise, "done": True})
+                           "noise": result.noise, "link": result.link, "done": True})
 
 
 def fit_laplace(fit: FitContext) -> LaplaceResult:
@@ -1378,11 +1449,12 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
         seconds=time.perf_counter() - started, log_evidence=float(log_z),
         prior_precision={label: float(prior.log_precision[g].exp()) for g, label in enumerate(prior.labels)},
         noise=float(prior.log_noise.exp()) if prior.log_noise is not None else None,
+        link=_choose_link(fit) if _link_source(fit) == "calibration" else None,
     )
     fit.log(_summary(result))
     if path is not None:
         _save(fit, path, result)
-    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec, result.link)
     if fit.monitor is not None:  # no intermediate posterior: scored once, at the end
         fit.monitor.final(result.posterior, fit.data)
     return result
@@ -1440,8 +1512,9 @@ class Laplace(InferenceMethod):
                "the empirical Fisher is offered with guide.covariance: diag, kron or lowrank; a full covariance "
                "takes the GGN "
                "(its evidence at the linearised mode is the GGN's): use inference.curvature: ggn")
-        refuse(inference.tune_by == "calibration" and getattr(run_spec.data, "calibration_fraction", None) == 0,
-               "inference.tune_by", "calibration", NO_CALIBRATION_ROWS)
+        no_rows = run_spec.data.brings_calibration_rows() is False
+        refuse(inference.tune_by == "calibration" and no_rows, "inference.tune_by", "calibration", NO_CALIBRATION_ROWS)
+        refuse(inference.link_by == "calibration" and no_rows, "inference.link_by", "calibration", NO_LINK_ROWS)
         refuse(inference.tune_by == "calibration" and inference.prior_structure != "scalar",
                "inference.prior_structure", inference.prior_structure, "tune_by: calibration searches a grid of one "
                "prior precision for every weight: use prior_structure: scalar, or tune_by: evidence")
@@ -1478,6 +1551,6 @@ class Laplace(InferenceMethod):
         return guide_fit_record(result)
 
     def load(self, family, guide, spec, run_dir, device, start=None) -> LaplacePosterior:
-        load_guide_checkpoint(family, guide, run_dir, device)
-        return LaplacePosterior.from_spec(family, guide, spec)
+        state = load_guide_checkpoint(family, guide, run_dir, device)
+        return LaplacePosterior.from_spec(family, guide, spec, state.get("link"))
 
