@@ -335,7 +335,8 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
                   "min_ess": min(r["ess_bulk"] for r in function_space),
                   "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
     if case.task == "classification":
-        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds} | chains
+        link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
+        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds} | chains | link
     return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"], "seconds": seconds} | chains
 
 
@@ -398,6 +399,8 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
     if all("r_hat" in c for c in cells):  # the reference's chains: their worst over the seeds
         out["r_hat"], out["min_ess"] = max(c["r_hat"] for c in cells), min(c["min_ess"] for c in cells)
         out["draws"] = cells[0]["draws"]
+    if all("link" in c for c in cells):  # the link each seed's Laplace GLM predicted by (link_by may choose it)
+        out["links"] = [c["link"] for c in sorted(cells, key=lambda c: c["seed"])]
     plain_seconds = {c["seed"]: c["seconds"] for c in plain}
     out["fit_time_ratio"] = float(np.mean([c["seconds"] / plain_seconds[c["seed"]] for c in cells]))
     return out
@@ -447,6 +450,8 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
         if "r_hat" in row:
             member = (f"{member}: the posterior ({row['draws']}; worst R-hat {row['r_hat']:.3f}, "
                       f"min ESS {row['min_ess']:.0f})")
+        if "links" in row:
+            member = f"{member} (link per seed: {', '.join(row['links'])})"
         if row["seeds"] < len(case["plain_lr"]):
             member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),

@@ -90,6 +90,21 @@ def test_the_results_pages_tables_are_reprinted_from_the_json(small_run, capsys)
     assert f"| plain net | {plain['rmse']:.3f} ± {plain['rmse_se']:.3f} |" in printed
 
 
+def test_a_laplace_classifiers_cells_say_which_link_it_predicted_by(tmp_path, capsys):
+    """A Laplace member's classification cell records its GLM's link (chosen on the fit's val rows), the summary
+    lists them by seed, and the table names them beside the member."""
+    argv = ["--size", "small", "--cases", "twoclass", "--members", "last_layer_laplace", "--seeds", "0-1",
+            "--cells", str(tmp_path / "cells.jsonl"), "--json", str(tmp_path / "defaults.json")]
+    row = defaults.main(argv)["cases"]["twoclass"]["members"]["last_layer_laplace"]
+    cells = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    links = [c["link"] for c in sorted(cells, key=lambda c: c["seed"]) if c["member"] == "last_layer_laplace"]
+    assert row["links"] == links and len(links) == 2 and set(links) <= {"bridge", "probit", "mc"}
+    assert all("link" not in c for c in cells if c["member"] == "plain net")
+    capsys.readouterr()
+    defaults.main(["--from-json", str(tmp_path / "defaults.json")])
+    assert f"| last_layer_laplace (link per seed: {', '.join(links)}) |" in capsys.readouterr().out
+
+
 def test_the_bar_is_the_plain_nets_accuracy_less_a_point_and_its_nll():
     case = defaults.CASES["digits"]
     base = {"accuracy": 0.95, "nll": 0.20}
