@@ -106,7 +106,8 @@ def zoo_fit(net: nn.Module, train, test, evidence_at: str, prior_structure: str)
     """One post-hoc fit by the zoo; its time, evidence, precision and probit test scores."""
     row, bnn = posthoc_fit(net, train, test, member="subnetwork_laplace",
                            family={"family": "subnetwork", "map_from": "net", "selection": {"strategy": "last_layer"}},
-                           inference={"evidence_at": evidence_at, "prior_structure": prior_structure})
+                           inference={"evidence_at": evidence_at, "prior_structure": prior_structure,
+                                      "link": "probit", "link_by": "fixed"})  # probit, as laplace-torch's
     probs = bnn.predict(test[0]).probs
     bnn.posterior.link = "mc"  # the same posterior's predictive by draws of the linearised logits
     torch.manual_seed(0)
