@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from pydantic import Field, PositiveInt
 
 from guides.laplace import FULL_COVARIANCE_MAX, LaplaceGuide
+from zoo import metrics
 from zoo.curvature import KroneckerBlock, LowRankScale, OutputJacobian
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import evaluate
@@ -1352,10 +1353,8 @@ def _choose_link(fit: FitContext) -> str:
     nll = {}
     for link in LINKS:
         log_probs = link_log_probs(link, mean.double(), covariance.double(), fit.spec.predictive_samples, generator)
-        mixed = log_probs.logsumexp(0) - math.log(len(log_probs))
-        value = float(-mixed.gather(1, y[:, None]).mean())
-        nll[link] = value if math.isfinite(value) else math.inf
-    best = min(LINKS, key=lambda link: (nll[link], LINKS.index(link)))
+        nll[link] = math.inf if log_probs.isnan().any() else metrics.nll(log_probs, y)  # NaN: never chosen
+    best = min(LINKS, key=nll.__getitem__)  # ties: the first of LINKS
     fit.log(f"laplace: link {best}, the likeliest on {len(y):,} calibration rows (NLL "
             + ", ".join(f"{link} {value:.4f}" for link, value in nll.items()) + ")")
     return best
