@@ -26,6 +26,9 @@ two processes with torch's default threads slow each other up to 10x on two core
 With ``--reference`` the tables also hold the posterior itself, sampled by the many-chain HMC at a fixed number of
 draws on the nets small enough for it (its worst R-hat and least ESS beside it): where it meets the bar, a member
 that misses it misses by its approximation, not by the prior or the likelihood.
+
+``--epochs E`` gives every case another budget, the plain net's and the members' alike (the bar compares the two at
+the same epochs); ``--set epochs=E`` is refused, since it would move the members' budget and not the plain net's.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from zoo.errors import ZooInputError  # noqa: E402
 from zoo.inference import METHODS  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
+from zoo.sections import MAX_EPOCHS  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 
 PLAIN_LRS = (1e-3, 3e-3, 1e-2)
@@ -233,6 +237,7 @@ CASES: dict[str, Case] = {
                 lambda r: nn.Sequential(nn.Linear(1, 50), nn.Tanh(), nn.Linear(50, 1))),
 }
 SMALL_EPOCHS = 2
+BUDGET_KEYS = ("epochs", "num_steps", "inference.epochs", "inference.num_steps")  # --epochs, not --set: both sides
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -479,6 +484,9 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ZooInputError("--set", item, "write KEY=VALUE, e.g. lr=0.01")
+        if key.strip() in BUDGET_KEYS:
+            raise ZooInputError("--set", item, "the budget is --epochs E: it trains the plain net for the same "
+                                "epochs as the members, which the bar compares them at")
         out[key.strip()] = yaml.safe_load(value)
     split_settings(out)  # an unknown section is refused before anything runs
     return out
@@ -519,6 +527,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (the UCI case's split is the seed)")
     p.add_argument("--size", choices=("full", "small"), default="full",
                    help=f"small: 200 rows per case and {SMALL_EPOCHS} epochs (the tests' run)")
+    p.add_argument("--epochs", type=int, help="every case's epochs, for the plain net and the members alike "
+                   "(default: each case's own; their cells are kept apart from the defaults')")
     p.add_argument("--data-dir", default=os.environ.get("ZOO_DATA_DIR"), help="the UCI sets' folder (the uci case "
                    "is skipped, with a line saying so, without it)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -551,6 +561,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if refused:
         raise ZooInputError("--members", ",".join(refused), f"{refused[0]} is {NOT_BUDGETED[refused[0]]}")
     seeds = parse_seeds(args.seeds)
+    if args.epochs is not None and not 1 <= args.epochs <= MAX_EPOCHS:
+        raise ZooInputError("--epochs", args.epochs, f"give a whole number of epochs from 1 to {MAX_EPOCHS:,}")
+    if args.epochs is not None and args.size == "small":
+        raise ZooInputError("--epochs", args.epochs, f"--size small runs {SMALL_EPOCHS} epochs; drop one of them")
     settings = parse_settings(args.set)
     tag = ",".join(args.set)
     torch.set_num_threads(args.threads)
@@ -566,7 +580,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "plain_lrs": PLAIN_LRS, "cases": {}}
     for name in cases:
         case = CASES[name]
-        epochs = SMALL_EPOCHS if args.size == "small" else case.epochs
+        epochs = SMALL_EPOCHS if args.size == "small" else args.epochs or case.epochs
+        budget_tag = f"epochs={epochs}" if args.epochs and epochs != case.epochs else ""  # a hand-set budget's cells
         if name == "uci" and not (args.data_dir or Path("../shared/data/uci").is_dir()):
             print(f"{name}: skipped, no UCI data (give --data-dir or set ZOO_DATA_DIR)")
             continue
@@ -576,8 +591,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows = case.rows(seed, args.size, data_dir)
             for member in ["plain net", *members]:
                 is_plain = member == "plain net"
-                key = (args.size, name, seed, member, "" if is_plain or member == REFERENCE else tag,
-                       "" if is_plain else editions[member])
+                if is_plain or member == REFERENCE:  # the reference is run by draws; the plain net by the budget only
+                    setting = "" if member == REFERENCE else budget_tag
+                else:
+                    setting = ",".join(t for t in (budget_tag, tag) if t)
+                key = (args.size, name, seed, member, setting, "" if is_plain else editions[member])
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:

@@ -153,10 +153,40 @@ def test_the_plain_net_is_scored_by_the_zoos_metrics():
     (["--set", "lr"], "KEY=VALUE"),
     (["--set", "net.hidden=3"], "the parts: prior, guide"),
     (["--seeds", "2-0"], "backwards"),
+    (["--set", "epochs=3"], "the budget is --epochs E"),
+    (["--set", "inference.num_steps=30"], "the budget is --epochs E"),
+    (["--epochs", "0"], "from 1 to"),
+    (["--epochs", "3", "--size", "small"], "drop one of them"),
 ])
 def test_bad_options_are_refused_naming_them(argv, says, tmp_path):
     with pytest.raises(ZooInputError, match=says):
         defaults.main([*argv, "--cells", str(tmp_path / "cells.jsonl")])
+
+
+def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_their_cells_apart(tmp_path, monkeypatch):
+    """--epochs E is the bar's budget on both sides: the plain net and every member train E epochs, and those cells
+    are neither the defaults' cells nor read as them."""
+    trained = []
+
+    def plain(case, rows, seed, epochs):
+        trained.append(("plain net", epochs))
+        return {"accuracy": 0.9, "nll": 0.3, "ece": 0.0, "brier": 0.1, "seconds": 1.0, "lr": 0.01}
+
+    def member(case, rows, seed, name, epochs, settings, size):
+        trained.append((name, epochs))
+        return {"accuracy": 0.9, "nll": 0.3, "ece": 0.0, "brier": 0.1, "seconds": 1.0}
+
+    monkeypatch.setattr(defaults, "plain_net", plain)
+    monkeypatch.setattr(defaults, "member_fit", member)
+    cells = tmp_path / "cells.jsonl"
+    argv = ["--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)]
+    report = defaults.main([*argv, "--epochs", "7", "--set", "lr=0.02"])
+    assert trained == [("plain net", 7), ("map", 7)]
+    assert report["cases"]["twoclass"]["epochs"] == 7
+    settings = [json.loads(line)["settings"] for line in cells.read_text().splitlines()]
+    assert settings == ["epochs=7", "epochs=7,lr=0.02"]
+    defaults.main(argv)  # at the case's own epochs: nothing above is reused
+    assert trained[2:] == [("plain net", defaults.CASES["twoclass"].epochs), ("map", defaults.CASES["twoclass"].epochs)]
 
 
 def test_a_set_reaches_the_fit_or_the_members_parts():
