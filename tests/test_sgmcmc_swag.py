@@ -344,12 +344,15 @@ def test_multiswag_fits_k_models_that_resume_exactly(tmp_path, monkeypatch):
 def test_swag_pretrains_by_adam_unless_an_sgd_lr_is_set_then_collects_by_sgd_and_resumes_exactly(tmp_path,
                                                                                                     monkeypatch):
     """Without a pretrain_lr, SWAG climbs to its mode by Adam (the zoo's MAP fit) and collects by SGD from rest;
-    a set pretrain_lr keeps Maddox et al.'s SGD pretraining; Adam's moments are checkpointed, so a run stopped
-    mid-pretraining resumes exactly."""
+    a set pretrain_lr keeps Maddox et al.'s SGD pretraining, so a spec saved before pretrain_by existed runs as it
+    did; Adam's moments are checkpointed, so a run stopped mid-pretraining resumes exactly."""
     assert load_spec(linear_spec("swag")).inference.pretrain_by == "adam"
     assert load_spec(linear_spec("swag", pretrain_lr=0.02)).inference.pretrain_by == "sgd"
-    with pytest.raises(ZooInputError, match="pretrain_by: sgd"):
-        load_spec(linear_spec("swag", pretrain_by="adam", pretrain_lr=0.02))
+    # a run's saved spec, every field resolved, reloads as it ran; one saved before these fields existed keeps SGD
+    saved = load_spec(load_spec(linear_spec("swag")).model_dump(mode="json")).inference
+    assert saved.pretrain_by == "adam" and saved.noise_matched_lr
+    older = load_spec(linear_spec("swag", pretrain_lr=0.05, lr=0.01)).inference
+    assert older.pretrain_by == "sgd" and not older.noise_matched_lr
     moves = []
     adam, sgd = swag.adam_move, swag.sgd_move
     monkeypatch.setattr(swag, "adam_move", lambda *a: moves.append("adam") or adam(*a))

@@ -59,7 +59,7 @@ class SWAGSpec(Tempered):
         f"how pretraining climbs to a mode: adam (Adam at {EXPLORE_LR:g}, the zoo's MAP fit: its per-coordinate "
         "step follows the stiffness a shrinking learned noise gives a regression loss, where SGD at pretrain_lr "
         "diverged) or sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in Maddox et al.); null: "
-        "sgd where pretrain_lr is set, else adam"))
+        "sgd where pretrain_lr is set, else adam (which does not read pretrain_lr)"))
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
     noise_matched_lr: bool | None = Field(None, description=(
         "collect at most at Mandt et al.'s (2017) lr for the minibatch gradient noise, (1 - momentum) 2 B D / "
@@ -83,12 +83,8 @@ class SWAGSpec(Tempered):
     def _pretraining(self) -> SWAGSpec:
         if self.noise_matched_lr is None:
             self.noise_matched_lr = "lr" not in self.model_fields_set
-        if self.pretrain_by is None:
+        if self.pretrain_by is None:  # a saved spec has both resolved: it keeps its own, and older runs keep SGD
             self.pretrain_by = "sgd" if "pretrain_lr" in self.model_fields_set else "adam"
-        elif self.pretrain_by == "adam" and "pretrain_lr" in self.model_fields_set:
-            raise ValueError(f"inference.pretrain_lr: got {self.pretrain_lr:g}, a setting of SGD pretraining, with "
-                             f"pretrain_by: adam (which steps at {EXPLORE_LR:g}): drop pretrain_lr, or set "
-                             "pretrain_by: sgd")
         return self
 
     @field_validator("temperature")
@@ -352,6 +348,12 @@ class GradientNoise:
     gradient, which each window's gradients estimate (their drift while the model still descends adds to it, which
     only lowers the ceiling).
 
+    :param models: K, the models tracked.
+    :param dim: D, the latent dimensions.
+    :param batch: B, the rows of a minibatch.
+    :param n_rows: N, the training rows.
+    :param momentum: SGD's momentum beta.
+    :param device: where the running sums live.
     :param ceiling: each model's lr ceiling ``[K]``, the least of the closed windows' (None before one closes).
     """
 
@@ -366,18 +368,32 @@ class GradientNoise:
     @classmethod
     def from_state(cls, state: dict | None, z: torch.Tensor, batch: int, n_rows: int, momentum: float
                    ) -> GradientNoise:
-        """A fresh tracker for points ``z`` ``[K, D]``, or the one a checkpoint's ``state`` saved."""
+        """A fresh tracker for points ``z`` ``[K, D]``, or the one a checkpoint's ``state`` saved.
+
+        :param state: :meth:`state_dict`'s mapping from a checkpoint, or None for a fresh tracker.
+        :param z: the models' points ``[K, D]`` (their count, dimension and device).
+        :param batch: B, the rows of a minibatch.
+        :param n_rows: N, the training rows.
+        :param momentum: SGD's momentum.
+        :returns: the tracker.
+        """
         noise = cls(z.shape[0], z.shape[1], batch, n_rows, momentum, z.device)
         for key, value in (state or {}).items():
             setattr(noise, key, value)
         return noise
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps to resume the tracking exactly."""
+        """What a checkpoint keeps to resume the tracking exactly.
+
+        :returns: the running sums, their count and the ceiling.
+        """
         return {"total": self.total, "square": self.square, "count": self.count, "ceiling": self.ceiling}
 
     def add(self, grad: torch.Tensor) -> None:
-        """One step's per-row-averaged minibatch gradient ``[K, D]``."""
+        """Add one step's gradients to the window.
+
+        :param grad: the per-row-averaged minibatch gradient of each model ``[K, D]``.
+        """
         grad = grad.detach().double()
         self.total += grad
         self.square += grad.pow(2).sum(-1)
@@ -396,7 +412,11 @@ class GradientNoise:
         self.count = 0
 
     def describe(self, lr: float) -> str:
-        """The run log's words on the ceiling: empty when it never went below ``lr``."""
+        """The run log's words on the ceiling.
+
+        :param lr: the SWA lr the ceiling caps.
+        :returns: a clause for the log line, empty when the ceiling never went below ``lr``.
+        """
         if self.ceiling is None or not bool((self.ceiling < lr).any()):
             return ""
         return (f"; the gradient noise capped the SWA lr {lr:g} at "
