@@ -350,9 +350,9 @@ def test_swag_pretrains_by_adam_unless_an_sgd_lr_is_set_then_collects_by_sgd_and
     assert load_spec(linear_spec("swag", pretrain_lr=0.02)).inference.pretrain_by == "sgd"
     # a run's saved spec, every field resolved, reloads as it ran; one saved before these fields existed keeps SGD
     saved = load_spec(load_spec(linear_spec("swag")).model_dump(mode="json")).inference
-    assert saved.pretrain_by == "adam" and saved.noise_matched_lr
+    assert saved.pretrain_by == "adam" and saved.cap_lr_by_gradient_noise
     older = load_spec(linear_spec("swag", pretrain_lr=0.05, lr=0.01)).inference
-    assert older.pretrain_by == "sgd" and not older.noise_matched_lr
+    assert older.pretrain_by == "sgd" and not older.cap_lr_by_gradient_noise
     moves = []
     adam, sgd = swag.adam_move, swag.sgd_move
     monkeypatch.setattr(swag, "adam_move", lambda *a: moves.append("adam") or adam(*a))
@@ -411,7 +411,7 @@ def test_swag_collects_at_the_lr_or_under_the_gradient_noise_ceiling_and_keeps_a
     stiff = {**linear_spec("swag", pretrain_epochs=20, epochs=30, batch_size=4, collect_every=1, rank=2),
              "likelihood": {"noise": 0.05}}
     spec = load_spec(stiff)
-    assert spec.inference.noise_matched_lr and spec.inference.pretrain_by == "adam"
+    assert spec.inference.cap_lr_by_gradient_noise and spec.inference.pretrain_by == "adam"
     data, family, guide, _ = prepare(spec)
     steps = SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     window = max(10, swag.NOISE_WINDOW)  # 40 rows in batches of 4: 10 steps an epoch
@@ -422,7 +422,7 @@ def test_swag_collects_at_the_lr_or_under_the_gradient_noise_ceiling_and_keeps_a
     assert torch.isfinite(steps.posterior.mean).all()
     used.clear()
     fixed = load_spec(linear_spec("swag", pretrain_epochs=5, epochs=5, batch_size=4, rank=2, lr=0.01))
-    assert not fixed.inference.noise_matched_lr
+    assert not fixed.inference.cap_lr_by_gradient_noise
     data, family, guide, _ = prepare(fixed)
     SWAG().fit(family, guide, data, fixed.inference, 0, progress=False)
     assert set(used) == {0.01}

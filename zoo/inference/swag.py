@@ -61,7 +61,7 @@ class SWAGSpec(Tempered):
         "diverged) or sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in Maddox et al.); null: "
         "sgd where pretrain_lr is set, else adam (which does not read pretrain_lr)"))
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
-    noise_matched_lr: bool | None = Field(None, description=(
+    cap_lr_by_gradient_noise: bool | None = Field(None, description=(
         "collect at most at Mandt et al.'s (2017) lr for the minibatch gradient noise, (1 - momentum) 2 B D / "
         "(N tr C), read over the last steps of pretraining and lowered as later windows of collecting steps find "
         "more noise: a regression's learned noise that shrinks makes the gradients grow like 1/sigma^2, and a "
@@ -81,8 +81,8 @@ class SWAGSpec(Tempered):
 
     @model_validator(mode="after")
     def _pretraining(self) -> SWAGSpec:
-        if self.noise_matched_lr is None:
-            self.noise_matched_lr = "lr" not in self.model_fields_set
+        if self.cap_lr_by_gradient_noise is None:
+            self.cap_lr_by_gradient_noise = "lr" not in self.model_fields_set
         if self.pretrain_by is None:  # a saved spec has both resolved: it keeps its own, and older runs keep SGD
             self.pretrain_by = "sgd" if "pretrain_lr" in self.model_fields_set else "adam"
         return self
@@ -267,7 +267,8 @@ def fit_swag(fit: FitContext) -> SWAGResult:
     loop.state = lambda: {"z": z, "velocity": velocity, "square": square, "moments": moments,
                           "collected": collected, "gradient_noise": noise.state_dict()}
     window = max(loop.per_epoch, NOISE_WINDOW)
-    tracked_from = max(0, pretrain - window) if spec.noise_matched_lr else total  # the end of pretraining on
+    # the gradient noise is read from the last window of pretraining on
+    tracked_from = max(0, pretrain - window) if spec.cap_lr_by_gradient_noise else total
 
     def update(rows: torch.Tensor | None) -> None:
         nonlocal z, velocity, square, collected
@@ -354,16 +355,15 @@ class GradientNoise:
     :param n_rows: N, the training rows.
     :param momentum: SGD's momentum beta.
     :param device: where the running sums live.
-    :param ceiling: each model's lr ceiling ``[K]``, the least of the closed windows' (None before one closes).
+    :ivar ceiling: each model's lr ceiling ``[K]``, the least of the closed windows' (None before one closes).
     """
 
-    def __init__(self, models: int, dim: int, batch: int, n_rows: int, momentum: float, device: torch.device,
-                 ceiling: torch.Tensor | None = None) -> None:
+    def __init__(self, models: int, dim: int, batch: int, n_rows: int, momentum: float, device: torch.device) -> None:
         self.dim, self.batch, self.n_rows, self.momentum = dim, batch, n_rows, momentum
         self.total = torch.zeros(models, dim, dtype=torch.float64, device=device)
         self.square = torch.zeros(models, dtype=torch.float64, device=device)
         self.count = 0
-        self.ceiling = ceiling
+        self.ceiling: torch.Tensor | None = None
 
     @classmethod
     def from_state(cls, state: dict | None, z: torch.Tensor, batch: int, n_rows: int, momentum: float
@@ -421,7 +421,7 @@ class GradientNoise:
             return ""
         return (f"; the gradient noise capped the SWA lr {lr:g} at "
                 f"{', '.join(f'{min(float(c), lr):.3g}' for c in self.ceiling)} by the end (Mandt et al.'s lr; "
-                "inference.noise_matched_lr: false keeps lr)")
+                "inference.cap_lr_by_gradient_noise: false keeps lr)")
 
 
 @dataclass
