@@ -189,6 +189,16 @@ def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_th
     assert trained[2:] == [("plain net", defaults.CASES["twoclass"].epochs), ("map", defaults.CASES["twoclass"].epochs)]
 
 
+def test_the_held_out_cases_run_when_named_and_not_by_default(tmp_path):
+    """Cases no default was chosen on (HELD_OUT) are there to check a new default before it is kept: --cases runs
+    them like any case, and the default run leaves them out."""
+    assert not set(defaults.HELD_OUT) & set(defaults.CASES)
+    report = defaults.main(["--size", "small", "--cases", "mnist5k_mlp", "--members", "map", "--seeds", "0",
+                            "--cells", str(tmp_path / "cells.jsonl")])
+    row = report["cases"]["mnist5k_mlp"]["members"]["map"]
+    assert "error" not in row and 0 <= row["accuracy"] <= 1
+
+
 def test_a_set_reaches_the_fit_or_the_members_parts():
     """--set lr=... is the fit's; --set prior.scale=... (a part's key) merges into the member's preset."""
     fit, parts = defaults.split_settings({"lr": 0.01, "inference.epochs": 3, "prior.scale": 3.0,
