@@ -3,11 +3,10 @@
 
 The run descends minibatch estimates of the per-row loss U/N (U as in :mod:`zoo.inference.sgmcmc`: the negative
 log joint, minibatch likelihood weighted by N/B). First it pretrains for ``pretrain_epochs`` (skip it when ``init``
-names a MAP run): by Adam, the zoo's MAP fit, unless ``pretrain_lr`` is set (``pretrain_by``), else by SGD with
-momentum and a cosine decay from ``pretrain_lr`` to ``lr`` as in Maddox et al. Then SGD with momentum runs
-``epochs`` at the constant ``lr``, collecting the iterate every ``collect_every`` steps (once per epoch by default).
-From the collected iterates theta_i come the first and second moments and the last ``rank`` deviations
-D = [theta_i - mean_i]; a draw is
+names a MAP run): by SGD with momentum and a cosine decay from ``pretrain_lr`` to ``lr`` as in Maddox et al., or by
+Adam, the zoo's MAP fit (``pretrain_by``). Then SGD with momentum runs ``epochs`` at the constant ``lr``, collecting
+the iterate every ``collect_every`` steps (once per epoch by default). From the collected iterates theta_i come the
+first and second moments and the last ``rank`` deviations D = [theta_i - mean_i]; a draw is
 
     theta = mean + sqrt(diag(sq_mean - mean^2) / 2) z1 + D z2 / sqrt(2 (rank - 1)),   z1, z2 ~ N(0, I).
 
@@ -25,7 +24,7 @@ from typing import Annotated, Literal
 import pyro
 import pyro.distributions as dist
 import torch
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
@@ -38,9 +37,6 @@ from zoo.runs import load_checkpoint, save_checkpoint
 from zoo.sections import MAX_EPOCHS, Epochs, Tempered
 
 SWAG_FILE = "swag.pt"
-# the fewest minibatch gradients one estimate of their noise reads (an epoch's, where an epoch has more): the noise
-# of five (a 160-row epoch of 32) scattered the matched lr tenfold from epoch to epoch
-NOISE_WINDOW = 50
 
 
 class SWAGSpec(Tempered):
@@ -55,18 +51,12 @@ class SWAGSpec(Tempered):
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
     lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
     pretrain_lr: PositiveFloat = Field(0.05, description="sgd pretraining: the learning rate at its start")
-    pretrain_by: Literal["adam", "sgd"] | None = Field(None, description=(
-        f"how pretraining climbs to a mode: adam (Adam at {EXPLORE_LR:g}, the zoo's MAP fit: its per-coordinate "
-        "step follows the stiffness a shrinking learned noise gives a regression loss, where SGD at pretrain_lr "
-        "diverged) or sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in Maddox et al.); null: "
-        "sgd where pretrain_lr is set, else adam (which does not read pretrain_lr)"))
+    pretrain_by: Literal["adam", "sgd"] = Field("sgd", description=(
+        "how pretraining climbs to a mode: sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in "
+        f"Maddox et al.) or adam (Adam at {EXPLORE_LR:g}, the zoo's MAP fit; it does not read pretrain_lr). Adam "
+        "served the suite's small classifiers (docs/results/defaults.md) but not an MLP on mnist5k, and on a "
+        "regression with a learned noise it reaches a mode sharper than SGD at lr can collect from"))
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
-    cap_lr_by_gradient_noise: bool | None = Field(None, description=(
-        "collect at most at Mandt et al.'s (2017) lr for the minibatch gradient noise, (1 - momentum) 2 B D / "
-        "(N tr C), read over the last steps of pretraining and lowered as later windows of collecting steps find "
-        "more noise: a regression's learned noise that shrinks makes the gradients grow like 1/sigma^2, and a "
-        "fixed lr then flings the iterates (and the predictive mean) far from the mode; null: true where lr is not "
-        "set"))
     rank: PositiveInt = Field(20, ge=2, description="columns of the low-rank covariance (the last rank deviations)")
     collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
                                               "per epoch, or as often as reaches the rank when the collecting "
@@ -78,14 +68,6 @@ class SWAGSpec(Tempered):
     predictive_samples: PositiveInt = Field(100, description="draws used for test metrics")
     compile: bool = Field(False, description="trace each SGD update (gradient and momentum step) into one graph per "
                           "minibatch size and compile it (a one-off compile of seconds; on a GPU also a CUDA graph)")
-
-    @model_validator(mode="after")
-    def _pretraining(self) -> SWAGSpec:
-        if self.cap_lr_by_gradient_noise is None:
-            self.cap_lr_by_gradient_noise = "lr" not in self.model_fields_set
-        if self.pretrain_by is None:  # a saved spec has both resolved: it keeps its own, and older runs keep SGD
-            self.pretrain_by = "sgd" if "pretrain_lr" in self.model_fields_set else "adam"
-        return self
 
     @field_validator("temperature")
     @classmethod
@@ -248,7 +230,6 @@ def fit_swag(fit: FitContext) -> SWAGResult:
             return SWAGResult(saved["seconds"], SWAGPosterior(family, saved["moments"]))
         z, velocity, moments, collected = saved["z"], saved["velocity"], saved["moments"], saved["collected"]
         square = saved.get("square", torch.zeros_like(z))  # written before Adam could pretrain: none needed
-        noise = GradientNoise.from_state(saved.get("gradient_noise"), z, loop.batch, loop.n, spec.momentum)
         fit.log(f"resumed SWAG at step {loop.step}/{total}")
     else:
         torch.manual_seed(fit.seed)
@@ -256,7 +237,6 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         # fresh, or draws of start
         z = initial_points(family, coords, spec.num_models, data, fit.log, fit.start, spec.init)
         velocity, square, collected = torch.zeros_like(z), torch.zeros_like(z), 0
-        noise = GradientNoise.from_state(None, z, loop.batch, loop.n, spec.momentum)
         moments = {"mean": torch.zeros_like(z), "sq_mean": torch.zeros_like(z),
                    "deviations": z.new_zeros(spec.num_models, rank, coords.dim)}
     adam = spec.pretrain_by == "adam" and pretrain > 0
@@ -265,10 +245,7 @@ def fit_swag(fit: FitContext) -> SWAGResult:
             f"{f'Adam at {EXPLORE_LR:g}' if adam else 'SGD'}, collecting by SGD at {spec.lr:g}), {collections} "
             f"iterates collected, rank {rank}, over {coords.dim:,} latent dimensions")
     loop.state = lambda: {"z": z, "velocity": velocity, "square": square, "moments": moments,
-                          "collected": collected, "gradient_noise": noise.state_dict()}
-    window = max(loop.per_epoch, NOISE_WINDOW)
-    # the gradient noise is read from the last window of pretraining on
-    tracked_from = max(0, pretrain - window) if spec.cap_lr_by_gradient_noise else total
+                          "collected": collected}
 
     def update(rows: torch.Tensor | None) -> None:
         nonlocal z, velocity, square, collected
@@ -281,21 +258,15 @@ def fit_swag(fit: FitContext) -> SWAGResult:
             z = new_z
             if loop.step + 1 == pretrain:
                 velocity = torch.zeros_like(z)  # SGD's momentum starts from rest
-        else:
-            lr = learning_rate(spec, loop.step, pretrain)
-            step_lr = (z.new_tensor(lr, dtype=torch.float64) if loop.step < pretrain or noise.ceiling is None
-                       else noise.ceiling.clamp(max=lr).to(z.dtype).unsqueeze(-1))
-            _, grad, new_z, new_velocity = potential.update(z, rows, sgd_move, velocity, step_lr,
-                                                            momentum=spec.momentum, n_rows=loop.n)
-            if not torch.isfinite(new_z).all():
-                raise TrainingDiverged(f"swag: SGD diverged at step {loop.step} (lr {float(step_lr.max()):.3g}); "
-                                       "lower inference.lr or inference.pretrain_lr")
-            z, velocity = new_z, new_velocity
+            return
+        lr = learning_rate(spec, loop.step, pretrain)
+        _, _, new_z, new_velocity = potential.update(z, rows, sgd_move, velocity, z.new_tensor(lr, dtype=torch.float64),
+                                                     momentum=spec.momentum, n_rows=loop.n)
+        if not torch.isfinite(new_z).all():
+            raise TrainingDiverged(f"swag: SGD diverged at step {loop.step} (lr {lr:.3g}); lower inference.lr or "
+                                   "inference.pretrain_lr")
+        z, velocity = new_z, new_velocity
         done = loop.step + 1  # steps taken once this one is
-        if loop.step >= tracked_from:
-            noise.add(grad / loop.n)
-            if (done - tracked_from) % window == 0 and done < total:
-                noise.close_window()
         if done > pretrain and (done - pretrain) % every == 0:
             _collect(moments, z, collected, rank)
             collected += 1
@@ -304,7 +275,7 @@ def fit_swag(fit: FitContext) -> SWAGResult:
         loop.run(total, update)
     if path is not None:
         save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True})
-    fit.log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s" + noise.describe(spec.lr))
+    fit.log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")
     result = SWAGResult(loop.seconds, SWAGPosterior(family, moments))
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, data)
@@ -334,94 +305,6 @@ def _collect(moments: dict[str, torch.Tensor], z: torch.Tensor, collected: int, 
     moments["mean"].mul_(1 - weight).add_(weight * z)
     moments["sq_mean"].mul_(1 - weight).add_(weight * z**2)
     moments["deviations"][:, collected % rank] = z - moments["mean"]
-
-
-class GradientNoise:
-    """The minibatch gradient noise of each model over a window of steps, and the SWA lr it allows.
-
-    Near a mode, constant SGD with momentum beta at lr eps on minibatches of B rows drawn with replacement leaves
-    iterates whose covariance Sigma solves ``A Sigma + Sigma A = eps / (1 - beta) C / B`` (A the Hessian of the
-    per-row loss, C the covariance of one row's gradient), while the posterior's is ``(N A)^-1``; they agree in trace
-    at ``eps = (1 - beta) 2 B D / (N tr C)`` (Mandt et al. 2017). SWAG reshuffles the rows each epoch instead, which
-    cancels most of an epoch's noise, so its iterates are narrower than that at any lr (their spread grows like
-    eps^2, not eps): the ceiling is the lr at which the gradient noise alone would spread them as wide as the
-    posterior, a bound on the step, not a match. ``tr C`` is B times the variance of the per-row-averaged minibatch
-    gradient, which each window's gradients estimate (their drift while the model still descends adds to it, which
-    only lowers the ceiling).
-
-    :param models: K, the models tracked.
-    :param dim: D, the latent dimensions.
-    :param batch: B, the rows of a minibatch.
-    :param n_rows: N, the training rows.
-    :param momentum: SGD's momentum beta.
-    :param device: where the running sums live.
-    :ivar ceiling: each model's lr ceiling ``[K]``, the least of the closed windows' (None before one closes).
-    """
-
-    def __init__(self, models: int, dim: int, batch: int, n_rows: int, momentum: float, device: torch.device) -> None:
-        self.dim, self.batch, self.n_rows, self.momentum = dim, batch, n_rows, momentum
-        self.total = torch.zeros(models, dim, dtype=torch.float64, device=device)
-        self.square = torch.zeros(models, dtype=torch.float64, device=device)
-        self.count = 0
-        self.ceiling: torch.Tensor | None = None
-
-    @classmethod
-    def from_state(cls, state: dict | None, z: torch.Tensor, batch: int, n_rows: int, momentum: float
-                   ) -> GradientNoise:
-        """A fresh tracker for points ``z`` ``[K, D]``, or the one a checkpoint's ``state`` saved.
-
-        :param state: :meth:`state_dict`'s mapping from a checkpoint, or None for a fresh tracker.
-        :param z: the models' points ``[K, D]`` (their count, dimension and device).
-        :param batch: B, the rows of a minibatch.
-        :param n_rows: N, the training rows.
-        :param momentum: SGD's momentum.
-        :returns: the tracker.
-        """
-        noise = cls(z.shape[0], z.shape[1], batch, n_rows, momentum, z.device)
-        for key, value in (state or {}).items():
-            setattr(noise, key, value)
-        return noise
-
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps to resume the tracking exactly.
-
-        :returns: the running sums, their count and the ceiling.
-        """
-        return {"total": self.total, "square": self.square, "count": self.count, "ceiling": self.ceiling}
-
-    def add(self, grad: torch.Tensor) -> None:
-        """Add one step's gradients to the window.
-
-        :param grad: the per-row-averaged minibatch gradient of each model ``[K, D]``.
-        """
-        grad = grad.detach().double()
-        self.total += grad
-        self.square += grad.pow(2).sum(-1)
-        self.count += 1
-
-    def close_window(self) -> None:
-        """Lower the ceiling to the window's matched lr where that is lower (never raise it: after SGD flings a
-        model to a large noise, its gradients are small, and a ceiling that rose with them would let it fling
-        again); nothing from fewer than two gradients (a full batch has no noise)."""
-        if self.count >= 2 and self.batch < self.n_rows:
-            variance = (self.square / self.count - (self.total / self.count).pow(2).sum(-1)).clamp(min=1e-300)
-            matched = (1 - self.momentum) * 2 * self.dim / (self.n_rows * variance)  # tr C = B variance
-            self.ceiling = matched if self.ceiling is None else torch.minimum(self.ceiling, matched)
-        self.total.zero_()
-        self.square.zero_()
-        self.count = 0
-
-    def describe(self, lr: float) -> str:
-        """The run log's words on the ceiling.
-
-        :param lr: the SWA lr the ceiling caps.
-        :returns: a clause for the log line, empty when the ceiling never went below ``lr``.
-        """
-        if self.ceiling is None or not bool((self.ceiling < lr).any()):
-            return ""
-        return (f"; the gradient noise capped the SWA lr {lr:g} at "
-                f"{', '.join(f'{min(float(c), lr):.3g}' for c in self.ceiling)} by the end (Mandt et al.'s lr; "
-                "inference.cap_lr_by_gradient_noise: false keeps lr)")
 
 
 @dataclass
