@@ -257,6 +257,7 @@ HELD_OUT: dict[str, Case] = {
                         mnist5k_flat_rows, lambda r: nn.Sequential(nn.Linear(784, 200), nn.ReLU(),
                                                                    nn.Linear(200, 10))),
 }
+ALL_CASES = CASES | HELD_OUT
 SMALL_EPOCHS = 2
 BUDGET_KEYS = ("epochs", "num_steps", "inference.epochs", "inference.num_steps")  # --epochs, not --set: both sides
 
@@ -577,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, case in report["cases"].items():
                 print(markdown_table(name, case), end="\n\n")
         return reports[0]
-    cases = parse_names(args.cases, CASES | HELD_OUT, "--cases")
+    cases = parse_names(args.cases, ALL_CASES, "--cases")
     members = parse_names(args.members, MEMBERS, "--members")
     refused = [m for m in members if m in NOT_BUDGETED]
     if refused:
@@ -601,7 +602,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
                               "plain_lrs": PLAIN_LRS, "cases": {}}
     for name in cases:
-        case = (CASES | HELD_OUT)[name]
+        case = ALL_CASES[name]
         epochs = SMALL_EPOCHS if args.size == "small" else args.epochs or case.epochs
         budget_tag = f"epochs={epochs}" if args.epochs and epochs != case.epochs else ""  # a hand-set budget's cells
         if name.startswith("uci") and not (args.data_dir or Path("../shared/data/uci").is_dir()):
