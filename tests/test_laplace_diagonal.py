@@ -178,13 +178,14 @@ def evaluate_nll(bnn) -> float:
 
 
 def test_a_diagonal_over_a_net_too_large_for_a_full_covariance_is_not_refused(monkeypatch, tmp_path):
-    """The full covariance's size check refuses the whole net when memory is short; the diagonal needs none."""
+    """The full covariance's size check refuses the whole net (as a count) when memory is short; the diagonal needs
+    none. (A fraction would be capped at what fits: tests/test_subnetwork.py.)"""
     import zoo.runs
 
     monkeypatch.setattr(zoo.runs, "available_memory", lambda: 40 * 2**20)  # 1,002 weights: 32 MB in full
     whole = ("net.hidden=[200]", "model.selection.strategy=largest_variance", "model.selection.size=1.0")
     with pytest.raises(ZooInputError, match="guide.covariance: diag"):
-        _fitted(MOONS, tmp_path / "full", *whole)
+        _fitted(MOONS, tmp_path / "full", *whole[:2], "model.selection.size=1002")
     assert not (tmp_path / "full" / "run" / "map").exists()  # refused before the MAP fit
     _, _, posterior = _fitted(MOONS, tmp_path / "diag", *whole, "guide.covariance=diag")
     assert len(posterior.family.indices) == 1002

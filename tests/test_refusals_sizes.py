@@ -72,8 +72,8 @@ CASES = [
     pytest.param(zoo_train("mean_field_digits", "--set", "guide:={name: auto, auto: laplace_approximation}"),
                  256 * MiB, ("guide.auto: got 'laplace_approximation'", "a full covariance fits up to about"),
                  id="auto-laplace-approximation"),
-    pytest.param(zoo_train("subnet_laplace_toy", "--set", "model.selection.size=1.0"), 16 * MiB,
-                 ("model.selection.size: got 1.0; 4 full 2,701 x 2,701", "use model.selection.size:"),
+    pytest.param(zoo_train("subnet_laplace_toy", "--set", "model.selection.size=2701"), 16 * MiB,
+                 ("model.selection.size: got 2701; 4 full 2,701 x 2,701", "use model.selection.size:"),
                  id="subnet-size-whole-net"),
     # 8. widths: refused from the spec's widths before the net is built (real numbers: 10^10 weights)
     pytest.param(zoo_train("mean_field_digits", "--set", "net.hidden=[100000, 100000]"), None,
@@ -117,3 +117,14 @@ def test_the_guard_names_size_limit_and_fix(monkeypatch) -> None:
         zoo.runs.check_size_fits("x", 3, 3 * GiB, lambda allowed: f"use {int(allowed // GiB)}", "it")
     monkeypatch.setattr(zoo.runs, "available_memory", lambda: None)
     zoo.runs.check_size_fits("x", 3, 3 * GiB, "unused", "it")  # unknown memory: never refused
+
+
+def test_the_largest_covariance_that_fits_is_the_one_the_guard_lets_through(monkeypatch) -> None:
+    monkeypatch.setattr(zoo.runs, "available_memory", lambda: 64 * MiB)
+    most = zoo.runs.most_covariance_dim(4, 4)
+    assert most == 1448  # (32 MiB / 16 bytes) ** 0.5
+    zoo.runs.check_covariance_fits("x", most, most, 4, 4, str)
+    with pytest.raises(ZooInputError, match="use 1448"):
+        zoo.runs.check_covariance_fits("x", most + 1, most + 1, 4, 4, lambda allowed: f"use {allowed}")
+    monkeypatch.setattr(zoo.runs, "available_memory", lambda: None)
+    assert zoo.runs.most_covariance_dim(4, 4) is None  # unknown memory: no bound

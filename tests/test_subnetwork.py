@@ -664,13 +664,43 @@ def test_post_hoc_laplace_of_a_net_with_a_learned_noise_starts_it_at_the_residua
     assert math.isfinite(bnn.metrics["test_ll"])
 
 
+def test_a_fraction_is_capped_at_the_covariance_memory_holds_and_a_count_is_refused(tmp_path, monkeypatch):
+    """The guide's dense k x k matrices bound a sized selection too: with room for 20 weights (of the toy's 31), a
+    fraction is capped at 20 with a log line naming the matrices, and a count of 21 is refused before the MAP fit."""
+    import zoo.models.subnetwork as subnetwork
+
+    monkeypatch.setattr(subnetwork, "most_covariance_dim", lambda element_size, copies: 20)
+    lines = []
+    summary = train(spec(TOY, "model.selection.size=1.0"), tmp_path / "fraction", progress=False, echo=lines.append)
+    assert len(load_run(summary.run_dir)[2].family.indices) == 20
+    assert any("model.selection.size 1.0 is 31 of 31 weights" in line and "dense k x k matrices" in line
+               and "capped at 20" in line for line in lines)
+    with pytest.raises(ZooInputError, match="model.selection.size: got 21; 21 weights are more than this run can hold"):
+        train(spec(TOY, "model.selection.size=21"), tmp_path / "count", progress=False, echo=None)
+    assert not (tmp_path / "count" / "map").exists()
+
+
 def test_the_stored_jacobian_is_bounded_by_what_it_holds(tmp_path, monkeypatch):
-    """The classification Laplace keeps every row's Jacobian: over a selection of single weights it is dense and
-    refused above MAX_STORED_JACOBIAN numbers (60 rows x 2 outputs x 12 weights = 1,440 here); a last layer kept as
-    its factors holds 60 x (2 x 2 + 6) + 60 x (2 x 2 + 1) = 900 and fits under the same bound."""
+    """The classification Laplace keeps every row's Jacobian: over a selection of single weights it is dense, so at
+    most MAX_STORED_JACOBIAN // (60 rows x 2 outputs) = 8 weights here. A count above that is refused before the
+    MAP fit, naming the most; a fraction (a share of the net, as the preset's 10 %) is capped there with a log line
+    and fitted; a last layer kept as its factors holds 60 x (2 x 2 + 6) + 60 x (2 x 2 + 1) = 900 and fits under the
+    same bound. The fit's own check stays behind them (1,440 numbers for 12 weights)."""
     import zoo.inference.laplace as laplace
 
     monkeypatch.setattr(laplace, "MAX_STORED_JACOBIAN", 1_000)
-    with pytest.raises(ZooInputError, match="1,440 numbers here"):
+    with pytest.raises(ZooInputError, match=r"model.selection.size: got 12; 12 weights are more than this run can "
+                       r"hold \(a classification Laplace keeps the Jacobian of every row, 60 rows x 2 outputs.*give "
+                       r"model.selection.size: 8 or fewer"):
         _fitted(MOONS, tmp_path / "selection")
+    assert not (tmp_path / "selection" / "run" / "map").exists()  # refused before the MAP fit
+    lines = []
+    summary = train(spec(MOONS, "model.selection.size=0.5"), tmp_path / "fraction" / "run", progress=False,
+                    echo=lines.append)
+    assert len(load_run(summary.run_dir)[2].family.indices) == 8
+    assert any("model.selection.size 0.5 is 16 of 32 weights, more than this run can hold" in line
+               and "capped at 8 (25%)" in line for line in lines)
     _fitted(MOONS, tmp_path / "last_layer", "model.selection.strategy=last_layer")
+    monkeypatch.setattr(laplace.Laplace, "most_weights", lambda *args: None)  # without the bound: the fit's check
+    with pytest.raises(ZooInputError, match="1,440 numbers here"):
+        _fitted(MOONS, tmp_path / "unbounded")

@@ -7,6 +7,7 @@ scripts that assemble a run by hand.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +249,8 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     # handed the SVI fit for a MAP net: families do not import inference methods
     family.fit_structure(data, StructureFit(run_dir, spec.seed, log or RunLog(None, echo=None), progress,
                                             fit_map=SVI().fit, dense_matrices=spec.guide.dense_matrices,
-                                            factored_layers_only=spec.guide.factored_layers_only))
+                                            factored_layers_only=spec.guide.factored_layers_only,
+                                            most_weights=partial(registry.method_of(spec).most_weights, spec)))
     pyro.set_rng_seed(spec.seed)
     guide = spec.guide.build(family.latent_sites())
     # a guide built on the model itself (Pyro's autoguides) traces it at two rows

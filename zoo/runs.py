@@ -278,6 +278,18 @@ def _gib(size: float) -> str:
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**30:.3g} GiB"
 
 
+def most_covariance_dim(element_size: int, copies: int) -> int | None:
+    """The largest D whose ``copies`` full D x D matrices of ``element_size`` bytes an entry
+    :func:`check_covariance_fits` lets through, or None where the memory available is unknown (no bound).
+
+    :param element_size: bytes an entry.
+    :param copies: how many D x D matrices are held at once.
+    :returns: the largest D, or None.
+    """
+    free = available_memory()
+    return None if free is None else int((free * MEMORY_SHARE / (copies * element_size)) ** 0.5)
+
+
 def check_covariance_fits(field: str, value: Any, dim: int, element_size: int, copies: int,
                           advice: Callable[[int], str]) -> None:
     """:func:`check_size_fits` for a full D x D matrix (a covariance, its Cholesky factor, a Hessian) kept in

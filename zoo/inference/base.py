@@ -186,6 +186,19 @@ class InferenceMethod(ABC):
         """
         return None
 
+    def most_weights(self, run_spec: Any, likelihood: Any, rows: int, outputs: int) -> tuple[int, str] | None:
+        """The most weights of a selected weight vector (a sized subnetwork) this method can fit its Gaussian over,
+        with why, beyond the guide's dense matrices (which the family checks against memory itself); None: no
+        bound of its own (the default).
+
+        :param run_spec: the whole :class:`~zoo.spec.RunSpec`.
+        :param likelihood: the run's likelihood.
+        :param rows: training rows.
+        :param outputs: the net's outputs per row.
+        :returns: ``(most, why)``, or None.
+        """
+        return None
+
     def check_rows_on_host(self, spec: Any, n_train: int, why: str) -> None:
         """Refuse a fit whose training rows must stay in host memory (too large for the GPU), unless this method
         moves them to the device a minibatch at a time (none does by default).

@@ -1488,6 +1488,15 @@ class Laplace(InferenceMethod):
     def describe(self, spec: LaplaceSpec) -> str:
         return f"laplace ({spec.predictive} predictive)"
 
+    def most_weights(self, run_spec, likelihood, rows: int, outputs: int) -> tuple[int, str] | None:
+        # a full covariance (auto is full over a selection) on a classification keeps every row's Jacobian for its
+        # Newton steps (_linearise_rows); a Gaussian likelihood keeps only sums over the rows
+        if likelihood.gaussian or getattr(run_spec.guide, "covariance", "full") not in ("full", "auto"):
+            return None
+        return (MAX_STORED_JACOBIAN // (rows * outputs),
+                f"a classification Laplace keeps the Jacobian of every row, {rows:,} rows x {outputs} outputs x the "
+                f"weights, at most {MAX_STORED_JACOBIAN:,} numbers")
+
     def check(self, run_spec) -> list[ZooInputError]:
         inference, covariance = run_spec.inference, getattr(run_spec.guide, "covariance", "full")
         strategy = getattr(getattr(run_spec.model, "selection", None), "strategy", None)

@@ -66,6 +66,9 @@ class StructureFit:
         section's ``dense_matrices``), for a family that refuses a size whose covariance would not fit.
     :param factored_layers_only: whether the guide covers only layers KFAC factors (the guide section's
         ``factored_layers_only``): a selection of every weight then keeps the others at their MAP.
+    :param most_weights: the inference method's own bound on a weight vector it fits a Gaussian over, given the
+        likelihood, the training rows and the net's outputs: ``(most, why)``, or None for no bound
+        (:meth:`zoo.inference.base.InferenceMethod.most_weights`); None: no method bound.
     """
 
     run_dir: Path | None
@@ -75,6 +78,7 @@ class StructureFit:
     fit_map: Callable[..., object]
     dense_matrices: int = 0
     factored_layers_only: bool = False
+    most_weights: Callable[[Likelihood, int, int], tuple[int, str] | None] | None = None
 
 
 class ModelFamily(ABC):

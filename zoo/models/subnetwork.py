@@ -45,10 +45,12 @@ from zoo.nets import ParameterSwap, evaluation_mode, forward_stacked
 from zoo.priors import PriorSection
 from zoo.runs import (
     CHECKPOINT_FILE,
+    MEMORY_SHARE,
     POINT_ESTIMATE_FILE,
     check_covariance_fits,
     load_point_values,
     load_torch,
+    most_covariance_dim,
     save_checkpoint,
     save_torch,
 )
@@ -291,12 +293,12 @@ class SubnetworkBNN(ModelFamily):
         else:
             started = time.perf_counter()
             element_size = data.x_train.element_size()
-            if how.dense_matrices and self.spec.selection.strategy in SIZED_SELECTIONS:  # refused before the MAP fit
-                check_subnet_fits(subnet_size(self.spec.selection.size, self.layout.size), self.spec.selection.size,
-                                  element_size, how.dense_matrices)
+            selection_spec = self.spec.selection
+            if selection_spec.strategy in SIZED_SELECTIONS:  # refused (or a fraction capped) before the MAP fit
+                selection_spec = self._sized_to_fit(data, how, element_size, log)
             self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
             self._estimate_missing_noise(data, log)
-            selection = build_selection(self.spec.selection)
+            selection = build_selection(selection_spec)
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
                                        flat_precision, seed)
             chosen = selection.select(context)
@@ -312,6 +314,35 @@ class SubnetworkBNN(ModelFamily):
                 f"({_percent(len(self.indices), self.layout.size)}), selected by {self.spec.selection.strategy}; "
                 f"{self.count_by_parameter()}")
         self.prior_precision = flat_precision[self.indices]
+
+    def _sized_to_fit(self, data: Dataset, how: StructureFit, element_size: int, log) -> SubnetSelectionSpec:
+        """The sized selection, checked before the MAP fit against what the run can hold: the guide's dense k x k
+        matrices in memory, and the inference method's own bound (a classification Laplace's Jacobian of every
+        row). A count it cannot hold is refused; a fraction asks for a share of the net, so it is capped at the most
+        the run can hold, with a log line (a preset's 10 % of a large net is still a fit, not a refusal)."""
+        size = self.spec.selection.size
+        count = subnet_size(size, self.layout.size)
+        bounds = []
+        most_dense = most_covariance_dim(element_size, how.dense_matrices) if how.dense_matrices else None
+        if most_dense is not None:
+            bounds.append((most_dense, f"the guide's {how.dense_matrices} dense k x k matrices in {MEMORY_SHARE:.0%} "
+                                       "of the memory available"))
+        outputs = self.likelihood.net_outputs(data.out_dim)
+        method_bound = how.most_weights(self.likelihood, data.n_train, outputs) if how.most_weights else None
+        if method_bound is not None:
+            bounds.append(method_bound)
+        most, why = min(bounds, default=(count, ""))
+        if count <= most:
+            return self.spec.selection
+        if isinstance(size, int) or most < 1:
+            if how.dense_matrices:
+                check_subnet_fits(count, size, element_size, how.dense_matrices)  # the memory's own refusal first
+            raise ZooInputError("model.selection.size", size, f"{count:,} weights are more than this run can hold "
+                                f"({why}): give model.selection.size: {max(most, 1):,} or fewer weights, or a "
+                                "fraction (capped at what the run can hold)")
+        log(f"subnetwork: model.selection.size {size} is {count:,} of {self.layout.size:,} weights, more than this "
+            f"run can hold ({why}): capped at {most:,} ({_percent(most, self.layout.size)})")
+        return self.spec.selection.model_copy(update={"size": most})
 
     def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log,
                     progress: bool, fit_map) -> dict[str, torch.Tensor]:
