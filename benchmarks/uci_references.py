@@ -2,16 +2,16 @@
 
 A reference is ``configs/hmc_uci.yaml`` (or ``--spec``) on one UCI data set and split, kept as
 ``RUNS/<dataset>-split<NN>`` (``--runs-dir``, default ``runs/hmc_uci``). The script works through the references in
-the order asked, skips those that pass already, and grows each by the commands a user would type::
+the order asked, skips those that pass already, and grows each by the command a user would type::
 
-    zoo train SPEC --out RUN --set data.name=uci:D --set data.split=S --data-dir DIR       # the first 7,500 draws
-    zoo train SPEC --out RUN ... --add-draws N --until-converged --budget-minutes M        # rounds of N more
+    zoo train SPEC --out RUN --set data.name=uci:D --set data.split=S --data-dir DIR \\
+        --add-draws N --until-converged --budget-minutes M
 
-The second command (:func:`zoo.diagnostics.grow_until_converged` behind ``zoo train``) first finishes a run that
-was cut short, then adds rounds while the verdict fails. When
-``--budget-minutes`` is spent, the running command gets SIGTERM, which checkpoints it and ends it; the same
-``uci_references.py`` command continues every reference where it stopped, on this machine or on another one that
-has the run directories (the data directory may differ there). Ctrl-C does the same.
+which samples a run's first round (the spec's 2,500 draws per chain) if it has none, finishes a round that was cut
+short, then adds rounds of N draws while the verdict fails (:func:`zoo.diagnostics.grow_until_converged` behind
+``zoo train``). When ``--budget-minutes`` is spent, the running command gets SIGTERM, which checkpoints it and ends
+it; the same ``uci_references.py`` command continues every reference where it stopped, on this machine or on
+another one that has the run directories (the data directory may differ there). Ctrl-C does the same.
 
 A reference another process is sampling (its run directory's lock names the pid) is left to it. ``--status`` runs
 nothing: it prints the progress table (and ``--json`` writes it). Per reference: its state (not started; sampling,
@@ -153,8 +153,8 @@ def progress_table(rows: list[Progress], title: str) -> Table:
 
 # ------------------------------------------------------------------------------------------------ growing
 def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str, overrides: list[str],
-                  state: str, add_draws: int, minutes_left: float) -> list[str]:
-    """The ``zoo train`` command that takes a reference in ``state`` one step further.
+                  add_draws: int, minutes_left: float) -> list[str]:
+    """The ``zoo train`` command that takes a reference, in any state, towards its passing verdict.
 
     The grow step is :func:`zoo.diagnostics.grow_until_converged`, run by the ``zoo train --add-draws`` child
     rather than called in this process, on purpose: the wall budget stops a round in the middle (SIGTERM, which
@@ -165,11 +165,7 @@ def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str,
     command = [sys.executable, "-m", "zoo.cli", "train", spec, "--out", str(run),
                "--set", f"data.name=uci:{dataset}", "--set", f"data.split={split}", "--data-dir", data_dir,
                *(x for o in overrides for x in ("--set", o)), "--no-progress"]
-    if state == "not started":
-        from zoo.runs import SPEC_FILE
-
-        return command + (["--resume"] if (run / SPEC_FILE).is_file() else [])  # stopped before its first draws
-    return command + ["--add-draws", str(add_draws), "--until-converged",
+    return command + ["--add-draws", str(add_draws), "--until-converged",  # a first round too, when it has none
                       "--budget-minutes", f"{max(minutes_left, 0.01):.2f}"]
 
 
@@ -228,7 +224,7 @@ def grow(args: argparse.Namespace, references: list[tuple[str, int, Path]], per_
             if time.monotonic() >= deadline:
                 return NOT_CONVERGED_EXIT
             command = train_command(args.spec, run, dataset, split, data_dir, [*args.set, *per_dataset[dataset]],
-                                    row.state, args.add_draws, (deadline - time.monotonic()) / 60)
+                                    args.add_draws, (deadline - time.monotonic()) / 60)
             code = run_until(command, Path(args.runs_dir) / "logs" / f"{run.name}.log", deadline, args.threads,
                              console)
             if code is None:

@@ -453,6 +453,13 @@ def test_zoo_train_add_draws_until_converged_grows_a_run_round_by_round(tmp_path
     out = capsys.readouterr().out
     assert f"converged at {grown} draws per chain; no draws added" in out and "sampling to" not in out
     assert yaml.safe_load((tmp_path / "run" / "spec.yaml").read_text())["inference"]["num_samples"] == grown
+    # the same reference in one command: its first round (the spec's 5 draws), then the same rounds, the same draws
+    one = tmp_path / "one"
+    assert main(["train", str(spec), "--out", str(one), "--add-draws", "100", "--until-converged",
+                 "--no-progress"]) == 0
+    assert yaml.safe_load((one / "spec.yaml").read_text())["inference"]["num_samples"] == grown
+    assert torch.equal(runs.load_torch(one / SAMPLES_FILE)["draws"]["out.weight"],
+                       runs.load_torch(tmp_path / "run" / SAMPLES_FILE)["draws"]["out.weight"])
 
 
 def test_add_draws_refuses_what_it_cannot_do(tmp_path):
@@ -465,6 +472,10 @@ def test_add_draws_refuses_what_it_cannot_do(tmp_path):
     assert main(["train", str(spec), "--out", empty, "--until-converged", "--no-progress"]) == 2  # no N
     assert main(["train", str(spec), "--out", empty, "--add-draws", "5", "--budget-minutes", "3",
                  "--no-progress"]) == 2  # a budget bounds --until-converged rounds only
+    nuts = tmp_path / "nuts.yaml"  # only the many-chain HMC grows: refused before a first round is sampled
+    nuts.write_text(yaml.safe_dump(linear_spec("nuts", num_chains=1, warmup_steps=6, num_samples=6)))
+    assert main(["train", str(nuts), "--out", empty, "--add-draws", "5", "--until-converged", "--no-progress"]) == 2
+    assert not Path(empty).exists()
 
 
 def test_the_verdict_names_the_leapfrog_cap_when_it_cut_the_trajectory_chees_settled_on(tmp_path, capsys,

@@ -82,21 +82,36 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _add_draws(args: argparse.Namespace, spec) -> int:
     """``zoo train SPEC --out RUN --add-draws N [--until-converged [--budget-minutes M]]``: the rounds of
     :func:`zoo.diagnostics.grow_until_converged`, printed as a ``zoo train`` prints (each round's metrics, each
-    verdict's checks and line)."""
+    verdict's checks and line). With ``--until-converged`` a run not sampled yet gets its first round (warm-up and
+    the spec's draws) first, inside the budget, as :func:`zoo.reference` does: a reference in one command."""
+    import time
+
+    from zoo import registry
     from zoo.diagnostics import check_growth, grow_until_converged
-    from zoo.pipeline import describe
+    from zoo.inference.draws import SAMPLES_FILE
+    from zoo.pipeline import describe, train
+    from zoo.runs import SPEC_FILE
 
     check_growth(args.add_draws, args.until_converged, args.budget_minutes)  # refused first, then --nproc
     if args.nproc != 1:
         raise ZooInputError("--nproc", args.nproc, "rounds of draws run in one process; to grow a run over N "
                             "processes, resume it with --set inference.num_samples=<total per chain> --nproc N")
+    out, started = Path(args.out), time.monotonic()
+    first_round = args.until_converged and not (out / SAMPLES_FILE).is_file()
+    if first_round and spec.inference.method not in registry.method_of(spec).adds_draws:
+        raise ZooInputError("inference.method", spec.inference.method, "only the many-chain HMC adds draws until "
+                            "it converges: use member hmc, or train without --add-draws")
 
     def show_round(summary, total: int) -> None:
         console.print(_metric_list(f"{describe(spec)} on {spec.data.name}, {total} draws per chain", summary.metrics))
 
     try:
+        if first_round:  # a spec.yaml without draws is a first round cut short: resumed
+            show_round(train(spec, out, resume=(out / SPEC_FILE).is_file(), progress=not args.no_progress,
+                             echo=lambda line: console.print(line, soft_wrap=True, markup=False)),
+                       spec.inference.num_samples)
         grown = grow_until_converged(args.out, args.add_draws, spec=spec, until_converged=args.until_converged,
-                                     budget_minutes=args.budget_minutes, strict=args.strict,
+                                     budget_minutes=args.budget_minutes, started=started, strict=args.strict,
                                      progress=not args.no_progress,
                                      echo=lambda line: console.print(line, soft_wrap=True, markup=False),
                                      on_round=show_round, on_verdict=_print_verdict)
@@ -427,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--add-draws", type=int, metavar="N", help="continue the finished many-chain HMC run in --out "
                    "for N more draws per chain (its chains, settings and random stream carried on), then its verdict")
     p.add_argument("--until-converged", action="store_true", help="with --add-draws: add rounds of N draws until "
-                   f"the convergence verdict passes (exit 0) or --budget-minutes is spent (exit {STRICT_EXIT})")
+                   f"the convergence verdict passes (exit 0) or --budget-minutes is spent (exit {STRICT_EXIT}); a "
+                   "run not sampled yet gets its first round (the spec's draws) first")
     p.add_argument("--budget-minutes", type=float, metavar="M", help="with --until-converged: start no new round "
                    "after M minutes (the same command adds more later)")
     p.set_defaults(func=cmd_train)
