@@ -159,6 +159,56 @@ def test_a_resumed_run_continues_the_default_lr_decay_exactly(tmp_path, spec_fac
     assert_same_guide(out, whole.run_dir)
 
 
+# --------------------------------------------------------------------------------- lr_by: calibration
+LR_BY = ("inference.lr=null", "inference.lr_by=calibration", "inference.num_steps=40",
+         "inference.checkpoint_every=20", "data.calibration_fraction=0.2")
+
+
+def test_lr_by_calibration_takes_the_best_pilot_then_exactly_the_run_given_that_lr(tmp_path, spec_factory):
+    """Each candidate's pilot (4 of the 40 steps) is scored on the calibration rows; the run then starts from the
+    same state and random state, so it equals a run given the chosen lr by hand with the default's hold and decay."""
+    lines = []
+    chosen = train(spec_factory("toy", *LR_BY), tmp_path / "chosen", progress=False, echo=lines.append)
+    line = next(x for x in lines if x.startswith("svi: starting lr"))
+    scores = {float(lr): float(v) for lr, v in (pair.split(": ") for pair in
+                                                  line.split("(-test LL ")[1].rstrip(")").split(", "))}
+    lr = float(line.split("starting lr ")[1].split(",")[0])
+    assert sorted(scores) == [1e-3, 3e-3, 1e-2] and lr == min(scores, key=scores.get)
+    assert "after 4 of 40 steps at each" in line
+    assert checkpoint(chosen.run_dir)["chosen_lr"] == lr
+    by_hand = run(spec_factory("toy", *LR_BY[2:], f"inference.lr={lr}", f"inference.lr_hold={DEFAULT_LR_HOLD}",
+                               f"inference.lr_decay_to={DEFAULT_LR_DECAY_TO}"), tmp_path / "by_hand")
+    assert_same_guide(chosen.run_dir, by_hand.run_dir)
+
+
+def test_a_resumed_lr_by_calibration_run_keeps_its_choice_and_is_exact(tmp_path, spec_factory, monkeypatch):
+    whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
+    out = tmp_path / "crashed"
+    interrupt_at(monkeypatch, 30, exc=RuntimeError)  # after the pilots' 4 steps each, and the checkpoint at 20
+    with pytest.raises(RuntimeError, match="simulated"):
+        run(spec_factory("toy", *LR_BY), out)
+    monkeypatch.undo()
+    monkeypatch.setattr(svi.SVIRun, "_pilot_lrs", lambda self: pytest.fail("a resumed run chose its lr again"))
+    run(spec_factory("toy", *LR_BY), out, resume=True)
+    assert_same_guide(out, whole.run_dir)
+
+
+def test_a_chosen_starting_lr_scales_the_default_schedule_at_every_step(spec_factory):
+    default = spec_factory("toy", "inference.lr=null").inference
+    for lr in (1e-3, 3e-3):
+        chosen = svi.with_starting_lr(default, lr)
+        for step in range(0, 200, 7):
+            assert svi.scheduled_lr(chosen, step, 200) == pytest.approx(
+                svi.scheduled_lr(default, step, 200) * lr / DEFAULT_LR, rel=1e-12)
+
+
+def test_lr_by_calibration_is_refused_with_a_set_lr_or_without_calibration_rows(tmp_path, spec_factory):
+    with pytest.raises(ZooInputError, match="lr_by: calibration chooses the starting lr, and lr is set"):
+        spec_factory("toy", "inference.lr_by=calibration")  # the toy spec sets lr 0.01
+    with pytest.raises(ZooInputError, match="inference.lr_by: got 'calibration'; needs rows held out of training"):
+        run(spec_factory("toy", *LR_BY[:3]), tmp_path / "no_rows")
+
+
 def test_ctrl_c_between_steps_then_resume_is_exact(toy_run, tmp_path, spec_factory, monkeypatch):
     out = tmp_path / "interrupted"
     interrupt_at(monkeypatch, 130)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import math
+import random
 import statistics
 import time
 import warnings
@@ -11,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyro
 import torch
 from pyro.optim.clipped_adam import ClippedAdam
@@ -27,8 +31,16 @@ from zoo.inference.loop import TrainingLoop
 from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
-from zoo.runs import CHECKPOINT_FILE
-from zoo.sections import CUDA_READ_LOSS_EVERY, DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD, SVISpec
+from zoo.runs import CHECKPOINT_FILE, RunLog
+from zoo.sections import (
+    CUDA_READ_LOSS_EVERY,
+    DEFAULT_LR,
+    DEFAULT_LR_DECAY_TO,
+    DEFAULT_LR_HOLD,
+    LR_CANDIDATES,
+    LR_PILOT_SHARE,
+    SVISpec,
+)
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
 
@@ -567,9 +579,24 @@ def fit_svi(fit: FitContext) -> SVIResult:
     run = SVIRun(fit)
     if fit.resume:
         run.resume()
+    run.choose_lr()
     run.check_start()
     run.train()
     return run.finish()
+
+
+def with_starting_lr(spec: SVISpec, lr: float) -> SVISpec:
+    """``spec`` (its lr null) with ``lr`` in place of :data:`~zoo.sections.DEFAULT_LR`, held and decayed as the
+    default schedule holds and decays it: every step's lr is the default's times ``lr / DEFAULT_LR``.
+
+    :param spec: an ``inference`` section whose ``lr`` is null.
+    :param lr: the starting lr.
+    :returns: the section with ``lr``, ``lr_hold`` and ``lr_decay_to`` written out (``lr_by: fixed``).
+    """
+    decay_to = spec.lr_decay_to
+    if decay_to is None and spec.lr_decay == 1.0:
+        decay_to = DEFAULT_LR_DECAY_TO
+    return spec.model_copy(update={"lr": lr, "lr_by": "fixed", "lr_hold": _hold_share(spec), "lr_decay_to": decay_to})
 
 
 class SVIRun:
@@ -608,6 +635,9 @@ class SVIRun:
         self.unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
         self.read_every = loss_read_interval(spec, data.device)
         self.step: SVIStep | None = None
+        self.chosen_lr: float | None = None  # lr_by: calibration's choice, kept in the checkpoint for a resume
+        state = self.loop.state
+        self.loop.state = lambda: {**state(), "chosen_lr": self.chosen_lr}
 
     def resume(self) -> None:
         """Restore the guide, point parameters, buffers, optimiser, random state and loss curve of the checkpoint."""
@@ -621,7 +651,73 @@ class SVIRun:
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
+        self.chosen_lr = state.get("chosen_lr")
         self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
+
+    def choose_lr(self) -> None:
+        """``lr_by: calibration``: the starting lr of the default schedule, by a pilot of
+        :data:`~zoo.sections.LR_PILOT_SHARE` of the run's steps at each of :data:`~zoo.sections.LR_CANDIDATES` from
+        the run's start (the run's own first steps at that lr), scored on the calibration rows; the run then starts
+        from the same state (and random state), so it takes exactly the steps of a run given that lr (a resumed run
+        keeps its checkpoint's choice).
+
+        :raises ZooInputError: when the fit has no calibration rows.
+        """
+        fit = self.fit
+        if fit.spec.lr_by != "calibration":
+            return
+        if self.chosen_lr is None:
+            if fit.data.x_calibration is None:
+                raise ZooInputError("inference.lr_by", "calibration", "needs rows held out of training: pass val= "
+                                    "to fit or set data.calibration_fraction (e.g. 0.1), or use lr_by: fixed")
+            self.chosen_lr = self._pilot_lrs()
+        self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
+
+    def _pilot_lrs(self) -> float:
+        """The candidate whose pilot scores best on the calibration rows (NLL; regression: -test LL), the family,
+        guide and random state put back as they were."""
+        fit = self.fit
+        family, guide = fit.family, fit.guide
+        steps = max(1, int(LR_PILOT_SHARE * self.n_steps))
+        start = (copy.deepcopy(guide.state_dict()), [p.detach().clone() for p in family.point_parameters()],
+                 [b.clone() for b in family.buffers()])
+        randomness = torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+        def put_back() -> None:
+            guide.load_state_dict(start[0])
+            with torch.no_grad():
+                for p, saved in zip(family.point_parameters(), start[1], strict=True):
+                    p.copy_(saved)
+            restore_buffers(family, start[2])
+            torch.set_rng_state(randomness[0])
+            random.setstate(randomness[1])
+            np.random.set_state(randomness[2])
+
+        from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
+
+        rows = dataclasses.replace(fit.data, x_test=fit.data.x_calibration, y_test=fit.data.y_calibration, x_ood={})
+        scores, label = {}, "score"
+        for lr in LR_CANDIDATES:
+            put_back()
+            # the run's own first steps at this lr (its schedule is the whole run's): a pilot that decays by its
+            # own end instead was measured and chose worse (docs/results/defaults.md)
+            pilot = SVIRun(dataclasses.replace(fit, spec=with_starting_lr(fit.spec, lr), run_dir=None, resume=False,
+                                               log=RunLog(None, echo=None), progress=False, monitor=None))
+            try:
+                pilot.check_start()
+                pilot.train(until=steps)
+                metrics = evaluate(GuidePosterior(family, guide), rows, fit.spec.predictive_samples, fit.seed)
+                label = "NLL" if "nll" in metrics else "-test LL"
+                scores[lr] = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
+            except TrainingDiverged:
+                scores[lr] = math.inf
+        put_back()
+        finite = {lr: v for lr, v in scores.items() if math.isfinite(v)}
+        best = min(finite, key=finite.get) if finite else min(LR_CANDIDATES)
+        shown = ", ".join(f"{lr:g}: {v:.4g}" for lr, v in scores.items())
+        fit.log(f"svi: starting lr {best:g}, chosen on {len(rows.x_test):,} calibration rows after {steps:,} of "
+                f"{self.n_steps:,} steps at each ({label} {shown})")
+        return best
 
     def check_start(self) -> None:
         """Refuse non-finite starting parameters, and make every process start from the same ones.
@@ -633,8 +729,9 @@ class SVIRun:
             raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
         self.team.broadcast(list(self.named.values()))  # the same seed built the same values; make sure of it
 
-    def train(self) -> None:
-        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says."""
+    def train(self, until: int | None = None) -> None:
+        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says; ``until``: stop
+        after that many of them (an lr pilot), the schedule still the whole run's."""
         fit, spec = self.fit, self.fit.spec
         augment = build_augmentation(spec.augment, input_image_shape(fit.family.net))
         self.step = SVIStep(fit.family.model, fit.guide, self.elbo, self.optimizer, spec.local_reparam, spec.compile,
@@ -644,8 +741,8 @@ class SVIRun:
         self.step.signalled = lambda: self.loop.signalled()
         self.watch = DivergenceWatch(fit.data.n_train, self.n_steps)
         self.watch.resume(self.result.losses, self.loop.step)
-        self.loop.run(self.n_steps, self._update, after_step=self._after_step, before_save=self._before_save,
-                      stop_signal=lambda: self.step.signal)
+        self.loop.run(self.n_steps if until is None else until, self._update, after_step=self._after_step,
+                      before_save=self._before_save, stop_signal=lambda: self.step.signal)
         self._before_save()
         self.loop.save(done=self.loop.step >= self.n_steps)
 
