@@ -730,8 +730,10 @@ class SVIRun:
         self.team.broadcast(list(self.named.values()))  # the same seed built the same values; make sure of it
 
     def train(self, until: int | None = None) -> None:
-        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says; ``until``: stop
-        after that many of them (an lr pilot), the schedule still the whole run's."""
+        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says.
+
+        :param until: stop after this many of them (an lr pilot), the schedule still the whole run's; None: all.
+        """
         fit, spec = self.fit, self.fit.spec
         augment = build_augmentation(spec.augment, input_image_shape(fit.family.net))
         self.step = SVIStep(fit.family.model, fit.guide, self.elbo, self.optimizer, spec.local_reparam, spec.compile,
