@@ -107,10 +107,15 @@ def progress(reference: str, run: Path) -> Progress:
     spec = load_spec(run / SPEC_FILE)
     saved = load_checkpoint(run / SAMPLES_FILE)
     inference = spec.inference
-    done = bool(saved.get("done", False))
+    draws = saved.get("draws") or {}
+    stored = next(iter(draws.values())).shape[1] if draws else 0
+    # a round that asks more draws rewrites spec.yaml first and the draws at its first checkpoint: until then the
+    # finished draws are all it holds, and it is being sampled (its verdict is the next one, not a fresh diagnosis)
+    done = bool(saved.get("done", False)) and stored >= inference.num_samples
     row.iterations_asked = inference.warmup_steps + inference.num_samples
     # a run cut short keeps its sampler's state (the many-chain HMC's counts its iterations); a finished one, its draws
-    row.iterations_done = row.iterations_asked if done else int(saved.get("sampler", {}).get("iteration", 0))
+    row.iterations_done = (row.iterations_asked if done else inference.warmup_steps + stored if saved.get("done")
+                           else int(saved.get("sampler", {}).get("iteration", 0)))
     row.num_chains = inference.num_chains
     row.draws_per_chain = max(0, row.iterations_done - inference.warmup_steps)
     seconds = float(saved.get("seconds", 0.0))

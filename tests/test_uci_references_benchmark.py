@@ -47,6 +47,26 @@ def test_bad_input_exits_2_before_anything_runs(argv, message, tmp_path, capsys)
     assert not (tmp_path / "refs").exists()
 
 
+def test_a_round_that_has_not_checkpointed_yet_reads_as_sampling_and_runs_no_diagnosis(tmp_path):
+    """A round that asks more draws rewrites spec.yaml before its first checkpoint: the status reads the draws the
+    run holds (not the spec's), says it is being sampled, and does not diagnose the live run."""
+    import yaml
+
+    from tests.conftest import tiny_hmc
+    from zoo.pipeline import train
+
+    run = tmp_path / "run"
+    train(tiny_hmc(), run, progress=False, echo=None)
+    (run / "diagnostics.json").unlink(missing_ok=True)
+    spec = yaml.safe_load((run / "spec.yaml").read_text())
+    spec["inference"]["num_samples"] = 9  # what a round to 9 draws writes before it samples
+    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+    row = references.progress("tiny/0", run)
+    assert row.state == "sampling" and row.draws_per_chain == 4
+    assert (row.iterations_done, row.iterations_asked) == (4 + 4, 4 + 9)
+    assert not (run / "diagnostics.json").exists()
+
+
 @pytest.mark.slow  # a subprocess stopped by its budget (make test-slow)
 def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
     child = ("import signal, sys, time\n"
