@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                         overrides = [*args.set, f"inference.metric={metric}"] + (
                             [f"inference.num_samples={args.samples}"] if args.samples else [])
                         # a first run, or --resume of one cut short (the reference script's first command)
-                        command = train_command(args.spec, run, dataset, split, data_dir, overrides, "not started",
-                                                0, 0.0)
+                        command = train_command(args.spec, run, dataset, split, data_dir, overrides, None)
                         code = run_until(command, run.parent / "logs" / f"{run.name}.log", time.monotonic() + 1e9,
                                          args.threads, console)
                         if not finished(run):

@@ -158,8 +158,10 @@ def progress_table(rows: list[Progress], title: str) -> Table:
 
 # ------------------------------------------------------------------------------------------------ growing
 def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str, overrides: list[str],
-                  add_draws: int, minutes_left: float) -> list[str]:
-    """The ``zoo train`` command that takes a reference, in any state, towards its passing verdict.
+                  add_draws: int | None, minutes_left: float = 0.0) -> list[str]:
+    """The ``zoo train`` command that takes a reference, in any state, towards its passing verdict; with
+    ``add_draws`` None, one run at the spec's draws and no rounds (``--resume`` of one cut short before its draws:
+    what benchmarks/hmc_metric_uci.py runs).
 
     The grow step is :func:`zoo.diagnostics.grow_until_converged`, run by the ``zoo train --add-draws`` child
     rather than called in this process, on purpose: the wall budget stops a round in the middle (SIGTERM, which
@@ -170,6 +172,10 @@ def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str,
     command = [sys.executable, "-m", "zoo.cli", "train", spec, "--out", str(run),
                "--set", f"data.name=uci:{dataset}", "--set", f"data.split={split}", "--data-dir", data_dir,
                *(x for o in overrides for x in ("--set", o)), "--no-progress"]
+    if add_draws is None:
+        from zoo.runs import SPEC_FILE
+
+        return command + (["--resume"] if (run / SPEC_FILE).is_file() else [])
     return command + ["--add-draws", str(add_draws), "--until-converged",  # a first round too, when it has none
                       "--budget-minutes", f"{max(minutes_left, 0.01):.2f}"]
 

@@ -112,6 +112,8 @@ def test_sigterm_to_the_script_checkpoints_the_running_reference_which_then_read
     # what the next call runs: --add-draws, which finishes the cut-short run before it adds rounds
     again = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, "uci", [], 10, 1.0)
     assert again[-5:] == ["--add-draws", "10", "--until-converged", "--budget-minutes", "1.00"]
+    once = references.train_command(str(references.DEFAULT_SPEC), run, "tiny", 0, "uci", [], None)
+    assert once[-2:] == ["--no-progress", "--resume"]  # one run, resumed (benchmarks/hmc_metric_uci.py's)
 
 
 @pytest.mark.slow  # the benchmark end to end: ~60 s (make test-slow)
