@@ -164,9 +164,9 @@ LR_BY = ("inference.lr=null", "inference.lr_by=calibration", "inference.num_step
          "inference.checkpoint_every=20", "data.calibration_fraction=0.2")
 
 
-def test_lr_by_calibration_takes_the_best_pilot_then_exactly_the_run_given_that_lr(tmp_path, spec_factory):
-    """Each candidate's pilot (4 of the 40 steps) is scored on the calibration rows; the run then starts from the
-    same state and random state, so it equals a run given the chosen lr by hand with the default's hold and decay."""
+def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_that_lr(tmp_path, spec_factory):
+    """Each candidate lr's whole run is scored on the calibration rows; the fit keeps the best as it ended, which is
+    the run given that lr by hand with the default's hold and decay, step for step."""
     lines = []
     chosen = train(spec_factory("toy", *LR_BY), tmp_path / "chosen", progress=False, echo=lines.append)
     line = next(x for x in lines if x.startswith("svi: starting lr"))
@@ -174,23 +174,57 @@ def test_lr_by_calibration_takes_the_best_pilot_then_exactly_the_run_given_that_
                                                   line.split("(-test LL ")[1].rstrip(")").split(", "))}
     lr = float(line.split("starting lr ")[1].split(",")[0])
     assert sorted(scores) == [1e-3, 3e-3, 1e-2] and lr == min(scores, key=scores.get)
-    assert "after 4 of 40 steps at each" in line
+    assert "by a whole run at each" in line
     assert checkpoint(chosen.run_dir)["chosen_lr"] == lr
+    assert len(checkpoint(chosen.run_dir)["losses"]) == 40
+    assert not (chosen.run_dir / svi.LR_CHOICE_DIR).exists()  # the candidates' checkpoints go once one is kept
     by_hand = run(spec_factory("toy", *LR_BY[2:], f"inference.lr={lr}", f"inference.lr_hold={DEFAULT_LR_HOLD}",
                                f"inference.lr_decay_to={DEFAULT_LR_DECAY_TO}"), tmp_path / "by_hand")
     assert_same_guide(chosen.run_dir, by_hand.run_dir)
 
 
-def test_a_resumed_lr_by_calibration_run_keeps_its_choice_and_is_exact(tmp_path, spec_factory, monkeypatch):
+def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, spec_factory, monkeypatch):
+    """A crash in the second candidate's run (step 30; its checkpoint at 20): the resumed fit takes no step of the
+    finished first candidate, 20 of the second and 40 of the third, and ends as the uninterrupted fit did."""
     whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
-    out = tmp_path / "crashed"
-    interrupt_at(monkeypatch, 30, exc=RuntimeError)  # after the pilots' 4 steps each, and the checkpoint at 20
+    out, real, seen, crashed = tmp_path / "crashed", svi.kl_weight, [], []
+
+    def crash_in_the_second_candidate(step, spec, n_steps=None):
+        seen.append(step)
+        if step == 30 and seen.count(30) == 2 and not crashed:
+            crashed.append(step)
+            raise RuntimeError("simulated")
+        return real(step, spec, n_steps)
+
+    monkeypatch.setattr(svi, "kl_weight", crash_in_the_second_candidate)
     with pytest.raises(RuntimeError, match="simulated"):
         run(spec_factory("toy", *LR_BY), out)
-    monkeypatch.undo()
-    monkeypatch.setattr(svi.SVIRun, "_pilot_lrs", lambda self: pytest.fail("a resumed run chose its lr again"))
+    assert (out / svi.LR_CHOICE_DIR / "0.001" / CHECKPOINT_FILE).exists()
+    seen.clear()
+    run(spec_factory("toy", *LR_BY), out, resume=True)
+    assert len(seen) == 20 + 40
+    assert_same_guide(out, whole.run_dir)
+    monkeypatch.setattr(svi.SVIRun, "_keep_best_candidate", lambda self: pytest.fail("a finished run chose again"))
     run(spec_factory("toy", *LR_BY), out, resume=True)
     assert_same_guide(out, whole.run_dir)
+
+
+def test_an_lr_choice_where_every_candidate_diverges_says_so(tmp_path, spec_factory, monkeypatch):
+    monkeypatch.setattr(svi, "LR_CANDIDATES", (1e8, 1e9))
+    with pytest.raises(TrainingDiverged, match="diverged at every candidate lr .1e[+]08: .*1e[+]09: "):
+        run(spec_factory("toy", *LR_BY), tmp_path / "diverged")
+
+
+def test_an_unset_lr_by_chooses_where_the_lr_is_the_default_and_calibration_rows_exist(spec_factory):
+    spec = spec_factory("toy", "inference.lr=null").inference
+    unset = spec.model_copy(update={"lr_by": None})
+    assert svi.choosing_lr(unset, True)
+    assert not svi.choosing_lr(unset, False)
+    assert not svi.choosing_lr(unset.model_copy(update={"lr": 0.003}), True)
+    assert not svi.choosing_lr(spec.model_copy(update={"lr_by": "fixed"}), True)
+    assert svi.choosing_lr(spec.model_copy(update={"lr_by": "calibration"}), True)
+    with pytest.raises(ZooInputError, match="needs rows held out of training"):
+        svi.choosing_lr(spec.model_copy(update={"lr_by": "calibration"}), False)
 
 
 def test_a_chosen_starting_lr_scales_the_default_schedule_at_every_step(spec_factory):

@@ -20,7 +20,7 @@ from pydantic import (
 from zoo.parts import Strict
 
 __all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "DEFAULT_LR_HOLD", "LR_CANDIDATES",
-           "LR_PILOT_SHARE", "MAX_EPOCHS", "MAX_STEPS", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
+           "MAX_EPOCHS", "MAX_STEPS", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
 
 # A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
 # larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
@@ -55,10 +55,9 @@ DEFAULT_LR = 1e-2  # SVI's learning rate when none is set, decayed to DEFAULT_LR
 DEFAULT_LR_DECAY_TO = 0.1
 DEFAULT_LR_HOLD = 0.75  # the default lr's share of the run held at DEFAULT_LR before its decay (benchmarks/defaults.py)
 CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of its loss (see SVISpec.read_loss_every)
-# inference.lr_by: calibration tries these starting lrs (the plain net's grid in benchmarks/defaults.py), each for
-# this share of the run's steps from the same start, and keeps the one its calibration rows score best
+# inference.lr_by: calibration runs the whole fit at each of these starting lrs (the plain net's grid in
+# benchmarks/defaults.py) from the same start, and keeps the run its calibration rows score best
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
-LR_PILOT_SHARE = 0.1
 
 
 class SVISpec(Tempered):
@@ -77,13 +76,14 @@ class SVISpec(Tempered):
     lr: PositiveFloat | None = Field(None, description=(
         f"the optimiser's learning rate, constant unless lr_decay or lr_decay_to is set; null (the default): "
         f"{DEFAULT_LR:g} for the first {DEFAULT_LR_HOLD:.0%} of the run, then decayed to {DEFAULT_LR_DECAY_TO:g} of "
-        "it by the run's last step (docs: the members page, measured by benchmarks/defaults.py)"))
-    lr_by: Literal["calibration", "fixed"] = Field(
-        "fixed", description="with lr: null, where the default schedule's starting lr comes from. calibration: a "
-        f"pilot of the run's first {LR_PILOT_SHARE:.0%} of steps at each of "
-        f"{', '.join(f'{c:g}' for c in LR_CANDIDATES)} from the same start, scored on the calibration rows "
-        "(fit(val=...) or data.calibration_fraction; NLL, or -test LL for regression), then the run from that start "
-        f"at the best, held and decayed as the default is; fixed: {DEFAULT_LR:g}")
+        "it by the run's last step, its starting lr chosen on the fit's calibration rows where it has them (lr_by; "
+        "docs: the members page, measured by benchmarks/defaults.py)"))
+    lr_by: Literal["calibration", "fixed"] | None = Field(
+        None, description="with lr: null, where the default schedule's starting lr comes from. calibration: the "
+        f"whole run at each of {', '.join(f'{c:g}' for c in LR_CANDIDATES)} from the same start (held and decayed "
+        "as the default is), and the fit keeps the run its calibration rows score best (fit(val=...) or "
+        "data.calibration_fraction; NLL, or -test LL for regression): 3x the steps; fixed: "
+        f"{DEFAULT_LR:g}; null: calibration where lr is null and the fit has calibration rows, else fixed")
     clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="per-step lr decay factor")
     lr_decay_to: float | None = Field(

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import math
 import random
+import shutil
 import statistics
 import time
 import warnings
@@ -38,11 +39,11 @@ from zoo.sections import (
     DEFAULT_LR_DECAY_TO,
     DEFAULT_LR_HOLD,
     LR_CANDIDATES,
-    LR_PILOT_SHARE,
     SVISpec,
 )
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
+LR_CHOICE_DIR = "lr_choice"  # lr_by: calibration's candidate runs checkpoint in <run_dir>/lr_choice/<lr>/
 
 
 @dataclass
@@ -582,7 +583,27 @@ def fit_svi(fit: FitContext) -> SVIResult:
     run.choose_lr()
     run.check_start()
     run.train()
+    if fit.run_dir is not None:  # the run has kept its lr's candidate run: the others' checkpoints go
+        shutil.rmtree(fit.run_dir / LR_CHOICE_DIR, ignore_errors=True)
     return run.finish()
+
+
+def choosing_lr(spec: SVISpec, has_calibration_rows: bool) -> bool:
+    """Whether a fit chooses its starting lr on its calibration rows: ``lr_by: calibration``, or, where unset, a
+    default lr (``lr: null``) and calibration rows to choose on.
+
+    :param spec: the ``inference`` section.
+    :param has_calibration_rows: whether the fit has rows held out of training (``fit(val=...)``,
+        ``data.calibration_fraction``).
+    :returns: whether it chooses.
+    :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
+    """
+    if spec.lr_by == "calibration" and not has_calibration_rows:
+        raise ZooInputError("inference.lr_by", "calibration", "needs rows held out of training: pass val= "
+                            "to fit or set data.calibration_fraction (e.g. 0.1), or use lr_by: fixed")
+    if spec.lr_by is None:
+        return spec.lr is None and has_calibration_rows
+    return spec.lr_by == "calibration"
 
 
 def with_starting_lr(spec: SVISpec, lr: float) -> SVISpec:
@@ -655,30 +676,29 @@ class SVIRun:
         self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
 
     def choose_lr(self) -> None:
-        """``lr_by: calibration``: the starting lr of the default schedule, by a pilot of
-        :data:`~zoo.sections.LR_PILOT_SHARE` of the run's steps at each of :data:`~zoo.sections.LR_CANDIDATES` from
-        the run's start (the run's own first steps at that lr), scored on the calibration rows; the run then starts
-        from the same state (and random state), so it takes exactly the steps of a run given that lr (a resumed run
-        keeps its checkpoint's choice).
+        """``lr_by: calibration``: the starting lr of the default schedule, by a whole run at each of
+        :data:`~zoo.sections.LR_CANDIDATES` from the run's start, scored on the calibration rows; the fit keeps the
+        best run as it ended (its steps are exactly those of a run given that lr by hand). With a run directory each
+        candidate checkpoints in ``lr_choice/<lr>/`` (removed once the run has kept one), so an interrupted choice
+        resumes; a resumed run that has chosen keeps its checkpoint's choice.
 
-        :raises ZooInputError: when the fit has no calibration rows.
+        :raises ZooInputError: ``lr_by: calibration`` and the fit has no calibration rows.
+        :raises TrainingDiverged: when every candidate diverged.
         """
         fit = self.fit
-        if fit.spec.lr_by != "calibration":
+        if not choosing_lr(fit.spec, fit.data.x_calibration is not None):
             return
         if self.chosen_lr is None:
-            if fit.data.x_calibration is None:
-                raise ZooInputError("inference.lr_by", "calibration", "needs rows held out of training: pass val= "
-                                    "to fit or set data.calibration_fraction (e.g. 0.1), or use lr_by: fixed")
-            self.chosen_lr = self._pilot_lrs()
+            self.loop.save()  # the common start, which a resumed choice starts its candidates from
+            self.chosen_lr = self._keep_best_candidate()
         self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
 
-    def _pilot_lrs(self) -> float:
-        """The candidate whose pilot scores best on the calibration rows (NLL; regression: -test LL), the family,
-        guide and random state put back as they were."""
+    def _keep_best_candidate(self) -> float:
+        """Run every candidate lr from the start, keep the best on the calibration rows (NLL; regression: -test LL)
+        as it ended: guide, point parameters, buffers, optimiser, loss curve, data order and random state."""
         fit = self.fit
         family, guide = fit.family, fit.guide
-        steps = max(1, int(LR_PILOT_SHARE * self.n_steps))
+        started = time.perf_counter()
         start = (copy.deepcopy(guide.state_dict()), [p.detach().clone() for p in family.point_parameters()],
                  [b.clone() for b in family.buffers()])
         randomness = torch.get_rng_state(), random.getstate(), np.random.get_state()
@@ -696,28 +716,74 @@ class SVIRun:
         from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
 
         rows = dataclasses.replace(fit.data, x_test=fit.data.x_calibration, y_test=fit.data.y_calibration, x_ood={})
-        scores, label = {}, "score"
+        scores, failures, label = {}, {}, "score"
+        best: tuple[float, dict] | None = None
         for lr in LR_CANDIDATES:
             put_back()
-            # the run's own first steps at this lr (its schedule is the whole run's): a pilot that decays by its
-            # own end instead was measured and chose worse (docs/results/defaults.md)
-            pilot = SVIRun(dataclasses.replace(fit, spec=with_starting_lr(fit.spec, lr), run_dir=None, resume=False,
-                                               log=RunLog(None, echo=None), progress=False, monitor=None))
+            where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / f"{lr:g}"
+            candidate = SVIRun(dataclasses.replace(  # a monitor scores each candidate's run as it goes
+                fit, spec=with_starting_lr(fit.spec, lr), run_dir=where, log=RunLog(None, echo=None),
+                monitor=copy.copy(fit.monitor), resume=where is not None and (where / CHECKPOINT_FILE).exists()))
+            candidate.loop.desc = f"SVI at lr {lr:g}"
             try:
-                pilot.check_start()
-                pilot.train(until=steps)
-                metrics = evaluate(GuidePosterior(family, guide), rows, fit.spec.predictive_samples, fit.seed)
-                label = "NLL" if "nll" in metrics else "-test LL"
-                scores[lr] = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
-            except TrainingDiverged:
-                scores[lr] = math.inf
-        put_back()
-        finite = {lr: v for lr, v in scores.items() if math.isfinite(v)}
-        best = min(finite, key=finite.get) if finite else min(LR_CANDIDATES)
+                if candidate.fit.resume:
+                    candidate.resume()
+                candidate.check_start()
+                candidate.train()
+            except TrainingDiverged as err:
+                scores[lr], failures[lr] = math.inf, err
+                fit.log(f"svi: lr {lr:g} diverged: {err}")
+                continue
+            ended = candidate.end_state()  # before scoring, which may draw from the random state
+            metrics = evaluate(GuidePosterior(family, guide), rows, fit.spec.predictive_samples, fit.seed)
+            label = "NLL" if "nll" in metrics else "-test LL"
+            score = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
+            scores[lr] = score if math.isfinite(score) else math.inf  # a non-finite score never wins
+            fit.log(f"svi: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
+            if best is None or scores[lr] < scores[best[0]]:
+                best = lr, ended
+        if best is None:
+            put_back()
+            raise TrainingDiverged("lr_by: calibration: the run diverged at every candidate lr ("
+                                   + "; ".join(f"{lr:g}: {err}" for lr, err in failures.items())
+                                   + "); set a smaller inference.lr by hand")
+        self._take(best[1])
+        self.loop.seconds += time.perf_counter() - started
         shown = ", ".join(f"{lr:g}: {v:.4g}" for lr, v in scores.items())
-        fit.log(f"svi: starting lr {best:g}, chosen on {len(rows.x_test):,} calibration rows after {steps:,} of "
-                f"{self.n_steps:,} steps at each ({label} {shown})")
-        return best
+        fit.log(f"svi: starting lr {best[0]:g}, chosen on {len(rows.x_test):,} calibration rows by a whole run at "
+                f"each ({label} {shown})")
+        return best[0]
+
+    def end_state(self) -> dict:
+        """Everything a finished run carries on with, copied: what :meth:`_take` gives another run.
+
+        :returns: the state.
+        """
+        family = self.fit.family
+        return {"guide": copy.deepcopy(self.fit.guide.state_dict()),
+                "point_parameters": [p.detach().clone() for p in family.point_parameters()],
+                "buffers": [b.clone() for b in family.buffers()],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "losses": list(self.result.losses),
+                "kl_methods": dict(self.result.kl_methods), "step": self.loop.step, "perm": self.loop.perm,
+                "order": self.loop.order.get_state(),
+                "randomness": (torch.get_rng_state(), random.getstate(), np.random.get_state())}
+
+    def _take(self, state: dict) -> None:
+        """Continue as the run whose :meth:`end_state` is ``state`` (the same parameters, so its optimiser's state
+        fits this run's)."""
+        family = self.fit.family
+        self.fit.guide.load_state_dict(state["guide"])
+        with torch.no_grad():
+            for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
+                p.copy_(saved)
+        restore_buffers(family, state["buffers"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
+        self.loop.step, self.loop.perm = state["step"], state["perm"]
+        self.loop.order.set_state(state["order"])
+        torch.set_rng_state(state["randomness"][0])
+        random.setstate(state["randomness"][1])
+        np.random.set_state(state["randomness"][2])
 
     def check_start(self) -> None:
         """Refuse non-finite starting parameters, and make every process start from the same ones.
@@ -729,11 +795,8 @@ class SVIRun:
             raise TrainingDiverged(f"initial parameters are not finite: {', '.join(bad)}; check guide.init_from")
         self.team.broadcast(list(self.named.values()))  # the same seed built the same values; make sure of it
 
-    def train(self, until: int | None = None) -> None:
-        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says.
-
-        :param until: stop after this many of them (an lr pilot), the schedule still the whole run's; None: all.
-        """
+    def train(self) -> None:
+        """Take the run's steps (from where a resumed run stopped), checkpointing as the loop says."""
         fit, spec = self.fit, self.fit.spec
         augment = build_augmentation(spec.augment, input_image_shape(fit.family.net))
         self.step = SVIStep(fit.family.model, fit.guide, self.elbo, self.optimizer, spec.local_reparam, spec.compile,
@@ -743,7 +806,7 @@ class SVIRun:
         self.step.signalled = lambda: self.loop.signalled()
         self.watch = DivergenceWatch(fit.data.n_train, self.n_steps)
         self.watch.resume(self.result.losses, self.loop.step)
-        self.loop.run(self.n_steps if until is None else until, self._update, after_step=self._after_step,
+        self.loop.run(self.n_steps, self._update, after_step=self._after_step,
                       before_save=self._before_save, stop_signal=lambda: self.step.signal)
         self._before_save()
         self.loop.save(done=self.loop.step >= self.n_steps)
