@@ -54,7 +54,7 @@ from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, s
 from zoo.diagnostics import DIAGNOSTICS_FILE, NOT_CONVERGED_EXIT, check_value, estimated_draws  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
-from zoo.runs import write_text  # noqa: E402
+from zoo.runs import SPEC_FILE, write_text  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = REPO_ROOT / "configs" / "hmc_uci.yaml"
@@ -98,7 +98,7 @@ def _verdict(run: Path, draws: int) -> dict:
 def progress(reference: str, run: Path) -> Progress:
     """Read one reference's state from its run directory (its spec, checkpoint and verdict); runs nothing."""
     from zoo.inference.draws import SAMPLES_FILE
-    from zoo.runs import SPEC_FILE, load_checkpoint, writer_of
+    from zoo.runs import load_checkpoint, writer_of
     from zoo.spec import load_spec
 
     row = Progress(reference, str(run), "not started", writer_of(run) if run.is_dir() else None)
@@ -173,8 +173,6 @@ def train_command(spec: str, run: Path, dataset: str, split: int, data_dir: str,
                "--set", f"data.name=uci:{dataset}", "--set", f"data.split={split}", "--data-dir", data_dir,
                *(x for o in overrides for x in ("--set", o)), "--no-progress"]
     if add_draws is None:
-        from zoo.runs import SPEC_FILE
-
         return command + (["--resume"] if (run / SPEC_FILE).is_file() else [])
     return command + ["--add-draws", str(add_draws), "--until-converged",  # a first round too, when it has none
                       "--budget-minutes", f"{max(minutes_left, 0.01):.2f}"]

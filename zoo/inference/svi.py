@@ -699,27 +699,14 @@ class SVIRun:
         fit = self.fit
         family, guide = fit.family, fit.guide
         started = time.perf_counter()
-        start = (copy.deepcopy(guide.state_dict()), [p.detach().clone() for p in family.point_parameters()],
-                 [b.clone() for b in family.buffers()])
-        randomness = torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-        def put_back() -> None:
-            guide.load_state_dict(start[0])
-            with torch.no_grad():
-                for p, saved in zip(family.point_parameters(), start[1], strict=True):
-                    p.copy_(saved)
-            restore_buffers(family, start[2])
-            torch.set_rng_state(randomness[0])
-            random.setstate(randomness[1])
-            np.random.set_state(randomness[2])
-
+        start = self.end_state()  # each candidate starts here, with the same random state
         from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
 
         rows = dataclasses.replace(fit.data, x_test=fit.data.x_calibration, y_test=fit.data.y_calibration, x_ood={})
         scores, failures, label = {}, {}, "score"
         best: tuple[float, dict] | None = None
         for lr in LR_CANDIDATES:
-            put_back()
+            self._take(start)
             where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / f"{lr:g}"
             candidate = SVIRun(dataclasses.replace(  # a monitor scores each candidate's run as it goes
                 fit, spec=with_starting_lr(fit.spec, lr), run_dir=where, log=RunLog(None, echo=None),
@@ -743,7 +730,7 @@ class SVIRun:
             if best is None or scores[lr] < scores[best[0]]:
                 best = lr, ended
         if best is None:
-            put_back()
+            self._take(start)
             raise TrainingDiverged("lr_by: calibration: the run diverged at every candidate lr ("
                                    + "; ".join(f"{lr:g}: {err}" for lr, err in failures.items())
                                    + "); set a smaller inference.lr by hand")
@@ -755,7 +742,8 @@ class SVIRun:
         return best[0]
 
     def end_state(self) -> dict:
-        """Everything a finished run carries on with, copied: what :meth:`_take` gives another run.
+        """Everything a run carries on from, copied: what :meth:`_take` puts back (the start of the lr choice's
+        candidates) or gives another run (the one kept).
 
         :returns: the state.
         """
