@@ -428,7 +428,7 @@ def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over
         load_spec(linear_spec("sgld", preconditioner="rmsprop", explore_burn_in=True))
     burn = sgmcmc.burn_in_steps(spec.inference, 1)
     lrs = [step_size(spec.inference, t, 40, burn)[0] for t in range(40)]
-    assert burn == 10 and lrs[:burn + 1] == [spec.inference.lr] * (burn + 1)
+    assert burn == 10 and lrs[:burn + 1] == [sgmcmc.DEFAULT_SGMCMC_LR] * (burn + 1)
     assert all(a > b for a, b in zip(lrs[burn:], lrs[burn + 1:], strict=False))
     moves = []
     langevin, adam = sgmcmc.langevin_move, sgmcmc.adam_move

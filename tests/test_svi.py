@@ -22,6 +22,7 @@ from zoo.data import load_dataset
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
 from zoo.evaluate import prune_by_snr
 from zoo.inference.elbo import ANALYTIC, ELBOS, LazyTraceMeanField_ELBO
+from zoo.inference.lr_choice import chooses_lr
 from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
@@ -218,13 +219,13 @@ def test_an_lr_choice_where_every_candidate_diverges_says_so(tmp_path, spec_fact
 def test_an_unset_lr_by_chooses_where_the_lr_is_the_default_and_calibration_rows_exist(spec_factory):
     spec = spec_factory("toy", "inference.lr=null").inference
     unset = spec.model_copy(update={"lr_by": None})
-    assert svi.choosing_lr(unset, True)
-    assert not svi.choosing_lr(unset, False)
-    assert not svi.choosing_lr(unset.model_copy(update={"lr": 0.003}), True)
-    assert not svi.choosing_lr(spec.model_copy(update={"lr_by": "fixed"}), True)
-    assert svi.choosing_lr(spec.model_copy(update={"lr_by": "calibration"}), True)
+    assert chooses_lr(unset, True)
+    assert not chooses_lr(unset, False)
+    assert not chooses_lr(unset.model_copy(update={"lr": 0.003}), True)
+    assert not chooses_lr(spec.model_copy(update={"lr_by": "fixed"}), True)
+    assert chooses_lr(spec.model_copy(update={"lr_by": "calibration"}), True)
     with pytest.raises(ZooInputError, match="needs rows held out of training"):
-        svi.choosing_lr(spec.model_copy(update={"lr_by": "calibration"}), False)
+        chooses_lr(spec.model_copy(update={"lr_by": "calibration"}), False)
 
 
 def test_a_chosen_starting_lr_scales_the_default_schedule_at_every_step(spec_factory):

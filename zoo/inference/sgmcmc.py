@@ -48,15 +48,18 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, copy_point_parameters
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
 from zoo.inference.loop import TrainingLoop
+from zoo.inference.lr_choice import ChoosesLR, fit_choosing_lr
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import DEFAULT_LR, Epochs, Tempered
+from zoo.sections import DEFAULT_LR, Epochs
 
+DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
+SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
-class SGMCMCSpec(Tempered):
+class SGMCMCSpec(ChoosesLR):
     """Stochastic-gradient MCMC (SGLD or cyclical SGHMC) on minibatches, several chains at once."""
 
     method: Literal["sgld", "sghmc"] = Field(description=(
@@ -65,7 +68,10 @@ class SGMCMCSpec(Tempered):
         "chains run in lockstep on the same minibatches, each with its own noise"))
     epochs: Epochs = Field(200, description="passes over the training rows")
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
-    lr: PositiveFloat = Field(0.1, description="learning rate of the per-row loss U/N (the step on U is lr / N)")
+    lr: PositiveFloat | None = Field(None, description=(
+        f"learning rate of the per-row loss U/N (the step on U is lr / N); null: {DEFAULT_SGMCMC_LR:g}, or the best "
+        f"of {', '.join(f'{c:g}' for c in SGMCMC_LR_CANDIDATES)} on the fit's calibration rows where it has them "
+        "(lr_by)"))
     schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
         None, description="step-size schedule; default cyclical for sghmc (Zhang et al. 2020), polynomial for sgld")
     cycles: PositiveInt = Field(4, description="cyclical: number of cosine cycles over the run")
@@ -164,13 +170,14 @@ def step_size(spec: SGMCMCSpec, step: int, total: int, explored: int = 0) -> tup
         starting after them, over the sampling steps.
     :returns: ``(lr, sampling)``.
     """
+    lr = DEFAULT_SGMCMC_LR if spec.lr is None else spec.lr
     if spec.schedule == "constant":
-        return spec.lr, True
+        return lr, True
     if spec.schedule == "polynomial":
-        return spec.lr * (1.0 + max(0, step - explored) / max(1.0, 0.01 * (total - explored))) ** -0.55, True
+        return lr * (1.0 + max(0, step - explored) / max(1.0, 0.01 * (total - explored))) ** -0.55, True
     length = math.ceil(total / spec.cycles)
     phase = (step % length) / length
-    return spec.lr / 2 * (math.cos(math.pi * phase) + 1.0), phase >= spec.exploration
+    return lr / 2 * (math.cos(math.pi * phase) + 1.0), phase >= spec.exploration
 
 
 def stray_chains(energy: torch.Tensor, rows: int, temperature: float = 1.0) -> list[int]:
@@ -229,6 +236,30 @@ def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
 
 
 def fit_sgmcmc(fit: FitContext) -> MCMCResult:
+    """SGLD or cyclical SGHMC at the spec's lr, at the default, or at the best of a whole run at each of
+    :data:`SGMCMC_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
+    :func:`~zoo.inference.lr_choice.fit_choosing_lr`); each run is :func:`run_sgmcmc`.
+
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_sgmcmc` reads it).
+    :returns: the draws, their statistics, the wall time and the posterior.
+    :raises ZooInputError: as :func:`run_sgmcmc`, and ``lr_by: calibration`` without calibration rows.
+    :raises TrainingDiverged: when a chain diverges or strays (with the lr chosen: at every candidate).
+    """
+    return fit_choosing_lr(fit, run_sgmcmc, with_lr, DEFAULT_SGMCMC_LR, SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,),
+                           fit.spec.method)
+
+
+def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
+    """``spec`` (its lr null) at ``lr``.
+
+    :param spec: an ``inference`` section whose ``lr`` is null.
+    :param lr: the lr.
+    :returns: the section with ``lr`` written out (``lr_by: fixed``).
+    """
+    return spec.model_copy(update={"lr": lr, "lr_by": "fixed"})
+
+
+def run_sgmcmc(fit: FitContext) -> MCMCResult:
     """Run ``spec.num_chains`` SGLD/SGHMC chains on minibatches; draws ``{site: [chains, draws, ...]}``.
 
     The state (chains, momenta, draws so far, random streams) is saved atomically to ``run_dir/samples.pt`` every

@@ -29,6 +29,7 @@ from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.inference.loop import TrainingLoop
+from zoo.inference.lr_choice import LR_CHOICE_DIR, calibration_score, chooses_lr, every_candidate_diverged
 from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
@@ -43,7 +44,6 @@ from zoo.sections import (
 )
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
-LR_CHOICE_DIR = "lr_choice"  # lr_by: calibration's candidate runs checkpoint in <run_dir>/lr_choice/<lr>/
 
 
 @dataclass
@@ -588,24 +588,6 @@ def fit_svi(fit: FitContext) -> SVIResult:
     return run.finish()
 
 
-def choosing_lr(spec: SVISpec, has_calibration_rows: bool) -> bool:
-    """Whether a fit chooses its starting lr on its calibration rows: ``lr_by: calibration``, or, where unset, a
-    default lr (``lr: null``) and calibration rows to choose on.
-
-    :param spec: the ``inference`` section.
-    :param has_calibration_rows: whether the fit has rows held out of training (``fit(val=...)``,
-        ``data.calibration_fraction``).
-    :returns: whether it chooses.
-    :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
-    """
-    if spec.lr_by == "calibration" and not has_calibration_rows:
-        raise ZooInputError("inference.lr_by", "calibration", "needs rows held out of training: pass val= "
-                            "to fit or set data.calibration_fraction (e.g. 0.1), or use lr_by: fixed")
-    if spec.lr_by is None:
-        return spec.lr is None and has_calibration_rows
-    return spec.lr_by == "calibration"
-
-
 def with_starting_lr(spec: SVISpec, lr: float) -> SVISpec:
     """``spec`` (its lr null) with ``lr`` in place of :data:`~zoo.sections.DEFAULT_LR`, held and decayed as the
     default schedule holds and decays it: every step's lr is the default's times ``lr / DEFAULT_LR``.
@@ -686,7 +668,7 @@ class SVIRun:
         :raises TrainingDiverged: when every candidate diverged.
         """
         fit = self.fit
-        if not choosing_lr(fit.spec, fit.data.x_calibration is not None):
+        if not chooses_lr(fit.spec, fit.data.x_calibration is not None):
             return
         if self.chosen_lr is None:
             self.loop.save()  # the common start, which a resumed choice starts its candidates from
@@ -700,9 +682,6 @@ class SVIRun:
         family, guide = fit.family, fit.guide
         started = time.perf_counter()
         start = self.end_state()  # each candidate starts here, with the same random state
-        from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
-
-        rows = dataclasses.replace(fit.data, x_test=fit.data.x_calibration, y_test=fit.data.y_calibration, x_ood={})
         scores, failures, label = {}, {}, "score"
         best: tuple[float, dict] | None = None
         for lr in LR_CANDIDATES:
@@ -722,23 +701,19 @@ class SVIRun:
                 fit.log(f"svi: lr {lr:g} diverged: {err}")
                 continue
             ended = candidate.end_state()  # before scoring, which may draw from the random state
-            metrics = evaluate(GuidePosterior(family, guide), rows, fit.spec.predictive_samples, fit.seed)
-            label = "NLL" if "nll" in metrics else "-test LL"
-            score = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
-            scores[lr] = score if math.isfinite(score) else math.inf  # a non-finite score never wins
+            scores[lr], label = calibration_score(GuidePosterior(family, guide), fit.data,
+                                                  fit.spec.predictive_samples, fit.seed)
             fit.log(f"svi: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
             if best is None or scores[lr] < scores[best[0]]:
                 best = lr, ended
         if best is None:
             self._take(start)
-            raise TrainingDiverged("lr_by: calibration: the run diverged at every candidate lr ("
-                                   + "; ".join(f"{lr:g}: {err}" for lr, err in failures.items())
-                                   + "); set a smaller inference.lr by hand")
+            raise every_candidate_diverged(failures)
         self._take(best[1])
         self.loop.seconds += time.perf_counter() - started
         shown = ", ".join(f"{lr:g}: {v:.4g}" for lr, v in scores.items())
-        fit.log(f"svi: starting lr {best[0]:g}, chosen on {len(rows.x_test):,} calibration rows by a whole run at "
-                f"each ({label} {shown})")
+        fit.log(f"svi: starting lr {best[0]:g}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole "
+                f"run at each ({label} {shown})")
         return best[0]
 
     def end_state(self) -> dict:

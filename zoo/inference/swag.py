@@ -29,17 +29,21 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
 from zoo.inference.loop import TrainingLoop
+from zoo.inference.lr_choice import ChoosesLR, fit_choosing_lr
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.inference.sgmcmc import EXPLORE_LR, adam_move
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
-from zoo.sections import MAX_EPOCHS, Epochs, Tempered
+from zoo.sections import MAX_EPOCHS, Epochs
 
 SWAG_FILE = "swag.pt"
+DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
+SWAG_LR_CANDIDATES = (0.001, 0.003, 0.01)  # inference.lr_by: calibration's collecting lrs (docs/results/defaults.md)
+DEFAULT_PRETRAIN_LR = 0.05  # SGD pretraining's starting lr where none is set, scaled with the chosen lr
 
 
-class SWAGSpec(Tempered):
+class SWAGSpec(ChoosesLR):
     """SWAG (num_models 1) or MultiSWAG (num_models > 1): a Gaussian from SGD iterates."""
 
     method: Literal["swag"] = Field(description="swag (num_models > 1: MultiSWAG)")
@@ -49,8 +53,13 @@ class SWAGSpec(Tempered):
         "epochs of pretraining before collecting (0 when init is a MAP run), by pretrain_by; "
         "zoo.BNN.fit(epochs=E) without it pretrains for three quarters of E and collects for the rest"))
     batch_size: PositiveInt | None = Field(128, description="minibatch size; null = full batch")
-    lr: PositiveFloat = Field(0.01, description="the SWA learning rate of the per-row loss U/N while collecting")
-    pretrain_lr: PositiveFloat = Field(0.05, description="sgd pretraining: the learning rate at its start")
+    lr: PositiveFloat | None = Field(None, description=(
+        f"the SWA learning rate of the per-row loss U/N while collecting; null: {DEFAULT_SWAG_LR:g}, or the best of "
+        f"{', '.join(f'{c:g}' for c in SWAG_LR_CANDIDATES)} on the fit's calibration rows where it has them (lr_by), "
+        "pretrain_lr scaled with it"))
+    pretrain_lr: PositiveFloat | None = Field(None, description=(
+        f"sgd pretraining: the learning rate at its start; null: {DEFAULT_PRETRAIN_LR:g} (times lr / "
+        f"{DEFAULT_SWAG_LR:g} where lr is chosen)"))
     pretrain_by: Literal["adam", "sgd"] = Field("sgd", description=(
         "how pretraining climbs to a mode: sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in "
         f"Maddox et al.) or adam (Adam at {EXPLORE_LR:g}, the zoo's MAP fit; it does not read pretrain_lr). Adam "
@@ -159,9 +168,22 @@ def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
     :param pretrain_steps: the steps of pretraining.
     :returns: the learning rate of the per-row loss at ``step``.
     """
+    lr = DEFAULT_SWAG_LR if spec.lr is None else spec.lr
     if step >= pretrain_steps:
-        return spec.lr
-    return spec.lr + (spec.pretrain_lr - spec.lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
+        return lr
+    start = DEFAULT_PRETRAIN_LR if spec.pretrain_lr is None else spec.pretrain_lr
+    return lr + (start - lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
+
+
+def with_lr(spec: SWAGSpec, lr: float) -> SWAGSpec:
+    """``spec`` (its lr null) collecting at ``lr``, its pretraining's unset lr scaled with it from the defaults.
+
+    :param spec: an ``inference`` section whose ``lr`` is null.
+    :param lr: the collecting lr.
+    :returns: the section with ``lr`` and ``pretrain_lr`` written out (``lr_by: fixed``).
+    """
+    pretrain_lr = DEFAULT_PRETRAIN_LR * lr / DEFAULT_SWAG_LR if spec.pretrain_lr is None else spec.pretrain_lr
+    return spec.model_copy(update={"lr": lr, "pretrain_lr": pretrain_lr, "lr_by": "fixed"})
 
 
 def default_collect_every(collect_steps: int, per_epoch: int, rank: int) -> int:
@@ -179,6 +201,19 @@ def default_collect_every(collect_steps: int, per_epoch: int, rank: int) -> int:
 
 
 def fit_swag(fit: FitContext) -> SWAGResult:
+    """(Multi)SWAG at the spec's lr, at the default, or at the best of a whole run at each of
+    :data:`SWAG_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
+    :func:`~zoo.inference.lr_choice.fit_choosing_lr`); each run is :func:`run_swag`.
+
+    :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_swag` reads it).
+    :returns: the wall time and the (Multi)SWAG posterior.
+    :raises ZooInputError: as :func:`run_swag`, and ``lr_by: calibration`` without calibration rows.
+    :raises TrainingDiverged: when SGD makes the iterates non-finite (with the lr chosen: at every candidate).
+    """
+    return fit_choosing_lr(fit, run_swag, with_lr, DEFAULT_SWAG_LR, SWAG_LR_CANDIDATES, SWAG.files, "swag")
+
+
+def run_swag(fit: FitContext) -> SWAGResult:
     """Run ``spec.num_models`` SGD trajectories side by side and fit (Multi)SWAG to their collected iterates.
 
     The state (iterates, momenta, moments, random streams) is saved atomically to ``run_dir/swag.pt`` every

@@ -1,0 +1,145 @@
+"""inference.lr_by for SWAG, MultiSWAG and SG-MCMC (zoo.inference.lr_choice): a whole run at each of the method's
+candidate lrs, the best on the calibration rows kept exactly as a run given its lr by hand, resumable, with every
+candidate's divergence named. (SVI's choice, which continues one guide in place, is pinned in tests/test_svi.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_mcmc import linear_spec
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference import lr_choice, sgmcmc, swag
+from zoo.inference.draws import SAMPLES_FILE
+from zoo.inference.lr_choice import LR_CHOICE_DIR, chooses_lr
+from zoo.inference.sgmcmc import SGMCMC
+from zoo.inference.swag import SWAG, SWAG_FILE
+from zoo.pipeline import prepare
+from zoo.runs import RunLog
+from zoo.spec import load_spec
+
+CALIBRATION = {"name": "toy_gap", "n_train": 60, "calibration_fraction": 0.25}
+SWAG_RUN = {"epochs": 4, "pretrain_epochs": 4, "batch_size": 15, "rank": 3}
+SGLD_RUN = {"num_chains": 2, "epochs": 8, "batch_size": 15, "burn_in_epochs": 2, "thin": 2}
+
+
+def _prepared(method: str, data: dict | None = None, **inference):
+    tree = linear_spec(method, **inference)
+    tree["data"] = data or CALIBRATION
+    spec = load_spec(tree)
+    return spec, *prepare(spec)[:3]
+
+
+def _logged() -> tuple[RunLog, list[str]]:
+    lines: list[str] = []
+    return RunLog(None, echo=lines.append), lines
+
+
+def _swag_moments(result) -> list[torch.Tensor]:
+    return [result.posterior.mean, result.posterior.sq_mean, result.posterior.deviations]
+
+
+@pytest.mark.parametrize(("method", "settings", "files", "fitted"), [
+    ("swag", SWAG_RUN, SWAG_FILE, _swag_moments),
+    ("sgld", SGLD_RUN, SAMPLES_FILE, lambda r: [r.draws[k] for k in sorted(r.draws)]),
+])
+def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, settings, files, fitted):
+    spec, data, family, guide = _prepared(method, **settings)
+    assert spec.inference.lr is None and spec.inference.lr_by is None and data.x_calibration is not None
+    inference = SWAG() if method == "swag" else SGMCMC()
+    log, lines = _logged()
+    chosen = inference.fit(family, guide, data, spec.inference, 0, run_dir=tmp_path / "chosen", log=log,
+                           progress=False)
+    scores = {float(line.split(" lr ")[1].split(":")[0]): float(line.split()[-5])
+              for line in lines if "on the calibration rows" in line and "chosen" not in line}
+    candidates = swag.SWAG_LR_CANDIDATES if method == "swag" else sgmcmc.SGMCMC_LR_CANDIDATES
+    assert sorted(scores) == sorted(candidates)
+    best = min(scores, key=scores.get)
+    assert f"lr {best:g}, chosen on 15 calibration rows" in lines[-1]
+    at_best = swag.with_lr(spec.inference, best) if method == "swag" else sgmcmc.with_lr(spec.inference, best)
+    by_hand = inference.fit(family, guide, data, at_best, 0, progress=False)
+    for got, want in zip(fitted(chosen), fitted(by_hand), strict=True):
+        assert torch.equal(got, want)
+    assert (tmp_path / "chosen" / files).exists() and not (tmp_path / "chosen" / LR_CHOICE_DIR).exists()
+    # resumed, the finished run is loaded as kept: nothing chosen again
+    log, lines = _logged()
+    again = inference.fit(family, guide, data, spec.inference, 0, run_dir=tmp_path / "chosen", resume=True, log=log,
+                          progress=False)
+    assert not any("calibration rows" in line for line in lines)
+    for got, want in zip(fitted(again), fitted(chosen), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_an_interrupted_choice_resumes_the_candidates_where_they_stopped(tmp_path, monkeypatch):
+    spec, data, family, guide = _prepared("swag", **SWAG_RUN, checkpoint_every=5)
+    whole = SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
+    steps = (SWAG_RUN["epochs"] + SWAG_RUN["pretrain_epochs"]) * 3  # 45 training rows in batches of 15
+    moves, sgd_move = [], swag.sgd_move
+
+    def crashing(*args, **kwargs):
+        moves.append(1)
+        if len(moves) == steps + 17:  # the second candidate's step 16: its checkpoint of step 15 is on disk
+            raise RuntimeError("the machine went down")
+        return sgd_move(*args, **kwargs)
+
+    monkeypatch.setattr(swag, "sgd_move", crashing)
+    with pytest.raises(RuntimeError, match="went down"):
+        SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
+    assert not (tmp_path / SWAG_FILE).exists() and len(list((tmp_path / LR_CHOICE_DIR).iterdir())) == 2
+    moves.clear()
+    resumed, run_swag = [], swag.run_swag
+    monkeypatch.setattr(swag, "run_swag", lambda fit: resumed.append(fit.resume) or run_swag(fit))
+    again = SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
+    assert resumed == [True, True, False]  # the first read back, the second from its step 15, the third fresh
+    assert len(moves) == (steps - 15) + steps
+    for got, want in zip(_swag_moments(again), _swag_moments(whole), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_diverging_candidate_loses_and_all_diverging_names_each(monkeypatch):
+    spec, data, family, guide = _prepared("sgld", **SGLD_RUN)
+    run_sgmcmc = sgmcmc.run_sgmcmc
+
+    def diverging_at(bad):
+        def run(fit):
+            if fit.spec.lr in bad:
+                raise TrainingDiverged(f"sgld diverged at lr {fit.spec.lr:g}")
+            return run_sgmcmc(fit)
+        return run
+
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({0.1}))
+    log, lines = _logged()
+    SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
+    assert any("lr 0.1 diverged" in line for line in lines) and "0.1: inf" in lines[-1]
+    assert "lr 0.1," not in lines[-1]
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({0.01, 0.03, 0.1}))
+    with pytest.raises(TrainingDiverged, match="every candidate lr .0.01: .*0.03: .*0.1: sgld diverged"):
+        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+
+
+def test_the_lr_is_chosen_only_where_it_is_unset_and_calibration_rows_exist():
+    spec = load_spec(linear_spec("swag")).inference
+    assert not chooses_lr(spec, False) and chooses_lr(spec, True)
+    assert not chooses_lr(spec.model_copy(update={"lr": 0.003}), True)
+    assert not chooses_lr(spec.model_copy(update={"lr_by": "fixed"}), True)
+    with pytest.raises(ZooInputError, match="needs rows held out of training"):
+        chooses_lr(spec.model_copy(update={"lr_by": "calibration"}), False)
+    with pytest.raises(ZooInputError, match="lr_by: calibration chooses the lr, and lr is set"):
+        load_spec(linear_spec("sghmc", lr=0.01, lr_by="calibration"))
+    # without calibration rows: the default lr, SWAG's pretraining at its default too
+    fixed = swag.with_lr(spec, swag.DEFAULT_SWAG_LR)
+    assert (fixed.lr, fixed.pretrain_lr, fixed.lr_by) == (0.01, 0.05, "fixed")
+    # a chosen lr scales an unset pretraining lr with it, and leaves a set one alone
+    assert swag.with_lr(spec, 0.001).pretrain_lr == pytest.approx(0.005)
+    assert swag.with_lr(spec.model_copy(update={"pretrain_lr": 0.02}), 0.001).pretrain_lr == 0.02
+
+
+def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch):
+    spec, data, family, guide = _prepared("sgld", {"name": "toy_gap", "n_train": 40}, **SGLD_RUN)
+    assert data.x_calibration is None
+    seen = []
+    monkeypatch.setattr(lr_choice, "calibration_score", lambda *a: pytest.fail("nothing to score on"))
+    run_sgmcmc = sgmcmc.run_sgmcmc
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit: seen.append(fit.spec.lr) or run_sgmcmc(fit))
+    result = SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+    assert seen == [sgmcmc.DEFAULT_SGMCMC_LR] and result.settings["lr"] == sgmcmc.DEFAULT_SGMCMC_LR

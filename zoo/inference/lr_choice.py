@@ -1,0 +1,171 @@
+"""A fit's learning rate chosen on its calibration rows, by a whole run at each candidate.
+
+Fits stepped by a learning rate meet nets and data where their default step is too large (a low-noise regression
+whose loss sharpens as its learned noise shrinks: SGD diverges) or too small. The plain-net recipe a user follows
+picks the lr on held-out rows; ``inference.lr_by`` does the same for a member: with ``lr: null`` and rows held out of
+training (``fit(val=...)`` or ``data.calibration_fraction``), the whole fit runs at each of the method's candidate lrs
+(the default and lrs below it), each run is scored on those rows (NLL; regression: minus the test log-likelihood), and
+the best run is kept as it ended. A run that diverges scores infinity; every run diverging stops the fit naming each.
+
+SVI chooses inside its own run (:meth:`zoo.inference.svi.SVIRun.choose_lr`: its candidates continue one guide in
+place). SWAG, MultiSWAG and SG-MCMC fits start from their seed and write everything they fit into their own files,
+so :func:`fit_choosing_lr` runs them as they are, one run directory per candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.runs import RunLog, checkpoint_exists
+from zoo.sections import Tempered
+
+if TYPE_CHECKING:
+    from zoo.data.base import Dataset
+    from zoo.inference.base import Fit, FitContext
+    from zoo.posterior import Posterior
+
+LR_CHOICE_DIR = "lr_choice"  # the candidates' run directories, <run_dir>/lr_choice/<lr>/, removed once one is kept
+
+
+class ChoosesLR(Tempered):
+    """The ``inference`` section of a method whose lr (``lr: null``) is the default or chosen on calibration rows."""
+
+    lr_by: Literal["calibration", "fixed"] | None = Field(None, description=(
+        "with lr: null, where the lr comes from. calibration: a whole fit at each of the method's candidate lrs (see "
+        "lr), the one its calibration rows (fit(val=...) or data.calibration_fraction) score best kept (a fit per "
+        "candidate); fixed: the default lr; null: calibration where lr is null and the fit has calibration rows, "
+        "else fixed"))
+
+    @model_validator(mode="after")
+    def _one_source_of_lr(self) -> ChoosesLR:
+        if self.lr_by == "calibration" and getattr(self, "lr", None) is not None:
+            raise ValueError(f"lr_by: calibration chooses the lr, and lr is set ({self.lr:g}): drop one")
+        return self
+
+
+def chooses_lr(spec: Any, has_calibration_rows: bool) -> bool:
+    """Whether a fit chooses its lr on its calibration rows: ``lr_by: calibration``, or, where unset, the default lr
+    (``lr: null``) and calibration rows to choose on.
+
+    :param spec: the ``inference`` section (its ``lr`` and ``lr_by``).
+    :param has_calibration_rows: whether the fit has rows held out of training.
+    :returns: whether it chooses.
+    :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
+    """
+    if spec.lr_by == "calibration" and not has_calibration_rows:
+        raise ZooInputError("inference.lr_by", "calibration", "needs rows held out of training: pass val= "
+                            "to fit or set data.calibration_fraction (e.g. 0.1), or use lr_by: fixed")
+    if spec.lr_by is None:
+        return spec.lr is None and has_calibration_rows
+    return spec.lr_by == "calibration"
+
+
+def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, seed: int) -> tuple[float, str]:
+    """A candidate run's score on the calibration rows, lower is better: the NLL (regression: minus the test
+    log-likelihood); a non-finite score is infinity, so it never wins.
+
+    :param posterior: the candidate's posterior.
+    :param data: the fit's data set (its calibration rows are scored).
+    :param num_samples: posterior draws to average over.
+    :param seed: seeds the draws.
+    :returns: the score and its name (``NLL`` or ``-test LL``).
+    """
+    from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
+
+    rows = dataclasses.replace(data, x_test=data.x_calibration, y_test=data.y_calibration, x_ood={})
+    metrics = evaluate(posterior, rows, num_samples, seed)
+    label = "NLL" if "nll" in metrics else "-test LL"
+    score = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
+    return (score if math.isfinite(score) else math.inf), label
+
+
+def every_candidate_diverged(failures: dict[float, TrainingDiverged]) -> TrainingDiverged:
+    """The error of a choice whose every candidate diverged, naming each.
+
+    :param failures: each candidate lr's error.
+    :returns: the error to raise.
+    """
+    return TrainingDiverged("lr_by: calibration: the run diverged at every candidate lr ("
+                            + "; ".join(f"{lr:g}: {err}" for lr, err in failures.items())
+                            + "); set a smaller inference.lr by hand")
+
+
+def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
+                    default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str) -> Fit:
+    """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
+    ``candidates``, scored on the calibration rows (:func:`chooses_lr`).
+
+    Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (so an interrupted choice resumes each
+    where it stopped); the kept one's files move into the run directory, and a resumed run that had chosen loads
+    them. The monitor scores the kept run only.
+
+    :param fit: the fit's context, its spec's ``lr`` null or set.
+    :param fitter: the method's fit function; it seeds itself from ``fit.seed`` and writes all it fits into
+        ``files`` in its run directory.
+    :param with_lr: the spec with an lr written out (and what follows from it), ``lr_by: fixed``.
+    :param default_lr: the method's lr when none is set.
+    :param candidates: the lrs a choice runs.
+    :param files: the files the fitter writes (the first holds the fit).
+    :param name: the method, for the log (``swag``).
+    :returns: the fit.
+    :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
+    :raises TrainingDiverged: when every candidate diverged.
+    """
+    spec = fit.spec
+    if spec.lr is not None:
+        return fitter(fit)
+    if not chooses_lr(spec, fit.data.x_calibration is not None):
+        return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))
+    if fit.resume and fit.run_dir is not None and checkpoint_exists(fit.run_dir / files[0]):
+        return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
+    spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
+    scores: dict[float, float] = {}
+    failures: dict[float, TrainingDiverged] = {}
+    label, best = "score", None
+    for lr in candidates:
+        where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / f"{lr:g}"
+        candidate = dataclasses.replace(fit, spec=with_lr(spec, lr), run_dir=where, log=RunLog(None, echo=None),
+                                        monitor=None, resume=where is not None and checkpoint_exists(where / files[0]))
+        began = time.perf_counter()
+        try:
+            result = fitter(candidate)
+        except TrainingDiverged as err:
+            spent += time.perf_counter() - began
+            scores[lr], failures[lr] = math.inf, err
+            fit.log(f"{name}: lr {lr:g} diverged: {err}")
+            continue
+        spent += result.seconds
+        scores[lr], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed)
+        fit.log(f"{name}: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
+        if best is None or scores[lr] < scores[best[0]]:
+            best = lr, result
+    if best is None:
+        raise every_candidate_diverged(failures)
+    lr, result = best
+    result.seconds = spent
+    if fit.run_dir is not None:
+        _keep_files(fit.run_dir / LR_CHOICE_DIR / f"{lr:g}", fit.run_dir, files)
+    shown = ", ".join(f"{c:g}: {v:.4g}" for c, v in scores.items())
+    fit.log(f"{name}: lr {lr:g}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole run at each "
+            f"({label} {shown}; {spent:.1f} s in all)")
+    if fit.monitor is not None:
+        fit.monitor.final(result.posterior, fit.data)
+    return result
+
+
+def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:
+    """Move the kept candidate's files into the run directory (the file holding the fit last, so that its presence
+    says the rest are there), then remove every candidate's directory."""
+    for name in reversed(files):
+        if (source / name).exists():
+            (source / name).replace(run_dir / name)
+    shutil.rmtree(run_dir / LR_CHOICE_DIR, ignore_errors=True)
