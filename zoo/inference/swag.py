@@ -39,7 +39,7 @@ from zoo.sections import MAX_EPOCHS, Epochs
 
 SWAG_FILE = "swag.pt"
 DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
-SWAG_LR_CANDIDATES = (0.001, 0.003, 0.01)  # inference.lr_by: calibration's collecting lrs (docs/results/defaults.md)
+SWAG_LR_CANDIDATES = (0.003, 0.01, 0.03)  # inference.lr_by: calibration's collecting lrs (docs/results/defaults.md)
 DEFAULT_PRETRAIN_LR = 0.05  # SGD pretraining's starting lr where none is set, scaled with the chosen lr
 
 
