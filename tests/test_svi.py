@@ -238,7 +238,7 @@ def test_a_chosen_starting_lr_scales_the_default_schedule_at_every_step(spec_fac
 
 
 def test_lr_by_calibration_is_refused_with_a_set_lr_or_without_calibration_rows(tmp_path, spec_factory):
-    with pytest.raises(ZooInputError, match="lr_by: calibration chooses the starting lr, and lr is set"):
+    with pytest.raises(ZooInputError, match="lr_by: calibration chooses the lr, and lr is set"):
         spec_factory("toy", "inference.lr_by=calibration")  # the toy spec sets lr 0.01
     with pytest.raises(ZooInputError, match="inference.lr_by: got 'calibration'; needs rows held out of training"):
         run(spec_factory("toy", *LR_BY[:3]), tmp_path / "no_rows")

@@ -20,7 +20,7 @@ from pydantic import (
 from zoo.parts import Strict
 
 __all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "DEFAULT_LR_HOLD", "LR_CANDIDATES",
-           "MAX_EPOCHS", "MAX_STEPS", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
+           "MAX_EPOCHS", "MAX_STEPS", "ChoosesLR", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
 
 # A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
 # larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
@@ -51,6 +51,23 @@ class Tempered(Strict):
         "E_q[log p(y, w)] / T + H[q], MCMC samples exp(-U / T), Laplace scales the covariance by T")
 
 
+class ChoosesLR(Tempered):
+    """The ``inference`` section of a method whose lr (``lr: null``) is its default or chosen on calibration rows
+    (:mod:`zoo.inference.lr_choice`): SVI, SWAG, SG-MCMC."""
+
+    lr_by: Literal["calibration", "fixed"] | None = Field(None, description=(
+        "with lr: null, where the lr comes from. calibration: a whole fit at each of the method's candidate lrs (see "
+        "lr), the one its calibration rows (fit(val=...) or data.calibration_fraction) score best kept (a fit per "
+        "candidate); fixed: the default lr; null: calibration where lr is null and the fit has calibration rows, "
+        "else fixed"))
+
+    @model_validator(mode="after")
+    def _one_source_of_lr(self) -> ChoosesLR:
+        if self.lr_by == "calibration" and getattr(self, "lr", None) is not None:
+            raise ValueError(f"lr_by: calibration chooses the lr, and lr is set ({self.lr:g}): drop one")
+        return self
+
+
 DEFAULT_LR = 1e-2  # SVI's learning rate when none is set, decayed to DEFAULT_LR_DECAY_TO of itself by the last step
 DEFAULT_LR_DECAY_TO = 0.1
 DEFAULT_LR_HOLD = 0.75  # the default lr's share of the run held at DEFAULT_LR before its decay (benchmarks/defaults.py)
@@ -60,7 +77,7 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
 
 
-class SVISpec(Tempered):
+class SVISpec(ChoosesLR):
     """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
 
     method: Literal["svi"] = Field("svi", description="svi")
@@ -76,8 +93,9 @@ class SVISpec(Tempered):
     lr: PositiveFloat | None = Field(None, description=(
         f"the optimiser's learning rate, constant unless lr_decay or lr_decay_to is set; null (the default): "
         f"{DEFAULT_LR:g} for the first {DEFAULT_LR_HOLD:.0%} of the run, then decayed to {DEFAULT_LR_DECAY_TO:g} of "
-        "it by the run's last step, its starting lr chosen on the fit's calibration rows where it has them (lr_by; "
-        "docs: the members page, measured by benchmarks/defaults.py)"))
+        "it by the run's last step, its starting lr the best of "
+        f"{', '.join(f'{c:g}' for c in LR_CANDIDATES)} (each a whole run from the same start) on the fit's "
+        "calibration rows where it has them (lr_by; docs: the members page, measured by benchmarks/defaults.py)"))
     lr_by: Literal["calibration", "fixed"] | None = Field(
         None, description="with lr: null, where the default schedule's starting lr comes from. calibration: the "
         f"whole run at each of {', '.join(f'{c:g}' for c in LR_CANDIDATES)} from the same start (held and decayed "
@@ -127,8 +145,6 @@ class SVISpec(Tempered):
                              "to hold off: set lr_decay_to (or lr_decay), or drop lr_hold")
         if self.kl_annealing_fraction is not None and self.kl_annealing_steps:
             raise ValueError("set kl_annealing_steps or kl_annealing_fraction, not both")
-        if self.lr_by == "calibration" and self.lr is not None:
-            raise ValueError(f"lr_by: calibration chooses the starting lr, and lr is set ({self.lr:g}): drop one")
         if self.autocast != "none" and self.compile:
             raise ValueError("autocast: bf16 is not supported with compile: true yet; drop one")
         return self

@@ -4,12 +4,13 @@ Fits stepped by a learning rate meet nets and data where their default step is t
 whose loss sharpens as its learned noise shrinks: SGD diverges) or too small. The plain-net recipe a user follows
 picks the lr on held-out rows; ``inference.lr_by`` does the same for a member: with ``lr: null`` and rows held out of
 training (``fit(val=...)`` or ``data.calibration_fraction``), the whole fit runs at each of the method's candidate lrs
-(the default and lrs below it), each run is scored on those rows (NLL; regression: minus the test log-likelihood), and
+(the default among them), each run is scored on those rows (NLL; regression: minus the test log-likelihood), and
 the best run is kept as it ended. A run that diverges scores infinity; every run diverging stops the fit naming each.
 
 SVI chooses inside its own run (:meth:`zoo.inference.svi.SVIRun.choose_lr`: its candidates continue one guide in
 place). SWAG, MultiSWAG and SG-MCMC fits start from their seed and write everything they fit into their own files,
-so :func:`fit_choosing_lr` runs them as they are, one run directory per candidate.
+so :func:`fit_choosing_lr` runs them as they are, one run directory per candidate. Their sections share
+:class:`~zoo.sections.ChoosesLR` (the ``lr_by`` setting).
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import Field, model_validator
+from typing import TYPE_CHECKING, Any
 
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.runs import RunLog, checkpoint_exists
-from zoo.sections import Tempered
 
 if TYPE_CHECKING:
     from zoo.data.base import Dataset
@@ -34,22 +32,6 @@ if TYPE_CHECKING:
     from zoo.posterior import Posterior
 
 LR_CHOICE_DIR = "lr_choice"  # the candidates' run directories, <run_dir>/lr_choice/<lr>/, removed once one is kept
-
-
-class ChoosesLR(Tempered):
-    """The ``inference`` section of a method whose lr (``lr: null``) is the default or chosen on calibration rows."""
-
-    lr_by: Literal["calibration", "fixed"] | None = Field(None, description=(
-        "with lr: null, where the lr comes from. calibration: a whole fit at each of the method's candidate lrs (see "
-        "lr), the one its calibration rows (fit(val=...) or data.calibration_fraction) score best kept (a fit per "
-        "candidate); fixed: the default lr; null: calibration where lr is null and the fit has calibration rows, "
-        "else fixed"))
-
-    @model_validator(mode="after")
-    def _one_source_of_lr(self) -> ChoosesLR:
-        if self.lr_by == "calibration" and getattr(self, "lr", None) is not None:
-            raise ValueError(f"lr_by: calibration chooses the lr, and lr is set ({self.lr:g}): drop one")
-        return self
 
 
 def chooses_lr(spec: Any, has_calibration_rows: bool) -> bool:

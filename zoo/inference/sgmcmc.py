@@ -48,11 +48,11 @@ from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, copy_point_parameters
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
 from zoo.inference.loop import TrainingLoop
-from zoo.inference.lr_choice import ChoosesLR, fit_choosing_lr
+from zoo.inference.lr_choice import fit_choosing_lr
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import DEFAULT_LR, Epochs
+from zoo.sections import DEFAULT_LR, ChoosesLR, Epochs
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)

@@ -29,13 +29,13 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
 from zoo.inference.loop import TrainingLoop
-from zoo.inference.lr_choice import ChoosesLR, fit_choosing_lr
+from zoo.inference.lr_choice import fit_choosing_lr
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.inference.sgmcmc import EXPLORE_LR, adam_move
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
-from zoo.sections import MAX_EPOCHS, Epochs
+from zoo.sections import MAX_EPOCHS, ChoosesLR, Epochs
 
 SWAG_FILE = "swag.pt"
 DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
