@@ -382,23 +382,34 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
         return {"error": f"not run: HMC over {dim:,} weights (above {REFERENCE_MAX_DIM:,})"}
     fit_settings, parts = split_settings(settings or {}) if member != REFERENCE else ({}, {})
     budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **fit_settings}
-    likelihood = {"name": "categorical" if case.task == "classification" else "gaussian",
-                  **parts.pop("likelihood", {})}
+    likelihood = {"name": likelihood_name(case), **parts.pop("likelihood", {})}
     start = time.perf_counter()
     bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed, **parts)
     bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
     seconds = time.perf_counter() - start
-    m = bnn.evaluate((rows.x_test, rows.y_test))
+    figures = figures_on_test_rows(bnn, case, rows) | {"seconds": seconds}
     chains = {}
     if member == REFERENCE:
         function_space = bnn.diagnose(test=(rows.x_test, rows.y_test)).result["function_space"]
         chains = {"r_hat": max(r["r_hat"] for r in function_space),
                   "min_ess": min(r["ess_bulk"] for r in function_space),
                   "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
+    link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
+    return figures | chains | (link if case.task == "classification" else {})
+
+
+def likelihood_name(case: Case) -> str:
+    """The likelihood a user would name for the case's task."""
+    return "categorical" if case.task == "classification" else "gaussian"
+
+
+def figures_on_test_rows(bnn: zoo.BNN, case: Case, rows: Rows) -> dict[str, float]:
+    """A fitted member's figures on the case's test rows, as the tables show them: accuracy, NLL, ECE and Brier, or
+    RMSE and NLL in the original target units."""
+    m = bnn.evaluate((rows.x_test, rows.y_test))
     if case.task == "classification":
-        link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
-        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")} | {"seconds": seconds} | chains | link
-    return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"], "seconds": seconds} | chains
+        return {k: m[k] for k in ("accuracy", "nll", "ece", "brier")}
+    return {"rmse": m["rmse"] * rows.y_unit, "nll": math.log(rows.y_unit) - m["test_ll"]}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

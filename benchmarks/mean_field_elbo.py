@@ -16,42 +16,37 @@ mean-field family measures.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from pyro import poutine
-from pyro.poutine.util import site_is_subsample
 from rich.console import Console
 from rich.table import Table
-from torch.distributions import kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import parse_ranges, parse_seeds  # noqa: E402
-from defaults import CASES, HELD_OUT, loader  # noqa: E402
+from defaults import CASES, HELD_OUT, figures_on_test_rows, likelihood_name, loader  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
+from zoo.inference.elbo import LazyTraceMeanField_ELBO  # noqa: E402
 from zoo.runs import write_json  # noqa: E402
 
 MEAN_FIELD_MEMBERS = ("mean_field", "bayes_by_backprop")  # the presets whose guide is the zoo's mean-field guide
 
 
 def objective(bnn: zoo.BNN, x: torch.Tensor, y: torch.Tensor, draws: int) -> dict[str, float]:
-    """-ELBO of a fitted mean-field BNN on the rows ``(x, y)``: the guide's KL from the prior (closed form per
-    latent site, the priors read from the model's trace) plus the expected negative log-likelihood of all the rows
-    under ``draws`` guide draws."""
+    """-ELBO of a fitted mean-field BNN on the rows ``(x, y)``: the guide's KL from the prior, each latent site's
+    in closed form as the fit's own ELBO computes it (weights, and a learned noise's), plus the expected negative
+    log-likelihood of all the rows under ``draws`` guide draws."""
     family, guide = bnn.family, bnn.guide
-    with torch.no_grad():  # each latent site's prior as the model declares it (weights, and a learned noise's)
-        guide_trace = poutine.trace(guide).get_trace(x, y)
-        model_trace = poutine.trace(poutine.replay(family.model, trace=guide_trace)).get_trace(x, y)
-        kl = sum(float(kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"]).sum())
-                 for name, site in model_trace.nodes.items()
-                 if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site))
+    elbo = LazyTraceMeanField_ELBO()
+    with torch.no_grad():
+        elbo.loss(family.model, guide, x, y)  # records each site's term: a latent's KL, and the observed log-lik
+        kl = float(sum(elbo.last_terms[name].sum() for name in elbo.kl_methods))  # the latent sites' terms
         expected_nll = float(-family.log_likelihood(bnn.posterior.sample(draws), x, y).sum(-1).mean())
         sigmas = torch.cat([guide.scale(name).flatten() for name in family.latent_sites()])
     return {"kl": kl, "expected_nll": expected_nll, "neg_elbo": kl + expected_nll,
@@ -90,27 +85,23 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     case = cases[args.case]
     classify = case.task == "classification"
+    figure = "test_accuracy" if classify else "test_rmse"
     rows_out = []
     for seed in parse_seeds(args.seeds):
         rows = case.rows(seed, args.size, args.data_dir)
         for rho in rhos:
             for budget in epochs:
                 torch.manual_seed(seed)
-                likelihood = "categorical" if classify else "gaussian"
-                bnn = zoo.BNN(case.net(rows), member=args.member, likelihood=likelihood, seed=seed,
+                bnn = zoo.BNN(case.net(rows), member=args.member, likelihood=likelihood_name(case), seed=seed,
                               guide={"init_rho": rho}, **({"inference": {"lr_by": args.lr_by}} if args.lr_by else {}))
                 bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), epochs=budget, progress=False)
-                test = bnn.evaluate((rows.x_test, rows.y_test))
+                test = figures_on_test_rows(bnn, case, rows)
                 row = {"seed": seed, "init_rho": rho, "init_sigma": float(F.softplus(torch.tensor(rho))),
                        "epochs": budget, **objective(bnn, rows.x_train, rows.y_train, args.draws),
-                       # regression figures in original target units, as the defaults page's tables
-                       "test_nll": test["nll"] if classify else math.log(rows.y_unit) - test["test_ll"],
-                       "test_accuracy" if classify else "test_rmse":
-                           test["accuracy"] if classify else test["rmse"] * rows.y_unit}
+                       "test_nll": test["nll"], figure: test["accuracy" if classify else "rmse"]}
                 rows_out.append(row)
                 print(f"seed {seed}, init_rho {rho:g}, {budget} epochs: -ELBO {row['neg_elbo']:.0f}, "
                       f"test NLL {row['test_nll']:.3f}", flush=True)
-    figure = "test_accuracy" if classify else "test_rmse"
     table = Table(title=f"{args.member} on {args.case}: the ELBO's parts on the {len(rows.y_train)} training rows "
                   f"({args.draws} draws) and the test figures ({torch.get_num_threads()} thread(s))")
     for col in ("seed", "init rho", "epochs", "KL", "expected NLL", "-ELBO", "median sigma", "test NLL",

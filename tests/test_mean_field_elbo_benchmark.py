@@ -14,24 +14,29 @@ from tests.conftest import load_benchmark
 from zoo.errors import ZooInputError
 
 elbo = load_benchmark("mean_field_elbo")
+START_RHO = -12.0  # the guide's sigma at its start: softplus(-12) = 6e-6, so its draws sit on the net's weights
+
+
+def weights_kl_at_start(net: nn.Module) -> float:
+    """KL(N(w, s^2) || N(0, 1)) summed over the net's weights, s the guide's starting sigma, written out by hand."""
+    sigma = F.softplus(torch.tensor(START_RHO, dtype=torch.float64))
+    weights = torch.cat([p.detach().double().flatten() for p in net.parameters()])
+    return float((0.5 * (sigma**2 + weights**2 - 1) - sigma.log()).sum())
 
 
 def test_a_guide_at_its_start_has_the_closed_form_kl_and_the_nets_own_nll():
     torch.manual_seed(0)
     x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
     net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-    bnn = zoo.BNN(net, member="mean_field", likelihood="categorical", guide={"init_rho": -12.0}, seed=0)
-    bnn.fit((x, y), num_steps=0, progress=False)  # the guide as it starts: the net's weights, sigma = softplus(-12)
+    bnn = zoo.BNN(net, member="mean_field", likelihood="categorical", guide={"init_rho": START_RHO}, seed=0)
+    bnn.fit((x, y), num_steps=0, progress=False)  # the guide as it starts: the net's weights
     got = elbo.objective(bnn, x, y, draws=20)
-    sigma = F.softplus(torch.tensor(-12.0, dtype=torch.float64))
-    weights = torch.cat([p.detach().double().flatten() for p in net.parameters()])
-    kl = float((0.5 * (sigma**2 + weights**2 - 1) - sigma.log()).sum())  # KL(N(mu, s^2) || N(0, 1)) per weight
-    assert got["kl"] == pytest.approx(kl, rel=1e-5)
+    assert got["kl"] == pytest.approx(weights_kl_at_start(net), rel=1e-5)
     with torch.no_grad():
         nll = float(F.cross_entropy(net(x), y, reduction="sum"))
     assert got["expected_nll"] == pytest.approx(nll, rel=1e-4)  # draws within 6e-6 of the means
     assert got["neg_elbo"] == pytest.approx(got["kl"] + got["expected_nll"])
-    assert got["median_sigma"] == pytest.approx(float(sigma), rel=1e-5)
+    assert got["median_sigma"] == pytest.approx(float(F.softplus(torch.tensor(START_RHO))), rel=1e-5)
 
 
 def test_small_run_writes_every_cell(tmp_path):
@@ -53,17 +58,13 @@ def test_bad_options_name_the_option(argv, field):
         elbo.main(argv)
 
 
-
 def test_regression_counts_the_learned_noise_in_the_kl():
     torch.manual_seed(0)
     x, y = torch.randn(64, 3), torch.randn(64)
     net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     bnn = zoo.BNN(net, member="mean_field", likelihood={"name": "gaussian", "noise": "learned"},
-                  guide={"init_rho": -12.0}, seed=0)
+                  guide={"init_rho": START_RHO}, seed=0)
     bnn.fit((x, y), num_steps=0, progress=False)
     got = elbo.objective(bnn, x, y, draws=5)
-    sigma = F.softplus(torch.tensor(-12.0, dtype=torch.float64))
-    weights = torch.cat([p.detach().double().flatten() for p in net.parameters()])
-    weights_kl = float((0.5 * (sigma**2 + weights**2 - 1) - sigma.log()).sum())
     # the noise's own site: a LogNormal of sigma 6e-6 against its prior costs about log(prior scale / 6e-6) nats
-    assert got["kl"] - weights_kl > 5
+    assert got["kl"] - weights_kl_at_start(net) > 5
