@@ -51,7 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from uci import parse_datasets, parse_set_for, parse_splits, resolve_data_dir, split_run_dir  # noqa: E402
 
-from zoo.diagnostics import DIAGNOSTICS_FILE, NOT_CONVERGED_EXIT, check_value, estimated_draws  # noqa: E402
+from zoo.diagnostics import (  # noqa: E402
+    DIAGNOSTICS_FILE,
+    NOT_CONVERGED_EXIT,
+    check_value,
+    draws_would_help,
+    estimated_draws,
+)
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.interrupts import signal_of, sigterm_interrupts  # noqa: E402
 from zoo.runs import SPEC_FILE, write_text  # noqa: E402
@@ -68,7 +74,7 @@ class Progress:
 
     reference: str
     run_dir: str
-    state: str  # "not started", "sampling", "not converged", "converged"
+    state: str  # "not started", "sampling", "not converged", "stuck" (what fails is not what draws fix), "converged"
     writer_pid: str | None = None  # the live process sampling it now, if any (its run directory's lock)
     iterations_done: int | None = None
     iterations_asked: int | None = None
@@ -131,7 +137,9 @@ def progress(reference: str, run: Path) -> Progress:
     divergences = check_value(result, "divergences")
     row.divergences = None if divergences is None else int(divergences)
     row.state = "not converged" if result["warnings"] else "converged"
-    if row.state == "not converged" and row.r_hat_max is not None and row.ess_min is not None:
+    if row.state == "not converged" and not draws_would_help(result, row.draws_per_chain):
+        row.state = "stuck"  # R-hat and ESS pass; divergences or BFMI fail, which more draws do not fix
+    elif row.state == "not converged" and row.r_hat_max is not None and row.ess_min is not None:
         row.estimated_draws_per_chain = estimated_draws(row.draws_per_chain, row.r_hat_max, row.ess_min)
         row.estimated_hours_left = (row.estimated_draws_per_chain - row.draws_per_chain) * per_iteration / 3600
     return row
@@ -225,6 +233,10 @@ def grow(args: argparse.Namespace, references: list[tuple[str, int, Path]], per_
         while True:
             row = progress(f"{dataset}/{split}", run)
             if row.state == "converged":
+                break
+            if row.state == "stuck":
+                console.print(f"{run}: R-hat and ESS pass, and what fails (its diagnostics.json's warnings) is not "
+                              "what more draws fix; going on with the next reference", soft_wrap=True, markup=False)
                 break
             if row.writer_pid is not None:  # another process grows it (e.g. an earlier command still running)
                 console.print(f"{run}: being sampled by pid {row.writer_pid}; going on with the next reference",

@@ -25,8 +25,10 @@ from zoo.diagnostics import (
     compare,
     diagnose,
     diagnose_report,
+    energy_exploration,
     guide_log_density,
     khat_interpretation,
+    lp_moves_with,
     pareto_k,
     reference_standing,
     run_predictive,
@@ -451,3 +453,53 @@ def test_an_r_hat_left_undefined_by_stuck_chains_counts_as_infinite():
     assert np.isnan(_stuck_as_infinite(np.full(2, np.nan), same)).all()
     moving = np.random.default_rng(0).normal(size=(2, 5, 2))
     assert _stuck_as_infinite(np.array([1.2, np.nan]), moving).tolist()[0] == 1.2  # a defined R-hat is kept
+
+
+def ideal_hmc_energies(dim: int, spread: float, chains: int, draws: int, seed: int = 0) -> np.ndarray:
+    """The Hamiltonian at each draw of exact HMC at stationarity, ``[chains, draws]``: a fresh Gaussian momentum adds
+    a Gamma(D/2) kinetic energy to the potential U, the trajectory conserves their sum, and it ends anywhere on that
+    energy level, where U's share of the sum is Beta(a, D/2) distributed for a potential U ~ Gamma(a) (a Gaussian
+    posterior: a = D/2). ``spread``: Var(U) over a Gaussian's D/2, i.e. a = spread * D/2."""
+    rng = np.random.default_rng(seed)
+    a, b = spread * dim / 2, dim / 2
+    u = rng.gamma(a, size=chains)
+    out = np.empty((chains, draws))
+    for n in range(draws):
+        out[:, n] = u + rng.gamma(b, size=chains)  # the draw's energy: U at its start plus the fresh momentum's
+        u = out[:, n] * rng.beta(a, b, size=chains)  # where the trajectory ends on that level
+    return out
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])
+def test_exact_hmc_s_bfmi_is_the_dimension_over_the_energy_variance(spread):
+    """E-BFMI of exact HMC = D / (Var(U) + D/2) under any mass matrix: 1 on a Gaussian posterior, 2/7 where the
+    potential varies six times as much; every draw changes the energy by D in mean square."""
+    dim = 200
+    energy = ideal_hmc_energies(dim, spread, chains=4, draws=20_000)
+    bfmi = az.bfmi(energy)
+    assert bfmi == pytest.approx(np.full(4, dim / (spread * dim / 2 + dim / 2)), rel=0.06)
+    rows = energy_exploration(energy, dim)
+    assert [r["change_over_dim"] for r in rows] == pytest.approx([1.0] * 4, rel=0.03)
+    assert [r["spread_over_gaussian"] for r in rows] == pytest.approx([spread] * 4, rel=0.1)
+
+
+def test_a_low_bfmi_says_whether_the_posterior_or_the_sampler_caused_it(vi_dir):
+    _, data, posterior = load_run(vi_dir)
+    pyro.set_rng_seed(0)
+    draws = posterior.sample(1600)
+    chains = {k: v.reshape(4, 400, *v.shape[1:]) for k, v in draws.items()}
+    dim = sum(int(np.prod(v.shape[2:])) for v in chains.values())
+    heavy = ideal_hmc_energies(dim, spread=9.0, chains=4, draws=400)  # BFMI about 0.2, draws changing it in full
+    slow = np.cumsum(np.random.default_rng(1).normal(0.0, 0.3 * math.sqrt(dim), (4, 400)), axis=1)  # a random walk
+    for energy, cause in ((heavy, "log density's variance is"), (slow, "less than fresh momenta would")):
+        stats = {"energy": torch.as_tensor(energy), "diverging": torch.zeros(4, 400, dtype=torch.bool)}
+        result = check(to_inference_data(posterior, data, chains=chains, stats=stats, num_test_points=4))
+        low = [w for w in result["warnings"] if w.startswith("BFMI")]
+        assert len(low) == 4 and all(cause in w for w in low), low
+        assert len(result["energy"]) == 4 and result["weights"]["n_elements"] == dim
+        if energy is heavy:  # the stated spread is the simulated one, within 400 draws' noise
+            assert all(5.0 < float(w.split("variance is ")[1].split("x")[0]) < 13.0 for w in low)
+            assert "it moves most with" in low[0] and len(result["lp_moves_with"]) == 2
+    moves = lp_moves_with(to_inference_data(posterior, data, chains=chains, num_test_points=4).posterior, top=3)
+    assert len(moves) == 3 and all(-1 <= m["correlation"] <= 1 for m in moves)
+    assert [abs(m["correlation"]) for m in moves] == sorted((abs(m["correlation"]) for m in moves), reverse=True)

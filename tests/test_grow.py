@@ -13,6 +13,7 @@ from zoo.diagnostics import (
     ConvergenceVerdict,
     check_growth,
     convergence_verdict,
+    draws_would_help,
     grow_until_converged,
 )
 from zoo.errors import ZooInputError
@@ -55,12 +56,12 @@ def test_a_run_grows_round_by_round_until_its_verdict_passes_then_no_further(tmp
     # the finished run's own verdict, then no round: the budget was spent before one could start
     assert (spent.rounds, spent.draws_per_chain, spent.passed, spent.exit_code) == (0, 5, False, NOT_CONVERGED_EXIT)
     assert len(verdicts) == 1 and spent.verdict is verdicts[-1] and spent.verdict.fails and rounds == []
-    assert spent.budget_spent.startswith("the 6e-05-second budget is spent: 5 draws per chain so far; about ")
-    assert "draws per chain may pass" in spent.budget_spent and "more at this run's pace" in spent.budget_spent
-    assert lines[-1] == spent.budget_spent and spent.bnn.chains and spent.run_dir == run
+    assert spent.stopped_short.startswith("the 6e-05-second budget is spent: 5 draws per chain so far; about ")
+    assert "draws per chain may pass" in spent.stopped_short and "more at this run's pace" in spent.stopped_short
+    assert lines[-1] == spent.stopped_short and spent.bnn.chains and spent.run_dir == run
 
     grown = grow_until_converged(run, 100, progress=False, echo=None)  # the run's own spec.yaml, grown
-    assert grown.passed and grown.exit_code == 0 and grown.budget_spent is None and grown.rounds >= 1
+    assert grown.passed and grown.exit_code == 0 and grown.stopped_short is None and grown.rounds >= 1
     assert grown.draws_per_chain == 5 + 100 * grown.rounds and grown.bnn.diagnose().passed
     assert grown.verdict.line.startswith("converged") and not grown.verdict.result["warnings"]
     assert yaml.safe_load((run / "spec.yaml").read_text())["inference"]["num_samples"] == grown.draws_per_chain
@@ -69,3 +70,32 @@ def test_a_run_grows_round_by_round_until_its_verdict_passes_then_no_further(tmp
     again = grow_until_converged(run, 100, progress=False, echo=lines.append)
     assert (again.rounds, again.draws_per_chain, again.passed, again.summary) == (0, grown.draws_per_chain, True, None)
     assert lines[-1] == f"{run}: converged at {grown.draws_per_chain} draws per chain; no draws added"
+
+
+def _result(r_hat: float, ess: float, bfmi_ok: bool) -> dict:
+    return {"checks": [{"check": "R-hat, function space and lp (max)", "value": r_hat, "ok": r_hat <= 1.01},
+                       {"check": "bulk/tail ESS, function space and lp (min)", "value": ess, "ok": ess >= 400},
+                       {"check": "BFMI chain 0", "value": 0.3 if bfmi_ok else 0.25, "ok": bfmi_ok}]}
+
+
+def test_only_failing_r_hat_or_ess_asks_for_more_draws():
+    assert draws_would_help(_result(1.02, 900.0, True), 1000)
+    assert draws_would_help(_result(1.005, 200.0, False), 1000)
+    assert not draws_would_help(_result(1.005, 900.0, False), 1000)  # BFMI alone: draws do not raise it
+
+
+def test_a_verdict_that_more_draws_cannot_fix_stops_the_rounds(tmp_path, monkeypatch):
+    """R-hat and ESS passing with another check failing (BFMI, divergences): no round is added, and the result
+    says why, not that a budget ran out."""
+    from zoo.diagnostics import grow
+
+    for plot in ("plot_trace", "plot_energy", "plot_pair"):
+        monkeypatch.setattr(checks, plot, lambda *args, **kwargs: None)
+    run = tmp_path / "run"
+    train(linear_spec("hmc", num_chains=4, warmup_steps=50, num_samples=5), run, progress=False, echo=None)
+    monkeypatch.setattr(grow, "draws_would_help", lambda result, draws: False)
+    lines: list[str] = []
+    stuck = grow_until_converged(run, 100, progress=False, echo=lines.append)
+    assert (stuck.rounds, stuck.draws_per_chain, stuck.passed, stuck.exit_code) == (0, 5, False, NOT_CONVERGED_EXIT)
+    assert stuck.stopped_short == lines[-1] and "are not ones more draws fix: no round added" in lines[-1]
+    assert yaml.safe_load((run / "spec.yaml").read_text())["inference"]["num_samples"] == 5

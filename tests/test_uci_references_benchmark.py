@@ -67,6 +67,28 @@ def test_a_round_that_has_not_checkpointed_yet_reads_as_sampling_and_runs_no_dia
     assert not (run / "diagnostics.json").exists()
 
 
+def test_a_reference_whose_failing_checks_draws_cannot_fix_is_stuck_and_skipped(tmp_path):
+    """R-hat and ESS pass and BFMI fails (wine-quality-red split 1): the table says ``stuck`` and the budget goes to
+    the next reference instead of rounds that cannot pass."""
+    from tests.conftest import tiny_hmc
+    from zoo.pipeline import train
+
+    run = tmp_path / "refs" / "tiny-split00"
+    train(tiny_hmc(), run, progress=False, echo=None)
+    checks = [{"check": "R-hat, function space and lp (max)", "value": 1.005, "threshold": "<= 1.01", "ok": True},
+              {"check": "bulk/tail ESS, function space and lp (min)", "value": 900.0, "threshold": ">= 400",
+               "ok": True},
+              {"check": "BFMI chain 1", "value": 0.25, "threshold": ">= 0.3", "ok": False}]
+    (run / "diagnostics.json").write_text(json.dumps({"num_draws": 4, "checks": checks, "warnings": ["BFMI ..."]}))
+    row = references.progress("tiny/0", run)
+    assert row.state == "stuck" and row.estimated_draws_per_chain is None
+    args = references.build_parser().parse_args(["--budget-minutes", "5", "--runs-dir", str(tmp_path / "refs")])
+    console = Console(record=True, width=200)
+    assert references.grow(args, [("tiny", 0, run)], {"tiny": []}, console) is None
+    out = console.export_text()
+    assert "not what more draws fix; going on with the next reference" in out and "$ zoo" not in out
+
+
 @pytest.mark.slow  # a subprocess stopped by its budget (make test-slow)
 def test_the_budget_stops_a_command_with_sigterm_and_says_so(tmp_path):
     child = ("import signal, sys, time\n"

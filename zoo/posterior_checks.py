@@ -247,12 +247,14 @@ def _weight_summary(post: xr.Dataset, with_rhat: bool) -> dict[str, Any]:
     return out
 
 
-def sampler_checks(stats: dict[str, np.ndarray]) -> dict[str, Any]:
+def sampler_checks(stats: dict[str, np.ndarray], dim: int | None = None) -> dict[str, Any]:
     """Divergences (count, fraction) and BFMI per chain from MCMC statistics ``[chains, draws]``.
 
     :param stats: sampler statistics by name, ``diverging`` and ``energy`` read where present.
+    :param dim: the posterior's dimension (its latent elements); with it each chain's BFMI is explained
+        (:func:`energy_exploration`, under ``energy``).
     :returns: ``divergences`` (``count``, ``fraction``, ``per_chain``) and ``bfmi`` (one per chain; none with a
-        single draw per chain), each only where its statistic was given.
+        single draw per chain), each only where its statistic was given, and ``energy`` with ``dim``.
     """
     out: dict[str, Any] = {}
     if "diverging" in stats:
@@ -262,7 +264,75 @@ def sampler_checks(stats: dict[str, np.ndarray]) -> dict[str, Any]:
     if "energy" in stats:
         energy = np.asarray(stats["energy"], dtype=float)
         out["bfmi"] = [float(b) for b in _quiet(lambda: az.bfmi(energy))] if energy.shape[1] > 1 else []
+        if dim and out["bfmi"]:
+            out["energy"] = energy_exploration(energy, dim)
     return out
+
+
+def energy_exploration(energy: np.ndarray, dim: int) -> list[dict[str, float]]:
+    """Why each chain's E-BFMI is what it is, from its Hamiltonian at each draw ``[chains, draws]``.
+
+    With a fresh Gaussian momentum each draw and a trajectory that conserves the Hamiltonian, a draw changes the
+    energy by the kinetic energy's fluctuation alone, whose mean square is the dimension D under any mass matrix;
+    at stationarity the energy's variance is Var(U) + D/2, the potential's plus the kinetic's. So E-BFMI, their
+    ratio, is about D / (Var(U) + D/2): 1 on a Gaussian posterior (Var(U) = D/2), and below 0.3 wherever the log
+    density varies more than 2.8 D. A linear change of variables (a mass matrix) leaves Var(U) as it is, so a low
+    BFMI with draws that change the energy in full is the posterior's heavy log-density tails, which more draws
+    estimate better but do not raise (Betancourt 2016).
+
+    :param energy: the Hamiltonian at each draw, ``[chains, draws]``.
+    :param dim: the posterior's dimension.
+    :returns: per chain: ``change_over_dim``, the mean square change of the energy per draw over D (about 1 when
+        the momenta are refreshed in full; less points at the sampler), and ``spread_over_gaussian``, the
+        potential's variance (the energy's less D/2) over a Gaussian posterior's D/2.
+    """
+    rows = []
+    for chain in energy:
+        rows.append({"change_over_dim": float(np.mean(np.diff(chain) ** 2) / dim),
+                     "spread_over_gaussian": float((np.var(chain) - dim / 2) / (dim / 2))})
+    return rows
+
+
+def lp_moves_with(post: xr.Dataset, top: int = 2) -> list[dict[str, Any]]:
+    """The latent sites the log density moves with most: each site's value (a scalar site) or half its squared norm
+    (its prior's own term under a Normal prior), correlated with ``lp`` within each chain and averaged over chains,
+    the ``top`` largest in size. Where a chain's BFMI is low, these are the directions of the heavy tails.
+
+    :param post: the posterior group (latent sites and ``lp``, ``[chains, draws, ...]``).
+    :param top: how many sites to return.
+    :returns: ``site`` and ``correlation`` rows, strongest first.
+    """
+    lp = post["lp"].values
+    rows = []
+    for name in (n for n in post.data_vars if n not in FUNCTION_SUMMARIES):
+        values = post[name].values.reshape(lp.shape + (-1,))
+        feature = values[..., 0] if values.shape[-1] == 1 else (values**2).sum(-1) / 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_chain = [np.corrcoef(feature[c], lp[c])[0, 1] for c in range(lp.shape[0])]
+        corr = float(np.nanmean(per_chain)) if np.isfinite(per_chain).any() else math.nan
+        if math.isfinite(corr):
+            rows.append({"site": str(name), "correlation": corr, "norm": values.shape[-1] > 1})
+    return sorted(rows, key=lambda r: -abs(r["correlation"]))[:top]
+
+
+def _bfmi_message(chain: int, value: float, explained: dict[str, float] | None, dim: int | None,
+                  moves_with: list[dict[str, Any]] | None = None) -> str:
+    """The warning of a chain's BFMI under :data:`BFMI_MIN`: what its draws say caused it."""
+    head = f"BFMI {value:.3f} < {BFMI_MIN} in chain {chain}"
+    if explained is None or dim is None:
+        return f"{head}: momentum resampling explores the energy poorly (heavy tails or a poorly adapted mass matrix)"
+    change, spread = explained["change_over_dim"], explained["spread_over_gaussian"]
+    if change < 0.8:
+        return (f"{head}: its draws change the energy less than fresh momenta would (mean square {change:.2f} x the "
+                f"{dim:,} dimensions, about 1 when the momenta are refreshed in full and the trajectory conserves "
+                "the energy): a sampler not yet adapted; run more warm-up (inference.warmup_steps)")
+    where = ("" if not moves_with else "; it moves most with " + " and ".join(
+        f"{'the norm of ' if r['norm'] else ''}{r['site']} (correlation {r['correlation']:+.2f})" for r in moves_with))
+    return (f"{head}: its draws change the energy as much as fresh Gaussian momenta can (mean square {change:.2f} x "
+            f"the {dim:,} dimensions, as under any mass matrix), but its log density's variance is {spread:.1f}x a "
+            f"Gaussian posterior's of that dimension{where}: heavy tails, which neither a mass matrix nor more "
+            "draws change. Whether the chain crossed its energy levels is what the lp's R-hat and ESS measure; a "
+            "reparameterisation of the heavy-tailed directions would raise BFMI")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -342,7 +412,8 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
     if sample_stats is None and "sample_stats" in idata.groups():
         sample_stats = {k: idata.sample_stats[k].values for k in ("diverging", "energy")
                         if k in idata.sample_stats}
-    sampler = sampler_checks(sample_stats or {}) if mcmc else {}
+    dim = result["weights"]["n_elements"] if mcmc else None
+    sampler = sampler_checks(sample_stats or {}, dim) if mcmc else {}
     result.update(sampler)
     if "divergences" in sampler:
         d = sampler["divergences"]
@@ -350,10 +421,12 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
             f"{d['count']} divergent transitions ({100 * d['fraction']:.1f}% of draws): the sampler could not follow "
             "the posterior's curvature and the draws may be biased; raise inference.target_accept_prob or "
             "reparameterise")
+    explained = sampler.get("energy")
+    if explained and min(sampler["bfmi"]) < BFMI_MIN and "lp" in post:
+        result["lp_moves_with"] = lp_moves_with(post)
     for chain, value in enumerate(sampler.get("bfmi", [])):
         add(f"BFMI chain {chain}", value, f">= {BFMI_MIN}", value >= BFMI_MIN,
-            f"BFMI {value:.3f} < {BFMI_MIN} in chain {chain}: momentum resampling explores the energy poorly "
-            "(heavy tails or a poorly adapted mass matrix)")
+            _bfmi_message(chain, value, explained[chain] if explained else None, dim, result.get("lp_moves_with")))
 
     if pareto is not None:
         result["pareto_k"] = pareto

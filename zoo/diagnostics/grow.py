@@ -149,8 +149,9 @@ class GrowResult:
         verdict fails the run.
     :param verdict: the last verdict.
     :param summary: the last round's outputs and metrics (None when no round ran).
-    :param budget_spent: the line saying the budget ran out, how far the run is from passing and how long the rest
-        may take, when it stopped the rounds (else None).
+    :param stopped_short: why the rounds stopped before a passing verdict, when they did (else None): the budget ran
+        out (how far the run is from passing and how long the rest may take), or R-hat and ESS pass and the checks
+        that fail are ones more draws do not fix (divergences, BFMI).
     :param bnn: the fitted run (its draws, data and verdict: ``bnn.diagnose()``).
     """
 
@@ -161,7 +162,7 @@ class GrowResult:
     exit_code: int
     verdict: ConvergenceVerdict
     summary: RunSummary | None = None
-    budget_spent: str | None = None
+    stopped_short: str | None = None
     bnn: BNN | None = None
 
 
@@ -261,6 +262,8 @@ def grow_until_converged(run_dir: str | Path, add_draws: int, *, spec: RunSpec |
             if found.exit_code == 0:
                 say(f"{run}: converged at {total} draws per chain; no draws added")
                 return GrowResult(run, 0, total, True, 0, found, bnn=bnn)
+            if not draws_would_help(found.result, total):
+                return _no_round_helps(run, 0, total, found, None, bnn, say)
         total += add_draws
     rounds = 0
     while True:
@@ -280,8 +283,32 @@ def grow_until_converged(run_dir: str | Path, add_draws: int, *, spec: RunSpec |
         found = judged(bnn)
         if found.exit_code == 0 or not until_converged:
             return GrowResult(run, rounds, total, found.exit_code == 0, found.exit_code, found, summary, bnn=bnn)
+        if not draws_would_help(found.result, total):
+            return _no_round_helps(run, rounds, total, found, summary, bnn, say)
         total += add_draws
         adding = True
+
+
+def draws_would_help(result: dict[str, Any], draws: int) -> bool:
+    """Whether more draws may turn a failing verdict into a passing one: R-hat or ESS fail. Divergences and BFMI do
+    not fall with more draws (more draws meet more divergences; BFMI is the posterior's energy spread,
+    :func:`zoo.posterior_checks.energy_exploration`).
+
+    :param result: the failing diagnosis result.
+    :param draws: the draws per chain so far.
+    :returns: whether another round is worth its draws.
+    """
+    return estimated_draws(draws, check_value(result, "R-hat"), check_value(result, "bulk/tail ESS")) > draws
+
+
+def _no_round_helps(run: Path, rounds: int, draws: int, found: ConvergenceVerdict, summary: RunSummary | None,
+                    bnn: BNN | None, say: Callable[[str], None]) -> GrowResult:
+    """The rounds stopped because what fails is not what more draws fix (:func:`draws_would_help`)."""
+    failed = "; ".join(c["check"] for c in found.result["checks"] if not c["ok"])
+    line = (f"{run}: at {draws:,} draws per chain R-hat and ESS pass and the failed checks ({failed}) are not ones "
+            "more draws fix: no round added; the warnings above say why and what would")
+    say(line)
+    return GrowResult(run, rounds, draws, False, found.exit_code, found, summary, line, bnn)
 
 
 def _seconds_per_draw(run: Path, warmup_steps: int) -> float | None:

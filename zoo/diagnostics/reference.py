@@ -100,6 +100,6 @@ def reference(net: nn.Module | str | dict, data: TrainingData, *, out: str | Pat
     grown = grow_until_converged(run, add_draws or bnn.spec.inference.num_samples, spec=bnn.spec, data=data,
                                  val=val, budget_minutes=minutes, started=started, progress=progress, echo=echo)
     fitted = grown.bnn
-    if grown.budget_spent is not None:
-        fitted.diagnose().advise(grown.budget_spent)
+    if grown.stopped_short is not None:
+        fitted.diagnose().advise(grown.stopped_short)
     return fitted
