@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
                                    else member_fit(case, rows, seed, member, epochs, settings, args.size))
                     except (ZooInputError, ValueError, RuntimeError) as e:
-                        figures = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+                        figures = {"error": " ".join(f"{type(e).__name__}: {e}".split())}  # all of it, one line
                     done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,
                                  "settings": key[-2], "edition": key[-1], **figures}
                     append_cell(cells_path, done[key])
