@@ -276,7 +276,7 @@ def energy_exploration(energy: np.ndarray, dim: int) -> list[dict[str, float]]:
     energy by the kinetic energy's fluctuation alone, whose mean square is the dimension D under any mass matrix;
     at stationarity the energy's variance is Var(U) + D/2, the potential's plus the kinetic's. So E-BFMI, their
     ratio, is about D / (Var(U) + D/2): 1 on a Gaussian posterior (Var(U) = D/2), and below 0.3 wherever the log
-    density varies more than 2.8 D. A linear change of variables (a mass matrix) leaves Var(U) as it is, so a low
+    density's variance exceeds 2.8 D. A linear change of variables (a mass matrix) leaves Var(U) as it is, so a low
     BFMI with draws that change the energy in full is the posterior's heavy log-density tails, which more draws
     estimate better but do not raise (Betancourt 2016).
 
@@ -332,7 +332,7 @@ def _bfmi_message(chain: int, value: float, explained: dict[str, float] | None, 
             f"the {dim:,} dimensions, as under any mass matrix), but its log density's variance is {spread:.1f}x a "
             f"Gaussian posterior's of that dimension{where}: heavy tails, which neither a mass matrix nor more "
             "draws change. Whether the chain crossed its energy levels is what the lp's R-hat and ESS measure; a "
-            "reparameterisation of the heavy-tailed directions would raise BFMI")
+            "reparameterisation of the heavy-tailed directions might raise BFMI")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
