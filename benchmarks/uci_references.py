@@ -109,6 +109,8 @@ def progress(reference: str, run: Path) -> Progress:
 
     row = Progress(reference, str(run), "not started", writer_of(run) if run.is_dir() else None)
     if not (run / SPEC_FILE).is_file() or not (run / SAMPLES_FILE).is_file():
+        if row.writer_pid is not None:
+            row.state = "sampling"  # a live run before its first checkpoint (the first iterations of its warm-up)
         return row
     spec = load_spec(run / SPEC_FILE)
     saved = load_checkpoint(run / SAMPLES_FILE)

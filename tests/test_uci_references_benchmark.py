@@ -4,6 +4,7 @@ passing verdict by the real ``zoo train`` commands."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -65,6 +66,21 @@ def test_a_round_that_has_not_checkpointed_yet_reads_as_sampling_and_runs_no_dia
     assert row.state == "sampling" and row.draws_per_chain == 4
     assert (row.iterations_done, row.iterations_asked) == (4 + 4, 4 + 9)
     assert not (run / "diagnostics.json").exists()
+
+
+def test_a_live_run_before_its_first_checkpoint_reads_as_sampling_not_as_not_started(tmp_path):
+    """A reference whose zoo train holds the run directory but has written no draws yet (its first warm-up
+    iterations: minutes on a large set) is being sampled, with its pid; without a live writer it has not started."""
+    from zoo.runs import MARKER_FILE, locked_directory
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert references.progress("tiny/0", run).state == "not started"
+    with locked_directory(run, "run", MARKER_FILE):
+        row = references.progress("tiny/0", run)
+        assert row.state == "sampling" and row.writer_pid == str(os.getpid())
+        assert row.iterations_done is None and row.r_hat_max is None
+    assert references.progress("tiny/0", run).state == "not started"
 
 
 def test_a_reference_whose_failing_checks_draws_cannot_fix_is_stuck_and_skipped(tmp_path):
