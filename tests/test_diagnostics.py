@@ -35,6 +35,7 @@ from zoo.diagnostics import (
     save_inference_data,
     site_dims,
     to_inference_data,
+    verdict,
 )
 from zoo.errors import ZooInputError
 from zoo.inference.draws import SAMPLES_FILE, load_samples
@@ -497,6 +498,9 @@ def test_a_low_bfmi_says_whether_the_posterior_or_the_sampler_caused_it(vi_dir):
         low = [w for w in result["warnings"] if w.startswith("BFMI")]
         assert len(low) == 4 and all(cause in w for w in low), low
         assert len(result["energy"]) == 4 and result["weights"]["n_elements"] == dim
+        # the draws are independent, so R-hat and ESS pass: the line does not ask for more draws, which fix neither
+        line = verdict(result)
+        assert line.startswith("NOT CONVERGED") and "more draws do not fix" in line and "run more" not in line
         if energy is heavy:  # the stated spread is the simulated one, within 400 draws' noise
             assert all(5.0 < float(w.split("variance is ")[1].split("x")[0]) < 13.0 for w in low)
             assert "it moves most with" in low[0] and len(result["lp_moves_with"]) == 2

@@ -465,9 +465,11 @@ def verdict(result: dict[str, Any]) -> str:
                 "chain by chain and in function space (the per-chain table), not as one converged MCMC run; they "
                 "are never a reference for zoo compare. zoo train --strict exits 3 on this")
     advice = "".join(f"; {line}" for line in result.get("advice", []))
+    mixed = bool(r_hats) and max(r_hats) <= RHAT_MAX and ess >= ESS_MIN
+    remedy = ("R-hat and ESS pass, and more draws do not fix the checks that failed (divergences, BFMI): the "
+              "warnings above say what would" if mixed else "run more warm-up and draws (or more chains)")
     return (f"NOT CONVERGED: {figures}; {len(result['warnings'])} check(s) failed (above). Do not use these draws as "
-            "a reference: run more warm-up and draws (or more chains) and check again with zoo diagnose --strict"
-            f"{advice}")
+            f"a reference: {remedy}, and check again with zoo diagnose --strict{advice}")
 
 
 def plot_trace(idata: az.InferenceData, path: str | Path) -> Path:
