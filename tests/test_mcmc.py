@@ -662,6 +662,26 @@ def test_a_chain_stuck_at_its_start_restarts_at_a_moving_chain_after_the_initial
     assert len({tuple(z.tolist()) for z in positions}) > 10
 
 
+def test_chains_still_far_above_the_lowest_at_the_end_of_warm_up_are_named_before_sampling():
+    """A chain whose potential ends warm-up more than 10 x D above the lowest chain's (kin8nm from prior draws) is named
+    in a log line with the fix; healthy chains, whose potentials differ by a few nats, get no line."""
+    z0 = 0.5 * torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    lines: list[str] = []
+    sampler = funnel_sampler(z0, warmup_steps=20, lines=lines)
+    for _ in range(20):
+        sampler.step(warmup=True)
+    assert sampler.iteration == 20 and lines == []  # the end of warm-up passed: nothing to say
+    dim = sampler.z.shape[-1]
+    sampler.energy = sampler.energy.clone()
+    lowest = int(sampler.energy.argmin())
+    far, near = [c for c in range(8) if c != lowest][:2]
+    sampler.energy[far] = sampler.energy[lowest] + 30 * dim
+    sampler.energy[near] = sampler.energy[lowest] + 5 * dim
+    sampler._warn_far_chains()
+    assert len(lines) == 1 and lines[0].startswith(f"warm-up ended with chain(s) {far} at potential"), lines
+    assert f"above chain {lowest}'s" in lines[0] and "inference.init" in lines[0]
+
+
 def test_no_chain_is_restarted_when_all_move_or_the_buffer_is_too_short_to_tell():
     z0 = 0.5 * torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     lines: list[str] = []

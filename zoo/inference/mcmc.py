@@ -81,6 +81,11 @@ METRIC_WINDOW_ENDS = (0.3, 0.6)
 # shared step is far too long for it: on UCI concrete, a prior draw with a 0.03 noise and a poor fit, potential 2e8)
 # and restarts at a moving chain's position; in a shorter buffer a healthy chain can still be waiting for its step
 STUCK_CHAIN_MIN_BUFFER = 10
+# a chain whose potential ends warm-up more than this many times the dimension above the lowest chain's has not
+# reached where that chain is: within one typical set the potential varies by about sqrt(D/2), and two modes whose
+# typical sets are that far apart in potential would need widths e^10 apart in every direction to hold comparable mass
+# (UCI kin8nm from prior draws: seven of eight chains 1.3e5-5.5e5 above the lowest, D = 502; docs/results/hmc.md)
+FAR_CHAIN_GAP_PER_DIM = 10.0
 
 
 def gradients_per_step(integrator: str) -> int:
@@ -715,6 +720,7 @@ class ManyChainHMC:
                     self.adam_v, self.adam_t, self.average_count = 0.0, 0, 0
                     self.log_trajectory_average = math.log(self.trajectory)
         if t == spec.warmup_steps:  # freeze the adapted settings for sampling
+            self._warn_far_chains()
             # the step size of the sampling phase: the iterates' geometric mean over the second half of the
             # iterations since the metric last changed (dual averaging's own average still remembers the first
             # draws after its restart, which explore 10x steps and then overshoot to small ones)
@@ -723,6 +729,24 @@ class ManyChainHMC:
             if spec.adapt_trajectory_length and self.adam_t > 0:
                 self.chees_length = math.exp(self.log_trajectory_average)
                 self.trajectory = min(max(self.chees_length, self.step_size), self.step_size * spec.max_leapfrog_steps)
+
+    def _warn_far_chains(self) -> None:
+        """At the end of warm-up, a log line naming the chains whose potential is still far above the lowest chain's
+        (:data:`FAR_CHAIN_GAP_PER_DIM`): their draws will fail R-hat, which the line says before hours of sampling.
+        Only a line: which chains are right is not the sampler's to decide."""
+        energy = self.team.all_chains(self.energy)
+        lowest = int(energy.argmin())
+        gap = energy - energy[lowest]
+        far = (gap > FAR_CHAIN_GAP_PER_DIM * self.z.shape[-1]).nonzero().flatten().tolist()
+        if not far:
+            return
+        self.log(f"warm-up ended with chain(s) {', '.join(map(str, far))} at potential "
+                 f"{', '.join(f'{float(energy[c]):.4g}' for c in far)}, more than {FAR_CHAIN_GAP_PER_DIM:g} x the "
+                 f"{self.z.shape[-1]} dimensions above chain {lowest}'s {float(energy[lowest]):.4g} (within one "
+                 f"posterior the potential varies by about {math.sqrt(self.z.shape[-1] / 2):.3g}): they have not "
+                 "reached where it is, and their draws will fail R-hat. Start the chains nearer the posterior "
+                 "(inference.init: a MAP or VI run of the same spec) or give warm-up more iterations "
+                 "(inference.warmup_steps)")
 
     def _restart_stuck_chains(self) -> None:
         """Move every chain that accepted no proposal in the initial buffer to the position of a chain that moved
