@@ -139,7 +139,7 @@ def progress(reference: str, run: Path) -> Progress:
     divergences = check_value(result, "divergences")
     row.divergences = None if divergences is None else int(divergences)
     row.state = "not converged" if result["warnings"] else "converged"
-    if row.state == "not converged" and not draws_would_help(result, row.draws_per_chain):
+    if row.state == "not converged" and not draws_would_help(result):
         row.state = "stuck"  # R-hat and ESS pass; divergences or BFMI fail, which more draws do not fix
     elif row.state == "not converged" and row.r_hat_max is not None and row.ess_min is not None:
         row.estimated_draws_per_chain = estimated_draws(row.draws_per_chain, row.r_hat_max, row.ess_min)

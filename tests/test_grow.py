@@ -79,9 +79,9 @@ def _result(r_hat: float, ess: float, bfmi_ok: bool) -> dict:
 
 
 def test_only_failing_r_hat_or_ess_asks_for_more_draws():
-    assert draws_would_help(_result(1.02, 900.0, True), 1000)
-    assert draws_would_help(_result(1.005, 200.0, False), 1000)
-    assert not draws_would_help(_result(1.005, 900.0, False), 1000)  # BFMI alone: draws do not raise it
+    assert draws_would_help(_result(1.02, 900.0, True))
+    assert draws_would_help(_result(1.005, 200.0, False))
+    assert not draws_would_help(_result(1.005, 900.0, False))  # BFMI alone: draws do not raise it
 
 
 def test_a_verdict_that_more_draws_cannot_fix_stops_the_rounds(tmp_path, monkeypatch):
@@ -93,7 +93,7 @@ def test_a_verdict_that_more_draws_cannot_fix_stops_the_rounds(tmp_path, monkeyp
         monkeypatch.setattr(checks, plot, lambda *args, **kwargs: None)
     run = tmp_path / "run"
     train(linear_spec("hmc", num_chains=4, warmup_steps=50, num_samples=5), run, progress=False, echo=None)
-    monkeypatch.setattr(grow, "draws_would_help", lambda result, draws: False)
+    monkeypatch.setattr(grow, "draws_would_help", lambda result: False)
     lines: list[str] = []
     stuck = grow_until_converged(run, 100, progress=False, echo=lines.append)
     assert (stuck.rounds, stuck.draws_per_chain, stuck.passed, stuck.exit_code) == (0, 5, False, NOT_CONVERGED_EXIT)

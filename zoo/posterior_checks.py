@@ -442,6 +442,17 @@ def check(idata: az.InferenceData, pareto: dict[str, Any] | None = None,
     return result
 
 
+def draws_would_help(result: dict[str, Any]) -> bool:
+    """Whether more draws may turn a failing verdict into a passing one: its R-hat or ESS check failed. Divergences
+    and BFMI do not fall with more draws (more draws meet more divergences; BFMI is the posterior's energy spread,
+    :func:`energy_exploration`).
+
+    :param result: a :func:`check` (or :func:`diagnosis`) result.
+    :returns: whether more draws are worth taking.
+    """
+    return any(not c["ok"] for c in result["checks"] if c["check"].startswith(("R-hat", "bulk/tail ESS")))
+
+
 def verdict(result: dict[str, Any]) -> str:
     """One line on whether MCMC draws passed every check of :func:`check` (what ``zoo train`` ends with).
 
@@ -465,9 +476,8 @@ def verdict(result: dict[str, Any]) -> str:
                 "chain by chain and in function space (the per-chain table), not as one converged MCMC run; they "
                 "are never a reference for zoo compare. zoo train --strict exits 3 on this")
     advice = "".join(f"; {line}" for line in result.get("advice", []))
-    mixed = bool(r_hats) and max(r_hats) <= RHAT_MAX and ess >= ESS_MIN
-    remedy = ("R-hat and ESS pass, and more draws do not fix the checks that failed (divergences, BFMI): the "
-              "warnings above say what would" if mixed else "run more warm-up and draws (or more chains)")
+    remedy = ("run more warm-up and draws (or more chains)" if draws_would_help(result) else "R-hat and ESS pass, "
+              "and more draws do not fix the checks that failed (divergences, BFMI): the warnings above say what would")
     return (f"NOT CONVERGED: {figures}; {len(result['warnings'])} check(s) failed (above). Do not use these draws as "
             f"a reference: {remedy}, and check again with zoo diagnose --strict{advice}")
 

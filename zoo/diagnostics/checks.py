@@ -25,6 +25,7 @@ from zoo.posterior_checks import (  # noqa: F401 - the checks, re-exported as zo
     check,
     diagnose_report,
     diagnosis_of,
+    draws_would_help,
     energy_exploration,
     fmt,
     guide_log_density,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.bnn import BNN, TrainingData
-from zoo.diagnostics.checks import ESS_MIN, RHAT_MAX, Diagnosis, run_diagnosis
+from zoo.diagnostics.checks import ESS_MIN, RHAT_MAX, Diagnosis, draws_would_help, run_diagnosis
 from zoo.errors import ZooInputError
 from zoo.pipeline import RunSummary
 from zoo.spec import RunSpec, load_spec
@@ -262,7 +262,7 @@ def grow_until_converged(run_dir: str | Path, add_draws: int, *, spec: RunSpec |
             if found.exit_code == 0:
                 say(f"{run}: converged at {total} draws per chain; no draws added")
                 return GrowResult(run, 0, total, True, 0, found, bnn=bnn)
-            if not draws_would_help(found.result, total):
+            if not draws_would_help(found.result):
                 return _no_round_helps(run, 0, total, found, None, bnn, say)
         total += add_draws
     rounds = 0
@@ -283,22 +283,10 @@ def grow_until_converged(run_dir: str | Path, add_draws: int, *, spec: RunSpec |
         found = judged(bnn)
         if found.exit_code == 0 or not until_converged:
             return GrowResult(run, rounds, total, found.exit_code == 0, found.exit_code, found, summary, bnn=bnn)
-        if not draws_would_help(found.result, total):
+        if not draws_would_help(found.result):
             return _no_round_helps(run, rounds, total, found, summary, bnn, say)
         total += add_draws
         adding = True
-
-
-def draws_would_help(result: dict[str, Any], draws: int) -> bool:
-    """Whether more draws may turn a failing verdict into a passing one: R-hat or ESS fail. Divergences and BFMI do
-    not fall with more draws (more draws meet more divergences; BFMI is the posterior's energy spread,
-    :func:`zoo.posterior_checks.energy_exploration`).
-
-    :param result: the failing diagnosis result.
-    :param draws: the draws per chain so far.
-    :returns: whether another round is worth its draws.
-    """
-    return estimated_draws(draws, check_value(result, "R-hat"), check_value(result, "bulk/tail ESS")) > draws
 
 
 def _no_round_helps(run: Path, rounds: int, draws: int, found: ConvergenceVerdict, summary: RunSummary | None,
