@@ -135,7 +135,8 @@ MEMBERS: dict[str, dict[str, Any]] = {
         "guide": {"init_rho": -5.0}, "inference": {**SVI, "predictive_samples": 200}}},
     "map": {"member": "map", "label": "MAP", "overrides": {"inference": {**SVI, "predictive_samples": 1}}},
     "mc_dropout": {"member": "mc_dropout", "label": "MC dropout", "overrides": {
-        "guide": {"regression": {"dropout_rate": 0.2}},  # configs/mc_dropout_uci.yaml's; classes: the preset's
+        # configs/mc_dropout_uci.yaml's; classes: configs/mc_dropout_digits.yaml's (the preset's, no validation rows)
+        "guide": {"regression": {"dropout_rate": 0.2}, "classification": {"dropout_rate": 0.1}},
         "inference": {**SVI, "predictive_samples": 100}}},
     "deep_ensemble": {"member": "deep_ensemble", "label": "deep ensemble (5)", "overrides": {
         "inference": {**SVI, "predictive_samples": 1}}},

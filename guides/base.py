@@ -120,6 +120,23 @@ class Guide(nn.Module, metaclass=ABCMeta):
         """
         return None
 
+    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+        """A setting its section left null for the fit to choose on its calibration rows: the spec field, the value
+        the guide holds now (until the choice, one of the candidates; after it, the chosen one) and the candidates;
+        None where there is none (the default).
+
+        :returns: e.g. ``("guide.dropout_rate", 0.1, (0.005, 0.01, 0.05, 0.1))``.
+        """
+        return None
+
+    def take_setting(self, value: float) -> None:
+        """Hold ``value`` for the setting :meth:`open_setting` names; the guide's state dict carries it, so that a
+        checkpoint keeps what the fit chose.
+
+        :param value: one of its candidates.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no setting to choose")
+
     def signal_to_noise(self) -> dict[str, torch.Tensor] | None:
         """|mu| / sigma per weight, for signal-to-noise pruning (Blundell et al. 2015).
 

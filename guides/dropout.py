@@ -26,7 +26,8 @@ sets and the ordinary GuidePosterior prediction is the standard T-pass MC-dropou
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import pyro.distributions as dist
 import torch
@@ -37,6 +38,8 @@ from torch.distributions import biject_to
 from guides.base import GuideSection, SiteGuide, param_key
 from zoo.errors import ZooInputError
 from zoo.sites import WEIGHT_MATRICES, LatentSite
+
+EXTRA_STATE_KEY = "_extra_state"  # where torch.nn.Module's state dict keeps get_extra_state()
 
 
 def dropped_sites(sites: dict[str, LatentSite], drop_inputs: bool = False) -> list[str]:
@@ -62,6 +65,9 @@ def dropped_sites(sites: dict[str, LatentSite], drop_inputs: bool = False) -> li
 
 
 CONCRETE_TEMPERATURE = 0.1  # Gal, Hron & Kendall 2017
+DEFAULT_DROPOUT_RATE = 0.1  # p where none is set and none is chosen (concrete: its initial p)
+# a null rate is chosen from these on the fit's calibration rows: Gal & Ghahramani's (2016) UCI grid
+DROPOUT_RATE_CANDIDATES = (0.005, 0.01, 0.05, 0.1)
 
 
 class DropoutGuide(SiteGuide):
@@ -69,23 +75,47 @@ class DropoutGuide(SiteGuide):
     concrete dropout).
 
     :param sites: the family's latent sites (plain weight matrices, no ensemble plate).
-    :param dropout_rate: p, the probability of dropping an input unit (concrete: its initial value).
+    :param dropout_rate: p, the probability of dropping an input unit (concrete: its initial value); None: left
+        for the fit to choose from :data:`DROPOUT_RATE_CANDIDATES` (:meth:`open_setting`), meanwhile
+        :data:`DEFAULT_DROPOUT_RATE` (concrete learns its rate, from that one).
     :param mask: ``bernoulli``, ``gaussian`` or ``concrete``.
     :param drop_inputs: also drop the first layer's input units.
     """
 
-    def __init__(self, sites: dict[str, LatentSite], dropout_rate: float = 0.05, mask: str = "bernoulli",
-                 drop_inputs: bool = False) -> None:
-        if not 0.0 < dropout_rate < 1.0:
+    def __init__(self, sites: dict[str, LatentSite], dropout_rate: float | None = DEFAULT_DROPOUT_RATE,
+                 mask: str = "bernoulli", drop_inputs: bool = False) -> None:
+        if dropout_rate is not None and not 0.0 < dropout_rate < 1.0:
             raise ZooInputError("guide.dropout_rate", dropout_rate, "must lie strictly between 0 and 1")
         if mask not in ("bernoulli", "gaussian", "concrete"):
             raise ZooInputError("guide.dropout", mask, "use bernoulli (MC dropout), gaussian or concrete")
         super().__init__(sites)
+        self.rate_open = dropout_rate is None and mask != "concrete"
+        if dropout_rate is None:
+            dropout_rate = DEFAULT_DROPOUT_RATE
         self.dropout_rate, self.mask = float(dropout_rate), mask
         self.dropped = dropped_sites(sites, drop_inputs)
         if mask == "concrete":  # one learned rate per dropped layer, as its logit
             logit = math.log(dropout_rate) - math.log1p(-dropout_rate)
             self.rate_logit = nn.ParameterDict({param_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
+
+    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+        """The rate, where the section left it null and the mask is not concrete (whose rate is learned)."""
+        return ("guide.dropout_rate", self.dropout_rate, DROPOUT_RATE_CANDIDATES) if self.rate_open else None
+
+    def take_setting(self, value: float) -> None:
+        """Drop with rate ``value`` from now on."""
+        self.dropout_rate = float(value)
+
+    def get_extra_state(self) -> dict[str, float]:
+        """The rate, in the state dict: a checkpoint keeps the rate its fit chose."""
+        return {"dropout_rate": self.dropout_rate}
+
+    def set_extra_state(self, state: dict[str, float]) -> None:
+        self.dropout_rate = float(state["dropout_rate"])
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """As :class:`torch.nn.Module`'s; a state saved before the rate was in it keeps the section's rate."""
+        return super().load_state_dict({EXTRA_STATE_KEY: self.get_extra_state(), **state_dict}, strict, assign)
 
     def learned_rate(self, name: str) -> torch.Tensor:
         """Concrete dropout's rate p of site ``name``, learned as its logit."""
@@ -133,10 +163,16 @@ class DropoutGuideSpec(GuideSection):
     """Dropout as variational inference: MC (Bernoulli), Gaussian or concrete dropout masks on the weights."""
 
     needs = frozenset({WEIGHT_MATRICES})
+    former_defaults: ClassVar[dict[str, tuple[Any, ...]]] = {"dropout_rate": (0.05,)}  # until 2026-12-03
 
     name: Literal["dropout"] = Field(description="dropout")
-    dropout_rate: float = Field(0.05, gt=0.0, lt=1.0, description="probability p of dropping an input unit of every "
-                                "weight matrix but the first layer's (the initial p for concrete)")
+    dropout_rate: float | None = Field(
+        None, gt=0.0, lt=1.0, description="probability p of dropping an input unit of every weight matrix but the "
+        "first layer's (the initial p for concrete); null: chosen from "
+        f"{', '.join(f'{p:g}' for p in DROPOUT_RATE_CANDIDATES)} (Gal & Ghahramani's UCI grid, a whole run at each, "
+        "at the fit's lr) on the fit's calibration rows where it has them (fit(val=...) or "
+        f"data.calibration_fraction), else {DEFAULT_DROPOUT_RATE:g}; concrete learns its rate from "
+        f"{DEFAULT_DROPOUT_RATE:g}")
     dropout: Literal["bernoulli", "gaussian", "concrete"] = Field(
         "bernoulli", description="the mask, bernoulli (MC dropout), gaussian (1 + sqrt(p/(1-p)) N(0, 1)) or concrete "
         "(a rate learned per layer through a relaxed Bernoulli mask)")

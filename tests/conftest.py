@@ -150,6 +150,14 @@ def map_run(tmp_path_factory):
     return train(spec, tmp_path_factory.mktemp("map") / "run", progress=False, echo=None)
 
 
+def different_entries(a: dict, b: dict) -> list[str]:
+    """The keys where two state dicts differ: a tensor not equal element for element, or any other entry (a guide's
+    extra state, e.g. a chosen dropout rate) not equal; a key in one only counts too."""
+    keys = a.keys() | b.keys()
+    return sorted(k for k in keys if k not in a or k not in b or not (
+        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) and torch.is_tensor(b[k]) else a[k] == b[k]))
+
+
 def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
     """Raise ``exc`` at the start of SVI step ``step`` (before it draws anything)."""
     import zoo.inference.svi as svi

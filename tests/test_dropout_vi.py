@@ -1,5 +1,6 @@
 """Dropout as variational inference beyond MC dropout: Gaussian dropout's mask moments, concrete dropout's relaxed
-mask, the entropy its ELBO carries, and a learned rate that trains, saves and reloads."""
+mask, the entropy its ELBO carries, a learned rate that trains, saves and reloads, and a rate chosen on the
+calibration rows."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import pyro
 import pytest
 import torch
 
-from guides.dropout import DropoutGuide
+import zoo.inference.svi as svi
+from guides.dropout import DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES, DropoutGuide
+from tests.conftest import different_entries
 from tests.test_baselines import tiny_mean_field
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
 from zoo.pipeline import load_run, train
+from zoo.runs import CHECKPOINT_FILE, load_torch
 from zoo.spec import load_spec
 
 
@@ -71,3 +75,94 @@ def test_an_unknown_dropout_mask_is_refused():
     with pytest.raises(ZooInputError, match="guide.dropout"):
         load_spec({"data": {"name": "toy_gap"}, "guide": {"name": "dropout", "dropout": "alpha"}})
     pyro.clear_param_store()
+
+
+# ------------------------------------------------------------------ a null rate, chosen on the calibration rows
+def chosen_rate_spec(*overrides: str):
+    base = {"data": {"name": "toy_gap", "n_train": 60, "calibration_fraction": 0.25}, "net": {"hidden": [16]},
+            "guide": {"name": "dropout"}, "device": "cpu", "seed": 0,
+            "inference": {"num_steps": 30, "batch_size": 16, "lr": 0.01, "predictive_samples": 8,
+                          "checkpoint_every": 10}}
+    return load_spec(base, list(overrides))
+
+
+def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_rate(tmp_path):
+    """Each candidate rate's whole run is scored on the calibration rows; the fit keeps the best as it ended (the run
+    given that rate by hand, step for step), its checkpoint carries the rate, and the run reloads with it."""
+    lines = []
+    chosen = train(chosen_rate_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
+    line = next(x for x in lines if x.startswith("svi: guide.dropout_rate ") and "chosen on" in x)
+    scores = {float(p): float(v) for p, v in (pair.split(": ") for pair in
+                                                line.split("(-test LL ")[1].rstrip(")").split(", "))}
+    rate = float(line.split("guide.dropout_rate ")[1].split(",")[0])
+    assert sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES) and rate == min(scores, key=scores.get)
+    saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
+    assert saved["guide"]["_extra_state"] == {"dropout_rate": rate} and len(saved["losses"]) == 30
+    _, _, posterior = load_run(chosen.run_dir)  # its spec's rate is null: the state restores the choice
+    assert posterior.guide.rates() == dict.fromkeys(posterior.guide.dropped, rate)
+    by_hand = train(chosen_rate_spec(f"guide.dropout_rate={rate}", "data.calibration_fraction=0.25"),
+                    tmp_path / "by_hand", progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
+    assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+
+
+def test_the_rate_is_chosen_at_the_chosen_lr_with_the_lr_runs_best_among_its_candidates(tmp_path):
+    """With the lr left to choose too: the lr first, at the default rate, then the rate at that lr; the lr's kept
+    run is the default rate's candidate, so no run is repeated."""
+    lines = []
+    train(chosen_rate_spec("inference.lr=null"), tmp_path / "both", progress=False, echo=lines.append)
+    lr_line = next(x for x in lines if x.startswith("svi: starting lr "))
+    lr = float(lr_line.split("starting lr ")[1].split(",")[0])
+    rate_runs = [x for x in lines if x.startswith("svi: guide.dropout_rate ") and ": -test LL" in x]
+    assert len(rate_runs) == len(DROPOUT_RATE_CANDIDATES) - 1  # the default rate's run was the lr's kept one
+    assert all(f" at lr {lr:g}:" in x for x in rate_runs)
+    assert f"{DEFAULT_DROPOUT_RATE:g}: " in next(x for x in lines if x.startswith("svi: guide.dropout_rate ")
+                                                  and "chosen on" in x)
+
+
+def test_an_interrupted_rate_choice_resumes_its_candidates_and_ends_as_the_uninterrupted_fit(tmp_path, monkeypatch):
+    """A crash in the second candidate rate's run (step 25; its checkpoint at 20): the resumed fit takes no step of
+    the finished first candidate, 10 of the second and 30 of each of the other two, and keeps what the whole fit
+    kept."""
+    whole = train(chosen_rate_spec(), tmp_path / "whole", progress=False, echo=None)
+    out, real, seen, crashed = tmp_path / "crashed", svi.kl_weight, [], []
+
+    def crash_in_the_second_candidate(step, spec, n_steps=None):
+        seen.append(step)
+        if step == 25 and seen.count(25) == 2 and not crashed:
+            crashed.append(step)
+            raise RuntimeError("simulated")
+        return real(step, spec, n_steps)
+
+    monkeypatch.setattr(svi, "kl_weight", crash_in_the_second_candidate)
+    with pytest.raises(RuntimeError, match="simulated"):
+        train(chosen_rate_spec(), out, progress=False, echo=None)
+    assert (out / svi.LR_CHOICE_DIR / "p0.005" / CHECKPOINT_FILE).exists()
+    seen.clear()
+    train(chosen_rate_spec(), out, resume=True, progress=False, echo=None)
+    assert len(seen) == 10 + 30 + 30
+    a, b = load_torch(out / CHECKPOINT_FILE), load_torch(whole.run_dir / CHECKPOINT_FILE)
+    assert different_entries(a["guide"], b["guide"]) == [] and a["losses"] == b["losses"]
+
+
+def test_a_rate_is_not_chosen_without_calibration_rows_nor_for_concrete_dropout(tmp_path):
+    lines = []
+    summary = train(chosen_rate_spec("data.calibration_fraction=0"), tmp_path / "no_rows", progress=False,
+                    echo=lines.append)
+    assert not any("dropout_rate" in x for x in lines)
+    _, _, posterior = load_run(summary.run_dir)
+    assert set(posterior.guide.rates().values()) == {DEFAULT_DROPOUT_RATE}
+    concrete = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=None, mask="concrete")
+    assert concrete.open_setting() is None
+    assert all(r == pytest.approx(DEFAULT_DROPOUT_RATE) for r in concrete.rates().values())
+
+
+def test_a_state_saved_before_the_rate_was_in_it_keeps_the_sections_rate():
+    guide = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=0.2)
+    old = {k: v for k, v in guide.state_dict().items() if k != "_extra_state"}
+    guide.take_setting(0.05)
+    guide.load_state_dict(old)
+    assert guide.dropout_rate == 0.05
+    fresh = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=0.3)
+    fresh.load_state_dict(guide.state_dict())
+    assert fresh.dropout_rate == 0.05

@@ -32,7 +32,7 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
         "local reparameterisation": {"inference.local_reparam": True}},
     "mc_dropout": {
         "Bernoulli masks": {"guide.name": "dropout", "guide.dropout": "bernoulli"},
-        "p = 0.1": {"guide.dropout_rate": 0.1},
+        "the rate p chosen on the validation rows": {"guide.dropout_rate": None},
         "inputs but the first": {"guide.drop_inputs": False}},
     "concrete_dropout": {
         "learned per layer": {"guide.name": "dropout", "guide.dropout": "concrete"},

@@ -201,6 +201,15 @@ def test_a_run_directory_s_bag_of_fields_loads_where_two_parts_share_a_name_at_o
     assert "guide.rank: got 7; unknown setting here; it belongs to: auto, laplace" in msg
 
 
+def test_a_run_directory_s_bag_of_fields_loads_at_a_default_that_has_since_changed():
+    """``guide.dropout_rate: 0.05`` was the dropout guide's default until its default became null (chosen on the
+    validation rows): a run directory of another guide that recorded it loads; another value is still refused."""
+    assert load_spec({**BASE, "guide": {"name": "mean_field", "dropout_rate": 0.05}}).guide.name == "mean_field"
+    msg = spec_error(["guide.dropout_rate=0.2"])
+    assert "guide.dropout_rate: got 0.2; unknown setting here; it belongs to: dropout" in msg
+    assert load_spec({**BASE, "guide": {"name": "dropout", "dropout_rate": 0.05}}).guide.dropout_rate == 0.05
+
+
 def test_unknown_activation_lists_the_known_ones():
     msg = spec_error(["net.activation=swish"])
     for name in ("relu", "tanh", "gelu", "elu", "silu", "sigmoid"):

@@ -61,9 +61,9 @@ MEMBERS: dict[str, Member] = {
                                 {"model": {"family": "all_weights"}, "guide": {"name": "mean_field"},
                                  "prior": {"name": "scale_mixture", "pi": 0.5, "sigma1": 1.0, "sigma2": 0.0025},
                                  "inference": {"method": "svi", "local_reparam": True}}),
-    "mc_dropout": Member("MC dropout: Bernoulli masks, p = 0.1, on every weight matrix's inputs but the first (Gal & "
-                         "Ghahramani 2016)",
-                         {"model": {"family": "all_weights"}, "guide": {"name": "dropout", "dropout_rate": 0.1}}),
+    "mc_dropout": Member("MC dropout: Bernoulli masks on every weight matrix's inputs but the first, the rate p "
+                         "chosen on the validation rows where a fit has them (Gal & Ghahramani 2016)",
+                         {"model": {"family": "all_weights"}, "guide": {"name": "dropout"}}),
     "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer from p = 0.1 (Gal, Hron & "
                                "Kendall 2017)",
                                {"model": {"family": "all_weights"},

@@ -15,7 +15,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Generic, TypeVar, Union, get_args
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
@@ -27,6 +27,10 @@ class Strict(BaseModel):
     temperature or bound of the zoo means anything there)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # the values a field defaulted to before its default changed: run directories record a section's fields, those of
+    # every part of its kind among them, and an old one's value at such a default did nothing (Registry.normalise)
+    former_defaults: ClassVar[dict[str, tuple[Any, ...]]] = {}
 
 
 S = TypeVar("S", bound=type[BaseModel])
@@ -212,12 +216,19 @@ class Catalogue(Generic[S]):
             name = value[self.key] = new
         own = self[name]  # an unknown name is refused here, with the registered ones
         for key in [k for k in value if k not in own.model_fields]:
-            defaults = [s.model_fields[key] for s in self.owner_sections(key) if not s.model_fields[key].is_required()]
-            values = [f.get_default(call_default_factory=True) for f in defaults]
-            values = [v for v in values if v is not None] or values  # an unset default records no value
-            if values and all(_same(value[key], v) for v in values):
+            sections = [s for s in self.owner_sections(key) if not s.model_fields[key].is_required()]
+            recorded = [_recorded_defaults(s, key) for s in sections]
+            recorded = [r for r in recorded if r] or [[None]] * bool(sections)  # an unset default records no value
+            if recorded and all(any(_same(value[key], v) for v in r) for r in recorded):
                 del value[key]
         return value
+
+
+def _recorded_defaults(section: type[BaseModel], key: str) -> list[Any]:
+    """The values a run directory may have recorded for a section's field at its default: the default (none where
+    it is unset) and the defaults it had before (:attr:`Strict.former_defaults`)."""
+    default = section.model_fields[key].get_default(call_default_factory=True)
+    return [default] * (default is not None) + list(getattr(section, "former_defaults", {}).get(key, ()))
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -70,15 +70,19 @@ def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, see
     return (score if math.isfinite(score) else math.inf), label
 
 
-def every_candidate_diverged(failures: dict[float, TrainingDiverged]) -> TrainingDiverged:
+def every_candidate_diverged(failures: dict[str, TrainingDiverged], what: str = "starting lr") -> TrainingDiverged:
     """The error of a choice whose every candidate diverged, naming each.
 
-    :param failures: each candidate lr's error.
+    :param failures: each candidate's error, by its value (``0.01``).
+    :param what: what was chosen: ``starting lr``, or a guide setting (``guide.dropout_rate``).
     :returns: the error to raise.
     """
-    return TrainingDiverged("lr_by: calibration: the run diverged at every candidate lr ("
-                            + "; ".join(f"{lr:g}: {err}" for lr, err in failures.items())
-                            + "); set a smaller inference.lr by hand")
+    tried = "; ".join(f"{name}: {err}" for name, err in failures.items())
+    if what.endswith("lr"):
+        return TrainingDiverged(f"lr_by: calibration: the run diverged at every candidate lr ({tried}); set a "
+                                "smaller inference.lr by hand")
+    return TrainingDiverged(f"{what}: the run diverged at every candidate value ({tried}); set {what} and a smaller "
+                            "inference.lr by hand")
 
 
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
@@ -131,7 +135,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         if best is None or scores[lr] < scores[best[0]]:
             best = lr, result
     if best is None:
-        raise every_candidate_diverged(failures)
+        raise every_candidate_diverged({f"{lr:g}": err for lr, err in failures.items()})
     lr, result = best
     result.seconds = spent
     if fit.run_dir is not None:

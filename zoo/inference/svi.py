@@ -602,6 +602,45 @@ def with_starting_lr(spec: SVISpec, lr: float) -> SVISpec:
     return spec.model_copy(update={"lr": lr, "lr_by": "fixed", "lr_hold": _hold_share(spec), "lr_decay_to": decay_to})
 
 
+@dataclass
+class CandidateRun:
+    """One candidate run of a choice on the calibration rows (:meth:`SVIRun.choose_lr`).
+
+    :ivar lr: its starting lr (None: the spec's).
+    :ivar value: the guide setting's value (None: the guide's own).
+    :ivar score: its score on the calibration rows, lower is better.
+    :ivar ended: its end state (:meth:`SVIRun.end_state`).
+    """
+
+    lr: float | None
+    value: float | None
+    score: float = math.inf
+    ended: dict = field(default_factory=dict)
+
+    @property
+    def choice(self) -> str:
+        """The value chosen between the candidates: ``0.003`` (an lr), ``0.05`` (a guide setting)."""
+        return f"{self.lr if self.value is None else self.value:g}"
+
+    def shown(self, what: str) -> str:
+        """How the log names it.
+
+        :param what: the setting chosen (``guide.dropout_rate``), for a setting's candidate.
+        :returns: ``lr 0.003`` (an lr's candidate), ``guide.dropout_rate 0.05 at lr 0.01`` (a setting's).
+        """
+        if self.value is None:
+            return f"lr {self.lr:g}"
+        return f"{what} {self.value:g}" + ("" if self.lr is None else f" at lr {self.lr:g}")
+
+    def folder(self) -> str:
+        """Its run directory's name in ``lr_choice/``.
+
+        :returns: ``0.003`` (an lr's candidate), ``0.01_p0.05`` (a setting's at lr 0.01), ``p0.05`` (at the spec's lr).
+        """
+        lr = "" if self.lr is None else f"{self.lr:g}"
+        return lr if self.value is None else f"{lr}_p{self.value:g}".lstrip("_")
+
+
 class SVIRun:
     """One SVI fit in its phases: set up (:meth:`__init__`), :meth:`resume`, :meth:`check_start`, :meth:`train`,
     :meth:`finish`; :func:`fit_svi` runs them in that order.
@@ -639,8 +678,9 @@ class SVIRun:
         self.read_every = loss_read_interval(spec, data.device)
         self.step: SVIStep | None = None
         self.chosen_lr: float | None = None  # lr_by: calibration's choice, kept in the checkpoint for a resume
+        self.chosen = False  # whether the run has made its choices on the calibration rows (choose_lr)
         state = self.loop.state
-        self.loop.state = lambda: {**state(), "chosen_lr": self.chosen_lr}
+        self.loop.state = lambda: {**state(), "chosen_lr": self.chosen_lr, "chosen": self.chosen}
 
     def resume(self) -> None:
         """Restore the guide, point parameters, buffers, optimiser, random state and loss curve of the checkpoint."""
@@ -655,66 +695,100 @@ class SVIRun:
         torch.set_rng_state(state["torch_rng"])
         self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
         self.chosen_lr = state.get("chosen_lr")
+        self.chosen = state.get("chosen", self.chosen_lr is not None)
         self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
 
     def choose_lr(self) -> None:
-        """``lr_by: calibration``: the starting lr of the default schedule, by a whole run at each of
-        :data:`~zoo.sections.LR_CANDIDATES` from the run's start, scored on the calibration rows; the fit keeps the
-        best run as it ended (its steps are exactly those of a run given that lr by hand). With a run directory each
-        candidate checkpoints in ``lr_choice/<lr>/`` (removed once the run has kept one), so an interrupted choice
-        resumes; a resumed run that has chosen keeps its checkpoint's choice.
+        """Choose on the calibration rows what the spec left open, each by a whole run at each candidate from the
+        run's start, keeping the best run as it ended (its steps are exactly those of a run given its choice by
+        hand): with ``lr_by: calibration``, the starting lr of the default schedule from
+        :data:`~zoo.sections.LR_CANDIDATES`; then, where the guide has a setting left null (MC dropout's rate,
+        :meth:`guides.base.Guide.open_setting`), that setting at the chosen lr, the lr's kept run (at the guide's
+        own value) among its candidates. With a run directory each candidate checkpoints in ``lr_choice/<name>/``
+        (removed once the run has kept one), so an interrupted choice resumes; a resumed run that has chosen keeps
+        its checkpoint's choice (the guide's setting is in the guide's state).
 
         :raises ZooInputError: ``lr_by: calibration`` and the fit has no calibration rows.
         :raises TrainingDiverged: when every candidate diverged.
         """
         fit = self.fit
-        if not chooses_lr(fit.spec, fit.data.x_calibration is not None):
+        has_rows = fit.data.x_calibration is not None
+        by_lr = chooses_lr(fit.spec, has_rows)
+        setting = fit.guide.open_setting() if has_rows else None
+        if not by_lr and setting is None:
             return
-        if self.chosen_lr is None:
+        if not self.chosen:
             self.loop.save()  # the common start, which a resumed choice starts its candidates from
-            self.chosen_lr = self._keep_best_candidate()
-        self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
+            start = self.end_state()  # each candidate starts here, with the same random state
+            kept = None
+            if by_lr:
+                kept = self._best_run(start, [(lr, None) for lr in LR_CANDIDATES], None, "starting lr")
+                self.chosen_lr = kept.lr
+            if setting is not None:
+                name, held, candidates = setting
+                if kept is not None:
+                    kept.value = held
+                self._best_run(start, [(self.chosen_lr, v) for v in candidates if kept is None or v != held], kept,
+                               name)
+            self.chosen = True
+        if self.chosen_lr is not None:
+            self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
 
-    def _keep_best_candidate(self) -> float:
-        """Run every candidate lr from the start, keep the best on the calibration rows (NLL; regression: -test LL)
-        as it ended: guide, point parameters, buffers, optimiser, loss curve, data order and random state."""
+    def _best_run(self, start: dict, candidates: list[tuple[float | None, float | None]],
+                  best: CandidateRun | None, what: str) -> CandidateRun:
+        """Run each candidate from ``start`` and continue as the best on the calibration rows (NLL; regression:
+        -test LL), ``best`` (a run of an earlier choice) among them: guide, point parameters, buffers, optimiser,
+        loss curve, data order and random state.
+
+        :param start: the state every candidate starts from (:meth:`end_state`).
+        :param candidates: each candidate's starting lr (None: the spec's) and guide setting (None: the guide's).
+        :param best: an earlier choice's kept run, the incumbent.
+        :param what: what is chosen, for the log (``starting lr``, ``guide.dropout_rate``).
+        :returns: the kept run.
+        :raises TrainingDiverged: when every candidate diverged and there is no incumbent.
+        """
         fit = self.fit
         family, guide = fit.family, fit.guide
         started = time.perf_counter()
-        start = self.end_state()  # each candidate starts here, with the same random state
-        scores, failures, label = {}, {}, "score"
-        best: tuple[float, dict] | None = None
-        for lr in LR_CANDIDATES:
+        scores = {} if best is None else {best.choice: best.score}
+        failures, label = {}, "score"
+        for lr, value in candidates:
             self._take(start)
-            where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / f"{lr:g}"
+            if value is not None:
+                guide.take_setting(value)
+            run = CandidateRun(lr, value)
+            where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / run.folder()
             candidate = SVIRun(dataclasses.replace(  # a monitor scores each candidate's run as it goes
-                fit, spec=with_starting_lr(fit.spec, lr), run_dir=where, log=RunLog(None, echo=None),
-                monitor=copy.copy(fit.monitor), resume=where is not None and (where / CHECKPOINT_FILE).exists()))
-            candidate.loop.desc = f"SVI at lr {lr:g}"
+                fit, spec=fit.spec if lr is None else with_starting_lr(fit.spec, lr), run_dir=where,
+                log=RunLog(None, echo=None), monitor=copy.copy(fit.monitor),
+                resume=where is not None and (where / CHECKPOINT_FILE).exists()))
+            candidate.loop.desc = f"SVI at {run.shown(what)}"
             try:
                 if candidate.fit.resume:
                     candidate.resume()
                 candidate.check_start()
                 candidate.train()
             except TrainingDiverged as err:
-                scores[lr], failures[lr] = math.inf, err
-                fit.log(f"svi: lr {lr:g} diverged: {err}")
+                scores[run.choice], failures[run.choice] = math.inf, err
+                fit.log(f"svi: {run.shown(what)} diverged: {err}")
                 continue
-            ended = candidate.end_state()  # before scoring, which may draw from the random state
-            scores[lr], label = calibration_score(GuidePosterior(family, guide), fit.data,
-                                                  fit.spec.predictive_samples, fit.seed)
-            fit.log(f"svi: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
-            if best is None or scores[lr] < scores[best[0]]:
-                best = lr, ended
+            run.ended = candidate.end_state()  # before scoring, which may draw from the random state
+            run.score, label = calibration_score(GuidePosterior(family, guide), fit.data,
+                                                 fit.spec.predictive_samples, fit.seed)
+            scores[run.choice] = run.score
+            fit.log(f"svi: {run.shown(what)}: {label} {run.score:.4g} on the calibration rows")
+            if best is None or run.score < best.score:
+                best = run
         if best is None:
             self._take(start)
-            raise every_candidate_diverged(failures)
-        self._take(best[1])
+            raise every_candidate_diverged(failures, what)
+        self._take(best.ended)
         self.loop.seconds += time.perf_counter() - started
-        shown = ", ".join(f"{lr:g}: {v:.4g}" for lr, v in scores.items())
-        fit.log(f"svi: starting lr {best[0]:g}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole "
-                f"run at each ({label} {shown})")
-        return best[0]
+        shown = ", ".join(f"{k}: {v:.4g}" for k, v in scores.items())
+        kept = f"{what} {best.choice}" + ("" if best.value is None or best.lr is None else f" at lr {best.lr:g}")
+        fit.log(f"svi: {kept}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole run "
+                f"at each ({label} {shown})")
+        return best
 
     def end_state(self) -> dict:
         """Everything a run carries on from, copied: what :meth:`_take` puts back (the start of the lr choice's
