@@ -395,7 +395,10 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
                   "min_ess": min(r["ess_bulk"] for r in function_space),
                   "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
     link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
-    return figures | chains | (link if case.task == "classification" else {})
+    guide = getattr(bnn.posterior, "guide", None)
+    setting = guide.open_setting() if guide is not None else None  # a setting the fit chose (MC dropout's rate)
+    chosen = {"chosen": f"{setting[0].rsplit('.', 1)[-1]} {setting[1]:g}"} if setting is not None else {}
+    return figures | chains | (link if case.task == "classification" else {}) | chosen
 
 
 def likelihood_name(case: Case) -> str:
@@ -473,6 +476,8 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
         out["draws"] = cells[0]["draws"]
     if all("link" in c for c in cells):  # the link each seed's Laplace GLM predicted by (link_by may choose it)
         out["links"] = [c["link"] for c in sorted(cells, key=lambda c: c["seed"])]
+    if all("chosen" in c for c in cells):  # the guide setting each seed's fit chose on its validation rows
+        out["chosen"] = [c["chosen"] for c in sorted(cells, key=lambda c: c["seed"])]
     plain_seconds = {c["seed"]: c["seconds"] for c in plain}
     out["fit_time_ratio"] = float(np.mean([c["seconds"] / plain_seconds[c["seed"]] for c in cells]))
     return out
@@ -524,6 +529,9 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
                       f"min ESS {row['min_ess']:.0f})")
         if "links" in row:
             member = f"{member} (link per seed: {', '.join(row['links'])})"
+        if "chosen" in row:  # "dropout_rate 0.05" per seed: the setting's name once, then each seed's value
+            name = row["chosen"][0].split(" ")[0]
+            member = f"{member} ({name} per seed: {', '.join(c.split(' ')[1] for c in row['chosen'])})"
         if row["seeds"] < len(case["plain_lr"]):
             member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),

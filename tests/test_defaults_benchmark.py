@@ -105,6 +105,21 @@ def test_a_laplace_classifiers_cells_say_which_link_it_predicted_by(tmp_path, ca
     assert f"| last_layer_laplace (link per seed: {', '.join(links)}) |" in capsys.readouterr().out
 
 
+def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys):
+    """MC dropout's preset leaves its rate to the fit's val rows: each cell records the rate its fit kept, one of the
+    candidates, and the table names them by seed."""
+    from guides.dropout import DROPOUT_RATE_CANDIDATES
+
+    argv = ["--size", "small", "--cases", "toy", "--members", "mc_dropout", "--seeds", "0-1",
+            "--cells", str(tmp_path / "cells.jsonl"), "--json", str(tmp_path / "defaults.json")]
+    row = defaults.main(argv)["cases"]["toy"]["members"]["mc_dropout"]
+    rates = [c.split(" ") for c in row["chosen"]]
+    assert len(rates) == 2 and all(n == "dropout_rate" and float(r) in DROPOUT_RATE_CANDIDATES for n, r in rates)
+    capsys.readouterr()
+    defaults.main(["--from-json", str(tmp_path / "defaults.json")])
+    assert f"| mc_dropout (dropout_rate per seed: {rates[0][1]}, {rates[1][1]}) |" in capsys.readouterr().out
+
+
 def test_the_bar_is_the_plain_nets_accuracy_less_a_point_and_its_nll():
     case = defaults.CASES["digits"]
     base = {"accuracy": 0.95, "nll": 0.20}
