@@ -158,6 +158,25 @@ def different_entries(a: dict, b: dict) -> list[str]:
         torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) and torch.is_tensor(b[k]) else a[k] == b[k]))
 
 
+def crash_in_the_second_candidate(monkeypatch, step: int) -> list[int]:
+    """Raise ``RuntimeError("simulated")`` once, when SVI reaches ``step`` for the second time (in the second of a
+    choice's candidate runs); returns the list of steps taken, appended as they come (``kl_weight`` is asked once
+    a step)."""
+    import zoo.inference.svi as svi
+
+    real, seen, crashed = svi.kl_weight, [], []
+
+    def weight(at, spec, n_steps=None):
+        seen.append(at)
+        if at == step and seen.count(step) == 2 and not crashed:
+            crashed.append(at)
+            raise RuntimeError("simulated")
+        return real(at, spec, n_steps)
+
+    monkeypatch.setattr(svi, "kl_weight", weight)
+    return seen
+
+
 def interrupt_at(monkeypatch, step, exc=KeyboardInterrupt):
     """Raise ``exc`` at the start of SVI step ``step`` (before it draws anything)."""
     import zoo.inference.svi as svi

@@ -12,7 +12,7 @@ import torch
 
 import zoo.inference.svi as svi
 from guides.dropout import DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES, DropoutGuide
-from tests.conftest import different_entries
+from tests.conftest import crash_in_the_second_candidate, different_entries
 from tests.test_baselines import tiny_mean_field
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
@@ -125,16 +125,7 @@ def test_an_interrupted_rate_choice_resumes_its_candidates_and_ends_as_the_unint
     the finished first candidate, 10 of the second and 30 of each of the other two, and keeps what the whole fit
     kept."""
     whole = train(chosen_rate_spec(), tmp_path / "whole", progress=False, echo=None)
-    out, real, seen, crashed = tmp_path / "crashed", svi.kl_weight, [], []
-
-    def crash_in_the_second_candidate(step, spec, n_steps=None):
-        seen.append(step)
-        if step == 25 and seen.count(25) == 2 and not crashed:
-            crashed.append(step)
-            raise RuntimeError("simulated")
-        return real(step, spec, n_steps)
-
-    monkeypatch.setattr(svi, "kl_weight", crash_in_the_second_candidate)
+    out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 25)
     with pytest.raises(RuntimeError, match="simulated"):
         train(chosen_rate_spec(), out, progress=False, echo=None)
     assert (out / svi.LR_CHOICE_DIR / "p0.005" / CHECKPOINT_FILE).exists()

@@ -15,7 +15,7 @@ import torch
 
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
-from tests.conftest import compiled_step, different_entries, interrupt_at
+from tests.conftest import compiled_step, crash_in_the_second_candidate, different_entries, interrupt_at
 from zoo import assemble
 from zoo import bnn as bnn_module
 from zoo.data import load_dataset
@@ -186,16 +186,7 @@ def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, 
     """A crash in the second candidate's run (step 30; its checkpoint at 20): the resumed fit takes no step of the
     finished first candidate, 20 of the second and 40 of the third, and ends as the uninterrupted fit did."""
     whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
-    out, real, seen, crashed = tmp_path / "crashed", svi.kl_weight, [], []
-
-    def crash_in_the_second_candidate(step, spec, n_steps=None):
-        seen.append(step)
-        if step == 30 and seen.count(30) == 2 and not crashed:
-            crashed.append(step)
-            raise RuntimeError("simulated")
-        return real(step, spec, n_steps)
-
-    monkeypatch.setattr(svi, "kl_weight", crash_in_the_second_candidate)
+    out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 30)
     with pytest.raises(RuntimeError, match="simulated"):
         run(spec_factory("toy", *LR_BY), out)
     assert (out / svi.LR_CHOICE_DIR / "0.001" / CHECKPOINT_FILE).exists()
