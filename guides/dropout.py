@@ -26,7 +26,6 @@ sets and the ordinary GuidePosterior prediction is the standard T-pass MC-dropou
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import pyro.distributions as dist
@@ -70,6 +69,14 @@ DEFAULT_DROPOUT_RATE = 0.1  # p where none is set and none is chosen (concrete: 
 DROPOUT_RATE_CANDIDATES = (0.005, 0.01, 0.05, 0.1)
 
 
+def _keep_the_rate_where_the_state_has_none(guide: DropoutGuide, state_dict: dict[str, Any], prefix: str,
+                                            *_: Any) -> None:
+    """A state saved before the rate was in it (a checkpoint from before the rate could be chosen) loads with the
+    guide's own rate, the section's; a pre-hook of :meth:`torch.nn.Module.load_state_dict`, so it holds where the
+    guide is loaded inside another module too."""
+    state_dict.setdefault(prefix + EXTRA_STATE_KEY, guide.get_extra_state())
+
+
 class DropoutGuide(SiteGuide):
     """Dropout VI: Delta draws at M ∘ (input-unit mask) for every weight matrix but the first (MC, Gaussian or
     concrete dropout).
@@ -97,6 +104,7 @@ class DropoutGuide(SiteGuide):
         if mask == "concrete":  # one learned rate per dropped layer, as its logit
             logit = math.log(dropout_rate) - math.log1p(-dropout_rate)
             self.rate_logit = nn.ParameterDict({param_key(n): nn.Parameter(torch.tensor(logit)) for n in self.dropped})
+        self.register_load_state_dict_pre_hook(_keep_the_rate_where_the_state_has_none)
 
     def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
         """The rate, where the section left it null and the mask is not concrete (whose rate is learned)."""
@@ -112,10 +120,6 @@ class DropoutGuide(SiteGuide):
 
     def set_extra_state(self, state: dict[str, float]) -> None:
         self.dropout_rate = float(state["dropout_rate"])
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """As :class:`torch.nn.Module`'s; a state saved before the rate was in it keeps the section's rate."""
-        return super().load_state_dict({EXTRA_STATE_KEY: self.get_extra_state(), **state_dict}, strict, assign)
 
     def learned_rate(self, name: str) -> torch.Tensor:
         """Concrete dropout's rate p of site ``name``, learned as its logit."""

@@ -157,3 +157,6 @@ def test_a_state_saved_before_the_rate_was_in_it_keeps_the_sections_rate():
     fresh = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=0.3)
     fresh.load_state_dict(guide.state_dict())
     assert fresh.dropout_rate == 0.05
+    inside = torch.nn.ModuleDict({"guide": fresh})  # loaded as part of another module: the same
+    inside.load_state_dict({f"guide.{k}": v for k, v in old.items()})
+    assert fresh.dropout_rate == 0.05

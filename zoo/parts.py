@@ -217,9 +217,10 @@ class Catalogue(Generic[S]):
         own = self[name]  # an unknown name is refused here, with the registered ones
         for key in [k for k in value if k not in own.model_fields]:
             sections = [s for s in self.owner_sections(key) if not s.model_fields[key].is_required()]
-            recorded = [_recorded_defaults(s, key) for s in sections]
-            recorded = [r for r in recorded if r] or [[None]] * bool(sections)  # an unset default records no value
-            if recorded and all(any(_same(value[key], v) for v in r) for r in recorded):
+            if not sections:
+                continue
+            recorded = [r for r in (_recorded_defaults(s, key) for s in sections) if r]
+            if all(any(_same(value[key], v) for v in r) for r in recorded or [[None]]):  # every default unset: null
                 del value[key]
         return value
 

@@ -78,7 +78,7 @@ def every_candidate_diverged(failures: dict[str, TrainingDiverged], what: str = 
     :returns: the error to raise.
     """
     tried = "; ".join(f"{name}: {err}" for name, err in failures.items())
-    if what.endswith("lr"):
+    if what == "starting lr":
         return TrainingDiverged(f"lr_by: calibration: the run diverged at every candidate lr ({tried}); set a "
                                 "smaller inference.lr by hand")
     return TrainingDiverged(f"{what}: the run diverged at every candidate value ({tried}); set {what} and a smaller "
