@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -64,10 +65,10 @@ from zoo.data.mnist5k import load_mnist5k  # noqa: E402
 from zoo.data.toy import load_toy_gap  # noqa: E402
 from zoo.data.uci import load_uci  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
-from zoo.inference import METHODS  # noqa: E402
+from zoo.inference import METHODS, noise_choice  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
-from zoo.sections import MAX_EPOCHS  # noqa: E402
+from zoo.sections import MAX_EPOCHS, SetsNoise  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 
 PLAIN_LRS = (1e-3, 3e-3, 1e-2)
@@ -420,17 +421,32 @@ def figures_on_test_rows(bnn: zoo.BNN, case: Case, rows: Rows) -> dict[str, floa
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def defaults_edition(member: str) -> str:
-    """A fingerprint of a member's defaults: its preset resolved to a whole spec (every field's default, nulls
-    resolved by the spec's validators), and the constants of the modules that resolve the rest (the spec's
-    sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``). A finished cell is reused only
-    at the same edition, so a changed default reruns the members it touches instead of tabling figures of the old."""
+def defaults_edition(member: str, task: str) -> str:
+    """A fingerprint of a member's defaults for a case of ``task``: its preset resolved to a whole spec (every field's
+    default, nulls resolved by the spec's validators) less the settings only another task reads (a field's
+    ``json_schema_extra`` ``task``, e.g. ``inference.noise_by``), and the constants of the modules that resolve the
+    rest (the spec's sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``; a regression's
+    noise choice). A finished cell is reused only at the same edition, so a changed default reruns the members it
+    touches instead of tabling figures of the old."""
     spec = load_spec({"member": member, "data": {"name": "toy_gap"}})
     modules = {"zoo.sections", "zoo.inference.svi", type(METHODS.method(spec.inference.method)).__module__}
+    if task == "regression" and isinstance(spec.inference, SetsNoise):
+        modules.add(noise_choice.__name__)
     constants = {f"{m}.{k}": v for m in sorted(modules) for k, v in vars(sys.modules[m]).items()
                  if k.isupper() and isinstance(v, int | float | str | tuple)}
-    what = {"spec": spec.model_dump(mode="json"), "constants": constants}
+    what = {"spec": _without_other_tasks(spec, spec.model_dump(mode="json"), task), "constants": constants}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _without_other_tasks(section: BaseModel, dump: dict[str, Any], task: str) -> dict[str, Any]:
+    """``dump`` (``section``'s, in place) less the fields another task alone reads, at every depth."""
+    for name, field in type(section).model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("task", task) != task:
+            dump.pop(name, None)
+        elif isinstance(getattr(section, name), BaseModel) and isinstance(dump.get(name), dict):
+            _without_other_tasks(getattr(section, name), dump[name], task)
+    return dump
 
 
 def cell_key(cell: dict) -> tuple:
@@ -645,11 +661,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tag = ",".join(args.set)
     torch.set_num_threads(args.threads)
     cells_path = Path(args.cells)
-    editions = {member: defaults_edition(member) for member in members}
+    tasks = {ALL_CASES[name].task for name in cases}
+    editions = {(member, task): defaults_edition(member, task) for member in members for task in tasks}
     if args.reference:
         members.append(REFERENCE)
         draws = json.dumps(REFERENCE_DRAWS[args.size], sort_keys=True)
-        editions[REFERENCE] = f"{defaults_edition(REFERENCE)}-{hashlib.sha1(draws.encode()).hexdigest()[:6]}"
+        for task in tasks:
+            editions[REFERENCE, task] = (f"{defaults_edition(REFERENCE, task)}-"
+                                         f"{hashlib.sha1(draws.encode()).hexdigest()[:6]}")
     done = read_cells(cells_path)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
@@ -671,7 +690,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     setting = "" if member == REFERENCE else budget_tag
                 else:
                     setting = ",".join(t for t in (budget_tag, tag) if t)
-                key = (args.size, name, seed, member, setting, "" if is_plain else editions[member])
+                key = (args.size, name, seed, member, setting, "" if is_plain else editions[member, case.task])
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:

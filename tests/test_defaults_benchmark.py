@@ -66,9 +66,9 @@ def test_a_changed_default_reruns_the_members_cells_not_the_plain_nets(small_run
     out, argv, _ = small_run
     import zoo.sections
 
-    before = defaults.defaults_edition("map")
+    before = defaults.defaults_edition("map", "classification")
     monkeypatch.setattr(zoo.sections, "DEFAULT_LR_HOLD", zoo.sections.DEFAULT_LR_HOLD / 2, raising=True)
-    assert defaults.defaults_edition("map") != before
+    assert defaults.defaults_edition("map", "classification") != before
     fitted = []
     monkeypatch.setattr(defaults, "member_fit", lambda case, rows, seed, member, *a, **k: fitted.append(member) or
                         {"accuracy": 0.5, "nll": 1.0, "ece": 0.0, "brier": 0.5, "seconds": 1.0})
@@ -77,6 +77,20 @@ def test_a_changed_default_reruns_the_members_cells_not_the_plain_nets(small_run
     cells.write_text((out / "cells.jsonl").read_text())
     defaults.main(["--size", "small", "--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)])
     assert fitted == ["map"]
+
+
+def test_a_setting_only_regression_reads_keys_only_the_regression_cells(monkeypatch):
+    """The predictive noise's setting (``inference.noise_by``) and its module's constants enter a regression cell's
+    edition and not a classifier's, so a change to them reruns the regressions alone; a Laplace member, which sets
+    its noise its own way, keeps its edition."""
+    from zoo.inference import noise_choice
+
+    before = {(m, t): defaults.defaults_edition(m, t) for m in ("map", "kfac_laplace")
+              for t in ("classification", "regression")}
+    monkeypatch.setattr(noise_choice, "LOG_NOISE_SEARCH", noise_choice.LOG_NOISE_SEARCH + 1)
+    after = {key: defaults.defaults_edition(*key) for key in before}
+    assert [key for key in before if before[key] != after[key]] == [("map", "regression")]
+    assert defaults.defaults_edition("map", "classification") != before["map", "regression"]
 
 
 def test_the_results_pages_tables_are_reprinted_from_the_json(small_run, capsys):

@@ -22,6 +22,7 @@ import json
 import operator
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from zoo import distributed, registry
-from zoo.assemble import build, describe, place, resolve_device
+from zoo.assemble import build, build_likelihood, describe, place, resolve_device
 from zoo.data import DataSection, Dataset, data_section, dataset_from, load_dataset
 from zoo.data.base import rows_digest
 from zoo.data.given import (
@@ -48,6 +49,12 @@ from zoo.data.given import (
 )
 from zoo.errors import NotFitted, ZooInputError
 from zoo.evaluate import ValidationMonitor, check_draw_memory, check_draws_fit, evaluate, plot_predictive
+from zoo.inference.noise_choice import (
+    chooses_noise,
+    load_predictive_noise,
+    save_predictive_noise,
+    set_noise_on_calibration_rows,
+)
 from zoo.likelihoods import AutoLikelihoodSpec, PredictiveDraws
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
@@ -356,6 +363,17 @@ class BNN:
                             "zoo.load(run_dir))")
         return self._posterior
 
+    @property
+    def predictive_noise(self) -> float | None:
+        """The one Gaussian noise σ every draw predicts with, in the targets' units, where the fit set it on its
+        calibration rows (``inference.noise_by``, :mod:`zoo.inference.noise_choice`); None where each draw predicts
+        with its own σ, the noise is fixed, or the task is not a regression.
+
+        :raises RuntimeError: before :meth:`fit`.
+        """
+        noise = self.posterior.family.likelihood.predictive_noise
+        return None if noise is None else noise * self.data.y_std
+
     # -- fitting -----------------------------------------------------------------------------------------
     @staticmethod
     def _with_settings(spec: RunSpec, settings: dict[str, Any]) -> RunSpec:
@@ -415,8 +433,9 @@ class BNN:
             ``DataLoader`` of ``(x, y)`` batches, a zoo :class:`~zoo.data.base.Dataset`, or a spec's data section.
         :param val: rows to score the fit on at its end (the forms of ``data``), their metrics then
             :attr:`metrics`; with ``echo``, also scored five times as it goes (the last at its end), each score a
-            line. They are also the calibration rows of post-hoc steps (a Laplace fit's learned noise, its
-            ``tune_by: calibration``), so score on other rows for a figure nothing was tuned on.
+            line. They are also the calibration rows that choices are made on (the lr, ``inference.lr_by``; a
+            regression's predictive noise, ``inference.noise_by``; a Laplace classifier's link), so score on other
+            rows for a figure nothing was tuned on.
         :param out: the run directory to write as the fit runs (None: nothing is written); ``zoo eval``, ``zoo
             diagnose`` and ``zoo report`` read it, ``zoo.load`` rebuilds the BNN from it.
         :param resume: continue the fit checkpointed in ``out`` (needs ``out``).
@@ -434,6 +453,9 @@ class BNN:
                                 "continue: pass out=DIR, the run directory of the fit to resume")
         spec = self._with_settings(self._built, settings)
         dataset, section = self._dataset(data, val, spec)
+        # refused here, before a run directory is claimed, where it cannot be set
+        sets_noise = chooses_noise(spec.inference, dataset.x_calibration is not None,
+                                   build_likelihood(spec.likelihood, dataset))
         digests = dataset.digests()
         spec = spec.model_copy(update={"data": section})
         module = spec.net.module if isinstance(spec.net, ModuleNetSpec) else None
@@ -491,11 +513,20 @@ class BNN:
             result = method.fit(family, guide, placed, spec.inference, spec.seed, run_dir=run, resume=resume,
                                 log=log, progress=progress and team.is_writer, monitor=monitor,
                                 start=starting_posterior(spec))
+            noise_seconds = 0.0
+            if sets_noise:  # the predictive's noise, set on the calibration rows (zoo.inference.noise_choice)
+                started = time.perf_counter()
+                log(set_noise_on_calibration_rows(result.posterior, family.likelihood, placed,
+                                                  spec.inference.predictive_samples, spec.seed))
+                noise_seconds = time.perf_counter() - started
+                if run is not None and team.is_writer:
+                    save_predictive_noise(run, family.likelihood)
             self._reset()
             self._spec = spec
             self.family, self.guide, self._posterior, self.data = family, guide, result.posterior, placed
-            # the whole fit: the structure's (a MAP phase) and the method's, each as its files record it
-            self.run_dir, self.seconds, self.data_digests = run, result.seconds + family.structure_seconds, digests
+            # the whole fit: the structure's (a MAP phase), the method's, as their files record them, and the noise's
+            self.run_dir, self.data_digests = run, digests
+            self.seconds = result.seconds + family.structure_seconds + noise_seconds
             if memory is not None:
                 memory.result, memory.log = result, log.lines
                 self._memory = memory
@@ -628,6 +659,7 @@ class BNN:
                 save_torch(run / GIVEN_FILE, memory.given)
             self.family.save_structure(run)
             save_checkpoint(run / method.files[0], record)
+            save_predictive_noise(run, self.family.likelihood)
             if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
                 save_torch(run / POINT_ESTIMATE_FILE, self.guide.point_estimate())
             if memory.log:
@@ -673,6 +705,7 @@ class BNN:
         bnn = cls.from_spec(spec)
         bnn.family, bnn.guide, bnn.data, bnn.run_dir, bnn.data_digests = family, guide, data, run, rows.digests()
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
+        load_predictive_noise(run, family.likelihood)
         bnn.metrics = _recorded_metrics(run)
         return bnn
 

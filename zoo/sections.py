@@ -20,7 +20,8 @@ from pydantic import (
 from zoo.parts import Strict
 
 __all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "DEFAULT_LR_HOLD", "LR_CANDIDATES",
-           "MAX_EPOCHS", "MAX_STEPS", "ChoosesLR", "Epochs", "SVISpec", "Steps", "Strict", "Tempered"]
+           "MAX_EPOCHS", "MAX_STEPS", "ChoosesLR", "Epochs", "SVIFitting", "SVISpec", "SetsNoise", "Steps", "Strict",
+           "Tempered"]
 
 # A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
 # larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
@@ -68,6 +69,19 @@ class ChoosesLR(Tempered):
         return self
 
 
+class SetsNoise(Strict):
+    """The ``inference`` section of a method whose predictive's learned Gaussian noise may be set on calibration rows
+    once the fit ends (:mod:`zoo.inference.noise_choice`): SVI, SWAG, SG-MCMC. (A Laplace fit sets its own, through
+    its GLM predictive; MCMC's reference keeps the noise it sampled.)"""
+
+    noise_by: Literal["calibration", "fit"] | None = Field(None, description=(
+        "a learned Gaussian noise σ, for the predictive: calibration, the one σ under which the predictive (each "
+        "draw's mean) is likeliest on the calibration rows (fit(val=...) or data.calibration_fraction), set once the "
+        "fit ends; fit, each draw's own σ as the fit learned it; null: calibration where the fit has calibration rows "
+        "and a learned noise, else fit. The draws of σ themselves (ArviZ, diagnostics) stay the fit's"),
+        json_schema_extra={"task": "regression"})
+
+
 DEFAULT_LR = 1e-2  # SVI's learning rate when none is set, decayed to DEFAULT_LR_DECAY_TO of itself by the last step
 DEFAULT_LR_DECAY_TO = 0.1
 DEFAULT_LR_HOLD = 0.75  # the default lr's share of the run held at DEFAULT_LR before its decay (benchmarks/defaults.py)
@@ -77,8 +91,9 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
 
 
-class SVISpec(ChoosesLR):
-    """Stochastic variational inference: how the guide is fitted and how many draws represent it at test time."""
+class SVIFitting(ChoosesLR):
+    """How SVI fits a guide and how many draws represent it at test time: the ``inference`` section's settings but
+    the predictive's noise, and all of a MAP phase's (``model.map``: a MAP net has no predictive of its own)."""
 
     method: Literal["svi"] = Field("svi", description="svi")
     elbo: Literal["trace_mean_field", "trace"] = Field("trace_mean_field", description=(
@@ -137,7 +152,7 @@ class SVISpec(ChoosesLR):
     predictive_samples: PositiveInt = Field(100, description="posterior draws used for the test metrics")
 
     @model_validator(mode="after")
-    def _one_way_per_schedule(self) -> SVISpec:
+    def _one_way_per_schedule(self) -> SVIFitting:
         if self.lr_decay_to is not None and self.lr_decay != 1.0:
             raise ValueError("set lr_decay (per step) or lr_decay_to (by the last step), not both")
         if self.lr_hold and self.lr is not None and self.lr_decay_to is None and self.lr_decay == 1.0:
@@ -148,3 +163,8 @@ class SVISpec(ChoosesLR):
         if self.autocast != "none" and self.compile:
             raise ValueError("autocast: bf16 is not supported with compile: true yet; drop one")
         return self
+
+
+class SVISpec(SVIFitting, SetsNoise):
+    """Stochastic variational inference: how the guide is fitted, how many draws represent it at test time, and
+    where a learned Gaussian noise's predictive value comes from."""

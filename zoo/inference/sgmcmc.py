@@ -52,14 +52,14 @@ from zoo.inference.lr_choice import fit_choosing_lr
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import DEFAULT_LR, ChoosesLR, Epochs
+from zoo.sections import DEFAULT_LR, ChoosesLR, Epochs, SetsNoise
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
-class SGMCMCSpec(ChoosesLR):
+class SGMCMCSpec(ChoosesLR, SetsNoise):
     """Stochastic-gradient MCMC (SGLD or cyclical SGHMC) on minibatches, several chains at once."""
 
     method: Literal["sgld", "sghmc"] = Field(description=(

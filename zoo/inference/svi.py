@@ -40,6 +40,7 @@ from zoo.sections import (
     DEFAULT_LR_DECAY_TO,
     DEFAULT_LR_HOLD,
     LR_CANDIDATES,
+    SVIFitting,
     SVISpec,
 )
 
@@ -270,7 +271,7 @@ class SVIStep:
             self.elbo.kl_weight, self.elbo.last_terms = saved, {}
 
 
-def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], spec: SVIFitting) -> torch.optim.Optimizer:
     """One optimiser over every trained tensor (no per-parameter optimiser bookkeeping), at the run's starting
     learning rate; the run sets its lr each step from :func:`scheduled_lr` (ClippedAdam's own decay is off).
 
@@ -285,7 +286,7 @@ def make_optimizer(params: list[torch.nn.Parameter], spec: SVISpec) -> torch.opt
     return torch.optim.Adam(params, lr=starting_lr(spec), fused=fused)
 
 
-def starting_lr(spec: SVISpec) -> float:
+def starting_lr(spec: SVIFitting) -> float:
     """The learning rate of the first step: ``lr``, or :data:`~zoo.sections.DEFAULT_LR` where none is set.
 
     :param spec: the run's ``inference`` section.
@@ -294,11 +295,11 @@ def starting_lr(spec: SVISpec) -> float:
     return DEFAULT_LR if spec.lr is None else spec.lr
 
 
-def _hold_share(spec: SVISpec) -> float:
+def _hold_share(spec: SVIFitting) -> float:
     return spec.lr_hold if spec.lr_hold is not None else (DEFAULT_LR_HOLD if spec.lr is None else 0.0)
 
 
-def lr_hold_steps(spec: SVISpec, n_steps: int | None = None) -> int:
+def lr_hold_steps(spec: SVIFitting, n_steps: int | None = None) -> int:
     """Steps taken at the starting lr before its decay begins: ``lr_hold`` of the run, or
     :data:`~zoo.sections.DEFAULT_LR_HOLD` of it for the default lr; 0 when the lr is constant.
 
@@ -312,7 +313,7 @@ def lr_hold_steps(spec: SVISpec, n_steps: int | None = None) -> int:
     return int(_hold_share(spec) * _run_length(spec, n_steps, "lr_hold"))
 
 
-def scheduled_lr(spec: SVISpec, step: int, n_steps: int | None = None) -> float:
+def scheduled_lr(spec: SVIFitting, step: int, n_steps: int | None = None) -> float:
     """The learning rate of step ``step`` (from 0): the starting lr for the held steps, then times the per-step
     decay once for each step after them.
 
@@ -324,7 +325,7 @@ def scheduled_lr(spec: SVISpec, step: int, n_steps: int | None = None) -> float:
     return starting_lr(spec) * lr_decay_per_step(spec, n_steps) ** max(0, step - lr_hold_steps(spec, n_steps))
 
 
-def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
+def loss_read_interval(spec: SVIFitting, device: torch.device) -> int:
     """Steps between host reads of the loss: ``inference.read_loss_every``, else 1 on CPU (a read costs nothing
     there) and ``CUDA_READ_LOSS_EVERY`` on CUDA (a read each step would stall the GPU's queue every step).
 
@@ -337,7 +338,7 @@ def loss_read_interval(spec: SVISpec, device: torch.device) -> int:
     return CUDA_READ_LOSS_EVERY if device.type == "cuda" else 1
 
 
-def total_steps(spec: SVISpec, n_train: int) -> int:
+def total_steps(spec: SVIFitting, n_train: int) -> int:
     """Number of optimisation steps: ``num_steps`` if given, else ``epochs`` passes over the data.
 
     :param spec: the run's ``inference`` section (its ``num_steps``, ``epochs`` and ``batch_size``).
@@ -349,7 +350,7 @@ def total_steps(spec: SVISpec, n_train: int) -> int:
     return (spec.epochs or 1) * steps_per_epoch(spec, n_train)
 
 
-def steps_per_epoch(spec: SVISpec, n_train: int) -> int:
+def steps_per_epoch(spec: SVIFitting, n_train: int) -> int:
     """Minibatches per pass over the training set.
 
     :param spec: the run's ``inference`` section (its ``batch_size``; None: the full batch).
@@ -359,7 +360,7 @@ def steps_per_epoch(spec: SVISpec, n_train: int) -> int:
     return 1 if spec.batch_size is None else max(1, math.ceil(n_train / spec.batch_size))
 
 
-def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
+def check_shards(spec: SVIFitting, n_train: int, world_size: int) -> None:
     """Refuse minibatches that ``world_size`` processes cannot share: a global batch not divisible by it, or an
     epoch's last (partial) batch, or the full batch, with fewer rows than processes.
 
@@ -380,13 +381,13 @@ def check_shards(spec: SVISpec, n_train: int, world_size: int) -> None:
         raise ZooInputError("--nproc", world_size, f"more processes than the {n_train} training rows")
 
 
-def _run_length(spec: SVISpec, n_steps: int | None, what: str) -> int:
+def _run_length(spec: SVIFitting, n_steps: int | None, what: str) -> int:
     if n_steps is None:
         raise ValueError(f"{what} is a share of the run: pass the run's number of steps")
     return max(1, n_steps)
 
 
-def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
+def lr_decay_per_step(spec: SVIFitting, n_steps: int | None = None) -> float:
     """The per-step lr factor: ``lr_decay``, or the one that leaves ``lr_decay_to`` of the lr at the last of
     ``n_steps`` steps, the decay starting after the held steps (:func:`lr_hold_steps`); without a set lr and without
     either, the one that leaves :data:`~zoo.sections.DEFAULT_LR_DECAY_TO`.
@@ -405,7 +406,7 @@ def lr_decay_per_step(spec: SVISpec, n_steps: int | None = None) -> float:
     return decay_to ** (1.0 / max(1, n - int(_hold_share(spec) * n)))
 
 
-def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
+def annealing_steps(spec: SVIFitting, n_steps: int | None = None) -> int:
     """Steps of the KL warm-up: ``kl_annealing_steps``, or ``kl_annealing_fraction`` of ``n_steps``.
 
     :param spec: the run's ``inference`` section (its ``kl_annealing_steps`` and ``kl_annealing_fraction``).
@@ -418,7 +419,7 @@ def annealing_steps(spec: SVISpec, n_steps: int | None = None) -> int:
     return max(1, round(spec.kl_annealing_fraction * _run_length(spec, n_steps, "kl_annealing_fraction")))
 
 
-def kl_weight(step: int, spec: SVISpec, n_steps: int | None = None) -> float:
+def kl_weight(step: int, spec: SVIFitting, n_steps: int | None = None) -> float:
     """Linear KL annealing: weight (step + 1) / the warm-up's steps, capped at 1 (1 throughout without one).
 
     :param step: the step, from 0.
@@ -445,7 +446,7 @@ def _non_finite(params: dict[str, torch.Tensor]) -> list[str]:
     return [n for n, p in params.items() if not torch.isfinite(p).all()]
 
 
-def untried_remedies(spec: SVISpec, dtype: torch.dtype, init_rho: float | None) -> list[str]:
+def untried_remedies(spec: SVIFitting, dtype: torch.dtype, init_rho: float | None) -> list[str]:
     """What may stop a non-finite ELBO, leaving out what the run already does.
 
     :param spec: the run's ``inference`` section (its ``lr``, ``optimizer``, ``clip_norm`` and KL annealing).
@@ -588,7 +589,7 @@ def fit_svi(fit: FitContext) -> SVIResult:
     return run.finish()
 
 
-def with_starting_lr(spec: SVISpec, lr: float) -> SVISpec:
+def with_starting_lr(spec: SVIFitting, lr: float) -> SVIFitting:
     """``spec`` (its lr null) with ``lr`` in place of :data:`~zoo.sections.DEFAULT_LR`, held and decayed as the
     default schedule holds and decays it: every step's lr is the default's times ``lr / DEFAULT_LR``.
 
@@ -929,7 +930,7 @@ class SVI(InferenceMethod):
     files = (CHECKPOINT_FILE,)
     summary = "minibatch ELBO maximisation of the spec's guide; checkpointed and resumable"
 
-    def describe(self, spec: SVISpec) -> str:
+    def describe(self, spec: SVIFitting) -> str:
         return "svi"
 
     def check(self, run_spec) -> list[ZooInputError]:
@@ -951,14 +952,14 @@ class SVI(InferenceMethod):
             return [problem] if problem is not None else []
         return []
 
-    def check_net(self, spec: SVISpec, family, convolutional: bool) -> ZooInputError | None:
+    def check_net(self, spec: SVIFitting, family, convolutional: bool) -> ZooInputError | None:
         if spec.compile and convolutional and not family.compiles_convolutions:
             return ZooInputError("inference.compile", True, f"the {family.family} family's step on a convolutional "
                                  "net runs slower compiled than eager (one convolution per member, which Inductor "
                                  "fuses badly with the batch norms after them): use compile: false")
         return None
 
-    def check_processes(self, spec: SVISpec, nproc: int) -> None:
+    def check_processes(self, spec: SVIFitting, nproc: int) -> None:
         """Each process takes an equal share of every global minibatch.
 
         :param spec: the run's ``inference`` section (its ``batch_size``).
@@ -967,7 +968,7 @@ class SVI(InferenceMethod):
         """
         check_global_batch(spec.batch_size, nproc)
 
-    def check_rows_on_host(self, spec: SVISpec, n_train: int, why: str) -> None:
+    def check_rows_on_host(self, spec: SVIFitting, n_train: int, why: str) -> None:
         """Minibatch SVI moves each minibatch to the device: it needs a minibatch size, and no compiled step.
 
         :param spec: the run's ``inference`` section (its ``batch_size`` and ``compile``).

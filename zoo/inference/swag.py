@@ -35,7 +35,7 @@ from zoo.inference.sgmcmc import EXPLORE_LR, adam_move
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
-from zoo.sections import MAX_EPOCHS, ChoosesLR, Epochs
+from zoo.sections import MAX_EPOCHS, ChoosesLR, Epochs, SetsNoise
 
 SWAG_FILE = "swag.pt"
 DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
@@ -43,7 +43,7 @@ SWAG_LR_CANDIDATES = (0.003, 0.01, 0.03)  # inference.lr_by: calibration's colle
 DEFAULT_PRETRAIN_LR = 0.05  # SGD pretraining's starting lr where none is set, scaled with the chosen lr
 
 
-class SWAGSpec(ChoosesLR):
+class SWAGSpec(ChoosesLR, SetsNoise):
     """SWAG (num_models 1) or MultiSWAG (num_models > 1): a Gaussian from SGD iterates."""
 
     method: Literal["swag"] = Field(description="swag (num_models > 1: MultiSWAG)")

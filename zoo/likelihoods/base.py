@@ -75,6 +75,14 @@ class Likelihood(ABC):
     task: ClassVar[str]  # the kind of targets it models ("regression", "classification"; see zoo.tasks)
     gaussian: ClassVar[bool] = False  # Gaussian observations of one noise: the linearised evidence is closed-form
     fixed_noise: float | None = None  # a Gaussian likelihood's fixed noise (standardised units); None where learned
+    # a learned noise's value for the predictive, set on calibration rows after the fit (zoo.inference.noise_choice;
+    # standardised units); None: each draw predicts with its own noise, as the fit left it
+    predictive_noise: float | None = None
+
+    @property
+    def learns_noise(self) -> bool:
+        """Whether the observation noise is one learned latent (a homoscedastic Gaussian with no fixed sigma)."""
+        return self.gaussian and self.fixed_noise is None
 
     @abstractmethod
     def net_outputs(self, targets: int) -> int:

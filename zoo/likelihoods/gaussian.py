@@ -83,15 +83,17 @@ class Gaussian(Likelihood):
         return dist.Normal(out[..., 0], self._scale(latents, out))
 
     def predictive(self, out: torch.Tensor, draws: dict[str, torch.Tensor]) -> PredictiveDraws:
-        """Per-draw Gaussian predictive from outputs ``[S, B, 1]`` and noise draws ``[S]``.
+        """Per-draw Gaussian predictive from outputs ``[S, B, 1]`` and noise draws ``[S]``: each draw with its own
+        noise, or every draw with the fixed noise or the :attr:`predictive_noise` set on calibration rows.
 
         :param out: the predicted means.
         :param draws: the draws (the learned noise among them).
         :returns: ``loc`` and ``scale``.
         """
         loc = out[..., 0]
-        if self.fixed_noise is not None:
-            scale = loc.new_tensor(self.fixed_noise).expand_as(loc)
+        one_noise = self.fixed_noise if self.fixed_noise is not None else self.predictive_noise
+        if one_noise is not None:
+            scale = loc.new_tensor(one_noise).expand_as(loc)
         else:
             scale = draws[self.noise_site].reshape(-1, 1).expand_as(loc)
         return PredictiveDraws(loc=loc, scale=scale)

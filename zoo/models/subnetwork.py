@@ -54,7 +54,7 @@ from zoo.runs import (
     save_checkpoint,
     save_torch,
 )
-from zoo.sections import Strict, SVISpec
+from zoo.sections import Strict, SVIFitting
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 SITE = "subnet"
@@ -695,7 +695,7 @@ class SubnetworkModelSpec(FamilySection, ModuleChoice):
         "subnetwork: a selected subset of a MAP net's weights gets a full-covariance posterior"))
     selection: SubnetSelectionSpec = Field(default_factory=SubnetSelectionSpec, description=(
         "which weights form the subnetwork (section model.selection)"))
-    map: SVISpec = Field(default_factory=lambda: SVISpec(epochs=200, lr=1e-2),
+    map: SVIFitting = Field(default_factory=lambda: SVIFitting(epochs=200, lr=1e-2),
                          description="how the MAP net (the linearisation point) is fitted: SVI with a Delta guide")
     map_from: str | None = Field(None, description="reuse a MAP fit instead: 'net' (the net's own weights, e.g. "
                                  "trained ones: net.weights; post-hoc Laplace), a run directory (family all_weights, "
