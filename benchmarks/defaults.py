@@ -66,6 +66,7 @@ from zoo.data.toy import load_toy_gap  # noqa: E402
 from zoo.data.uci import load_uci  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.inference import METHODS, noise_choice  # noqa: E402
+from zoo.likelihoods import gaussian  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
 from zoo.sections import MAX_EPOCHS, SetsNoise  # noqa: E402
@@ -430,8 +431,10 @@ def defaults_edition(member: str, task: str) -> str:
     touches instead of tabling figures of the old."""
     spec = load_spec({"member": member, "data": {"name": "toy_gap"}})
     modules = {"zoo.sections", "zoo.inference.svi", type(METHODS.method(spec.inference.method)).__module__}
-    if task == "regression" and isinstance(spec.inference, SetsNoise):
-        modules.add(noise_choice.__name__)
+    if task == "regression":
+        modules.add(gaussian.__name__)  # where a learned noise starts
+        if isinstance(spec.inference, SetsNoise):
+            modules.add(noise_choice.__name__)
     constants = {f"{m}.{k}": v for m in sorted(modules) for k, v in vars(sys.modules[m]).items()
                  if k.isupper() and isinstance(v, int | float | str | tuple)}
     what = {"spec": _without_other_tasks(spec, spec.model_dump(mode="json"), task), "constants": constants}

@@ -68,7 +68,7 @@ def member_regions(rows: Rows, seed: int, member: str, epochs: int) -> dict:
     torch.manual_seed(seed)
     draws = posterior.sample(DRAWS)
     val = posterior.predict(data.x_calibration, draws=draws)
-    noise = likeliest_noise(val.loc, data.y_calibration, float(val.scale.mean()))
+    noise = likeliest_noise(val.loc, data.y_calibration)
     rows_test = bnn.test_set((rows.x_test, rows.y_test))  # as the fit standardised its own rows
     test = posterior.predict(rows_test.x_test, draws=draws)
     near, y, unit = in_the_clusters(rows), rows_test.y_test.to(test.loc), rows.y_unit * data.y_std

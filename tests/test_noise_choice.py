@@ -57,11 +57,24 @@ def test_the_noise_set_is_the_likeliest_for_a_sampled_posterior_and_the_metrics_
     assert bnn.evaluate((data.x_test, data.y_test))["test_ll"] != pytest.approx(bnn.metrics["test_ll"], abs=1e-3)
 
 
-def test_the_search_finds_a_closed_form_optimum_far_from_its_start():
+def test_the_search_finds_a_closed_form_optimum_whatever_the_fit_s_noise():
     residuals = torch.tensor([0.3, -0.1, 0.2, -0.4])
     loc = torch.zeros(1, 4)
-    assert likeliest_noise(loc, residuals, start=5.0) == pytest.approx(float(residuals.pow(2).mean().sqrt()),
-                                                                        rel=2e-3)
+    assert likeliest_noise(loc, residuals) == pytest.approx(float(residuals.pow(2).mean().sqrt()), rel=2e-3)
+    # a point estimate's optimum is its residuals' RMS, which is below the largest residual, the window's top
+    assert likeliest_noise(loc, 1e3 * residuals) == pytest.approx(1e3 * float(residuals.pow(2).mean().sqrt()),
+                                                                  rel=2e-3)
+
+
+def test_a_fit_that_ends_its_noise_far_below_the_rows_errors_still_gets_their_noise():
+    """A MAP whose σ starts low (0.01) ends it far below what its calibration rows miss by; the σ set there is the
+    RMS of the rows' residuals, found outside any window around the fit's σ."""
+    bnn = _fitted("map", likelihood={"name": "gaussian", "noise_prior": {"init": 1e-4}}, epochs=1)
+    data = bnn.data
+    loc = bnn.posterior.predict(data.x_calibration, 2).loc[0]
+    rms = float(((loc - data.y_calibration) ** 2).mean().sqrt())
+    assert float(bnn.posterior.sample(1)["noise_scale"]) < rms / 60  # beyond the former window, e^4 times the fit's
+    assert bnn.family.likelihood.predictive_noise == pytest.approx(rms, rel=2e-3)
 
 
 def test_noise_by_fit_keeps_each_draws_own_noise():

@@ -52,11 +52,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_likelihood(spec: LikelihoodSection | AutoLikelihoodSpec, data: Dataset) -> Likelihood:
+def build_likelihood(spec: LikelihoodSection | AutoLikelihoodSpec, data: Dataset,
+                     noise_start: float | None = None) -> Likelihood:
     """The observation model for the data's task (``auto`` picks it).
 
     :param spec: the spec's likelihood section.
     :param data: the data set.
+    :param noise_start: where the inference method starts a learned noise the section leaves open.
     :returns: the likelihood.
     :raises ZooInputError: a likelihood of another task.
     """
@@ -65,7 +67,7 @@ def build_likelihood(spec: LikelihoodSection | AutoLikelihoodSpec, data: Dataset
     if section.task != task.name:
         raise ZooInputError("likelihood.name", section.name, f"{data.name} is a {task.name} task; use "
                             f"{task.likelihood} or auto")
-    return section.build(data)
+    return section.build(data, noise_start)
 
 
 def check_outputs(net: nn.Module, likelihood: Likelihood, data: Dataset) -> None:
@@ -233,6 +235,9 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     """
     pyro.set_rng_seed(spec.seed)
     likelihood = build_likelihood(spec.likelihood, data)
+    start = registry.method_of(spec).noise_start(spec.inference, data.x_calibration is not None, likelihood)
+    if start is not None:
+        likelihood = build_likelihood(spec.likelihood, data, start)
     net = build_net(spec.net, data.in_dim, likelihood.net_outputs(data.out_dim), data.image_shape, data.name)
     net.to(device=data.device, dtype=data.dtype)
     check_outputs(net, likelihood, data)

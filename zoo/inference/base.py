@@ -111,6 +111,17 @@ class InferenceMethod(ABC):
     # of the phase that trains (Laplace: the family's MAP phase, ``model.map``), so every member reads the same budget
     budget_section: ClassVar[str] = "inference"
 
+    def noise_start(self, spec: Any, has_calibration_rows: bool, likelihood: Any) -> float | None:
+        """Where this method's fit starts a learned Gaussian noise σ that ``likelihood.noise_prior.init`` leaves
+        open, in standardised target units; None (the default): the noise prior's median.
+
+        :param spec: the run's ``inference`` section.
+        :param has_calibration_rows: whether the fit has rows held out of training.
+        :param likelihood: the likelihood as the spec builds it.
+        :returns: σ, or None.
+        """
+        return None
+
     def spend_budget(self, budget: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
         """The settings that spend a fit's whole budget (``fit(epochs=E)``), to go into :attr:`budget_section`: the
         budget itself by default; a method whose run has phases splits it between them.

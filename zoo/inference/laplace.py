@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ from zoo.curvature import KroneckerBlock, LowRankScale, OutputJacobian
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
-from zoo.likelihoods import PredictiveDraws, categorical_hessian_root
+from zoo.likelihoods import PredictiveDraws, categorical_hessian_root, gaussian
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
 from zoo.posterior import GuidePosterior
@@ -1484,6 +1484,19 @@ class Laplace(InferenceMethod):
     summary = "linearised Laplace at the MAP (subnetwork family), prior tuned by the evidence"
     own_guide = "laplace"
     fits_guide = False
+
+    def noise_start(self, spec: LaplaceSpec, has_calibration_rows: bool, likelihood: Any) -> float | None:
+        """Low for the MAP phase (:data:`~zoo.likelihoods.gaussian.LOW_NOISE_START`) where the calibration rows
+        set the noise (:func:`_noise_source`), as SVI's; the prior's median otherwise.
+
+        :param spec: the run's ``inference`` section.
+        :param has_calibration_rows: whether the fit has rows held out of training.
+        :param likelihood: the likelihood as the spec builds it.
+        :returns: σ, or None (the prior's median).
+        """
+        by_rows = spec.noise_by == "calibration" or (spec.noise_by is None and has_calibration_rows
+                                                     and spec.predictive == "glm")
+        return gaussian.LOW_NOISE_START if by_rows and likelihood.learns_noise else None
 
     def describe(self, spec: LaplaceSpec) -> str:
         return f"laplace ({spec.predictive} predictive)"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.noise_choice import chooses_noise, set_noise_on_calibration_rows
 from zoo.runs import RunLog, checkpoint_exists
 
 if TYPE_CHECKING:
@@ -51,20 +52,33 @@ def chooses_lr(spec: Any, has_calibration_rows: bool) -> bool:
     return spec.lr_by == "calibration"
 
 
-def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, seed: int) -> tuple[float, str]:
+def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, seed: int,
+                      spec: Any = None) -> tuple[float, str]:
     """A candidate run's score on the calibration rows, lower is better: the NLL (regression: minus the test
-    log-likelihood); a non-finite score is infinity, so it never wins.
+    log-likelihood); a non-finite score is infinity, so it never wins. Where the fit sets its predictive noise on
+    those rows (:func:`~zoo.inference.noise_choice.chooses_noise` of ``spec``), a candidate is scored as its
+    predictive would be, at the σ likeliest there, not at the σ its fit learned (a fit that starts σ low may end with
+    it still short of its residuals, and would lose a choice its predictive wins).
 
     :param posterior: the candidate's posterior.
     :param data: the fit's data set (its calibration rows are scored).
     :param num_samples: posterior draws to average over.
     :param seed: seeds the draws.
+    :param spec: the fit's ``inference`` section (None: score at the fit's σ).
     :returns: the score and its name (``NLL`` or ``-test LL``).
     """
     from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
 
     rows = dataclasses.replace(data, x_test=data.x_calibration, y_test=data.y_calibration, x_ood={})
-    metrics = evaluate(posterior, rows, num_samples, seed)
+    likelihood = posterior.family.likelihood
+    sets_noise = spec is not None and chooses_noise(spec, True, likelihood)
+    if sets_noise:
+        set_noise_on_calibration_rows(posterior, likelihood, data, num_samples, seed)
+    try:
+        metrics = evaluate(posterior, rows, num_samples, seed)
+    finally:
+        if sets_noise:
+            likelihood.predictive_noise = None  # the kept run sets its own once the fit ends
     label = "NLL" if "nll" in metrics else "-test LL"
     score = metrics["nll"] if "nll" in metrics else -metrics["test_ll"]
     return (score if math.isfinite(score) else math.inf), label
@@ -130,7 +144,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
             fit.log(f"{name}: lr {lr:g} diverged: {err}")
             continue
         spent += result.seconds
-        scores[lr], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed)
+        scores[lr], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed, spec)
         fit.log(f"{name}: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
         if best is None or scores[lr] < scores[best[0]]:
             best = lr, result

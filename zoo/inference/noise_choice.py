@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from zoo.posterior import Posterior
 
 PREDICTIVE_NOISE_FILE = "predictive_noise.json"
-LOG_NOISE_SEARCH = 4.0  # the search spans the fit's log σ ± this (a factor of e⁴ = 55 either way)
+LOG_NOISE_SEARCH = 8.0  # the search spans log σ from the largest residual's down by this (a factor of e⁸ = 2,981)
 
 
 def chooses_noise(spec: Any, has_calibration_rows: bool, likelihood: Likelihood) -> bool:
@@ -58,13 +58,14 @@ def chooses_noise(spec: Any, has_calibration_rows: bool, likelihood: Likelihood)
     return spec.noise_by == "calibration"
 
 
-def likeliest_noise(loc: torch.Tensor, y: torch.Tensor, start: float) -> float:
-    """The one σ under which the mixture of N(loc_s, σ²) over draws s is likeliest at targets ``y``, searched in log σ
-    within :data:`LOG_NOISE_SEARCH` of ``start`` (bounded Brent, to 0.001 in log σ).
+def likeliest_noise(loc: torch.Tensor, y: torch.Tensor) -> float:
+    """The one σ under which the mixture of N(loc_s, σ²) over draws s is likeliest at targets ``y``: a bounded Brent
+    search of log σ (to 0.001), below the largest residual |y - loc_s| over rows and draws, where the likelihood
+    only falls as σ grows (every draw's term does), and down by :data:`LOG_NOISE_SEARCH`. The window is the data's,
+    not the fit's σ: a fit that started σ low may end it far below the rows' errors.
 
     :param loc: each draw's predictive mean ``[S, B]``, standardised units.
     :param y: the targets ``[B]``, standardised.
-    :param start: the σ the search is centred on (the fit's).
     :returns: σ, standardised units.
     """
     from scipy.optimize import minimize_scalar
@@ -74,9 +75,8 @@ def likeliest_noise(loc: torch.Tensor, y: torch.Tensor, start: float) -> float:
     def minus_ll(log_noise: float) -> float:
         return -regression_metrics(loc, loc.new_tensor(math.exp(log_noise)), y)["test_ll"]
 
-    centre = math.log(start)
-    found = minimize_scalar(minus_ll, bounds=(centre - LOG_NOISE_SEARCH, centre + LOG_NOISE_SEARCH),
-                            method="bounded", options={"xatol": 1e-3})
+    top = math.log(max(float((y - loc).abs().max()), 1e-12))
+    found = minimize_scalar(minus_ll, bounds=(top - LOG_NOISE_SEARCH, top), method="bounded", options={"xatol": 1e-3})
     return math.exp(found.x)
 
 
@@ -97,7 +97,7 @@ def set_noise_on_calibration_rows(posterior: Posterior, likelihood: Likelihood, 
     draws = posterior.predict(data.x_calibration, num_samples)
     y = data.y_calibration.to(draws.loc)
     fitted = float(draws.scale.mean())
-    chosen = likeliest_noise(draws.loc, y, fitted)
+    chosen = likeliest_noise(draws.loc, y)
     before = regression_metrics(draws.loc, draws.scale, y, y_std=data.y_std)["test_ll"]
     after = regression_metrics(draws.loc, draws.loc.new_tensor(chosen), y, y_std=data.y_std)["test_ll"]
     likelihood.predictive_noise = chosen

@@ -30,6 +30,8 @@ from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.inference.loop import TrainingLoop
 from zoo.inference.lr_choice import LR_CHOICE_DIR, calibration_score, chooses_lr, every_candidate_diverged
+from zoo.inference.noise_choice import chooses_noise
+from zoo.likelihoods import Likelihood, gaussian
 from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
@@ -775,7 +777,7 @@ class SVIRun:
                 continue
             run.ended = candidate.end_state()  # before scoring, which may draw from the random state
             run.score, label = calibration_score(GuidePosterior(family, guide), fit.data,
-                                                 fit.spec.predictive_samples, fit.seed)
+                                                 fit.spec.predictive_samples, fit.seed, fit.spec)
             scores[run.choice] = run.score
             fit.log(f"svi: {run.shown(what)}: {label} {run.score:.4g} on the calibration rows")
             if best is None or run.score < best.score:
@@ -929,6 +931,17 @@ class SVI(InferenceMethod):
     fitter = staticmethod(fit_svi)
     files = (CHECKPOINT_FILE,)
     summary = "minibatch ELBO maximisation of the spec's guide; checkpointed and resumable"
+
+    def noise_start(self, spec: SVIFitting, has_calibration_rows: bool, likelihood: Likelihood) -> float | None:
+        """Low (:data:`~zoo.likelihoods.gaussian.LOW_NOISE_START`) where the fit sets its predictive's noise on
+        calibration rows afterwards, so that the fit's σ shapes only the training; the prior's median otherwise.
+
+        :param spec: the run's ``inference`` section.
+        :param has_calibration_rows: whether the fit has rows held out of training.
+        :param likelihood: the likelihood as the spec builds it.
+        :returns: σ, or None (the prior's median).
+        """
+        return gaussian.LOW_NOISE_START if chooses_noise(spec, has_calibration_rows, likelihood) else None
 
     def describe(self, spec: SVIFitting) -> str:
         return "svi"

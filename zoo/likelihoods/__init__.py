@@ -67,9 +67,10 @@ class _AutoBase(Strict):
         """
         section = LIKELIHOODS[likelihood]
         given = self.model_dump(exclude_unset=True, exclude={"name"})
-        defaults = type(self)().model_dump()
-        for key in [k for k in given if k not in section.model_fields and given[k] == defaults[k]]:
+        defaults, full = type(self)().model_dump(), self.model_dump()
+        for key in [k for k in given if k not in section.model_fields and full[k] == defaults[k]]:
             del given[key]  # another likelihood's setting at its default: a run directory records every field
+            # (as of its day: a nested setting added since, absent from it, is at its default too)
         stray = sorted(key for key in given if key not in section.model_fields)
         if stray:
             owners = [name for name, s in LIKELIHOODS.items() if stray[0] in s.model_fields]

@@ -168,10 +168,12 @@ class LikelihoodSection(Strict):
         return False
 
     @abstractmethod
-    def build(self, data: Dataset) -> Likelihood:
+    def build(self, data: Dataset, noise_start: float | None = None) -> Likelihood:
         """The likelihood for ``data`` with this section's settings.
 
         :param data: the data set (its target scale turns settings in original units into standardised ones).
+        :param noise_start: where the inference method starts a learned noise that the section leaves open
+            (:attr:`zoo.inference.base.InferenceMethod.noise_start`; None: the noise prior's median).
         :returns: the likelihood.
         """
 

@@ -115,5 +115,5 @@ class CategoricalSpec(LikelihoodSection):
 
     name: Literal["categorical"] = Field(description="categorical")
 
-    def build(self, data) -> Categorical:
+    def build(self, data, noise_start: float | None = None) -> Categorical:
         return Categorical()
