@@ -9,6 +9,7 @@ import torch
 
 from zoo import registry
 from zoo.data import load_dataset
+from zoo.errors import ZooInputError
 from zoo.likelihoods.gaussian import LOW_NOISE_START
 from zoo.pipeline import build, build_likelihood
 from zoo.spec import load_spec
@@ -65,7 +66,7 @@ def test_the_spec_s_start_wins_and_the_prior_is_untouched():
 
 
 def test_a_start_that_is_no_scale_is_refused():
-    with pytest.raises(Exception, match="noise_prior.init"):
+    with pytest.raises(ZooInputError, match="noise_prior.init"):
         load_spec({**TOY, "likelihood": {"noise_prior": {"init": 0.0}}})
 
 

@@ -1280,21 +1280,32 @@ def _factored_laplace(fit: FitContext, prior: _Prior,
     return stats.evidence(precision, prior.centre, _noise(prior)), precision, scale_at(precision), scale_at
 
 
-def _noise_source(fit: FitContext, prior: _Prior) -> str:
+def noise_source(spec: LaplaceSpec, has_calibration_rows: bool, learned_noise: bool) -> str:
     """Where a fit's Gaussian noise comes from: ``inference.noise_by``, or where unset, the calibration rows where
     the fit has them, its noise is learned and its predictive is the GLM's (whose variance the search reads), the
     evidence otherwise (a categorical likelihood has no noise: evidence).
 
+    :param spec: the ``inference`` section.
+    :param has_calibration_rows: whether the fit has rows held out of training.
+    :param learned_noise: whether the likelihood learns a Gaussian noise.
+    :returns: ``calibration`` or ``evidence``.
+    """
+    if spec.noise_by is not None:
+        return spec.noise_by
+    return "calibration" if has_calibration_rows and learned_noise and spec.predictive == "glm" else "evidence"
+
+
+def _noise_source(fit: FitContext, prior: _Prior) -> str:
+    """:func:`noise_source` of a fit, refusing ``noise_by: calibration`` where it cannot be done.
+
     :raises ZooInputError: ``noise_by: calibration`` without calibration rows, or on a fixed noise.
     """
-    asked, has_rows = fit.spec.noise_by, fit.data.x_calibration is not None
-    if asked == "calibration" and not (has_rows and prior.learned_noise):
+    has_rows = fit.data.x_calibration is not None
+    if fit.spec.noise_by == "calibration" and not (has_rows and prior.learned_noise):
         raise ZooInputError("inference.noise_by", "calibration", "needs rows held out of training and a learned "
                             "Gaussian noise: pass val= to fit, set data.calibration_fraction (e.g. 0.1), or use "
                             "noise_by: evidence")
-    if asked is not None:
-        return asked
-    return "calibration" if has_rows and prior.learned_noise and fit.spec.predictive == "glm" else "evidence"
+    return noise_source(fit.spec, has_rows, prior.learned_noise)
 
 
 def _calibrate_noise(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
@@ -1487,15 +1498,14 @@ class Laplace(InferenceMethod):
 
     def noise_start(self, spec: LaplaceSpec, has_calibration_rows: bool, likelihood: Any) -> float | None:
         """Low for the MAP phase (:data:`~zoo.likelihoods.gaussian.LOW_NOISE_START`) where the calibration rows
-        set the noise (:func:`_noise_source`), as SVI's; the prior's median otherwise.
+        set the noise (:func:`noise_source`), as SVI's; the prior's median otherwise.
 
         :param spec: the run's ``inference`` section.
         :param has_calibration_rows: whether the fit has rows held out of training.
         :param likelihood: the likelihood as the spec builds it.
         :returns: σ, or None (the prior's median).
         """
-        by_rows = spec.noise_by == "calibration" or (spec.noise_by is None and has_calibration_rows
-                                                     and spec.predictive == "glm")
+        by_rows = noise_source(spec, has_calibration_rows, likelihood.learns_noise) == "calibration"
         return gaussian.LOW_NOISE_START if by_rows and likelihood.learns_noise else None
 
     def describe(self, spec: LaplaceSpec) -> str:

@@ -53,7 +53,7 @@ def chooses_lr(spec: Any, has_calibration_rows: bool) -> bool:
 
 
 def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, seed: int,
-                      spec: Any = None) -> tuple[float, str]:
+                      spec: Any) -> tuple[float, str]:
     """A candidate run's score on the calibration rows, lower is better: the NLL (regression: minus the test
     log-likelihood); a non-finite score is infinity, so it never wins. Where the fit sets its predictive noise on
     those rows (:func:`~zoo.inference.noise_choice.chooses_noise` of ``spec``), a candidate is scored as its
@@ -64,14 +64,14 @@ def calibration_score(posterior: Posterior, data: Dataset, num_samples: int, see
     :param data: the fit's data set (its calibration rows are scored).
     :param num_samples: posterior draws to average over.
     :param seed: seeds the draws.
-    :param spec: the fit's ``inference`` section (None: score at the fit's σ).
+    :param spec: the fit's ``inference`` section.
     :returns: the score and its name (``NLL`` or ``-test LL``).
     """
     from zoo.evaluate import evaluate  # (zoo.evaluate reaches the posteriors, which reach the inference methods)
 
     rows = dataclasses.replace(data, x_test=data.x_calibration, y_test=data.y_calibration, x_ood={})
     likelihood = posterior.family.likelihood
-    sets_noise = spec is not None and chooses_noise(spec, True, likelihood)
+    sets_noise = chooses_noise(spec, True, likelihood)
     if sets_noise:
         set_noise_on_calibration_rows(posterior, likelihood, data, num_samples, seed)
     try:
