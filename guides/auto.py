@@ -11,6 +11,7 @@ process cannot share or overwrite each other's guide.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -283,12 +284,37 @@ class AutoGuide(Guide):
             return density + log_det
 
     def init_from(self, values: dict[str, torch.Tensor]) -> list[str]:
-        """Rebuild the autoguide centred at point values (e.g. a MAP fit); returns the sites that were matched."""
+        """Move the autoguide's location to point values (e.g. a MAP fit) in place, its parameters kept (an optimiser
+        over them stays valid); AutoIAFNormal, whose flows have no location, matches none.
+
+        :param values: ``{site: value}`` in constrained space.
+        :returns: the sites that were matched.
+        """
         matched = {n: v.to(self.sites[n].init) for n, v in values.items()
-                   if n in self.sites and v.shape == self.sites[n].shape}
-        if matched:
-            self.bind(self._model, *self._example, init=matched)
+                   if n in self.sites and v.shape == self.sites[n].shape and self.locates(n)}
+        params = dict(self.auto.named_parameters()) if matched else {}
+        offsets, at = {}, 0
+        for name, shape in getattr(self.auto, "_unconstrained_shapes", {}).items():  # AutoContinuous' packed loc
+            offsets[name] = (at, at + math.prod(shape))
+            at = offsets[name][1]
+        with torch.no_grad():
+            for name, value in matched.items():
+                raw = biject_to(self.sites[name].support).inv(value)
+                if isinstance(self.auto, autoguide.AutoNormal):
+                    params[f"locs.{name}_unconstrained"].copy_(raw)
+                else:
+                    begin, end = offsets[name]
+                    self.auto.loc[begin:end].copy_(raw.reshape(-1))
         return list(matched)
+
+    def locates(self, site: str) -> bool:
+        """Whether :meth:`init_from` moves ``site``: AutoNormal's own location, or its place in an AutoContinuous
+        location vector; not AutoIAFNormal's flows."""
+        if self.auto is None or site not in self.sites:
+            return False
+        if isinstance(self.auto, autoguide.AutoNormal):
+            return True
+        return hasattr(self.auto, "loc") and site in getattr(self.auto, "_unconstrained_shapes", {})
 
 
 class AutoGuideSpec(GuideSection):

@@ -104,6 +104,14 @@ class Guide(nn.Module, metaclass=ABCMeta):
         :returns: the sites whose name and shape matched.
         """
 
+    def locates(self, site: str) -> bool:
+        """Whether :meth:`init_from` can move ``site``'s location in place (a fit can then choose where it starts).
+
+        :param site: a latent site of the family.
+        :returns: whether the guide has a location for it.
+        """
+        return site in getattr(self, "sites", {})
+
     def bind(self, model: Callable, *example: torch.Tensor) -> None:
         """Build what the guide builds from the model itself (Pyro's autoguides trace it); nothing by default.
 

@@ -104,7 +104,8 @@ def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(mon
     """fit(val=...) scores the finished fit once (its metrics); with ``echo`` it also scores five times as it goes,
     each a line. Unshown scores were most of a sampled member's fit on a small net (mnist5k mean-field: 35 s
     without them, 84 s with; rank-1's 400 predictive draws scored the rows twice at the end, as the monitor's last
-    report and as the metrics). This fit chooses its starting lr on the val rows, so each candidate's run is scored."""
+    report and as the metrics). This fit chooses its starting lr on the val rows, then its noise's start, so each
+    candidate's run (three lrs, one more start) is scored."""
     x = torch.randn(40, 3)
     y = x @ torch.tensor([1.0, -2.0, 0.5])
     scored, metrics = [], []
@@ -127,8 +128,8 @@ def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(mon
         bnn = zoo.BNN(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)), guide="mean_field")
         bnn.fit((x, y), val=(x[:10], y[:10]), num_steps=20, batch_size=None, progress=False, echo=echo)
         assert "nll" in bnn.metrics or "test_ll" in bnn.metrics
-        assert scored == ([] if echo is None else [5] * 15) and metrics == [1]  # 5 in each candidate lr's run
-    assert sum("validation" in line for line in lines) == 15
+        assert scored == ([] if echo is None else [5] * 20) and metrics == [1]  # 5 in each candidate's run
+    assert sum("validation" in line for line in lines) == 20
 
 
 def test_save_and_load_round_trip_bit_exactly_and_write_the_run_format(tmp_path):

@@ -1,17 +1,21 @@
 """Where a learned Gaussian noise starts: the inference method's start where ``likelihood.noise_prior.init`` leaves
 it open (SVI and Laplace's MAP phase low where calibration rows set the predictive's noise afterwards, else and for
-the SGD-stepped methods the prior's median), the spec's value where set."""
+the SGD-stepped methods the prior's median), the spec's value where set; where the method's start is taken, the fit
+also runs the prior's median and keeps the start the calibration rows score better."""
 
 import math
 
 import pytest
 import torch
 
+from guides.auto import AutoGuideSpec
+from tests.conftest import different_entries
 from zoo import registry
 from zoo.data import load_dataset
 from zoo.errors import ZooInputError
 from zoo.likelihoods.gaussian import LOW_NOISE_START
-from zoo.pipeline import build, build_likelihood
+from zoo.pipeline import build, build_likelihood, train
+from zoo.runs import CHECKPOINT_FILE, load_torch
 from zoo.spec import load_spec
 
 TOY = {"data": {"name": "toy_gap", "n_train": 40}, "net": {"hidden": [4]}}
@@ -76,3 +80,70 @@ def test_the_guide_starts_at_the_low_noise():
     _, guide = build(spec, load_dataset(spec.data, spec.seed))
     loc = guide.unconstrained_loc("noise_scale").detach()
     assert float(loc) == pytest.approx(math.log(LOW_NOISE_START), abs=1e-5)
+
+
+# ------------------------------------------------------------------ the start chosen on the calibration rows
+def open_start(tree: dict):
+    spec = load_spec(tree)
+    family, _ = build(spec, load_dataset(spec.data, spec.seed))
+    return family.likelihood.open_start()
+
+
+def test_the_method_s_start_is_weighed_against_the_median_only_where_it_took_the_open_start():
+    assert open_start({**HELD_OUT, "member": "mean_field"}) == (
+        "likelihood.noise_prior.init", "noise_scale", pytest.approx(LOW_NOISE_START),
+        (pytest.approx(LOW_NOISE_START), pytest.approx(MEDIAN)))
+    assert open_start({**TOY, "member": "mean_field"}) is None  # no rows to choose on: the median, unchosen
+    assert open_start({**HELD_OUT, "member": "swag"}) is None  # SWAG keeps the median
+    assert open_start({**HELD_OUT, "member": "mean_field",
+                       "likelihood": {"noise_prior": {"init": LOW_NOISE_START}}}) is None  # the spec's start
+
+
+def chosen_start_spec(*overrides: str):
+    base = {**HELD_OUT, "member": "mean_field", "device": "cpu", "seed": 0,
+            "inference": {"num_steps": 30, "batch_size": 16, "lr": 0.01, "predictive_samples": 8,
+                          "checkpoint_every": 10}}
+    return load_spec(base, list(overrides))
+
+
+def test_the_start_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_start(tmp_path):
+    """Both starts' whole runs are scored on the calibration rows; the fit keeps the better as it ended, which is the
+    run given that start by hand step for step, and its checkpoint records the choice."""
+    lines = []
+    chosen = train(chosen_start_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
+    line = next(x for x in lines if x.startswith("svi: likelihood.noise_prior.init ") and "chosen on" in x)
+    scores = {float(k): float(v) for k, v in (pair.split(": ") for pair in
+                                               line.split("(-test LL ")[1].rstrip(")").split(", "))}
+    start = float(line.split("likelihood.noise_prior.init ")[1].split(",")[0])
+    assert sorted(scores) == pytest.approx([LOW_NOISE_START, MEDIAN], rel=1e-5)
+    assert start == min(scores, key=scores.get)
+    saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
+    kept = saved["chosen_settings"]["likelihood.noise_prior.init"]
+    assert kept == pytest.approx(start, rel=1e-5) and len(saved["losses"]) == 30
+    by_hand = train(chosen_start_spec(f"likelihood.noise_prior.init={kept!r}"), tmp_path / "by_hand",
+                    progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
+    assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+
+
+@pytest.mark.parametrize("auto", ["normal", "low_rank_mvn"])
+def test_an_autoguide_moves_a_site_s_location_in_place(auto):
+    """The choice moves the noise's location between runs of one optimiser, so the autoguide's parameters stay the
+    same objects; its other sites keep their locations."""
+    spec = load_spec({**HELD_OUT, "member": "auto_normal", "guide": {"name": "auto", "auto": auto}})
+    _, guide = build(spec, load_dataset(spec.data, spec.seed))
+    before = {n: p for n, p in guide.named_parameters()}
+    weights = {n: v for n, v in guide.point_estimate().items() if n != "noise_scale"}
+    assert guide.locates("noise_scale")
+    assert guide.init_from({"noise_scale": torch.tensor(0.25)}) == ["noise_scale"]
+    assert dict(guide.named_parameters()) == before
+    moved = guide.point_estimate()
+    assert float(moved["noise_scale"]) == pytest.approx(0.25)
+    assert all(torch.equal(moved[n], v) for n, v in weights.items())
+
+
+def test_an_iaf_guide_has_no_location_to_move():
+    spec = load_spec({**HELD_OUT, "member": "auto_normal", "guide": {"name": "auto", "auto": "iaf"}})
+    _, guide = build(spec, load_dataset(spec.data, spec.seed))
+    assert isinstance(spec.guide, AutoGuideSpec) and not guide.locates("noise_scale")
+    assert guide.init_from({"noise_scale": torch.tensor(0.25)}) == []

@@ -606,42 +606,66 @@ def with_starting_lr(spec: SVIFitting, lr: float) -> SVIFitting:
 
 
 @dataclass
+class OpenSetting:
+    """A setting the spec left null for the fit to choose on its calibration rows once it has its starting lr (MC
+    dropout's rate, :meth:`guides.base.Guide.open_setting`; a learned noise's start,
+    :meth:`zoo.likelihoods.base.Likelihood.open_start`).
+
+    :ivar name: the spec field (``guide.dropout_rate``).
+    :ivar held: the value the run holds until the choice (its incumbent's).
+    :ivar candidates: the values the choice runs.
+    :ivar take: makes the run at its start hold a value.
+    :ivar record: notes the chosen value where the run's state does not carry it (None: the state carries it).
+    """
+
+    name: str
+    held: float
+    candidates: tuple[float, ...]
+    take: Callable[[float], None]
+    record: Callable[[float], None] | None = None
+
+
+@dataclass
 class CandidateRun:
     """One candidate run of a choice on the calibration rows (:meth:`SVIRun.choose_lr`).
 
     :ivar lr: its starting lr (None: the spec's).
-    :ivar value: the guide setting's value (None: the guide's own).
+    :ivar value: the setting's value (None: an lr's candidate).
+    :ivar setting: the setting's spec field (None: an lr's candidate).
     :ivar score: its score on the calibration rows, lower is better.
     :ivar ended: its end state (:meth:`SVIRun.end_state`).
     """
 
     lr: float | None
     value: float | None
+    setting: str | None = None
     score: float = math.inf
     ended: dict = field(default_factory=dict)
 
     @property
     def choice(self) -> str:
-        """The value chosen between the candidates: ``0.003`` (an lr), ``0.05`` (a guide setting)."""
+        """The value chosen between the candidates: ``0.003`` (an lr), ``0.05`` (a setting's)."""
         return f"{self.lr if self.value is None else self.value:g}"
 
-    def shown(self, what: str) -> str:
+    def shown(self) -> str:
         """How the log names it.
 
-        :param what: the setting chosen (``guide.dropout_rate``), for a setting's candidate.
         :returns: ``lr 0.003`` (an lr's candidate), ``guide.dropout_rate 0.05 at lr 0.01`` (a setting's).
         """
         if self.value is None:
             return f"lr {self.lr:g}"
-        return f"{what} {self.value:g}" + ("" if self.lr is None else f" at lr {self.lr:g}")
+        return f"{self.setting} {self.value:g}" + ("" if self.lr is None else f" at lr {self.lr:g}")
 
     def folder(self) -> str:
         """Its run directory's name in ``lr_choice/``.
 
-        :returns: ``0.003`` (an lr's candidate), ``0.01_p0.05`` (a setting's at lr 0.01), ``p0.05`` (at the spec's lr).
+        :returns: ``0.003`` (an lr's candidate), ``0.01_dropout_rate0.05`` (a setting's at lr 0.01),
+            ``dropout_rate0.05`` (at the spec's lr).
         """
         lr = "" if self.lr is None else f"{self.lr:g}"
-        return lr if self.value is None else f"{lr}_p{self.value:g}".lstrip("_")
+        if self.value is None:
+            return lr
+        return f"{lr}_{(self.setting or '').rsplit('.', 1)[-1]}{self.value:g}".lstrip("_")
 
 
 class SVIRun:
@@ -682,8 +706,10 @@ class SVIRun:
         self.step: SVIStep | None = None
         self.chosen_lr: float | None = None  # lr_by: calibration's choice, kept in the checkpoint for a resume
         self.chosen = False  # whether the run has made its choices on the calibration rows (choose_lr)
+        self.chosen_settings: dict[str, float] = {}  # the open settings' choices (open_settings), by spec field
         state = self.loop.state
-        self.loop.state = lambda: {**state(), "chosen_lr": self.chosen_lr, "chosen": self.chosen}
+        self.loop.state = lambda: {**state(), "chosen_lr": self.chosen_lr, "chosen": self.chosen,
+                                   "chosen_settings": self.chosen_settings}
 
     def resume(self) -> None:
         """Restore the guide, point parameters, buffers, optimiser, random state and loss curve of the checkpoint."""
@@ -699,17 +725,18 @@ class SVIRun:
         self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
         self.chosen_lr = state.get("chosen_lr")
         self.chosen = state.get("chosen", self.chosen_lr is not None)
+        self.chosen_settings = dict(state.get("chosen_settings", {}))
         self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
 
     def choose_lr(self) -> None:
         """Choose on the calibration rows what the spec left open, each by a whole run at each candidate from the
         run's start, keeping the best run as it ended (its steps are exactly those of a run given its choice by
         hand): with ``lr_by: calibration``, the starting lr of the default schedule from
-        :data:`~zoo.sections.LR_CANDIDATES`; then, where the guide has a setting left null (MC dropout's rate,
-        :meth:`guides.base.Guide.open_setting`), that setting at the chosen lr, the lr's kept run (at the guide's
-        own value) among its candidates. With a run directory each candidate checkpoints in ``lr_choice/<name>/``
-        (removed once the run has kept one), so an interrupted choice resumes; a resumed run that has chosen keeps
-        its checkpoint's choice (the guide's setting is in the guide's state).
+        :data:`~zoo.sections.LR_CANDIDATES`; then each setting left null (:meth:`open_settings`: MC dropout's rate,
+        a learned noise's start) at the choices made before it, the kept run (at the setting's held value) among
+        its candidates. With a run directory each candidate checkpoints in ``lr_choice/<name>/`` (removed once the
+        run has kept one), so an interrupted choice resumes; a resumed run that has chosen keeps its checkpoint's
+        choices.
 
         :raises ZooInputError: ``lr_by: calibration`` and the fit has no calibration rows.
         :raises TrainingDiverged: when every candidate diverged.
@@ -717,36 +744,69 @@ class SVIRun:
         fit = self.fit
         has_rows = fit.data.x_calibration is not None
         by_lr = chooses_lr(fit.spec, has_rows)
-        setting = fit.guide.open_setting() if has_rows else None
-        if not by_lr and setting is None:
+        settings = self.open_settings() if has_rows else []
+        if not by_lr and not settings:
             return
         if not self.chosen:
             self.loop.save()  # the common start, which a resumed choice starts its candidates from
             start = self.end_state()  # each candidate starts here, with the same random state
             kept = None
             if by_lr:
-                kept = self._best_run(start, [(lr, None) for lr in LR_CANDIDATES], None, "starting lr")
+                kept = self._best_run(start, [CandidateRun(lr, None) for lr in LR_CANDIDATES], None, "starting lr",
+                                      [])
                 self.chosen_lr = kept.lr
-            if setting is not None:
-                name, held, candidates = setting
-                if kept is not None:
-                    kept.value = held
-                self._best_run(start, [(self.chosen_lr, v) for v in candidates if kept is None or v != held], kept,
-                               name)
+            taken: list[tuple[OpenSetting, float]] = []  # the choices so far, which a later candidate starts with
+            for setting in settings:
+                if kept is not None:  # the incumbent: the run kept so far, at the setting's held value
+                    kept.value, kept.setting = setting.held, setting.name
+                runs = [CandidateRun(self.chosen_lr, v, setting.name) for v in setting.candidates
+                        if kept is None or v != setting.held]
+                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take)
+                taken.append((setting, kept.value))
+                self.chosen_settings[setting.name] = kept.value
             self.chosen = True
+        for setting in settings:
+            if setting.record is not None and setting.name in self.chosen_settings:
+                setting.record(self.chosen_settings[setting.name])
         if self.chosen_lr is not None:
             self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
 
-    def _best_run(self, start: dict, candidates: list[tuple[float | None, float | None]],
-                  best: CandidateRun | None, what: str) -> CandidateRun:
+    def open_settings(self) -> list[OpenSetting]:
+        """The settings this fit chooses on its calibration rows after its lr, in that order.
+
+        :returns: the guide's (MC dropout's rate), then a learned noise's start where the inference method set one the
+            spec left open (a value moves the guide's location of the noise site); empty where there is none.
+        """
+        guide, likelihood = self.fit.guide, self.fit.family.likelihood
+        settings = []
+        if (open_guide := guide.open_setting()) is not None:
+            name, held, candidates = open_guide
+            settings.append(OpenSetting(name, held, candidates, guide.take_setting))
+        start = likelihood.open_start()
+        if start is not None and guide.locates(start[1]):
+            name, site, held, candidates = start
+            shape = guide.sites[site].shape
+
+            def take(value: float) -> None:
+                guide.init_from({site: torch.full(shape, value)})
+                likelihood.take_start(value)
+
+            settings.append(OpenSetting(name, held, candidates, take, likelihood.take_start))
+        return settings
+
+    def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,
+                  taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None
+                  ) -> CandidateRun:
         """Run each candidate from ``start`` and continue as the best on the calibration rows (NLL; regression:
         -test LL), ``best`` (a run of an earlier choice) among them: guide, point parameters, buffers, optimiser,
         loss curve, data order and random state.
 
         :param start: the state every candidate starts from (:meth:`end_state`).
-        :param candidates: each candidate's starting lr (None: the spec's) and guide setting (None: the guide's).
+        :param candidates: the runs to make, each with its starting lr (None: the spec's) and setting's value.
         :param best: an earlier choice's kept run, the incumbent.
         :param what: what is chosen, for the log (``starting lr``, ``guide.dropout_rate``).
+        :param taken: the settings chosen before, and their values, which every candidate starts with.
+        :param take: makes the run at its start hold a candidate's value (the setting's; None: an lr's choice).
         :returns: the kept run.
         :raises TrainingDiverged: when every candidate diverged and there is no incumbent.
         """
@@ -755,17 +815,18 @@ class SVIRun:
         started = time.perf_counter()
         scores = {} if best is None else {best.choice: best.score}
         failures, label = {}, "score"
-        for lr, value in candidates:
+        for run in candidates:
             self._take(start)
-            if value is not None:
-                guide.take_setting(value)
-            run = CandidateRun(lr, value)
+            for earlier, value in taken:
+                earlier.take(value)
+            if take is not None:
+                take(run.value)
             where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / run.folder()
             candidate = SVIRun(dataclasses.replace(  # a monitor scores each candidate's run as it goes
-                fit, spec=fit.spec if lr is None else with_starting_lr(fit.spec, lr), run_dir=where,
+                fit, spec=fit.spec if run.lr is None else with_starting_lr(fit.spec, run.lr), run_dir=where,
                 log=RunLog(None, echo=None), monitor=copy.copy(fit.monitor),
                 resume=where is not None and (where / CHECKPOINT_FILE).exists()))
-            candidate.loop.desc = f"SVI at {run.shown(what)}"
+            candidate.loop.desc = f"SVI at {run.shown()}"
             try:
                 if candidate.fit.resume:
                     candidate.resume()
@@ -773,13 +834,13 @@ class SVIRun:
                 candidate.train()
             except TrainingDiverged as err:
                 scores[run.choice], failures[run.choice] = math.inf, err
-                fit.log(f"svi: {run.shown(what)} diverged: {err}")
+                fit.log(f"svi: {run.shown()} diverged: {err}")
                 continue
             run.ended = candidate.end_state()  # before scoring, which may draw from the random state
             run.score, label = calibration_score(GuidePosterior(family, guide), fit.data,
                                                  fit.spec.predictive_samples, fit.seed, fit.spec)
             scores[run.choice] = run.score
-            fit.log(f"svi: {run.shown(what)}: {label} {run.score:.4g} on the calibration rows")
+            fit.log(f"svi: {run.shown()}: {label} {run.score:.4g} on the calibration rows")
             if best is None or run.score < best.score:
                 best = run
         if best is None:

@@ -156,6 +156,21 @@ class Likelihood(ABC):
         """
         return None
 
+    def open_start(self) -> tuple[str, str, float, tuple[float, ...]] | None:
+        """A latent site whose starting value the spec left for the fit to choose on its calibration rows: the spec
+        field, the site, the start it holds now and the candidates; None where there is none (the default).
+
+        :returns: e.g. ``("likelihood.noise_prior.init", "noise_scale", 0.01, (0.01, 0.368))``.
+        """
+        return None
+
+    def take_start(self, value: float) -> None:
+        """Start the site :meth:`open_start` names at ``value`` (the fit's choice; the guide's location moves with it).
+
+        :param value: one of its candidates.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no start to choose")
+
 
 class LikelihoodSection(Strict):
     """The spec's ``likelihood`` section for one likelihood (``name: Literal[...]``)."""
@@ -173,7 +188,9 @@ class LikelihoodSection(Strict):
 
         :param data: the data set (its target scale turns settings in original units into standardised ones).
         :param noise_start: where the inference method starts a learned noise that the section leaves open
-            (:attr:`zoo.inference.base.InferenceMethod.noise_start`; None: the noise prior's median).
+            (:attr:`zoo.inference.base.InferenceMethod.noise_start`; None: the noise prior's median). Given one, the
+            fit also tries the prior's median and keeps the better start on its calibration rows
+            (:meth:`Likelihood.open_start`).
         :returns: the likelihood.
         """
 
