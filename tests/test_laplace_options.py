@@ -194,3 +194,23 @@ def test_the_rows_given_to_fit_as_val_calibrate_a_laplace_fits_noise():
         noises[given] = float(bnn.guide.point_estimate()["noise_scale"])
         assert ("80 calibration rows" in "\n".join(lines)) == (given == "val")
     assert noises["val"] != pytest.approx(noises["none"], rel=0.01)
+
+
+def test_the_calibration_rows_noise_is_found_far_from_the_evidence_s():
+    """The σ search spans the calibration rows' own window (from their largest residual down), not a factor around
+    the evidence's σ: rows whose errors are hundreds of times the fit's noise get a σ of their errors' size (the
+    search once stopped at e⁴ times the evidence's)."""
+    import zoo
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(240, 3, generator=g)
+    y = x[:, 0] - x[:, 1] ** 2 + 0.02 * torch.randn(240, generator=g)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    lines: list[str] = []
+    bnn = zoo.BNN(net, member="last_layer_laplace", likelihood="gaussian", seed=0)
+    bnn.fit((x[:160], y[:160]), val=(x[160:], y[160:] + 200.0), epochs=5, progress=False, echo=lines.append)
+    line = next(x for x in lines if x.startswith("laplace: noise "))  # in the targets' units
+    before, after = (float(v) for v in line.split("laplace: noise ")[1].split(", ")[0].split(" -> "))
+    assert after / before > math.exp(4.5)  # past the old window's edge, e⁴
+    assert after < 200.0 * 1.2  # and below the rows' errors, about the offset, as σ² and the GLM's variance share them

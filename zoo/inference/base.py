@@ -113,7 +113,9 @@ class InferenceMethod(ABC):
 
     def noise_start(self, spec: Any, has_calibration_rows: bool, likelihood: Any) -> float | None:
         """Where this method's fit starts a learned Gaussian noise σ that ``likelihood.noise_prior.init`` leaves
-        open, in standardised target units; None (the default): the noise prior's median.
+        open, in standardised target units; None (the default): the noise prior's median. A start given here is
+        weighed against the median by a fit that chooses on calibration rows
+        (:meth:`zoo.likelihoods.base.Likelihood.open_start`).
 
         :param spec: the run's ``inference`` section.
         :param has_calibration_rows: whether the fit has rows held out of training.

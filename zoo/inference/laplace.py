@@ -50,6 +50,7 @@ from zoo.curvature import KroneckerBlock, LowRankScale, OutputJacobian
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.evaluate import evaluate
 from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
+from zoo.inference.noise_choice import log_noise_window
 from zoo.likelihoods import PredictiveDraws, categorical_hessian_root, gaussian
 from zoo.models import FAMILIES
 from zoo.models.base import ModelFamily
@@ -1313,8 +1314,10 @@ def _calibrate_noise(fit: FitContext, site: str, prior: _Prior, precision: torch
                      ) -> torch.Tensor | list[KroneckerBlock] | LowRankScale:
     """Set ``prior``'s noise σ (in place) to the one whose GLM predictive N(f, σ² + v_σ) is likeliest on the
     calibration rows, the prior precision kept and the posterior recomputed at each σ tried (v_σ its outputs'
-    variance: the GGN over σ² plus the prior precision, inverted); a bounded search of log σ within a factor e⁴ of
-    the evidence's.
+    variance: the GGN over σ² plus the prior precision, inverted); a bounded search of log σ in the rows' window
+    (:func:`~zoo.inference.noise_choice.log_noise_window`: v_σ grows with σ, so above the largest residual the
+    likelihood only falls), not around the evidence's σ, which a MAP that fits its rows closely leaves far below
+    the calibration rows' errors.
 
     :returns: the posterior's scale at the σ found.
     """
@@ -1331,7 +1334,10 @@ def _calibrate_noise(fit: FitContext, site: str, prior: _Prior, precision: torch
         variance = prior.log_noise.exp() ** 2 + covariance[:, 0, 0].double()
         return float(0.5 * ((y - mean[:, 0].double()) ** 2 / variance + variance.log()).mean())
 
-    low, high = max(start - 4, LOG_NOISE_RANGE[0]), min(start + 4, LOG_NOISE_RANGE[1])
+    mean, _ = posterior.glm_moments(x)  # the GLM's mean is the MAP net's outputs, whatever σ
+    low, high = log_noise_window(y - mean[:, 0].double())
+    low = max(low, LOG_NOISE_RANGE[0])
+    high = max(min(high, LOG_NOISE_RANGE[1]), low + 1e-3)  # rows fitted to within e^-10: the range's floor
     found = minimize_scalar(nll, bounds=(low, high), method="bounded", options={"xatol": 1e-3})
     prior.log_noise.fill_(found.x)
     fit.log(f"laplace: noise {math.exp(start):.4g} -> {math.exp(found.x):.4g}, the likeliest on "

@@ -75,9 +75,19 @@ def likeliest_noise(loc: torch.Tensor, y: torch.Tensor) -> float:
     def minus_ll(log_noise: float) -> float:
         return -regression_metrics(loc, loc.new_tensor(math.exp(log_noise)), y)["test_ll"]
 
-    top = math.log(max(float((y - loc).abs().max()), 1e-12))
-    found = minimize_scalar(minus_ll, bounds=(top - LOG_NOISE_SEARCH, top), method="bounded", options={"xatol": 1e-3})
+    found = minimize_scalar(minus_ll, bounds=log_noise_window(y - loc), method="bounded", options={"xatol": 1e-3})
     return math.exp(found.x)
+
+
+def log_noise_window(residuals: torch.Tensor) -> tuple[float, float]:
+    """Where a search for the σ likeliest on calibration rows looks, in log σ: from the largest residual, above which
+    a Gaussian term's likelihood only falls as its variance grows, down by :data:`LOG_NOISE_SEARCH`.
+
+    :param residuals: y minus each draw's (or the GLM's) mean, any shape, standardised units.
+    :returns: ``(low, high)``.
+    """
+    top = math.log(max(float(residuals.abs().max()), 1e-12))
+    return top - LOG_NOISE_SEARCH, top
 
 
 def set_noise_on_calibration_rows(posterior: Posterior, likelihood: Likelihood, data: Dataset, num_samples: int,
