@@ -736,6 +736,15 @@ def test_init_from_a_mismatched_net_is_refused(map_run, spec_factory):
     assert info.value.field == "guide.init_from" and "no site name and shape matches" in str(info.value)
 
 
+def test_init_from_is_refused_for_a_guide_without_a_location(map_run, spec_factory):
+    """AutoIAFNormal's flows have no location to centre at a MAP: the refusal says so and names the autoguides that
+    do, not a shape mismatch."""
+    spec = spec_factory("toy", f"guide.init_from={map_run.run_dir}", "guide.name=auto", "guide.auto=iaf")
+    with pytest.raises(ZooInputError, match="has no location to start its sites at") as info:
+        prepare(spec)
+    assert info.value.field == "guide.init_from" and "low_rank_mvn" in str(info.value)
+
+
 def test_init_from_a_missing_path_is_refused(tmp_path, spec_factory):
     with pytest.raises(ZooInputError) as info:
         prepare(spec_factory("toy", f"guide.init_from={tmp_path / 'nowhere'}"))

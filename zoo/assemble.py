@@ -261,9 +261,13 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     # a guide built on the model itself (Pyro's autoguides) traces it at two rows
     guide.bind(family.model, data.x_train[:2].to(data.device), data.y_train[:2].to(data.device))
     if spec.guide.init_from:
-        matched = guide.init_from(load_point_values(spec.guide.init_from))
-        if not matched:
-            raise ZooInputError("guide.init_from", spec.guide.init_from, "no site name and shape matches this net")
+        values = load_point_values(spec.guide.init_from)
+        if not guide.init_from(values):
+            placeless = any(name in family.latent_sites() and not guide.locates(name) for name in values)
+            raise ZooInputError("guide.init_from", spec.guide.init_from, (
+                f"guide {spec.guide.label} has no location to start its sites at (Pyro's AutoIAFNormal: its flows "
+                "start from a standard normal); drop guide.init_from, or use guide.auto: normal, low_rank_mvn or "
+                "mvn") if placeless else "no site name and shape matches this net")
     guide.to(device=data.device, dtype=dtype)
     return family, guide
 
