@@ -65,6 +65,7 @@ from zoo.data.mnist5k import load_mnist5k  # noqa: E402
 from zoo.data.toy import load_toy_gap  # noqa: E402
 from zoo.data.uci import load_uci  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
+from zoo.exits import exit_code  # noqa: E402
 from zoo.inference import METHODS, noise_choice  # noqa: E402
 from zoo.likelihoods import gaussian  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
@@ -734,8 +735,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ZooInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(exit_code(main))

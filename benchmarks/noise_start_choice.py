@@ -109,8 +109,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ZooInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(exit_code(e))
+    sys.exit(exit_code(main))

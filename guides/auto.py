@@ -292,29 +292,28 @@ class AutoGuide(Guide):
         """
         matched = {n: v.to(self.sites[n].init) for n, v in values.items()
                    if n in self.sites and v.shape == self.sites[n].shape and self.locates(n)}
-        params = dict(self.auto.named_parameters()) if matched else {}
-        offsets, at = {}, 0
-        for name, shape in getattr(self.auto, "_unconstrained_shapes", {}).items():  # AutoContinuous' packed loc
-            offsets[name] = (at, at + math.prod(shape))
-            at = offsets[name][1]
         with torch.no_grad():
             for name, value in matched.items():
-                raw = biject_to(self.sites[name].support).inv(value)
-                if isinstance(self.auto, autoguide.AutoNormal):
-                    params[f"locs.{name}_unconstrained"].copy_(raw)
-                else:
-                    begin, end = offsets[name]
-                    self.auto.loc[begin:end].copy_(raw.reshape(-1))
+                location = self._location(name)
+                location.copy_(biject_to(self.sites[name].support).inv(value).reshape(location.shape))
         return list(matched)
 
     def locates(self, site: str) -> bool:
         """Whether :meth:`init_from` moves ``site``: AutoNormal's own location, or its place in an AutoContinuous
         location vector; not AutoIAFNormal's flows."""
-        if self.auto is None or site not in self.sites:
-            return False
+        return self.auto is not None and site in self.sites and self._location(site) is not None
+
+    def _location(self, site: str) -> torch.Tensor | None:
+        """The unconstrained location of ``site`` in the autoguide's parameters (a view: writing to it moves the
+        guide), or None where the autoguide has none."""
         if isinstance(self.auto, autoguide.AutoNormal):
-            return True
-        return hasattr(self.auto, "loc") and site in getattr(self.auto, "_unconstrained_shapes", {})
+            return dict(self.auto.named_parameters())[f"locs.{site}_unconstrained"]
+        shapes = getattr(self.auto, "_unconstrained_shapes", {})
+        if not hasattr(self.auto, "loc") or site not in shapes:
+            return None
+        before = list(shapes)[:list(shapes).index(site)]  # AutoContinuous packs the sites' locations in this order
+        begin = sum(math.prod(shapes[name]) for name in before)
+        return self.auto.loc[begin:begin + math.prod(shapes[site])]
 
 
 class AutoGuideSpec(GuideSection):

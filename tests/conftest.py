@@ -158,6 +158,16 @@ def different_entries(a: dict, b: dict) -> list[str]:
         torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) and torch.is_tensor(b[k]) else a[k] == b[k]))
 
 
+def choice_in_log(lines: list[str], what: str) -> tuple[float, dict[float, float], str]:
+    """A choice on the calibration rows as its log line states it (``svi: <what> <kept>, chosen on ... by a whole run
+    at each (-test LL <candidate>: <score>, ...)``): the value kept, each candidate's score, and the line."""
+    line = next(x for x in lines if x.startswith(f"svi: {what} ") and "chosen on" in x)
+    kept = float(line.split(f"svi: {what} ")[1].split(",")[0])
+    scores = {float(k): float(v) for k, v in (pair.split(": ") for pair in
+                                               line.split("(-test LL ")[1].rstrip(")").split(", "))}
+    return kept, scores, line
+
+
 def crash_in_the_second_candidate(monkeypatch, step: int) -> list[int]:
     """Raise ``RuntimeError("simulated")`` once, when SVI reaches ``step`` for the second time (in the second of a
     choice's candidate runs); returns the list of steps taken, appended as they come (``kl_weight`` is asked once

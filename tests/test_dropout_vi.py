@@ -12,7 +12,7 @@ import torch
 
 import zoo.inference.svi as svi
 from guides.dropout import DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES, DropoutGuide
-from tests.conftest import crash_in_the_second_candidate, different_entries
+from tests.conftest import choice_in_log, crash_in_the_second_candidate, different_entries
 from tests.test_baselines import tiny_mean_field
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import LazyTraceMeanField_ELBO
@@ -91,10 +91,7 @@ def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_r
     given that rate by hand, step for step), its checkpoint carries the rate, and the run reloads with it."""
     lines = []
     chosen = train(chosen_rate_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
-    line = next(x for x in lines if x.startswith("svi: guide.dropout_rate ") and "chosen on" in x)
-    scores = {float(p): float(v) for p, v in (pair.split(": ") for pair in
-                                                line.split("(-test LL ")[1].rstrip(")").split(", "))}
-    rate = float(line.split("guide.dropout_rate ")[1].split(",")[0])
+    rate, scores, _ = choice_in_log(lines, "guide.dropout_rate")
     assert sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES) and rate == min(scores, key=scores.get)
     saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
     assert saved["guide"]["_extra_state"] == {"dropout_rate": rate} and len(saved["losses"]) == 30

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from guides.auto import AutoGuideSpec
-from tests.conftest import different_entries
+from tests.conftest import choice_in_log, different_entries
 from zoo import registry
 from zoo.data import load_dataset
 from zoo.errors import ZooInputError
@@ -111,10 +111,7 @@ def test_the_start_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run
     run given that start by hand step for step, and its checkpoint records the choice."""
     lines = []
     chosen = train(chosen_start_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
-    line = next(x for x in lines if x.startswith("svi: likelihood.noise_prior.init ") and "chosen on" in x)
-    scores = {float(k): float(v) for k, v in (pair.split(": ") for pair in
-                                               line.split("(-test LL ")[1].rstrip(")").split(", "))}
-    start = float(line.split("likelihood.noise_prior.init ")[1].split(",")[0])
+    start, scores, _ = choice_in_log(lines, "likelihood.noise_prior.init")
     assert sorted(scores) == pytest.approx([LOW_NOISE_START, MEDIAN], rel=1e-5)
     assert start == min(scores, key=scores.get)
     saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)

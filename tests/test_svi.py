@@ -15,7 +15,13 @@ import torch
 
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
-from tests.conftest import compiled_step, crash_in_the_second_candidate, different_entries, interrupt_at
+from tests.conftest import (
+    choice_in_log,
+    compiled_step,
+    crash_in_the_second_candidate,
+    different_entries,
+    interrupt_at,
+)
 from zoo import assemble
 from zoo import bnn as bnn_module
 from zoo.data import load_dataset
@@ -168,10 +174,7 @@ def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_t
     the run given that lr by hand with the default's hold and decay, step for step."""
     lines = []
     chosen = train(spec_factory("toy", *LR_BY), tmp_path / "chosen", progress=False, echo=lines.append)
-    line = next(x for x in lines if x.startswith("svi: starting lr"))
-    scores = {float(lr): float(v) for lr, v in (pair.split(": ") for pair in
-                                                  line.split("(-test LL ")[1].rstrip(")").split(", "))}
-    lr = float(line.split("starting lr ")[1].split(",")[0])
+    lr, scores, line = choice_in_log(lines, "starting lr")
     assert sorted(scores) == [1e-3, 3e-3, 1e-2] and lr == min(scores, key=scores.get)
     assert "by a whole run at each" in line
     assert checkpoint(chosen.run_dir)["chosen_lr"] == lr

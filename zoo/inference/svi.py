@@ -614,15 +614,13 @@ class OpenSetting:
     :ivar name: the spec field (``guide.dropout_rate``).
     :ivar held: the value the run holds until the choice (its incumbent's).
     :ivar candidates: the values the choice runs.
-    :ivar take: makes the run at its start hold a value.
-    :ivar record: notes the chosen value where the run's state does not carry it (None: the state carries it).
+    :ivar take: makes the run at its start hold a value (the guide's state then carries it).
     """
 
     name: str
     held: float
     candidates: tuple[float, ...]
     take: Callable[[float], None]
-    record: Callable[[float], None] | None = None
 
 
 @dataclass
@@ -765,9 +763,6 @@ class SVIRun:
                 taken.append((setting, kept.value))
                 self.chosen_settings[setting.name] = kept.value
             self.chosen = True
-        for setting in settings:
-            if setting.record is not None and setting.name in self.chosen_settings:
-                setting.record(self.chosen_settings[setting.name])
         if self.chosen_lr is not None:
             self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
 
@@ -786,12 +781,8 @@ class SVIRun:
         if start is not None and guide.locates(start[1]):
             name, site, held, candidates = start
             shape = guide.sites[site].shape
-
-            def take(value: float) -> None:
-                guide.init_from({site: torch.full(shape, value)})
-                likelihood.take_start(value)
-
-            settings.append(OpenSetting(name, held, candidates, take, likelihood.take_start))
+            settings.append(OpenSetting(name, held, candidates,
+                                        lambda value: guide.init_from({site: torch.full(shape, value)})))
         return settings
 
     def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,

@@ -164,13 +164,6 @@ class Likelihood(ABC):
         """
         return None
 
-    def take_start(self, value: float) -> None:
-        """Start the site :meth:`open_start` names at ``value`` (the fit's choice; the guide's location moves with it).
-
-        :param value: one of its candidates.
-        """
-        raise NotImplementedError(f"{type(self).__name__} has no start to choose")
-
 
 class LikelihoodSection(Strict):
     """The spec's ``likelihood`` section for one likelihood (``name: Literal[...]``)."""

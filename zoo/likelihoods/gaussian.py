@@ -71,27 +71,25 @@ class Gaussian(Likelihood):
         """
         if self.fixed_noise is not None:
             return {}
-        init = torch.tensor(self.prior_loc).exp() if self.init is None else torch.tensor(self.init)
+        init = torch.tensor(self.prior_median if self.init is None else self.init)
         return {self.noise_site: LatentSite(torch.Size(), init, constraints.positive)}
 
     def open_start(self) -> tuple[str, str, float, tuple[float, ...]] | None:
         """The learned sigma's start where the inference method set it and the spec left it open: the method's start
         or the prior's median, whichever the fit's calibration rows score better.
 
-        :returns: ``("likelihood.noise_prior.init", "noise_scale", the start held now, (the method's, the
-            median))``, or None.
+        :returns: ``("likelihood.noise_prior.init", "noise_scale", the method's start (the one held until the
+            choice), (the method's, the median))``, or None.
         """
         if self.method_start is None:
             return None
-        return ("likelihood.noise_prior.init", self.noise_site, float(self.init),
-                (float(self.method_start), math.exp(self.prior_loc)))
+        return ("likelihood.noise_prior.init", self.noise_site, float(self.method_start),
+                (float(self.method_start), self.prior_median))
 
-    def take_start(self, value: float) -> None:
-        """Start sigma at ``value`` (one of :meth:`open_start`'s candidates): what the fit chose.
-
-        :param value: sigma, in standardised target units.
-        """
-        self.init = float(value)
+    @property
+    def prior_median(self) -> float:
+        """The noise prior's median, ``exp(prior_loc)``: where sigma starts unless told otherwise."""
+        return math.exp(self.prior_loc)
 
     def sample_latents(self, like: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Sample the noise scale (if learned) outside the data plate.
