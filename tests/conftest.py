@@ -159,10 +159,10 @@ def different_entries(a: dict, b: dict) -> list[str]:
 
 
 def choice_in_log(lines: list[str], what: str) -> tuple[float, dict[float, float], str]:
-    """A choice on the calibration rows as its log line states it (``svi: <what> <kept>, chosen on ... by a whole run
-    at each (-test LL <candidate>: <score>, ...)``): the value kept, each candidate's score, and the line."""
+    """A choice on the calibration rows as its log line states it (``svi: <what> <kept>[ at lr <lr>], chosen on ... by a
+    whole run at each (-test LL <candidate>: <score>, ...)``): the value kept, each candidate's score, and the line."""
     line = next(x for x in lines if x.startswith(f"svi: {what} ") and "chosen on" in x)
-    kept = float(line.split(f"svi: {what} ")[1].split(",")[0])
+    kept = float(line.split(f"svi: {what} ")[1].split(",")[0].split(" at lr ")[0])
     scores = {float(k): float(v) for k, v in (pair.split(": ") for pair in
                                                line.split("(-test LL ")[1].rstrip(")").split(", "))}
     return kept, scores, line

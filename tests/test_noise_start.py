@@ -144,3 +144,26 @@ def test_an_iaf_guide_has_no_location_to_move():
     _, guide = build(spec, load_dataset(spec.data, spec.seed))
     assert isinstance(spec.guide, AutoGuideSpec) and not guide.locates("noise_scale")
     assert guide.init_from({"noise_scale": torch.tensor(0.25)}) == []
+
+
+def test_a_laplace_member_s_map_phase_is_the_map_member_s_fit():
+    """Where the calibration rows set the predictive's σ, the MAP phase scores its candidate runs (lr, noise start)
+    at that σ, as the MAP member does, not at the σ each run learned (which always ranks the low start last): the
+    two choose alike and fit the same net."""
+    import zoo
+
+    torch.manual_seed(0)
+    x = torch.randn(120, 3)
+    y = (2 * x[:, :1] + torch.sin(x[:, 1:2]) + 0.1 * torch.randn(120, 1))
+    fitted, logs = {}, {}
+    for member in ("map", "kfac_laplace"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        logs[member] = []
+        bnn = zoo.BNN(net, member=member, likelihood="gaussian", seed=0)
+        bnn.fit((x[:80], y[:80]), val=(x[80:], y[80:]), epochs=2, progress=False, echo=logs[member].append)
+        family = bnn.posterior.family
+        fitted[member] = family.map_values if member != "map" else bnn.posterior.guide.point_estimate()
+    assert different_entries(fitted["map"], fitted["kfac_laplace"]) == []
+    for setting in ("starting lr", "likelihood.noise_prior.init"):
+        assert choice_in_log(logs["map"], setting)[:2] == choice_in_log(logs["kfac_laplace"], setting)[:2]

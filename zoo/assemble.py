@@ -255,6 +255,8 @@ def build(spec: RunSpec, data: Dataset, run_dir: Path | None = None, log: RunLog
     family.fit_structure(data, StructureFit(run_dir, spec.seed, log or RunLog(None, echo=None), progress,
                                             fit_map=SVI().fit, dense_matrices=spec.guide.dense_matrices,
                                             factored_layers_only=spec.guide.factored_layers_only,
+                                            map_noise_by=registry.method_of(spec).map_noise_by(
+                                                spec.inference, data.x_calibration is not None, likelihood),
                                             most_weights=partial(registry.method_of(spec).most_weights, spec)))
     pyro.set_rng_seed(spec.seed)
     guide = spec.guide.build(family.latent_sites())

@@ -124,6 +124,18 @@ class InferenceMethod(ABC):
         """
         return None
 
+    def map_noise_by(self, spec: Any, has_calibration_rows: bool, likelihood: Any) -> str:
+        """How a family's MAP phase (:class:`~zoo.models.base.StructureFit`) scores the candidate runs it chooses
+        between on calibration rows: ``calibration``, at the σ likeliest on those rows, where this method's
+        predictive sets its σ there once the fit ends; ``fit`` (the default), at the σ each run learned.
+
+        :param spec: the run's ``inference`` section.
+        :param has_calibration_rows: whether the fit has rows held out of training.
+        :param likelihood: the likelihood as the spec builds it.
+        :returns: ``calibration`` or ``fit``.
+        """
+        return "fit"
+
     def spend_budget(self, budget: dict[str, Any], section: dict[str, Any]) -> dict[str, Any]:
         """The settings that spend a fit's whole budget (``fit(epochs=E)``), to go into :attr:`budget_section`: the
         budget itself by default; a method whose run has phases splits it between them.

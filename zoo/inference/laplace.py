@@ -1504,15 +1504,27 @@ class Laplace(InferenceMethod):
 
     def noise_start(self, spec: LaplaceSpec, has_calibration_rows: bool, likelihood: Any) -> float | None:
         """Low for the MAP phase (:data:`~zoo.likelihoods.gaussian.LOW_NOISE_START`) where the calibration rows
-        set the noise (:func:`noise_source`), as SVI's; the prior's median otherwise.
+        set the noise (:meth:`map_noise_by`), as SVI's; the prior's median otherwise.
 
         :param spec: the run's ``inference`` section.
         :param has_calibration_rows: whether the fit has rows held out of training.
         :param likelihood: the likelihood as the spec builds it.
         :returns: σ, or None (the prior's median).
         """
+        by_rows = self.map_noise_by(spec, has_calibration_rows, likelihood) == "calibration"
+        return gaussian.LOW_NOISE_START if by_rows else None
+
+    def map_noise_by(self, spec: LaplaceSpec, has_calibration_rows: bool, likelihood: Any) -> str:
+        """``calibration`` where the calibration rows set the GLM predictive's σ (:func:`noise_source`) of a learned
+        noise: the MAP phase's candidates are then scored as the MAP member's are, so that the two are one fit.
+
+        :param spec: the run's ``inference`` section.
+        :param has_calibration_rows: whether the fit has rows held out of training.
+        :param likelihood: the likelihood as the spec builds it.
+        :returns: ``calibration`` or ``fit``.
+        """
         by_rows = noise_source(spec, has_calibration_rows, likelihood.learns_noise) == "calibration"
-        return gaussian.LOW_NOISE_START if by_rows and likelihood.learns_noise else None
+        return "calibration" if by_rows and likelihood.learns_noise else "fit"
 
     def describe(self, spec: LaplaceSpec) -> str:
         return f"laplace ({spec.predictive} predictive)"

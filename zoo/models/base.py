@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import pyro
 import torch
@@ -66,6 +66,10 @@ class StructureFit:
         section's ``dense_matrices``), for a family that refuses a size whose covariance would not fit.
     :param factored_layers_only: whether the guide covers only layers KFAC factors (the guide section's
         ``factored_layers_only``): a selection of every weight then keeps the others at their MAP.
+    :param map_noise_by: how a MAP phase that chooses its lr or its noise's start on calibration rows scores each
+        candidate run of a learned Gaussian noise: ``calibration``, at the σ likeliest on those rows (the run's
+        predictive sets its σ there afterwards), or ``fit``, at the σ the run learned
+        (:meth:`zoo.inference.base.InferenceMethod.map_noise_by`).
     :param most_weights: the inference method's own bound on a weight vector it fits a Gaussian over, given the
         likelihood, the training rows and the net's outputs: ``(most, why)``, or None for no bound
         (:meth:`zoo.inference.base.InferenceMethod.most_weights`); None: no method bound.
@@ -78,6 +82,7 @@ class StructureFit:
     fit_map: Callable[..., object]
     dense_matrices: int = 0
     factored_layers_only: bool = False
+    map_noise_by: Literal["calibration", "fit"] = "fit"
     most_weights: Callable[[Likelihood, int, int], tuple[int, str] | None] | None = None
 
 

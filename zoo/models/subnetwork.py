@@ -54,7 +54,7 @@ from zoo.runs import (
     save_checkpoint,
     save_torch,
 )
-from zoo.sections import Strict, SVIFitting
+from zoo.sections import Strict, SVIFitting, SVISpec
 from zoo.sites import WEIGHT_VECTOR, LatentSite
 
 SITE = "subnet"
@@ -280,7 +280,7 @@ class SubnetworkBNN(ModelFamily):
         :param data: the training data.
         :param how: where to keep it and how to fit the MAP net.
         """
-        run_dir, seed, log, progress, fit_map = how.run_dir, how.seed, how.log, how.progress, how.fit_map
+        run_dir, seed, log = how.run_dir, how.seed, how.log
         path = Path(run_dir) / SUBNET_FILE if run_dir is not None else None
         flat_precision = self._flat_prior_precision(torch.zeros((), device=data.device, dtype=data.dtype))
         if path is not None and path.exists():
@@ -296,7 +296,7 @@ class SubnetworkBNN(ModelFamily):
             selection_spec = self.spec.selection
             if selection_spec.strategy in SIZED_SELECTIONS:  # refused (or a fraction capped) before the MAP fit
                 selection_spec = self._sized_to_fit(data, how, element_size, log)
-            self._set_map(self._map_values(data, run_dir, seed, log, progress, fit_map))  # the fit left its statistics
+            self._set_map(self._map_values(data, how))  # the fit left its statistics
             self._estimate_missing_noise(data, log)
             selection = build_selection(selection_spec)
             context = SelectionContext(self.net, self.layout, data, self.likelihood, self.map_noise(),
@@ -344,8 +344,8 @@ class SubnetworkBNN(ModelFamily):
             f"run can hold ({why}): capped at {most:,} ({_percent(most, self.layout.size)})")
         return self.spec.selection.model_copy(update={"size": most})
 
-    def _map_values(self, data: Dataset, run_dir: Path | None, seed: int, log,
-                    progress: bool, fit_map) -> dict[str, torch.Tensor]:
+    def _map_values(self, data: Dataset, how: StructureFit) -> dict[str, torch.Tensor]:
+        log = how.log
         if self.spec.map_from == "net":  # a trained net: post-hoc Laplace at its own weights and statistics
             log("MAP net: the net's own weights (model.map_from: net)")
             return {n: p.detach().clone() for n, p in self.net.named_parameters()}
@@ -366,11 +366,13 @@ class SubnetworkBNN(ModelFamily):
         trainable = [n for n, p in self.net.named_parameters() if p.requires_grad]
         all_weights = AllWeightsBNN(self.net, self.prior_configs, self.likelihood, trainable)
         guide = DeltaGuide(all_weights.latent_sites()).to(device=data.device, dtype=data.dtype)
-        map_dir = Path(run_dir) / MAP_DIR if run_dir is not None else None
+        map_dir = Path(how.run_dir) / MAP_DIR if how.run_dir is not None else None
         resume = map_dir is not None and (map_dir / "checkpoint.pt").exists()
         log("fitting the MAP net (SVI with a Delta guide)" + (", resumed" if resume else ""))
-        fitted = fit_map(all_weights, guide, data, self.spec.map, seed, run_dir=map_dir, resume=resume, log=log,
-                         progress=progress)
+        # its candidate runs (lr, noise start) scored as the MAP member's are where the rows set the predictive's σ
+        spec = SVISpec.model_validate({**self.spec.map.model_dump(exclude_unset=True), "noise_by": how.map_noise_by})
+        fitted = how.fit_map(all_weights, guide, data, spec, how.seed, run_dir=map_dir, resume=resume, log=log,
+                             progress=how.progress)
         values = {**{n: p.detach().clone() for n, p in self.net.named_parameters() if not p.requires_grad},
                   **guide.point_estimate()}
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
