@@ -160,11 +160,17 @@ def different_entries(a: dict, b: dict) -> list[str]:
 
 def choice_in_log(lines: list[str], what: str) -> tuple[float, dict[float, float], str]:
     """A choice on the calibration rows as its log line states it (``svi: <what> <kept>[ at lr <lr>], chosen on ... by a
-    whole run at each (-test LL <candidate>: <score>, ...)``): the value kept, each candidate's score, and the line."""
+    whole run at each (-test LL <candidate>[ at lr <lr>]: <score>, ...)``): the value kept, each candidate's score
+    (by ``(value, lr)`` where the candidates ran at each lr), and the line."""
     line = next(x for x in lines if x.startswith(f"svi: {what} ") and "chosen on" in x)
     kept = float(line.split(f"svi: {what} ")[1].split(",")[0].split(" at lr ")[0])
-    scores = {float(k): float(v) for k, v in (pair.split(": ") for pair in
-                                               line.split("(-test LL ")[1].rstrip(")").split(", "))}
+
+    def candidate(name: str) -> float | tuple[float, float]:  # a joint choice's candidates: (value, lr)
+        value, _, lr = name.partition(" at lr ")
+        return (float(value), float(lr)) if lr else float(value)
+
+    scores = {candidate(k): float(v) for k, v in (pair.split(": ") for pair in
+                                                   line.split("(-test LL ")[1].rstrip(")").split(", "))}
     return kept, scores, line
 
 

@@ -615,12 +615,16 @@ class OpenSetting:
     :ivar held: the value the run holds until the choice (its incumbent's).
     :ivar candidates: the values the choice runs.
     :ivar take: makes the run at its start hold a value (the guide's state then carries it).
+    :ivar each_lr: where the fit chooses its lr too, run each candidate at every starting lr
+        (:data:`~zoo.sections.LR_CANDIDATES`), not only at the one chosen before: a joint choice, for a setting that
+        changes which lr is best (a noise's start).
     """
 
     name: str
     held: float
     candidates: tuple[float, ...]
     take: Callable[[float], None]
+    each_lr: bool = False
 
 
 @dataclass
@@ -644,6 +648,15 @@ class CandidateRun:
     def choice(self) -> str:
         """The value chosen between the candidates: ``0.003`` (an lr), ``0.05`` (a setting's)."""
         return f"{self.lr if self.value is None else self.value:g}"
+
+    def key(self, each_lr: bool) -> str:
+        """How a choice's scores name it: :attr:`choice`, and a setting's lr where its candidates run at each.
+
+        :param each_lr: whether the choice runs the setting's candidates at every starting lr.
+        :returns: ``0.05`` or ``0.367879 at lr 0.003``.
+        """
+        at = each_lr and self.value is not None and self.lr is not None
+        return f"{self.choice} at lr {self.lr:g}" if at else self.choice
 
     def shown(self) -> str:
         """How the log names it.
@@ -732,9 +745,10 @@ class SVIRun:
         hand): with ``lr_by: calibration``, the starting lr of the default schedule from
         :data:`~zoo.sections.LR_CANDIDATES`; then each setting left null (:meth:`open_settings`: MC dropout's rate,
         a learned noise's start) at the choices made before it, the kept run (at the setting's held value) among
-        its candidates. With a run directory each candidate checkpoints in ``lr_choice/<name>/`` (removed once the
-        run has kept one), so an interrupted choice resumes; a resumed run that has chosen keeps its checkpoint's
-        choices.
+        its candidates; a setting that changes which lr is best (:attr:`OpenSetting.each_lr`: a noise's start) runs
+        its candidates at every starting lr, and the run kept may bring another lr. With a run directory each
+        candidate checkpoints in ``lr_choice/<name>/`` (removed once the run has kept one), so an interrupted choice
+        resumes; a resumed run that has chosen keeps its checkpoint's choices.
 
         :raises ZooInputError: ``lr_by: calibration`` and the fit has no calibration rows.
         :raises TrainingDiverged: when every candidate diverged.
@@ -757,11 +771,14 @@ class SVIRun:
             for setting in settings:
                 if kept is not None:  # the incumbent: the run kept so far, at the setting's held value
                     kept.value, kept.setting = setting.held, setting.name
-                runs = [CandidateRun(self.chosen_lr, v, setting.name) for v in setting.candidates
+                each_lr = by_lr and setting.each_lr
+                lrs = LR_CANDIDATES if each_lr else (self.chosen_lr,)
+                runs = [CandidateRun(lr, v, setting.name) for v in setting.candidates for lr in lrs
                         if kept is None or v != setting.held]
-                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take)
+                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take, each_lr)
                 taken.append((setting, kept.value))
                 self.chosen_settings[setting.name] = kept.value
+                self.chosen_lr = kept.lr  # a joint choice may keep another lr
             self.chosen = True
         if self.chosen_lr is not None:
             self.fit = dataclasses.replace(fit, spec=with_starting_lr(fit.spec, self.chosen_lr))
@@ -781,13 +798,14 @@ class SVIRun:
         if start is not None and guide.locates(start[1]):
             name, site, held, candidates = start
             shape = guide.sites[site].shape
+            # joint with the lr: from the low start a short run's best lr is not the median start's (bostonHousing)
             settings.append(OpenSetting(name, held, candidates,
-                                        lambda value: guide.init_from({site: torch.full(shape, value)})))
+                                        lambda value: guide.init_from({site: torch.full(shape, value)}), each_lr=True))
         return settings
 
     def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,
-                  taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None
-                  ) -> CandidateRun:
+                  taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None,
+                  each_lr: bool = False) -> CandidateRun:
         """Run each candidate from ``start`` and continue as the best on the calibration rows (NLL; regression:
         -test LL), ``best`` (a run of an earlier choice) among them: guide, point parameters, buffers, optimiser,
         loss curve, data order and random state.
@@ -798,13 +816,14 @@ class SVIRun:
         :param what: what is chosen, for the log (``starting lr``, ``guide.dropout_rate``).
         :param taken: the settings chosen before, and their values, which every candidate starts with.
         :param take: makes the run at its start hold a candidate's value (the setting's; None: an lr's choice).
+        :param each_lr: whether the setting's candidates run at every starting lr (the log names each one's lr).
         :returns: the kept run.
         :raises TrainingDiverged: when every candidate diverged and there is no incumbent.
         """
         fit = self.fit
         family, guide = fit.family, fit.guide
         started = time.perf_counter()
-        scores = {} if best is None else {best.choice: best.score}
+        scores = {} if best is None else {best.key(each_lr): best.score}
         failures, label = {}, "score"
         for run in candidates:
             self._take(start)
@@ -824,13 +843,13 @@ class SVIRun:
                 candidate.check_start()
                 candidate.train()
             except TrainingDiverged as err:
-                scores[run.choice], failures[run.choice] = math.inf, err
+                scores[run.key(each_lr)], failures[run.key(each_lr)] = math.inf, err
                 fit.log(f"svi: {run.shown()} diverged: {err}")
                 continue
             run.ended = candidate.end_state()  # before scoring, which may draw from the random state
             run.score, label = calibration_score(GuidePosterior(family, guide), fit.data,
                                                  fit.spec.predictive_samples, fit.seed, fit.spec)
-            scores[run.choice] = run.score
+            scores[run.key(each_lr)] = run.score
             fit.log(f"svi: {run.shown()}: {label} {run.score:.4g} on the calibration rows")
             if best is None or run.score < best.score:
                 best = run
