@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import zoo
 from guides.auto import AutoGuideSpec
 from tests.conftest import choice_in_log, different_entries
 from zoo import registry
@@ -150,11 +151,9 @@ def test_a_laplace_member_s_map_phase_is_the_map_member_s_fit():
     """Where the calibration rows set the predictive's σ, the MAP phase scores its candidate runs (lr, noise start)
     at that σ, as the MAP member does, not at the σ each run learned (which always ranks the low start last): the
     two choose alike and fit the same net."""
-    import zoo
-
     torch.manual_seed(0)
     x = torch.randn(120, 3)
-    y = (2 * x[:, :1] + torch.sin(x[:, 1:2]) + 0.1 * torch.randn(120, 1))
+    y = 2 * x[:, :1] + torch.sin(x[:, 1:2]) + 0.1 * torch.randn(120, 1)
     fitted, logs = {}, {}
     for member in ("map", "kfac_laplace"):
         torch.manual_seed(0)
