@@ -1,6 +1,7 @@
 """inference.lr_by for SWAG, MultiSWAG and SG-MCMC (zoo.inference.lr_choice): a whole run at each of the method's
-candidate lrs, the best on the calibration rows kept exactly as a run given its lr by hand, resumable, with every
-candidate's divergence named. (SVI's choice, which continues one guide in place, is pinned in tests/test_svi.py.)"""
+candidate lrs (SWAG's each pretrained both ways where its pretraining is left open), the best on the calibration rows
+kept exactly as a run given its lr by hand, resumable, with every candidate's divergence named. (SVI's choice, which
+continues one guide in place, is pinned in tests/test_svi.py.)"""
 
 from __future__ import annotations
 
@@ -50,13 +51,20 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
     log, lines = _logged()
     chosen = inference.fit(family, guide, data, spec.inference, 0, run_dir=tmp_path / "chosen", log=log,
                            progress=False)
-    scores = {float(line.split(" lr ")[1].split(":")[0]): float(line.split()[-5])
+    scores = {line.split(" lr ")[1].split(": ")[0]: float(line.split()[-5])
               for line in lines if "on the calibration rows" in line and "chosen" not in line}
-    candidates = swag.SWAG_LR_CANDIDATES if method == "swag" else sgmcmc.SGMCMC_LR_CANDIDATES
-    assert sorted(scores) == sorted(candidates)
+    if method == "swag":  # each candidate lr pretrained both ways (pretrain_by left null)
+        candidates = [f"{lr:g}, pretrain_by {way}" for lr in swag.SWAG_LR_CANDIDATES for way in ("sgd", "adam")]
+    else:
+        candidates = [f"{lr:g}" for lr in sgmcmc.SGMCMC_LR_CANDIDATES]
+    assert list(scores) == candidates
     best = min(scores, key=scores.get)
-    assert f"lr {best:g}, chosen on 15 calibration rows" in lines[-1]
-    at_best = swag.with_lr(spec.inference, best) if method == "swag" else sgmcmc.with_lr(spec.inference, best)
+    assert f"lr {best}, chosen on 15 calibration rows" in lines[-1]
+    lr, _, way = best.partition(", pretrain_by ")
+    if method == "swag":
+        at_best = swag.with_lr(spec.inference.model_copy(update={"pretrain_by": way}), float(lr))
+    else:
+        at_best = sgmcmc.with_lr(spec.inference, float(lr))
     by_hand = inference.fit(family, guide, data, at_best, 0, progress=False)
     for got, want in zip(fitted(chosen), fitted(by_hand), strict=True):
         assert torch.equal(got, want)
@@ -74,24 +82,29 @@ def test_an_interrupted_choice_resumes_the_candidates_where_they_stopped(tmp_pat
     spec, data, family, guide = _prepared("swag", **SWAG_RUN, checkpoint_every=5)
     whole = SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     steps = (SWAG_RUN["epochs"] + SWAG_RUN["pretrain_epochs"]) * 3  # 45 training rows in batches of 15
-    moves, sgd_move = [], swag.sgd_move
+    moves, crashed, sgd_move, adam_move = [], [], swag.sgd_move, swag.adam_move
 
-    def crashing(*args, **kwargs):
-        moves.append(1)
-        if len(moves) == steps + 17:  # the second candidate's step 16: its checkpoint of step 15 is on disk
-            raise RuntimeError("the machine went down")
-        return sgd_move(*args, **kwargs)
+    def crashing(move):
+        def counted(*args, **kwargs):
+            moves.append(1)
+            if len(moves) == steps + 17 and not crashed:  # the second candidate's step 16: its step 15 is on disk
+                crashed.append(1)
+                raise RuntimeError("the machine went down")
+            return move(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(swag, "sgd_move", crashing)
+    monkeypatch.setattr(swag, "sgd_move", crashing(sgd_move))
+    monkeypatch.setattr(swag, "adam_move", crashing(adam_move))
     with pytest.raises(RuntimeError, match="went down"):
         SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
-    assert not (tmp_path / SWAG_FILE).exists() and len(list((tmp_path / LR_CHOICE_DIR).iterdir())) == 2
+    assert not (tmp_path / SWAG_FILE).exists()
+    assert sorted(p.name for p in (tmp_path / LR_CHOICE_DIR).iterdir()) == ["0.003_adam", "0.003_sgd"]
     moves.clear()
     resumed, run_swag = [], swag.run_swag
     monkeypatch.setattr(swag, "run_swag", lambda fit: resumed.append(fit.resume) or run_swag(fit))
     again = SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, resume=True, progress=False)
-    assert resumed == [True, True, False]  # the first read back, the second from its step 15, the third fresh
-    assert len(moves) == (steps - 15) + steps
+    assert resumed == [True, True] + [False] * 4  # the first read back, the second from its step 15, the rest fresh
+    assert len(moves) == (steps - 15) + 4 * steps
     for got, want in zip(_swag_moments(again), _swag_moments(whole), strict=True):
         assert torch.equal(got, want)
 
@@ -129,9 +142,24 @@ def test_the_lr_is_chosen_only_where_it_is_unset_and_calibration_rows_exist():
     # without calibration rows: the default lr, SWAG's pretraining at its default too
     fixed = swag.with_lr(spec, swag.DEFAULT_SWAG_LR)
     assert (fixed.lr, fixed.pretrain_lr, fixed.lr_by) == (0.01, 0.05, "fixed")
-    # a chosen lr scales an unset pretraining lr with it, and leaves a set one alone
+    assert fixed.pretrain_by == "sgd"  # an unset pretraining is SGD's where nothing chooses it
+    # a chosen lr scales an unset pretraining lr with it (Adam's a third of it), and leaves a set one alone
     assert swag.with_lr(spec, 0.001).pretrain_lr == pytest.approx(0.005)
+    assert swag.with_lr(spec.model_copy(update={"pretrain_by": "adam"}), 0.03).pretrain_lr == pytest.approx(0.01)
     assert swag.with_lr(spec.model_copy(update={"pretrain_lr": 0.02}), 0.001).pretrain_lr == 0.02
+
+
+@pytest.mark.parametrize("settings", [{"pretrain_by": "sgd"}, {"pretrain_by": "adam"}, {"pretrain_lr": 0.02},
+                                      {"pretrain_epochs": 0, "epochs": 8}])
+def test_swag_chooses_the_lr_alone_where_its_pretraining_is_set_or_absent(monkeypatch, settings):
+    spec, data, family, guide = _prepared("swag", **{**SWAG_RUN, **settings})
+    seen = []
+    run_swag = swag.run_swag
+    monkeypatch.setattr(swag, "run_swag", lambda fit: seen.append((fit.spec.lr, fit.spec.pretrain_by))
+                        or run_swag(fit))
+    SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
+    way = settings.get("pretrain_by", "sgd")
+    assert seen == [(lr, way) for lr in swag.SWAG_LR_CANDIDATES]
 
 
 def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch):

@@ -342,13 +342,13 @@ def test_multiswag_fits_k_models_that_resume_exactly(tmp_path, monkeypatch):
 
 
 def test_swag_pretrains_by_adam_when_asked_then_collects_by_sgd_and_resumes_exactly(tmp_path, monkeypatch):
-    """pretrain_by: adam climbs to the mode by Adam (the zoo's MAP fit), then collects by SGD from rest; SGD
-    pretraining stays the default (Adam's did not hold on a net the default was not chosen on); Adam's moments are
-    checkpointed, so a run stopped mid-pretraining resumes exactly."""
-    assert load_spec(linear_spec("swag")).inference.pretrain_by == "sgd"
-    moves = []
+    """pretrain_by: adam climbs to the mode by Adam (the zoo's MAP fit) at a third of the collecting lr, then collects
+    by SGD from rest; Adam's moments are checkpointed, so a run stopped mid-pretraining resumes exactly. (Left null,
+    pretrain_by is chosen with the lr, tests/test_lr_choice.py, or is SGD's.)"""
+    assert load_spec(linear_spec("swag")).inference.pretrain_by is None
+    moves, steps = [], set()
     adam, sgd = swag.adam_move, swag.sgd_move
-    monkeypatch.setattr(swag, "adam_move", lambda *a: moves.append("adam") or adam(*a))
+    monkeypatch.setattr(swag, "adam_move", lambda *a: moves.append("adam") or steps.add(a[-1]) or adam(*a))
     monkeypatch.setattr(swag, "sgd_move", lambda *a, **k: moves.append("sgd") or sgd(*a, **k))
     spec = load_spec(linear_spec("swag", num_models=2, epochs=10, pretrain_epochs=5, batch_size=10, lr=0.01,
                                  rank=4, checkpoint_every=7, pretrain_by="adam"))
@@ -357,6 +357,7 @@ def test_swag_pretrains_by_adam_when_asked_then_collects_by_sgd_and_resumes_exac
     saved = record_checkpoints(monkeypatch, loop)
     full = SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path, progress=False)
     assert moves == ["adam"] * 5 * per_epoch + ["sgd"] * 10 * per_epoch
+    assert len(steps) == 1 and steps.pop() == pytest.approx(0.01 / 3)  # a third of the collecting lr
     mid = next(s for s in saved if not s["done"] and 0 < s["step"] < 5 * per_epoch)
     assert mid["square"].abs().sum() > 0  # Adam's second moments travel with the checkpoint
     runs.save_torch(tmp_path / SWAG_FILE, mid)

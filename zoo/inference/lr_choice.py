@@ -20,6 +20,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,14 +100,30 @@ def every_candidate_diverged(failures: dict[str, TrainingDiverged], what: str = 
                             "inference.lr by hand")
 
 
-def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
-                    default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str) -> Fit:
-    """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
-    ``candidates``, scored on the calibration rows (:func:`chooses_lr`).
+@dataclass(frozen=True)
+class JointSetting:
+    """A setting of the ``inference`` section left open to be chosen with the lr: each candidate lr runs at each of
+    ``values`` and the best pair is kept (SWAG's ``pretrain_by``: which way of pretraining serves depends on the net,
+    the data and the lr).
 
-    Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (so an interrupted choice resumes each
-    where it stopped); the kept one's files move into the run directory, and a resumed run that had chosen loads
-    them. The monitor scores the kept run only.
+    :param field: the section's field (``pretrain_by``).
+    :param values: the values each candidate lr runs at.
+    """
+
+    field: str
+    values: tuple[str, ...]
+
+
+def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
+                    default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str,
+                    joint: JointSetting | None = None) -> Fit:
+    """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
+    ``candidates`` (and, where ``joint`` is open, at each of its values too), scored on the calibration rows
+    (:func:`chooses_lr`).
+
+    Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<value>/`` with a joint
+    setting; so an interrupted choice resumes each where it stopped); the kept one's files move into the run
+    directory, and a resumed run that had chosen loads them. The monitor scores the kept run only.
 
     :param fit: the fit's context, its spec's ``lr`` null or set.
     :param fitter: the method's fit function; it seeds itself from ``fit.seed`` and writes all it fits into
@@ -116,6 +133,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     :param candidates: the lrs a choice runs.
     :param files: the files the fitter writes (the first holds the fit).
     :param name: the method, for the log (``swag``).
+    :param joint: a setting the section leaves open, chosen with the lr (None: the lr alone).
     :returns: the fit.
     :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
     :raises TrainingDiverged: when every candidate diverged.
@@ -128,34 +146,40 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     if fit.resume and fit.run_dir is not None and checkpoint_exists(fit.run_dir / files[0]):
         return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
     spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
-    scores: dict[float, float] = {}
-    failures: dict[float, TrainingDiverged] = {}
+    scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
+    failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None
     for lr in candidates:
-        where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / f"{lr:g}"
-        candidate = dataclasses.replace(fit, spec=with_lr(spec, lr), run_dir=where, log=RunLog(None, echo=None),
-                                        monitor=None, resume=where is not None and checkpoint_exists(where / files[0]))
-        began = time.perf_counter()
-        try:
-            result = fitter(candidate)
-        except TrainingDiverged as err:
-            spent += time.perf_counter() - began
-            scores[lr], failures[lr] = math.inf, err
-            fit.log(f"{name}: lr {lr:g} diverged: {err}")
-            continue
-        spent += result.seconds
-        scores[lr], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed, spec)
-        fit.log(f"{name}: lr {lr:g}: {label} {scores[lr]:.4g} on the calibration rows")
-        if best is None or scores[lr] < scores[best[0]]:
-            best = lr, result
+        for value in (None,) if joint is None else joint.values:
+            key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {value}"
+            folder = f"{lr:g}" if value is None else f"{lr:g}_{value}"
+            where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
+            at = spec if value is None else spec.model_copy(update={joint.field: value})
+            candidate = dataclasses.replace(fit, spec=with_lr(at, lr), run_dir=where, log=RunLog(None, echo=None),
+                                            monitor=None,
+                                            resume=where is not None and checkpoint_exists(where / files[0]))
+            began = time.perf_counter()
+            try:
+                result = fitter(candidate)
+            except TrainingDiverged as err:
+                spent += time.perf_counter() - began
+                scores[key], failures[key] = math.inf, err
+                fit.log(f"{name}: lr {key} diverged: {err}")
+                continue
+            spent += result.seconds
+            scores[key], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed,
+                                                   spec)
+            fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
+            if best is None or scores[key] < scores[best[0]]:
+                best = key, folder, result
     if best is None:
-        raise every_candidate_diverged({f"{lr:g}": err for lr, err in failures.items()})
-    lr, result = best
+        raise every_candidate_diverged(failures)
+    key, folder, result = best
     result.seconds = spent
     if fit.run_dir is not None:
-        _keep_files(fit.run_dir / LR_CHOICE_DIR / f"{lr:g}", fit.run_dir, files)
-    shown = ", ".join(f"{c:g}: {v:.4g}" for c, v in scores.items())
-    fit.log(f"{name}: lr {lr:g}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole run at each "
+        _keep_files(fit.run_dir / LR_CHOICE_DIR / folder, fit.run_dir, files)
+    shown = "; ".join(f"{c}: {v:.4g}" for c, v in scores.items())
+    fit.log(f"{name}: lr {key}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole run at each "
             f"({label} {shown}; {spent:.1f} s in all)")
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, fit.data)

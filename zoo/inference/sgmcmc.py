@@ -525,9 +525,9 @@ EXPLORE_LR = DEFAULT_LR  # an exploring burn-in's Adam step: the zoo's MAP fit's
 ADAM_BETAS = (0.9, 0.999)
 
 
-def adam_move(z: torch.Tensor, grad: torch.Tensor, first: torch.Tensor, second: torch.Tensor, step: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One Adam step of every chain down U (an exploring burn-in's), at :data:`EXPLORE_LR`: the new points and
+def adam_move(z: torch.Tensor, grad: torch.Tensor, first: torch.Tensor, second: torch.Tensor, step: int,
+              lr: float = EXPLORE_LR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Adam step of every chain down U (an exploring burn-in's, SWAG's pretraining), at ``lr``: the new points and
     moment averages (bias-corrected at ``step``, from 0). Adam's per-coordinate scale keeps the step stable where a
     learned noise makes U stiff, which SGD with momentum at the sampler's lr is not.
 
@@ -537,13 +537,14 @@ def adam_move(z: torch.Tensor, grad: torch.Tensor, first: torch.Tensor, second: 
     :param second: the decaying average of the squared gradients (the ``square`` slot; no preconditioner adapts
         while the burn-in explores).
     :param step: the step, from 0.
+    :param lr: Adam's step (an exploring burn-in's: :data:`EXPLORE_LR`).
     :returns: ``(z, first, second)`` after the step.
     """
     b1, b2 = ADAM_BETAS
     first = b1 * first + (1.0 - b1) * grad
     second = b2 * second + (1.0 - b2) * grad.square()
     scale = (second / (1.0 - b2 ** (step + 1))).sqrt() + 1e-8
-    return z - EXPLORE_LR * first / (1.0 - b1 ** (step + 1)) / scale, first, second
+    return z - lr * first / (1.0 - b1 ** (step + 1)) / scale, first, second
 
 
 def _randn(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -4,7 +4,8 @@
 The run descends minibatch estimates of the per-row loss U/N (U as in :mod:`zoo.inference.sgmcmc`: the negative
 log joint, minibatch likelihood weighted by N/B). First it pretrains for ``pretrain_epochs`` (skip it when ``init``
 names a MAP run): by SGD with momentum and a cosine decay from ``pretrain_lr`` to ``lr`` as in Maddox et al., or by
-Adam, the zoo's MAP fit (``pretrain_by``). Then SGD with momentum runs ``epochs`` at the constant ``lr``, collecting
+Adam at ``pretrain_lr``, the zoo's MAP fit (``pretrain_by``; left null, chosen with the lr on the calibration rows).
+Then SGD with momentum runs ``epochs`` at the constant ``lr``, collecting
 the iterate every ``collect_every`` steps (once per epoch by default). From the collected iterates theta_i come the
 first and second moments and the last ``rank`` deviations D = [theta_i - mean_i]; a draw is
 
@@ -29,9 +30,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
 from zoo.inference.loop import TrainingLoop
-from zoo.inference.lr_choice import fit_choosing_lr
+from zoo.inference.lr_choice import JointSetting, fit_choosing_lr
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
-from zoo.inference.sgmcmc import EXPLORE_LR, adam_move
+from zoo.inference.sgmcmc import adam_move
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
@@ -41,6 +42,9 @@ SWAG_FILE = "swag.pt"
 DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
 SWAG_LR_CANDIDATES = (0.003, 0.01, 0.03)  # inference.lr_by: calibration's collecting lrs (docs/results/defaults.md)
 DEFAULT_PRETRAIN_LR = 0.05  # SGD pretraining's starting lr where none is set, scaled with the chosen lr
+ADAM_PRETRAIN_SHARE = 1 / 3  # Adam pretraining's step per unit of the collecting lr: the candidates 0.003, 0.01, 0.03
+# pretrain at 0.001, 0.003, 0.01, the MAP fit's own candidate lrs (zoo.sections.LR_CANDIDATES)
+PRETRAINING = JointSetting("pretrain_by", ("sgd", "adam"))  # chosen with the lr where pretrain_by is left null
 
 
 class SWAGSpec(ChoosesLR, SetsNoise):
@@ -58,13 +62,14 @@ class SWAGSpec(ChoosesLR, SetsNoise):
         f"{', '.join(f'{c:g}' for c in SWAG_LR_CANDIDATES)} on the fit's calibration rows where it has them (lr_by), "
         "pretrain_lr scaled with it"))
     pretrain_lr: PositiveFloat | None = Field(None, description=(
-        f"sgd pretraining: the learning rate at its start; null: {DEFAULT_PRETRAIN_LR:g} (times lr / "
-        f"{DEFAULT_SWAG_LR:g} where lr is chosen)"))
-    pretrain_by: Literal["adam", "sgd"] = Field("sgd", description=(
+        f"pretraining's learning rate: sgd's at its start, null: {DEFAULT_PRETRAIN_LR:g} times lr / "
+        f"{DEFAULT_SWAG_LR:g}; adam's, null: lr / {1 / ADAM_PRETRAIN_SHARE:g}"))
+    pretrain_by: Literal["adam", "sgd"] | None = Field(None, description=(
         "how pretraining climbs to a mode: sgd (SGD with momentum, pretrain_lr decayed to lr by a cosine, as in "
-        f"Maddox et al.) or adam (Adam at {EXPLORE_LR:g}, the zoo's MAP fit; it does not read pretrain_lr). Adam "
-        "served the suite's small classifiers (docs/results/defaults.md) but not an MLP on mnist5k, and on a "
-        "regression with a learned noise it reaches a mode sharper than SGD at lr can collect from"))
+        "Maddox et al.) or adam (Adam at pretrain_lr, the zoo's MAP fit); null: chosen with the lr on the fit's "
+        "calibration rows where the lr and pretrain_lr are (each candidate lr pretrained both ways: twice the runs), "
+        "else sgd. Adam served the suite's classifiers but one; on a regression with a learned noise it reaches a "
+        "mode sharper than SGD at lr can collect from (docs/results/defaults.md)"))
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum while pretraining and collecting")
     rank: PositiveInt = Field(20, ge=2, description="columns of the low-rank covariance (the last rank deviations)")
     collect_every: PositiveInt | None = Field(None, description="steps between collected iterates (default: one "
@@ -160,8 +165,22 @@ class SWAGPosterior(Posterior):
             return (per_model.logsumexp(-1) - math.log(models) - log_det.double()).to(z.dtype)
 
 
+def pretraining(spec: SWAGSpec) -> tuple[str, float]:
+    """How the run pretrains, its unset settings resolved: ``pretrain_by`` (null: sgd) and ``pretrain_lr`` (null:
+    SGD's :data:`DEFAULT_PRETRAIN_LR`, or Adam's :data:`ADAM_PRETRAIN_SHARE`, scaled with the collecting lr).
+
+    :param spec: the run's ``inference`` section.
+    :returns: ``(way, lr)``: ``sgd`` and its starting lr, or ``adam`` and its step.
+    """
+    way = spec.pretrain_by or "sgd"
+    if spec.pretrain_lr is not None:
+        return way, spec.pretrain_lr
+    lr = DEFAULT_SWAG_LR if spec.lr is None else spec.lr
+    return way, lr * (DEFAULT_PRETRAIN_LR / DEFAULT_SWAG_LR if way == "sgd" else ADAM_PRETRAIN_SHARE)
+
+
 def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
-    """Cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``.
+    """SGD's step: a cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``.
 
     :param spec: the run's ``inference`` section.
     :param step: the step, from 0.
@@ -171,19 +190,20 @@ def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
     lr = DEFAULT_SWAG_LR if spec.lr is None else spec.lr
     if step >= pretrain_steps:
         return lr
-    start = DEFAULT_PRETRAIN_LR if spec.pretrain_lr is None else spec.pretrain_lr
+    start = pretraining(spec)[1]
     return lr + (start - lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
 
 
 def with_lr(spec: SWAGSpec, lr: float) -> SWAGSpec:
-    """``spec`` (its lr null) collecting at ``lr``, its pretraining's unset lr scaled with it from the defaults.
+    """``spec`` (its lr null) collecting at ``lr``, its pretraining resolved (:func:`pretraining`, an unset lr
+    scaled with ``lr``).
 
     :param spec: an ``inference`` section whose ``lr`` is null.
     :param lr: the collecting lr.
-    :returns: the section with ``lr`` and ``pretrain_lr`` written out (``lr_by: fixed``).
+    :returns: the section with ``lr``, ``pretrain_by`` and ``pretrain_lr`` written out (``lr_by: fixed``).
     """
-    pretrain_lr = DEFAULT_PRETRAIN_LR * lr / DEFAULT_SWAG_LR if spec.pretrain_lr is None else spec.pretrain_lr
-    return spec.model_copy(update={"lr": lr, "pretrain_lr": pretrain_lr, "lr_by": "fixed"})
+    way, start = pretraining(spec.model_copy(update={"lr": lr}))
+    return spec.model_copy(update={"lr": lr, "pretrain_by": way, "pretrain_lr": start, "lr_by": "fixed"})
 
 
 def default_collect_every(collect_steps: int, per_epoch: int, rank: int) -> int:
@@ -203,14 +223,18 @@ def default_collect_every(collect_steps: int, per_epoch: int, rank: int) -> int:
 def fit_swag(fit: FitContext) -> SWAGResult:
     """(Multi)SWAG at the spec's lr, at the default, or at the best of a whole run at each of
     :data:`SWAG_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
-    :func:`~zoo.inference.lr_choice.fit_choosing_lr`); each run is :func:`run_swag`.
+    :func:`~zoo.inference.lr_choice.fit_choosing_lr`), each pretrained both ways where ``pretrain_by`` and
+    ``pretrain_lr`` are unset and there is pretraining (:data:`PRETRAINING`); each run is :func:`run_swag`.
 
     :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_swag` reads it).
     :returns: the wall time and the (Multi)SWAG posterior.
     :raises ZooInputError: as :func:`run_swag`, and ``lr_by: calibration`` without calibration rows.
     :raises TrainingDiverged: when SGD makes the iterates non-finite (with the lr chosen: at every candidate).
     """
-    return fit_choosing_lr(fit, run_swag, with_lr, DEFAULT_SWAG_LR, SWAG_LR_CANDIDATES, SWAG.files, "swag")
+    spec = fit.spec
+    open_pretraining = spec.pretrain_by is None and spec.pretrain_lr is None and spec.pretrain_epochs > 0
+    return fit_choosing_lr(fit, run_swag, with_lr, DEFAULT_SWAG_LR, SWAG_LR_CANDIDATES, SWAG.files, "swag",
+                           PRETRAINING if open_pretraining else None)
 
 
 def run_swag(fit: FitContext) -> SWAGResult:
@@ -274,10 +298,11 @@ def run_swag(fit: FitContext) -> SWAGResult:
         velocity, square, collected = torch.zeros_like(z), torch.zeros_like(z), 0
         moments = {"mean": torch.zeros_like(z), "sq_mean": torch.zeros_like(z),
                    "deviations": z.new_zeros(spec.num_models, rank, coords.dim)}
-    adam = spec.pretrain_by == "adam" and pretrain > 0
+    way, pretrain_lr = pretraining(spec)
+    adam = way == "adam" and pretrain > 0
     fit.log(f"swag: {spec.num_models} model(s) x ({spec.pretrain_epochs} + {spec.epochs}) epochs "
             f"({total:,} steps of {loop.batch} rows; pretraining by "
-            f"{f'Adam at {EXPLORE_LR:g}' if adam else 'SGD'}, collecting by SGD at {spec.lr:g}), {collections} "
+            f"{'Adam at' if adam else 'SGD from'} {pretrain_lr:g}, collecting by SGD at {spec.lr:g}), {collections} "
             f"iterates collected, rank {rank}, over {coords.dim:,} latent dimensions")
     loop.state = lambda: {"z": z, "velocity": velocity, "square": square, "moments": moments,
                           "collected": collected}
@@ -286,7 +311,7 @@ def run_swag(fit: FitContext) -> SWAGResult:
         nonlocal z, velocity, square, collected
         if adam and loop.step < pretrain:  # Adam's moments sit in the velocity and square slots until collecting
             _, grad = potential.value_and_grad(z, rows)
-            new_z, velocity, square = adam_move(z, grad, velocity, square, loop.step)
+            new_z, velocity, square = adam_move(z, grad, velocity, square, loop.step, pretrain_lr)
             if not torch.isfinite(new_z).all():
                 raise TrainingDiverged(f"swag: Adam pretraining diverged at step {loop.step}; try "
                                        "inference.pretrain_by: sgd")
