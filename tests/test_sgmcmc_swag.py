@@ -410,11 +410,15 @@ def test_sgmcmc_refuses_a_run_that_keeps_no_draw_naming_what_to_change(settings,
 
 @pytest.mark.parametrize("epochs", [1, 3, 30, 200])
 def test_sgmcmc_burns_in_a_quarter_of_any_budget_by_default(epochs):
-    """burn_in_epochs left out is a quarter of the run's epochs (50 of the default 200, the old fixed value), so any
-    number of epochs keeps draws; a burn-in given keeps its value."""
+    """burn_in_epochs left out is a quarter of the run's epochs (50 of the default 200, the old fixed value), three
+    quarters where the burn-in explores (SGLD's climb by Adam), so any number of epochs keeps draws; a burn-in given
+    keeps its value."""
     spec = load_spec(linear_spec("sghmc", epochs=epochs, thin=1)).inference
     assert spec.burn_in_epochs is None and sgmcmc.burn_in_steps(spec, 100) == int(epochs * 100 * sgmcmc.BURN_IN_SHARE)
     assert sgmcmc.kept_steps(spec, epochs * 100, 100)[0] >= 25 * epochs  # none before the burn-in's end
+    exploring = load_spec(linear_spec("sgld", epochs=epochs, thin=1)).inference
+    assert exploring.explore_burn_in and sgmcmc.burn_in_steps(exploring, 100) == 75 * epochs
+    assert len(sgmcmc.kept_steps(exploring, epochs * 100, 100)) == 25 * epochs
     assert sgmcmc.burn_in_steps(load_spec(linear_spec("sghmc", burn_in_epochs=2.0)).inference, 4) == 8
 
 
@@ -429,7 +433,7 @@ def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over
         load_spec(linear_spec("sgld", preconditioner="rmsprop", explore_burn_in=True))
     burn = sgmcmc.burn_in_steps(spec.inference, 1)
     lrs = [step_size(spec.inference, t, 40, burn)[0] for t in range(40)]
-    assert burn == 10 and lrs[:burn + 1] == [sgmcmc.DEFAULT_SGMCMC_LR] * (burn + 1)
+    assert burn == 30 and lrs[:burn + 1] == [sgmcmc.DEFAULT_SGMCMC_LR] * (burn + 1)  # three quarters explore
     assert all(a > b for a, b in zip(lrs[burn:], lrs[burn + 1:], strict=False))
     moves = []
     langevin, adam = sgmcmc.langevin_move, sgmcmc.adam_move
@@ -444,13 +448,31 @@ def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over
 
     monkeypatch.setattr(sgmcmc, "langevin_move", recording_langevin)
     monkeypatch.setattr(sgmcmc, "adam_move", recording_adam)
-    for explore, first in ((True, ("adam", False)), (False, ("langevin", True))):
+    for explore, first, burn in ((True, ("adam", False), 30), (False, ("langevin", True), 10)):
         moves.clear()
         run = load_spec(linear_spec("sgld", epochs=40, batch_size=None, thin=1, explore_burn_in=explore))
         data, family, guide, _ = prepare(run)
         result = SGMCMC().fit(family, guide, data, run.inference, 0, progress=False)
         assert moves == [first] * burn + [("langevin", True)] * (40 - burn)
         assert next(iter(result.draws.values())).shape[1] == 40 - burn
+
+
+def test_sghmc_after_an_exploring_burn_in_starts_its_momenta_from_rest(monkeypatch):
+    """explore_burn_in: true on sghmc climbs by Adam, whose moment averages share the momenta's slot; the first
+    sampler step starts from rest (it inherited Adam's gradient average and diverged at every lr)."""
+    run = load_spec(linear_spec("sghmc", epochs=40, batch_size=None, thin=1, explore_burn_in=True))
+    burn = sgmcmc.burn_in_steps(run.inference, 1)
+    velocities, langevin = [], sgmcmc.langevin_move
+
+    def recording(z, energy, grad, velocity, *args, **kwargs):
+        velocities.append(velocity.clone())
+        return langevin(z, energy, grad, velocity, *args, **kwargs)
+
+    monkeypatch.setattr(sgmcmc, "langevin_move", recording)
+    data, family, guide, _ = prepare(run)
+    SGMCMC().fit(family, guide, data, run.inference, 0, progress=False)
+    assert burn == 30 and len(velocities) == 40 - burn
+    assert not velocities[0].any() and velocities[1].any()
 
 
 def test_adam_move_is_torchs_adam():

@@ -79,8 +79,8 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
                                "(SGD with momentum); draws come from the rest")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sghmc: 1 - friction (the SGD momentum)")
     burn_in_epochs: NonNegativeFloat | None = Field(None, description=(
-        "epochs before the first kept draw; null: a quarter of the run's epochs (50 of the default 200), so that any "
-        "number of epochs keeps draws"))
+        "epochs before the first kept draw; null: a quarter of the run's epochs (50 of the default 200), three "
+        "quarters where the burn-in explores (explore_burn_in), so that any number of epochs keeps draws"))
     explore_burn_in: bool | None = Field(None, description=(
         f"burn-in steps without noise that climb to a mode as the zoo's MAP fit does (Adam at {DEFAULT_LR:g} on "
         "each chain), where the sampling steps start: far fewer steps than noisy ones take to reach the "
@@ -207,17 +207,21 @@ PRECONDITION_HINT = {
 
 DEFAULT_THIN = 10  # every 10th sampling step becomes a draw where thin is not given, unless the run is short
 BURN_IN_SHARE = 0.25  # the share of the run's epochs spent in burn-in when burn_in_epochs is not given
+EXPLORE_SHARE = 0.75  # the same where the burn-in explores (Adam's climb): as SWAG's pretraining, three quarters climb
+# and the last quarter samples; a quarter left the sampler's small steps to finish the climb (docs/results/defaults.md)
 
 
 def burn_in_steps(spec: SGMCMCSpec, per_epoch: int) -> int:
     """The steps before the first kept draw (and over which a preconditioner adapts): ``burn_in_epochs``, or
-    :data:`BURN_IN_SHARE` of the run's epochs where it is not given, so a run of any length keeps draws.
+    :data:`BURN_IN_SHARE` of the run's epochs where it is not given (:data:`EXPLORE_SHARE` where the burn-in explores),
+    so a run of any length keeps draws.
 
     :param spec: the run's ``inference`` section.
     :param per_epoch: steps per epoch.
     :returns: the burn-in steps.
     """
-    epochs = spec.burn_in_epochs if spec.burn_in_epochs is not None else BURN_IN_SHARE * spec.epochs
+    share = EXPLORE_SHARE if spec.explore_burn_in else BURN_IN_SHARE
+    epochs = spec.burn_in_epochs if spec.burn_in_epochs is not None else share * spec.epochs
     return int(epochs * per_epoch)
 
 
@@ -392,6 +396,8 @@ class _Chains:
             new_z, self.velocity, self.square = adam_move(self.z, grad, self.velocity, self.square, self.loop.step)
             self.check_finite(new_z, energy, EXPLORE_LR)
             self.z = new_z
+            if self.loop.step + 1 == self.exploring:  # sghmc's momenta start from rest, not from Adam's averages
+                self.velocity, self.square = torch.zeros_like(self.z), torch.zeros_like(self.z)
             return
         lr, sampling = step_size(self.spec, self.loop.step, self.total, self.exploring)
         eps = self.z.new_tensor(lr / self.loop.n, dtype=torch.float64)  # a tensor: one compiled graph for every lr
