@@ -83,8 +83,8 @@ class DropoutGuide(SiteGuide):
 
     :param sites: the family's latent sites (plain weight matrices, no ensemble plate).
     :param dropout_rate: p, the probability of dropping an input unit (concrete: its initial value); None: left
-        for the fit to choose from :data:`DROPOUT_RATE_CANDIDATES` (:meth:`open_setting`), meanwhile
-        :data:`DEFAULT_DROPOUT_RATE` (concrete learns its rate, from that one).
+        for the fit to choose from :data:`DROPOUT_RATE_CANDIDATES` (:meth:`open_setting`; concrete: where its
+        learned rate starts), meanwhile :data:`DEFAULT_DROPOUT_RATE`.
     :param mask: ``bernoulli``, ``gaussian`` or ``concrete``.
     :param drop_inputs: also drop the first layer's input units.
     """
@@ -96,7 +96,7 @@ class DropoutGuide(SiteGuide):
         if mask not in ("bernoulli", "gaussian", "concrete"):
             raise ZooInputError("guide.dropout", mask, "use bernoulli (MC dropout), gaussian or concrete")
         super().__init__(sites)
-        self.rate_open = dropout_rate is None and mask != "concrete"
+        self.rate_open = dropout_rate is None
         if dropout_rate is None:
             dropout_rate = DEFAULT_DROPOUT_RATE
         self.dropout_rate, self.mask = float(dropout_rate), mask
@@ -107,12 +107,16 @@ class DropoutGuide(SiteGuide):
         self.register_load_state_dict_pre_hook(_keep_the_rate_where_the_state_has_none)
 
     def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
-        """The rate, where the section left it null and the mask is not concrete (whose rate is learned)."""
+        """The rate where the section left it null (concrete: where its learned rate starts)."""
         return ("guide.dropout_rate", self.dropout_rate, DROPOUT_RATE_CANDIDATES) if self.rate_open else None
 
     def take_setting(self, value: float) -> None:
-        """Drop with rate ``value`` from now on."""
+        """Drop with rate ``value`` from now on (concrete: every layer's learned rate starts again from it)."""
         self.dropout_rate = float(value)
+        if self.mask == "concrete":
+            with torch.no_grad():
+                for logit in self.rate_logit.values():
+                    logit.fill_(math.log(value) - math.log1p(-value))
 
     def get_extra_state(self) -> dict[str, float]:
         """The rate, in the state dict: a checkpoint keeps the rate its fit chose."""
@@ -175,8 +179,7 @@ class DropoutGuideSpec(GuideSection):
         "first layer's (the initial p for concrete); null: chosen from "
         f"{', '.join(f'{p:g}' for p in DROPOUT_RATE_CANDIDATES)} (Gal & Ghahramani's UCI grid, a whole run at each, "
         "at the fit's lr) on the fit's calibration rows where it has them (fit(val=...) or "
-        f"data.calibration_fraction), else {DEFAULT_DROPOUT_RATE:g}; concrete learns its rate from "
-        f"{DEFAULT_DROPOUT_RATE:g}")
+        f"data.calibration_fraction), else {DEFAULT_DROPOUT_RATE:g}; concrete learns its rate from there")
     dropout: Literal["bernoulli", "gaussian", "concrete"] = Field(
         "bernoulli", description="the mask, bernoulli (MC dropout), gaussian (1 + sqrt(p/(1-p)) N(0, 1)) or concrete "
         "(a rate learned per layer through a relaxed Bernoulli mask)")

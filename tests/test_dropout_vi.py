@@ -86,18 +86,23 @@ def chosen_rate_spec(*overrides: str):
     return load_spec(base, list(overrides))
 
 
-def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_rate(tmp_path):
+@pytest.mark.parametrize("mask", ["bernoulli", "concrete"])
+def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_rate(tmp_path, mask):
     """Each candidate rate's whole run is scored on the calibration rows; the fit keeps the best as it ended (the run
-    given that rate by hand, step for step), its checkpoint carries the rate, and the run reloads with it."""
+    given that rate by hand, step for step), its checkpoint carries the rate, and the run reloads with it. Concrete
+    dropout's rate is where its learned rates start."""
     lines = []
-    chosen = train(chosen_rate_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
+    chosen = train(chosen_rate_spec(f"guide.dropout={mask}"), tmp_path / "chosen", progress=False,
+                   echo=lines.append)
     rate, scores, _ = choice_in_log(lines, "guide.dropout_rate")
     assert sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES) and rate == min(scores, key=scores.get)
     saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
     assert saved["guide"]["_extra_state"] == {"dropout_rate": rate} and len(saved["losses"]) == 30
     _, _, posterior = load_run(chosen.run_dir)  # its spec's rate is null: the state restores the choice
-    assert posterior.guide.rates() == dict.fromkeys(posterior.guide.dropped, rate)
-    by_hand = train(chosen_rate_spec(f"guide.dropout_rate={rate}", "data.calibration_fraction=0.25"),
+    assert posterior.guide.dropout_rate == rate
+    if mask == "bernoulli":
+        assert posterior.guide.rates() == dict.fromkeys(posterior.guide.dropped, rate)
+    by_hand = train(chosen_rate_spec(f"guide.dropout={mask}", f"guide.dropout_rate={rate}"),
                     tmp_path / "by_hand", progress=False, echo=None)
     hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
     assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
@@ -133,7 +138,8 @@ def test_an_interrupted_rate_choice_resumes_its_candidates_and_ends_as_the_unint
     assert different_entries(a["guide"], b["guide"]) == [] and a["losses"] == b["losses"]
 
 
-def test_a_rate_is_not_chosen_without_calibration_rows_nor_for_concrete_dropout(tmp_path):
+def test_a_rate_is_not_chosen_without_calibration_rows_and_concrete_restarts_its_learned_rates_at_a_taken_one(
+        tmp_path):
     lines = []
     summary = train(chosen_rate_spec("data.calibration_fraction=0"), tmp_path / "no_rows", progress=False,
                     echo=lines.append)
@@ -141,8 +147,11 @@ def test_a_rate_is_not_chosen_without_calibration_rows_nor_for_concrete_dropout(
     _, _, posterior = load_run(summary.run_dir)
     assert set(posterior.guide.rates().values()) == {DEFAULT_DROPOUT_RATE}
     concrete = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=None, mask="concrete")
-    assert concrete.open_setting() is None
+    assert concrete.open_setting() == ("guide.dropout_rate", DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES)
     assert all(r == pytest.approx(DEFAULT_DROPOUT_RATE) for r in concrete.rates().values())
+    concrete.take_setting(0.01)
+    assert all(r == pytest.approx(0.01) for r in concrete.rates().values())
+    assert DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=0.1, mask="concrete").open_setting() is None
 
 
 def test_a_state_saved_before_the_rate_was_in_it_keeps_the_sections_rate():

@@ -36,7 +36,7 @@ CLAIMS: dict[str, dict[str, dict[str, Any]]] = {
         "inputs but the first": {"guide.drop_inputs": False}},
     "concrete_dropout": {
         "learned per layer": {"guide.name": "dropout", "guide.dropout": "concrete"},
-        "from p = 0.1": {"guide.dropout_rate": 0.1}},
+        "from the p chosen on the validation rows": {"guide.dropout_rate": None}},
     "deep_ensemble": {
         "K = 5": {"model.family": "deep_ensemble", "model.members": 5},
         "MAP nets": {"guide.name": "delta"}},

@@ -64,10 +64,10 @@ MEMBERS: dict[str, Member] = {
     "mc_dropout": Member("MC dropout: Bernoulli masks on every weight matrix's inputs but the first, the rate p "
                          "chosen on the validation rows where a fit has them (Gal & Ghahramani 2016)",
                          {"model": {"family": "all_weights"}, "guide": {"name": "dropout"}}),
-    "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer from p = 0.1 (Gal, Hron & "
-                               "Kendall 2017)",
+    "concrete_dropout": Member("concrete dropout: a dropout rate learned per layer, from the p chosen on the "
+                               "validation rows where a fit has them (Gal, Hron & Kendall 2017)",
                                {"model": {"family": "all_weights"},
-                                "guide": {"name": "dropout", "dropout": "concrete", "dropout_rate": 0.1}}),
+                                "guide": {"name": "dropout", "dropout": "concrete"}}),
     "deep_ensemble": Member("deep ensemble: K = 5 independently initialised MAP nets (Lakshminarayanan et al. 2017)",
                             {"model": {"family": "deep_ensemble", "members": 5}, "guide": {"name": "delta"}}),
     "rank1_normal": Member("rank-1 BNN: shared W, K = 4 members' rank-1 factors with Normal(1, 1) priors, a mixture "
