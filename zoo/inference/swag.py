@@ -5,9 +5,9 @@ The run descends minibatch estimates of the per-row loss U/N (U as in :mod:`zoo.
 log joint, minibatch likelihood weighted by N/B). First it pretrains for ``pretrain_epochs`` (skip it when ``init``
 names a MAP run): by SGD with momentum and a cosine decay from ``pretrain_lr`` to ``lr`` as in Maddox et al., or by
 Adam at ``pretrain_lr``, the zoo's MAP fit (``pretrain_by``; left null, chosen with the lr on the calibration rows).
-Then SGD with momentum runs ``epochs`` at the constant ``lr``, collecting
-the iterate every ``collect_every`` steps (once per epoch by default). From the collected iterates theta_i come the
-first and second moments and the last ``rank`` deviations D = [theta_i - mean_i]; a draw is
+Then SGD with momentum runs ``epochs`` at the constant ``lr``, collecting the iterate every ``collect_every`` steps
+(once per epoch by default). From the collected iterates theta_i come the first and second moments and the last
+``rank`` deviations D = [theta_i - mean_i]; a draw is
 
     theta = mean + sqrt(diag(sq_mean - mean^2) / 2) z1 + D z2 / sqrt(2 (rank - 1)),   z1, z2 ~ N(0, I).
 
