@@ -179,18 +179,18 @@ def pretraining(spec: SWAGSpec) -> tuple[str, float]:
     return way, lr * (DEFAULT_PRETRAIN_LR / DEFAULT_SWAG_LR if way == "sgd" else ADAM_PRETRAIN_SHARE)
 
 
-def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int) -> float:
-    """SGD's step: a cosine from ``pretrain_lr`` to ``lr`` over pretraining, then ``lr``.
+def learning_rate(spec: SWAGSpec, step: int, pretrain_steps: int, start: float) -> float:
+    """SGD's step: a cosine from ``start`` to ``lr`` over pretraining, then ``lr``.
 
     :param spec: the run's ``inference`` section.
     :param step: the step, from 0.
     :param pretrain_steps: the steps of pretraining.
+    :param start: SGD pretraining's first lr (:func:`pretraining`'s, resolved once per run).
     :returns: the learning rate of the per-row loss at ``step``.
     """
     lr = DEFAULT_SWAG_LR if spec.lr is None else spec.lr
     if step >= pretrain_steps:
         return lr
-    start = pretraining(spec)[1]
     return lr + (start - lr) * (1 + math.cos(math.pi * step / pretrain_steps)) / 2
 
 
@@ -319,7 +319,7 @@ def run_swag(fit: FitContext) -> SWAGResult:
             if loop.step + 1 == pretrain:
                 velocity = torch.zeros_like(z)  # SGD's momentum starts from rest
             return
-        lr = learning_rate(spec, loop.step, pretrain)
+        lr = learning_rate(spec, loop.step, pretrain, pretrain_lr)
         _, _, new_z, new_velocity = potential.update(z, rows, sgd_move, velocity, z.new_tensor(lr, dtype=torch.float64),
                                                      momentum=spec.momentum, n_rows=loop.n)
         if not torch.isfinite(new_z).all():
