@@ -17,6 +17,7 @@ from zoo.inference.sgmcmc import SGMCMC
 from zoo.inference.swag import SWAG, SWAG_FILE
 from zoo.pipeline import prepare
 from zoo.runs import RunLog
+from zoo.sections import LR_CANDIDATES
 from zoo.spec import load_spec
 
 CALIBRATION = {"name": "toy_gap", "n_train": 60, "calibration_fraction": 0.25}
@@ -40,9 +41,21 @@ def _swag_moments(result) -> list[torch.Tensor]:
     return [result.posterior.mean, result.posterior.sq_mean, result.posterior.deviations]
 
 
+def _draws(result) -> list[torch.Tensor]:
+    return [result.draws[k] for k in sorted(result.draws)]
+
+
+# each method's candidates: every lr at every value of the setting it leaves open (SWAG's pretraining, SGLD's climb
+# step, whether sghmc's burn-in climbs), and how a candidate's key reads back as that setting
+OPEN_SETTINGS = {"swag": (swag.SWAG_LR_CANDIDATES, "pretrain_by", ("sgd", "adam"), str),
+                 "sgld": (sgmcmc.SGMCMC_LR_CANDIDATES, "explore_lr", LR_CANDIDATES, float),
+                 "sghmc": (sgmcmc.SGMCMC_LR_CANDIDATES, "explore_burn_in", (False, True), lambda v: v == "true")}
+
+
 @pytest.mark.parametrize(("method", "settings", "files", "fitted"), [
     ("swag", SWAG_RUN, SWAG_FILE, _swag_moments),
-    ("sgld", SGLD_RUN, SAMPLES_FILE, lambda r: [r.draws[k] for k in sorted(r.draws)]),
+    ("sgld", SGLD_RUN, SAMPLES_FILE, _draws),
+    ("sghmc", SGLD_RUN, SAMPLES_FILE, _draws),
 ])
 def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, settings, files, fitted):
     spec, data, family, guide = _prepared(method, **settings)
@@ -53,18 +66,14 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
                            progress=False)
     scores = {line.split(" lr ")[1].split(": ")[0]: float(line.split()[-5])
               for line in lines if "on the calibration rows" in line and "chosen" not in line}
-    if method == "swag":  # each candidate lr pretrained both ways (pretrain_by left null)
-        candidates = [f"{lr:g}, pretrain_by {way}" for lr in swag.SWAG_LR_CANDIDATES for way in ("sgd", "adam")]
-    else:
-        candidates = [f"{lr:g}" for lr in sgmcmc.SGMCMC_LR_CANDIDATES]
-    assert list(scores) == candidates
+    lrs, field, values, read = OPEN_SETTINGS[method]
+    shown = [str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else v for v in values]
+    assert list(scores) == [f"{lr:g}, {field} {v}" for lr in lrs for v in shown]
     best = min(scores, key=scores.get)
     assert f"lr {best}, chosen on 15 calibration rows" in lines[-1]
-    lr, _, way = best.partition(", pretrain_by ")
-    if method == "swag":
-        at_best = swag.with_lr(spec.inference.model_copy(update={"pretrain_by": way}), float(lr))
-    else:
-        at_best = sgmcmc.with_lr(spec.inference, float(lr))
+    lr, value = best.split(f", {field} ")
+    at_best = (swag if method == "swag" else sgmcmc).with_lr(spec.inference.model_copy(update={field: read(value)}),
+                                                               float(lr))
     by_hand = inference.fit(family, guide, data, at_best, 0, progress=False)
     for got, want in zip(fitted(chosen), fitted(by_hand), strict=True):
         assert torch.equal(got, want)
@@ -110,7 +119,7 @@ def test_an_interrupted_choice_resumes_the_candidates_where_they_stopped(tmp_pat
 
 
 def test_a_diverging_candidate_loses_and_all_diverging_names_each(monkeypatch):
-    spec, data, family, guide = _prepared("sgld", **SGLD_RUN)
+    spec, data, family, guide = _prepared("sgld", **SGLD_RUN, explore_lr=0.01)  # the lr alone open
     run_sgmcmc = sgmcmc.run_sgmcmc
 
     def diverging_at(bad):
@@ -160,6 +169,42 @@ def test_swag_chooses_the_lr_alone_where_its_pretraining_is_set_or_absent(monkey
     SWAG().fit(family, guide, data, spec.inference, 0, progress=False)
     way = settings.get("pretrain_by", "sgd")
     assert seen == [(lr, way) for lr in swag.SWAG_LR_CANDIDATES]
+
+
+@pytest.mark.parametrize(("method", "settings", "runs_at"), [
+    ("sgld", {"explore_lr": 0.003}, (True, 0.003)),  # a climb step given: the lr alone
+    ("sgld", {"explore_burn_in": False}, (False, sgmcmc.EXPLORE_LR)),
+    ("sghmc", {"explore_burn_in": True}, None),  # sghmc told to climb: its step is chosen, as SGLD's is
+    ("sghmc", {"explore_burn_in": False}, (False, sgmcmc.EXPLORE_LR)),
+    ("sghmc", {"preconditioner": "scale_adapted"}, (False, sgmcmc.EXPLORE_LR)),  # a metric from noisy steps
+    ("sghmc", {"epochs": 1, "burn_in_epochs": None, "batch_size": 8}, (False, sgmcmc.EXPLORE_LR)),  # 6 steps, thin 2
+])
+def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(monkeypatch, method, settings,
+                                                                               runs_at):
+    """A burn-in setting given by hand is kept, and the lr is chosen alone at it; so where a preconditioner is
+    estimated from the burn-in, and where a climbing burn-in would leave sghmc's short run no draw (the run that
+    does not climb still keeps one)."""
+    spec, data, family, guide = _prepared(method, **{**SGLD_RUN, **settings})
+    seen = []
+    run_sgmcmc = sgmcmc.run_sgmcmc
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit: seen.append(
+        (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit))
+    SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+    if runs_at is None:
+        assert seen == [(lr, True, step) for lr in sgmcmc.SGMCMC_LR_CANDIDATES for step in LR_CANDIDATES]
+    else:
+        assert seen == [(lr, *runs_at) for lr in sgmcmc.SGMCMC_LR_CANDIDATES]
+
+
+def test_an_exploring_burn_in_climbs_at_its_own_step(monkeypatch):
+    """explore_lr is the step each climbing Adam move takes; unset, the MAP fit's default."""
+    adam_move = sgmcmc.adam_move
+    for given, step in ((0.003, 0.003), (None, sgmcmc.EXPLORE_LR)):
+        spec, data, family, guide = _prepared("sgld", **SGLD_RUN, lr=0.01, explore_lr=given)
+        steps: set[float] = set()
+        monkeypatch.setattr(sgmcmc, "adam_move", lambda *args, seen=steps: seen.add(args[5]) or adam_move(*args))
+        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+        assert steps == {step}
 
 
 def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch):

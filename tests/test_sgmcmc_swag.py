@@ -424,10 +424,10 @@ def test_sgmcmc_burns_in_a_quarter_of_any_budget_by_default(epochs):
 
 def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over_the_sampling_steps(monkeypatch):
     """SGLD's default burn-in steps are Adam steps down U that draw no noise (no draw is kept from them); the
-    polynomial decay starts when they end, at the full lr. explore_burn_in: false (sghmc's default) keeps every step
-    a step of the sampler."""
+    polynomial decay starts when they end, at the full lr. explore_burn_in: false (sghmc's where no choice of the lr
+    opens it) keeps every step a step of the sampler."""
     spec = load_spec(linear_spec("sgld", epochs=40, batch_size=None, thin=1))
-    assert spec.inference.explore_burn_in and not load_spec(linear_spec("sghmc")).inference.explore_burn_in
+    assert spec.inference.explore_burn_in and load_spec(linear_spec("sghmc")).inference.explore_burn_in is None
     assert not load_spec(linear_spec("sgld", preconditioner="rmsprop")).inference.explore_burn_in
     with pytest.raises(ZooInputError, match="explore_burn_in.*preconditioner: none"):
         load_spec(linear_spec("sgld", preconditioner="rmsprop", explore_burn_in=True))

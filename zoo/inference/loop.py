@@ -25,6 +25,20 @@ from zoo.interrupts import Interrupted, deferred_interrupt
 from zoo.runs import RunLog, checkpoint_exists, load_checkpoint, save_checkpoint
 
 
+def steps_per_epoch(n_rows: int, batch_size: int | None, stream: Dataset | None = None) -> int:
+    """The steps of one pass over ``n_rows`` training rows in minibatches of ``batch_size`` (None: one full batch), or
+    over a streamed loader's batches.
+
+    :param n_rows: training rows.
+    :param batch_size: the minibatch size, or None.
+    :param stream: a data set streamed from a loader (its own batches), or None.
+    :returns: the steps per epoch.
+    """
+    if stream is not None:
+        return stream.streamed_batches
+    return math.ceil(n_rows / (n_rows if batch_size is None else min(batch_size, n_rows)))
+
+
 class TrainingLoop:
     """Steps over seeded minibatches of ``n_rows`` rows with a progress bar, checkpointed to ``path`` and resumable
     exactly.
@@ -49,7 +63,7 @@ class TrainingLoop:
                  device: torch.device | str = "cpu", writer: bool = True, stream: Dataset | None = None) -> None:
         self.n, self.device, self.stream = n_rows, device, stream
         self.batch = n_rows if batch_size is None else min(batch_size, n_rows)
-        self.per_epoch = stream.streamed_batches if stream is not None else math.ceil(n_rows / self.batch)
+        self.per_epoch = steps_per_epoch(n_rows, batch_size, stream)
         self.order_seed = order_seed
         self._batches: Iterator | None = None  # the loader's current pass (stream)
         self.path, self.checkpoint_every, self.desc, self.progress, self.log = (

@@ -111,7 +111,13 @@ class JointSetting:
     """
 
     field: str
-    values: tuple[str, ...]
+    values: tuple[Any, ...]
+
+    def label(self, value: Any) -> str:
+        """``value`` as a log key and a folder name show it: as YAML writes it (``adam``, ``true``, ``0.003``)."""
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
@@ -151,8 +157,8 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     label, best = "score", None
     for lr in candidates:
         for value in (None,) if joint is None else joint.values:
-            key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {value}"
-            folder = f"{lr:g}" if value is None else f"{lr:g}_{value}"
+            key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {joint.label(value)}"
+            folder = f"{lr:g}" if value is None else f"{lr:g}_{joint.label(value)}"
             where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
             at = spec if value is None else spec.model_copy(update={joint.field: value})
             candidate = dataclasses.replace(fit, spec=with_lr(at, lr), run_dir=where, log=RunLog(None, echo=None),

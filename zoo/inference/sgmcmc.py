@@ -47,12 +47,12 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import FitContext, copy_point_parameters
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
-from zoo.inference.loop import TrainingLoop
-from zoo.inference.lr_choice import fit_choosing_lr
+from zoo.inference.loop import TrainingLoop, steps_per_epoch
+from zoo.inference.lr_choice import JointSetting, fit_choosing_lr
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import DEFAULT_LR, ChoosesLR, Epochs, SetsNoise
+from zoo.sections import DEFAULT_LR, LR_CANDIDATES, ChoosesLR, Epochs, SetsNoise
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
@@ -82,11 +82,15 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
         "epochs before the first kept draw; null: a quarter of the run's epochs (50 of the default 200), three "
         "quarters where the burn-in explores (explore_burn_in), so that any number of epochs keeps draws"))
     explore_burn_in: bool | None = Field(None, description=(
-        f"burn-in steps without noise that climb to a mode as the zoo's MAP fit does (Adam at {DEFAULT_LR:g} on "
+        "burn-in steps without noise that climb to a mode as the zoo's MAP fit does (Adam at explore_lr on "
         "each chain), where the sampling steps start: far fewer steps than noisy ones take to reach the "
         "posterior's bulk, and no draw is kept from them; null: true for sgld without a preconditioner (its own "
-        "steps have no momentum), false for sghmc (its cyclical schedule explores in every cycle) and for a "
-        "preconditioned run (its metric is estimated from the burn-in's noisy steps)"))
+        "steps have no momentum); for sghmc without one, chosen with the lr on the fit's calibration rows where it "
+        "chooses its lr (its cyclical schedule explores in every cycle, which serves some nets better), else false; "
+        "false for a preconditioned run (its metric is estimated from the burn-in's noisy steps)"))
+    explore_lr: PositiveFloat | None = Field(None, description=(
+        f"Adam's step in an exploring burn-in; null: {DEFAULT_LR:g} (the zoo's MAP fit's), or, for sgld where the "
+        f"fit chooses its lr, chosen with it among the MAP's own {', '.join(f'{c:g}' for c in LR_CANDIDATES)}"))
     thin: PositiveInt | None = Field(None, description=(
         "keep every thin-th step's state after burn-in; null: every 10th, or closer where the run is short, so that "
         f"each chain keeps {MIN_KEPT_DRAWS} draws where it has that many sampling steps"))
@@ -111,8 +115,8 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
     def _default_schedule(self) -> SGMCMCSpec:
         if self.schedule is None:
             self.schedule = "cyclical" if self.method == "sghmc" else "polynomial"
-        if self.explore_burn_in is None:
-            self.explore_burn_in = self.method == "sgld" and self.preconditioner == "none"
+        if self.explore_burn_in is None and (self.method == "sgld" or self.preconditioner != "none"):
+            self.explore_burn_in = self.method == "sgld" and self.preconditioner == "none"  # sghmc's: left open
         if self.explore_burn_in and self.preconditioner != "none":
             raise ValueError(f"inference.explore_burn_in: got true with the {self.preconditioner} preconditioner, "
                              "which is estimated from the burn-in's noisy gradients (noise-free steps near a mode "
@@ -209,6 +213,7 @@ DEFAULT_THIN = 10  # every 10th sampling step becomes a draw where thin is not g
 BURN_IN_SHARE = 0.25  # the share of the run's epochs spent in burn-in when burn_in_epochs is not given
 EXPLORE_SHARE = 0.75  # the same where the burn-in explores (Adam's climb): as SWAG's pretraining, three quarters climb
 # and the last quarter samples; a quarter left the sampler's small steps to finish the climb (docs/results/defaults.md)
+EXPLORE_LR = DEFAULT_LR  # an exploring burn-in's Adam step where none is set or chosen: the zoo's MAP fit's (SVI's)
 
 
 def burn_in_steps(spec: SGMCMCSpec, per_epoch: int) -> int:
@@ -239,10 +244,32 @@ def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
     return sampling[thin - 1::thin]
 
 
+EXPLORING = JointSetting("explore_burn_in", (False, True))  # sghmc's, chosen with the lr where it is left null
+EXPLORE_STEP = JointSetting("explore_lr", LR_CANDIDATES)  # an exploring burn-in's Adam step, where it is left null
+
+
+def open_burn_in(spec: SGMCMCSpec, per_epoch: int) -> JointSetting | None:
+    """The burn-in setting a choice of the lr also chooses: whether sghmc's burn-in explores (left null; where an
+    exploring burn-in still keeps a draw), else the exploring burn-in's Adam step (``explore_lr`` left null), else
+    none. The climb is the zoo's MAP fit, so its step is chosen among the MAP's own lrs; which step serves depends on
+    the net and the data, as the MAP's lr does (SGLD: 0.001 brought the MLP on mnist5k to the bar and cost the toy
+    its RMSE, docs/results/defaults.md).
+
+    :param spec: the run's ``inference`` section.
+    :param per_epoch: steps per epoch.
+    :returns: the joint setting, or None.
+    """
+    if spec.explore_burn_in is None:
+        exploring = spec.model_copy(update={"explore_burn_in": True})
+        return EXPLORING if kept_steps(exploring, spec.epochs * per_epoch, per_epoch) else None
+    return EXPLORE_STEP if spec.explore_burn_in and spec.explore_lr is None else None
+
+
 def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     """SGLD or cyclical SGHMC at the spec's lr, at the default, or at the best of a whole run at each of
     :data:`SGMCMC_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
-    :func:`~zoo.inference.lr_choice.fit_choosing_lr`); each run is :func:`run_sgmcmc`.
+    :func:`~zoo.inference.lr_choice.fit_choosing_lr`), each at every value of the burn-in's open setting
+    (:func:`open_burn_in`); each run is :func:`run_sgmcmc`.
 
     :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_sgmcmc` reads it).
     :returns: the draws, their statistics, the wall time and the posterior.
@@ -250,17 +277,29 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     :raises TrainingDiverged: when a chain diverges or strays (with the lr chosen: at every candidate).
     """
     return fit_choosing_lr(fit, run_sgmcmc, with_lr, DEFAULT_SGMCMC_LR, SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,),
-                           fit.spec.method)
+                           fit.spec.method, open_burn_in(fit.spec, steps_per_epoch(
+                               fit.data.n_train, fit.spec.batch_size, fit.data if fit.data.streamed else None)))
 
 
 def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
-    """``spec`` (its lr null) at ``lr``.
+    """``spec`` (its lr null) at ``lr``, its burn-in's open settings resolved where nothing chose them (sghmc's
+    burn-in does not explore; an exploring one climbs at :data:`EXPLORE_LR`).
 
     :param spec: an ``inference`` section whose ``lr`` is null.
     :param lr: the lr.
-    :returns: the section with ``lr`` written out (``lr_by: fixed``).
+    :returns: the section with ``lr``, ``explore_burn_in`` and ``explore_lr`` written out (``lr_by: fixed``).
     """
-    return spec.model_copy(update={"lr": lr, "lr_by": "fixed"})
+    return spec.model_copy(update={"lr": lr, "lr_by": "fixed", "explore_burn_in": bool(spec.explore_burn_in),
+                                   "explore_lr": explore_step(spec)})
+
+
+def explore_step(spec: SGMCMCSpec) -> float:
+    """An exploring burn-in's Adam step: ``explore_lr``, or :data:`EXPLORE_LR` where it is unset.
+
+    :param spec: the run's ``inference`` section.
+    :returns: the step.
+    """
+    return EXPLORE_LR if spec.explore_lr is None else spec.explore_lr
 
 
 def run_sgmcmc(fit: FitContext) -> MCMCResult:
@@ -340,6 +379,7 @@ class _Chains:
         self.adapting = burn_in_steps(self.spec, loop.per_epoch) if preconditioned else 0  # G adapts over these
         self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
         self.exploring = burn_in_steps(self.spec, loop.per_epoch) if self.spec.explore_burn_in else 0
+        self.explore_lr = explore_step(self.spec)
 
     # -- the state ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -382,7 +422,7 @@ class _Chains:
             f"{spec.method}: {spec.num_chains} chains x {spec.epochs} epochs ({self.total:,} steps of {loop.batch} "
             f"rows, {spec.schedule} lr from {spec.lr:g}) over {self.potential.coords.dim:,} latent dimensions; "
             f"{len(self.keep)} draws per chain"
-            + (f"; the {self.exploring:,} burn-in steps explore (Adam at {EXPLORE_LR:g}, no noise)"
+            + (f"; the {self.exploring:,} burn-in steps explore (Adam at {self.explore_lr:g}, no noise)"
                if self.exploring else "")
             + (f"; {spec.preconditioner} preconditioner estimated over the {self.adapting:,} burn-in steps"
                + (" and every exploration phase, frozen while draws are kept" if self.readapt else ", then frozen")
@@ -393,8 +433,9 @@ class _Chains:
         """One step of every chain on the minibatch ``rows`` (None: every row): the loop's update."""
         if self.loop.step < self.exploring:  # an exploring burn-in step: Adam, no noise, no draw
             energy, grad = self.potential.value_and_grad(self.z, rows)
-            new_z, self.velocity, self.square = adam_move(self.z, grad, self.velocity, self.square, self.loop.step)
-            self.check_finite(new_z, energy, EXPLORE_LR)
+            new_z, self.velocity, self.square = adam_move(self.z, grad, self.velocity, self.square, self.loop.step,
+                                                          self.explore_lr)
+            self.check_finite(new_z, energy, self.explore_lr)
             self.z = new_z
             if self.loop.step + 1 == self.exploring:  # sghmc's momenta start from rest, not from Adam's averages
                 self.velocity, self.square = torch.zeros_like(self.z), torch.zeros_like(self.z)
@@ -527,7 +568,6 @@ def langevin_move(z: torch.Tensor, energy: torch.Tensor, grad: torch.Tensor, vel
     return z + new_velocity, new_velocity
 
 
-EXPLORE_LR = DEFAULT_LR  # an exploring burn-in's Adam step: the zoo's MAP fit's (SVI's default lr)
 ADAM_BETAS = (0.9, 0.999)
 
 
