@@ -133,9 +133,20 @@ def test_a_diverging_candidate_loses_and_all_diverging_names_each(monkeypatch):
     log, lines = _logged()
     SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
     assert any("lr 0.1 diverged" in line for line in lines) and "0.1: inf" in lines[-1]
-    assert "lr 0.1," not in lines[-1]
-    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({0.01, 0.03, 0.1}))
-    with pytest.raises(TrainingDiverged, match="every candidate lr .0.01: .*0.03: .*0.1: sgld diverged"):
+    assert "lr 0.1," not in lines[-1] and not any("lower" in line for line in lines)  # one ran: no fallback
+    # every candidate diverging: the fallback lrs run, and the best of them is kept as a run given it by hand
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at(set(sgmcmc.SGMCMC_LR_CANDIDATES)))
+    log, lines = _logged()
+    kept = SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
+    assert "sgld: every candidate lr diverged; the choice runs the lower 0.001, 0.003" in lines
+    assert lines[-1].startswith(("sgld: lr 0.001, chosen", "sgld: lr 0.003, chosen"))
+    by_hand = SGMCMC().fit(family, guide, data, sgmcmc.with_lr(spec.inference, kept.settings["lr"]), 0,
+                           progress=False)
+    assert kept.settings["lr"] in sgmcmc.SGMCMC_LR_FALLBACK
+    for got, want in zip(_draws(kept), _draws(by_hand), strict=True):
+        assert torch.equal(got, want)
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({*sgmcmc.SGMCMC_LR_CANDIDATES, *sgmcmc.SGMCMC_LR_FALLBACK}))
+    with pytest.raises(TrainingDiverged, match="every candidate lr .0.01: .*0.03: .*0.1: .*0.001: .*0.003: sgld"):
         SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,10 +122,11 @@ class JointSetting:
 
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
                     default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str,
-                    joint: JointSetting | None = None) -> Fit:
+                    joint: JointSetting | None = None, fallback: tuple[float, ...] = ()) -> Fit:
     """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
     ``candidates`` (and, where ``joint`` is open, at each of its values too), scored on the calibration rows
-    (:func:`chooses_lr`).
+    (:func:`chooses_lr`). Where every candidate diverges, the ``fallback`` lrs run the same way and the best of them
+    is kept: a lower rung of the ladder, paid for only where the usual steps are too large for the net and data.
 
     Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<value>/`` with a joint
     setting; so an interrupted choice resumes each where it stopped); the kept one's files move into the run
@@ -140,9 +141,10 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     :param files: the files the fitter writes (the first holds the fit).
     :param name: the method, for the log (``swag``).
     :param joint: a setting the section leaves open, chosen with the lr (None: the lr alone).
+    :param fallback: the lrs run where every candidate diverged (none: the choice then stops).
     :returns: the fit.
     :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
-    :raises TrainingDiverged: when every candidate diverged.
+    :raises TrainingDiverged: when every candidate (and every fallback lr) diverged.
     """
     spec = fit.spec
     if spec.lr is not None:
@@ -155,7 +157,8 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
     failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None
-    for lr in candidates:
+    for lr in _ladder(candidates, fallback, lambda: len(failures) == len(scores),
+                      lambda line: fit.log(f"{name}: {line}")):
         for value in (None,) if joint is None else joint.values:
             key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {joint.label(value)}"
             folder = f"{lr:g}" if value is None else f"{lr:g}_{joint.label(value)}"
@@ -190,6 +193,16 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, fit.data)
     return result
+
+
+def _ladder(candidates: tuple[float, ...], fallback: tuple[float, ...], all_diverged: Callable[[], bool],
+            say: Callable[[str], None]) -> Iterator[float]:
+    """The lrs a choice runs: every candidate, then, where ``all_diverged()`` says every one diverged, every fallback
+    lr."""
+    yield from candidates
+    if fallback and all_diverged():
+        say(f"every candidate lr diverged; the choice runs the lower {', '.join(f'{lr:g}' for lr in fallback)}")
+        yield from fallback
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:

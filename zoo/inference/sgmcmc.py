@@ -56,6 +56,7 @@ from zoo.sections import DEFAULT_LR, LR_CANDIDATES, ChoosesLR, Epochs, SetsNoise
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
+SGMCMC_LR_FALLBACK = (0.001, 0.003)  # ... and a decade lower where all of them diverge (UCI energy's cyclical SGHMC)
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
@@ -71,7 +72,7 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
     lr: PositiveFloat | None = Field(None, description=(
         f"learning rate of the per-row loss U/N (the step on U is lr / N); null: {DEFAULT_SGMCMC_LR:g}, or the best "
         f"of {', '.join(f'{c:g}' for c in SGMCMC_LR_CANDIDATES)} on the fit's calibration rows where it has them "
-        "(lr_by)"))
+        f"(lr_by; where the run diverges at all of them, of {', '.join(f'{c:g}' for c in SGMCMC_LR_FALLBACK)})"))
     schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
         None, description="step-size schedule; default cyclical for sghmc (Zhang et al. 2020), polynomial for sgld")
     cycles: PositiveInt = Field(4, description="cyclical: number of cosine cycles over the run")
@@ -269,16 +270,17 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     """SGLD or cyclical SGHMC at the spec's lr, at the default, or at the best of a whole run at each of
     :data:`SGMCMC_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
     :func:`~zoo.inference.lr_choice.fit_choosing_lr`), each at every value of the burn-in's open setting
-    (:func:`open_burn_in`); each run is :func:`run_sgmcmc`.
+    (:func:`open_burn_in`), and at each of :data:`SGMCMC_LR_FALLBACK` where every candidate diverged; each run is
+    :func:`run_sgmcmc`.
 
     :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_sgmcmc` reads it).
     :returns: the draws, their statistics, the wall time and the posterior.
     :raises ZooInputError: as :func:`run_sgmcmc`, and ``lr_by: calibration`` without calibration rows.
     :raises TrainingDiverged: when a chain diverges or strays (with the lr chosen: at every candidate).
     """
+    per_epoch = steps_per_epoch(fit.data.n_train, fit.spec.batch_size, fit.data if fit.data.streamed else None)
     return fit_choosing_lr(fit, run_sgmcmc, with_lr, DEFAULT_SGMCMC_LR, SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,),
-                           fit.spec.method, open_burn_in(fit.spec, steps_per_epoch(
-                               fit.data.n_train, fit.spec.batch_size, fit.data if fit.data.streamed else None)))
+                           fit.spec.method, open_burn_in(fit.spec, per_epoch), SGMCMC_LR_FALLBACK)
 
 
 def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
