@@ -431,6 +431,10 @@ def test_sgld_explores_its_burn_in_by_adam_without_noise_then_decays_its_lr_over
     assert not load_spec(linear_spec("sgld", preconditioner="rmsprop")).inference.explore_burn_in
     with pytest.raises(ZooInputError, match="explore_burn_in.*preconditioner: none"):
         load_spec(linear_spec("sgld", preconditioner="rmsprop", explore_burn_in=True))
+    for settings in ({"explore_burn_in": False}, {"preconditioner": "rmsprop"}):  # a climb step with no climb
+        with pytest.raises(ZooInputError, match="explore_lr: got 0.003 for a burn-in that does not climb"):
+            load_spec(linear_spec("sgld", explore_lr=0.003, **settings))
+    assert load_spec(linear_spec("sghmc", explore_lr=0.003)).inference.explore_lr == 0.003  # the climbing candidate's
     burn = sgmcmc.burn_in_steps(spec.inference, 1)
     lrs = [step_size(spec.inference, t, 40, burn)[0] for t in range(40)]
     assert burn == 30 and lrs[:burn + 1] == [sgmcmc.DEFAULT_SGMCMC_LR] * (burn + 1)  # three quarters explore
