@@ -214,8 +214,10 @@ def test_an_exploring_burn_in_climbs_at_its_own_step(monkeypatch):
         spec, data, family, guide = _prepared("sgld", **SGLD_RUN, lr=0.01, explore_lr=given)
         steps: set[float] = set()
         monkeypatch.setattr(sgmcmc, "adam_move", lambda *args, seen=steps: seen.add(args[5]) or adam_move(*args))
-        SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+        result = SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
         assert steps == {step}
+        # the kept run records its climb, in memory as a reloaded run does
+        assert result.posterior.settings == {"lr": 0.01, "steps": 24, "explore_lr": step, "explore_steps": 6}
 
 
 def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch):

@@ -537,13 +537,16 @@ class _Chains:
         with torch.no_grad():
             values, _ = self.potential.coords.unpack(chain_z.flatten(0, 1))
         chains = {name: v.unflatten(0, chain_z.shape[:2]) for name, v in values.items()}
-        result = MCMCResult(chains, stats, loop.seconds, spec.method, {"lr": spec.lr, "steps": self.total})
+        settings = {"lr": spec.lr, "steps": self.total}  # the burn-in's climb too, which a choice may have set
+        if self.exploring:
+            settings |= {"explore_lr": self.explore_lr, "explore_steps": self.exploring}
+        result = MCMCResult(chains, stats, loop.seconds, spec.method, settings)
         if loop.path is not None:
             save_checkpoint(loop.path, {"method": spec.method, "done": True, "draws": chains, "stats": stats,
                                         "seconds": loop.seconds, "settings": result.settings,
                                         "inverse_mass": self.mass})
         self.fit.log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
-        result.posterior = ChainPosterior(self.fit.family, chains, stats)
+        result.posterior = ChainPosterior(self.fit.family, chains, stats, result.settings)
         return result
 
 
