@@ -123,10 +123,10 @@ def test_a_diverging_candidate_loses_and_all_diverging_names_each(monkeypatch):
     run_sgmcmc = sgmcmc.run_sgmcmc
 
     def diverging_at(bad):
-        def run(fit):
+        def run(fit, climbs=None):
             if fit.spec.lr in bad:
                 raise TrainingDiverged(f"sgld diverged at lr {fit.spec.lr:g}")
-            return run_sgmcmc(fit)
+            return run_sgmcmc(fit, climbs)
         return run
 
     monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({0.1}))
@@ -198,8 +198,8 @@ def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(mo
     spec, data, family, guide = _prepared(method, **{**SGLD_RUN, **settings})
     seen = []
     run_sgmcmc = sgmcmc.run_sgmcmc
-    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit: seen.append(
-        (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit))
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(
+        (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit, climbs))
     SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
     if runs_at is None:
         assert seen == [(lr, True, step) for lr in sgmcmc.SGMCMC_LR_CANDIDATES for step in LR_CANDIDATES]
@@ -226,6 +226,45 @@ def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch)
     seen = []
     monkeypatch.setattr(lr_choice, "calibration_score", lambda *a: pytest.fail("nothing to score on"))
     run_sgmcmc = sgmcmc.run_sgmcmc
-    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit: seen.append(fit.spec.lr) or run_sgmcmc(fit))
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(fit.spec.lr)
+                        or run_sgmcmc(fit, climbs))
     result = SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
     assert seen == [sgmcmc.DEFAULT_SGMCMC_LR] and result.settings["lr"] == sgmcmc.DEFAULT_SGMCMC_LR
+
+
+def test_sgmcmcs_candidates_share_each_climb_and_keep_the_runs_they_would_have_made(monkeypatch):
+    """The climb does not depend on the sampler's lr: each Adam step's climb runs once, the other candidates start
+    where it ended, and the kept run is still the run given its lr and step by hand."""
+    spec, data, family, guide = _prepared("sgld", **SGLD_RUN)
+    moves, adam_move = [], sgmcmc.adam_move
+    monkeypatch.setattr(sgmcmc, "adam_move", lambda *args: moves.append(args[5]) or adam_move(*args))
+    SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+    climb = sgmcmc.burn_in_steps(spec.inference, 3)  # 45 training rows in batches of 15
+    assert sorted(moves) == sorted(step for step in LR_CANDIDATES for _ in range(climb))  # three climbs, not nine
+
+
+def test_a_chosen_sgmcmc_fit_on_a_loader_is_the_fit_given_its_choice_by_hand(monkeypatch):
+    """Through zoo.BNN on a shuffling DataLoader (its batches streamed): a run that starts where another's climb
+    ended takes the minibatches its own climb would have left it at, and the posterior records what was chosen.
+    The rows are made to prefer lr 0.1 after a climb at 0.003, a run that starts from the second run's climb."""
+    import zoo
+
+    monkeypatch.setattr(lr_choice, "calibration_score", lambda posterior, *_: (
+        0.0 if (posterior.settings["lr"], posterior.settings["explore_lr"]) == (0.1, 0.003) else 1.0, "NLL"))
+
+    x = torch.randn(90, 3, generator=torch.Generator().manual_seed(1))
+    y = (x[:, 0] - x[:, 1] > 0).long()
+
+    def fitted(**inference):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:70], y[:70]), batch_size=16,
+                                             shuffle=True, generator=torch.Generator().manual_seed(2))
+        bnn = zoo.BNN(net, member="sgld", device="cpu", seed=0, **({"inference": inference} if inference else {}))
+        return bnn.fit(loader, val=(x[70:], y[70:]), epochs=4, progress=False).posterior
+
+    chosen = fitted()
+    assert (chosen.settings["lr"], chosen.settings["explore_lr"]) == (0.1, 0.003)
+    by_hand = fitted(lr=0.1, explore_lr=0.003)
+    for name, draws in chosen.chains.items():
+        assert torch.equal(draws, by_hand.chains[name])

@@ -95,6 +95,21 @@ class TrainingLoop:
             self.order.set_state(saved["order_rng"].cpu())
         return saved
 
+    def position(self) -> dict:
+        """Where the loop stands: its step and minibatch order (a copy), for :meth:`move_to`."""
+        return {"step": self.step, "perm": None if self.perm is None else self.perm.clone(),
+                "order_rng": self.order.get_state()}
+
+    def move_to(self, position: dict) -> None:
+        """Stand where :meth:`position` said another loop over the same rows stood: the steps from there take the
+        minibatches that loop's would have.
+
+        :param position: a :meth:`position`.
+        """
+        self.step, self.perm = position["step"], position["perm"]
+        self.order.set_state(position["order_rng"])
+        self._batches = None  # a streamed pass restarts at this step's batch
+
     def clock(self) -> float:
         """Add the time since the last call (or since the run started) to :attr:`seconds`.
 

@@ -285,8 +285,10 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
         lr).
     """
     per_epoch = steps_per_epoch(fit.data.n_train, fit.spec.batch_size, fit.data if fit.data.streamed else None)
-    return fit_choosing_lr(fit, run_sgmcmc, with_lr, DEFAULT_SGMCMC_LR, SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,),
-                           fit.spec.method, open_burn_in(fit.spec, per_epoch), SGMCMC_LR_FALLBACK)
+    climbs: dict[float, dict] = {}  # shared by the candidates: a climb does not depend on the sampler's lr
+    return fit_choosing_lr(fit, lambda candidate: run_sgmcmc(candidate, climbs), with_lr, DEFAULT_SGMCMC_LR,
+                           SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,), fit.spec.method, open_burn_in(fit.spec, per_epoch),
+                           SGMCMC_LR_FALLBACK)
 
 
 def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
@@ -310,7 +312,7 @@ def explore_step(spec: SGMCMCSpec) -> float:
     return EXPLORE_LR if spec.explore_lr is None else spec.explore_lr
 
 
-def run_sgmcmc(fit: FitContext) -> MCMCResult:
+def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMCResult:
     """Run ``spec.num_chains`` SGLD/SGHMC chains on minibatches; draws ``{site: [chains, draws, ...]}``.
 
     The state (chains, momenta, draws so far, random streams) is saved atomically to ``run_dir/samples.pt`` every
@@ -326,6 +328,9 @@ def run_sgmcmc(fit: FitContext) -> MCMCResult:
         ``log``: the run's log (None: no messages); ``progress``: whether to show a progress bar; ``monitor``:
         scores the final posterior once, at the end (None: no scoring); ``start``: the posterior of the run
         ``inference.init`` names: chains start at its draws, and a family's point parameters are copied from it.
+    :param climbs: the exploring burn-ins of the runs an lr choice made so far, by Adam step (None: none kept). A
+        fresh run whose climb is there starts where that climb ended, as its own would have (the climb does not
+        depend on the sampler's lr); a run that climbs puts its own there.
     :returns: the draws, their statistics (``potential`` and ``lr`` per draw), the wall time and the posterior.
     :raises ZooInputError: when burn-in and thinning leave no draw to keep, when ``resume`` finds no checkpoint, or
         when the family has point parameters and no ``start`` gives them.
@@ -353,10 +358,13 @@ def run_sgmcmc(fit: FitContext) -> MCMCResult:
         chains.resume(saved)
     else:
         chains.start()
+        if climbs is not None and chains.exploring and chains.explore_lr in climbs:
+            chains.branch(climbs[chains.explore_lr])
     chains.announce()
     loop.state = chains.state
+    shares = climbs is not None and chains.exploring and chains.explore_lr not in climbs
     with pyro.validation_enabled(False):
-        loop.run(total, chains.step)
+        loop.run(total, chains.step, after_step=(lambda _: chains.share_climb(climbs)) if shares else None)
     result = chains.result()
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, fit.data)
@@ -409,6 +417,25 @@ class _Chains:
         if self.fit.start is not None:
             copy_point_parameters(self.fit.family, self.fit.start, "inference.init")
         self.fit.log(f"resumed {self.spec.method} at step {self.loop.step}/{self.total}")
+
+    def share_climb(self, climbs: dict[float, dict]) -> None:
+        """After each step: once the climb has ended, put where it ended in ``climbs`` (under its Adam step) for the
+        lr choice's other runs (:meth:`branch`)."""
+        if self.loop.step == self.exploring and self.explore_lr not in climbs:
+            climbs[self.explore_lr] = {"chains": {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                                  for k, v in self.state().items() if k != "draws"},
+                                       "loop": self.loop.position()}
+
+    def branch(self, climbed: dict) -> None:
+        """Start where another run's climb ended (:meth:`share_climb`): the same points, random streams and
+        minibatch order its own climb would have reached, without the steps."""
+        saved = climbed["chains"]
+        self._load(saved["z"].clone(), saved["velocity"].clone(), [], saved["square"].clone(),
+                   saved["inverse_mass"].clone(), saved["noisy_square"].clone(), saved["noisy_steps"])
+        self.noise.set_state(saved["noise_rng"])
+        self.loop.move_to(climbed["loop"])
+        self.fit.log(f"{self.spec.method}: starts where an earlier run's climb (Adam at {self.explore_lr:g}) ended, "
+                     f"at step {self.loop.step}: the climb does not depend on the lr")
 
     def _load(self, z: torch.Tensor, velocity: torch.Tensor, draws: list, square: torch.Tensor, mass: torch.Tensor,
               noisy: torch.Tensor, noisy_steps: int) -> None:
