@@ -96,7 +96,10 @@ class TrainingLoop:
         return saved
 
     def position(self) -> dict:
-        """Where the loop stands: its step and minibatch order (a copy), for :meth:`move_to`."""
+        """Where the loop stands, for :meth:`move_to`.
+
+        :returns: its step and minibatch order (a copy).
+        """
         return {"step": self.step, "perm": None if self.perm is None else self.perm.clone(),
                 "order_rng": self.order.get_state()}
 

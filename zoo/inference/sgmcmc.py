@@ -420,7 +420,10 @@ class _Chains:
 
     def share_climb(self, climbs: dict[float, dict]) -> None:
         """After each step: once the climb has ended, put where it ended in ``climbs`` (under its Adam step) for the
-        lr choice's other runs (:meth:`branch`)."""
+        lr choice's other runs (:meth:`branch`).
+
+        :param climbs: the lr choice's climbs so far, by Adam step.
+        """
         if self.loop.step == self.exploring and self.explore_lr not in climbs:
             climbs[self.explore_lr] = {"chains": {k: v.clone() if isinstance(v, torch.Tensor) else v
                                                   for k, v in self.state().items() if k != "draws"},
@@ -428,7 +431,10 @@ class _Chains:
 
     def branch(self, climbed: dict) -> None:
         """Start where another run's climb ended (:meth:`share_climb`): the same points, random streams and
-        minibatch order its own climb would have reached, without the steps."""
+        minibatch order its own climb would have reached, without the steps.
+
+        :param climbed: the climb's end, as :meth:`share_climb` kept it.
+        """
         saved = climbed["chains"]
         self._load(saved["z"].clone(), saved["velocity"].clone(), [], saved["square"].clone(),
                    saved["inverse_mass"].clone(), saved["noisy_square"].clone(), saved["noisy_steps"])
