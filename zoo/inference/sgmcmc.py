@@ -297,10 +297,12 @@ def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
 
     :param spec: an ``inference`` section whose ``lr`` is null.
     :param lr: the lr.
-    :returns: the section with ``lr``, ``explore_burn_in`` and ``explore_lr`` written out (``lr_by: fixed``).
+    :returns: the section with ``lr`` and ``explore_burn_in`` written out, and ``explore_lr`` where the burn-in
+        climbs (``lr_by: fixed``).
     """
-    return spec.model_copy(update={"lr": lr, "lr_by": "fixed", "explore_burn_in": bool(spec.explore_burn_in),
-                                   "explore_lr": explore_step(spec)})
+    climbing = bool(spec.explore_burn_in)
+    return spec.model_copy(update={"lr": lr, "lr_by": "fixed", "explore_burn_in": climbing,
+                                   "explore_lr": explore_step(spec) if climbing else None})
 
 
 def explore_step(spec: SGMCMCSpec) -> float:
@@ -330,7 +332,7 @@ def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMC
         ``inference.init`` names: chains start at its draws, and a family's point parameters are copied from it.
     :param climbs: the exploring burn-ins of the runs an lr choice made so far, by Adam step (None: none kept). A
         fresh run whose climb is there starts where that climb ended, as its own would have (the climb does not
-        depend on the sampler's lr); a run that climbs puts its own there.
+        depend on the sampler's lr); a run that climbs first puts its own there.
     :returns: the draws, their statistics (``potential`` and ``lr`` per draw), the wall time and the posterior.
     :raises ZooInputError: when burn-in and thinning leave no draw to keep, when ``resume`` finds no checkpoint, or
         when the family has point parameters and no ``start`` gives them.
@@ -349,7 +351,7 @@ def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMC
                                 "and thinning: run more epochs" + (", or lower inference.thin" if spec.thin else ""))
         raise ZooInputError("inference.burn_in_epochs", spec.burn_in_epochs, f"leaves no draw to keep in {spec.epochs} "
                             "epochs: lower it or the thinning, or run more epochs")
-    chains = _Chains(fit, loop, total, keep)
+    chains = _Chains(fit, loop, total, keep, climbs)
     if fit.resume:
         saved = loop.resume(fit.run_dir)
         if saved.get("done"):
@@ -358,13 +360,10 @@ def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMC
         chains.resume(saved)
     else:
         chains.start()
-        if climbs is not None and chains.exploring and chains.explore_lr in climbs:
-            chains.branch(climbs[chains.explore_lr])
     chains.announce()
     loop.state = chains.state
-    shares = climbs is not None and chains.exploring and chains.explore_lr not in climbs
     with pyro.validation_enabled(False):
-        loop.run(total, chains.step, after_step=(lambda _: chains.share_climb(climbs)) if shares else None)
+        loop.run(total, chains.step)
     result = chains.result()
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, fit.data)
@@ -386,7 +385,8 @@ class _Chains:
     draws: list[tuple[torch.Tensor, torch.Tensor, float]]  # (z, potential, lr) at each kept step so far
     strayed: list[int]  # per chain: kept draws in a row at which it was a stray (restarts on resume)
 
-    def __init__(self, fit: FitContext, loop: TrainingLoop, total: int, keep: set[int]) -> None:
+    def __init__(self, fit: FitContext, loop: TrainingLoop, total: int, keep: set[int],
+                 climbs: dict[float, dict] | None = None) -> None:
         self.fit, self.spec, self.loop, self.total, self.keep = fit, fit.spec, loop, total, keep
         self.device = fit.data.x_train.device
         self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature, compile=self.spec.compile)
@@ -396,16 +396,20 @@ class _Chains:
         self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
         self.exploring = burn_in_steps(self.spec, loop.per_epoch) if self.spec.explore_burn_in else 0
         self.explore_lr = explore_step(self.spec)
+        self.climbs = climbs if self.exploring else None  # the lr choice's climbs, by Adam step (run_sgmcmc)
 
     # -- the state ---------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Seed the random streams and put the chains at their starts (fresh, or draws of ``fit.start``)."""
+        """Seed the random streams and put the chains at their starts (fresh, or draws of ``fit.start``), or where an
+        earlier run's climb at this Adam step ended (:meth:`branch`)."""
         fit = self.fit
         torch.manual_seed(fit.seed)
         pyro.set_rng_seed(fit.seed)
         z = initial_points(fit.family, self.potential.coords, self.spec.num_chains, fit.data, fit.log, fit.start,
                            self.spec.init)
         self._load(z, torch.zeros_like(z), [], torch.zeros_like(z), torch.ones_like(z), torch.zeros_like(z), 0)
+        if self.climbs is not None and self.explore_lr in self.climbs:
+            self.branch(self.climbs[self.explore_lr])
 
     def resume(self, saved: dict) -> None:
         """Continue from a checkpoint's state ``saved`` (one from before the preconditioner was stored has none)."""
@@ -418,16 +422,15 @@ class _Chains:
             copy_point_parameters(self.fit.family, self.fit.start, "inference.init")
         self.fit.log(f"resumed {self.spec.method} at step {self.loop.step}/{self.total}")
 
-    def share_climb(self, climbs: dict[float, dict]) -> None:
-        """After each step: once the climb has ended, put where it ended in ``climbs`` (under its Adam step) for the
-        lr choice's other runs (:meth:`branch`).
-
-        :param climbs: the lr choice's climbs so far, by Adam step.
-        """
-        if self.loop.step == self.exploring and self.explore_lr not in climbs:
-            climbs[self.explore_lr] = {"chains": {k: v.clone() if isinstance(v, torch.Tensor) else v
-                                                  for k, v in self.state().items() if k != "draws"},
-                                       "loop": self.loop.position()}
+    def share_climb(self) -> None:
+        """At the climb's last step: put where it ends in the lr choice's climbs (under its Adam step), for its other
+        runs to start from (:meth:`branch`). The loop stands at this step's minibatch order, which the next step
+        starts from."""
+        if self.climbs is not None and self.explore_lr not in self.climbs:
+            self.climbs[self.explore_lr] = {
+                "chains": {k: v.clone() if isinstance(v, torch.Tensor) else v
+                           for k, v in self.state().items() if k != "draws"},
+                "loop": self.loop.position() | {"step": self.loop.step + 1}}
 
     def branch(self, climbed: dict) -> None:
         """Start where another run's climb ended (:meth:`share_climb`): the same points, random streams and
@@ -480,6 +483,7 @@ class _Chains:
             self.z = new_z
             if self.loop.step + 1 == self.exploring:  # sghmc's momenta start from rest, not from Adam's averages
                 self.velocity, self.square = torch.zeros_like(self.z), torch.zeros_like(self.z)
+                self.share_climb()
             return
         lr, sampling = step_size(self.spec, self.loop.step, self.total, self.exploring)
         eps = self.z.new_tensor(lr / self.loop.n, dtype=torch.float64)  # a tensor: one compiled graph for every lr
