@@ -350,10 +350,11 @@ def outputs(net: nn.Module, x: torch.Tensor, case: Case) -> torch.Tensor:
     return out.squeeze(-1) if case.task == "regression" else out
 
 
-def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
-    """The net trained plainly at each lr of :data:`PLAIN_LRS`, the one with the best validation NLL kept."""
+def plain_net(case: Case, rows: Rows, seed: int, epochs: int, lrs: tuple[float, ...] = PLAIN_LRS) -> dict[str, Any]:
+    """The net trained plainly at each of ``lrs`` (the recipe's :data:`PLAIN_LRS`), the one with the best validation
+    NLL kept."""
     best: dict[str, Any] | None = None
-    for lr in PLAIN_LRS:
+    for lr in lrs:
         torch.manual_seed(seed)
         net = case.net(rows)
         seconds = train_plainly(net, loader(rows, case, seed), case.task, lr, epochs)
@@ -366,7 +367,7 @@ def plain_net(case: Case, rows: Rows, seed: int, epochs: int) -> dict[str, Any]:
         if math.isfinite(val["nll"]) and (best is None or val["nll"] < best["val_nll"]):
             best = {**test, "lr": lr, "val_nll": val["nll"], "seconds": seconds}
     if best is None:
-        raise RuntimeError(f"the plain net diverged at every lr of {PLAIN_LRS}")
+        raise RuntimeError(f"the plain net diverged at every lr of {lrs}")
     return best
 
 
@@ -569,6 +570,18 @@ def parse_names(text: str, known: dict | list, option: str) -> list[str]:
     return names
 
 
+def parse_lrs(text: str) -> tuple[float, ...]:
+    """``--plain-lrs 0.001,0.003,0.01,0.03`` as a tuple of positive, finite lrs, ascending."""
+    try:
+        lrs = tuple(sorted({float(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        lrs = ()
+    if not lrs or not all(0 < lr < math.inf for lr in lrs):
+        raise ZooInputError("--plain-lrs", text, "give positive learning rates separated by commas, e.g. "
+                            "0.001,0.003,0.01,0.03")
+    return lrs
+
+
 def parse_settings(items: list[str]) -> dict[str, Any]:
     """``--set lr=0.01`` as ``{"lr": 0.01}`` (values read as YAML: numbers, booleans, strings); a part's key keeps
     its section (``prior.scale=3`` as ``{"prior.scale": 3}``), which :func:`split_settings` routes."""
@@ -634,6 +647,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="a setting for every member's fit, e.g. lr=0.01, or of its parts (prior.scale=3, "
                    "guide.init_rho=-6: merged into the preset) (a hand-set value: the run is then not at the "
                    "defaults, and its cells are kept apart)")
+    p.add_argument("--plain-lrs", metavar="LR,LR,...",
+                   help="the plain net's grid of lrs (default: the recipe's, "
+                   f"{','.join(f'{lr:g}' for lr in PLAIN_LRS)}; another grid's plain-net cells are kept apart, and "
+                   "the members' are the same): does the bar move when the plain net gets the members' grid?")
     p.add_argument("--reference", action="store_true", help=f"also sample the posterior itself by {REFERENCE} "
                    f"(full size: {REFERENCE_DRAWS['full']['num_chains']} chains x "
                    f"({REFERENCE_DRAWS['full']['warmup_steps']} + {REFERENCE_DRAWS['full']['num_samples']}) draws, "
@@ -663,6 +680,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ZooInputError("--epochs", args.epochs, f"--size small runs {SMALL_EPOCHS} epochs; drop one of them")
     settings = parse_settings(args.set)
     tag = ",".join(args.set)
+    plain_lrs = PLAIN_LRS if args.plain_lrs is None else parse_lrs(args.plain_lrs)
     torch.set_num_threads(args.threads)
     cells_path = Path(args.cells)
     tasks = {ALL_CASES[name].task for name in cases}
@@ -676,7 +694,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     done = read_cells(cells_path)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
-                              "plain_lrs": PLAIN_LRS, "cases": {}}
+                              "plain_lrs": plain_lrs, "cases": {}}
+    plain_tag = "" if plain_lrs == PLAIN_LRS else f"plain_lrs={','.join(f'{lr:g}' for lr in plain_lrs)}"
     for name in cases:
         case = ALL_CASES[name]
         epochs = SMALL_EPOCHS if args.size == "small" else args.epochs or case.epochs
@@ -691,7 +710,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for member in ["plain net", *members]:
                 is_plain = member == "plain net"
                 if is_plain or member == REFERENCE:  # the reference is run by draws; the plain net by the budget only
-                    setting = "" if member == REFERENCE else budget_tag
+                    setting = "" if member == REFERENCE else ",".join(t for t in (budget_tag, plain_tag) if t)
                 else:
                     setting = ",".join(t for t in (budget_tag, tag) if t)
                 key = (args.size, name, seed, member, setting, "" if is_plain else editions[member, case.task])
@@ -699,7 +718,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 if key not in done:
                     try:
-                        figures = (plain_net(case, rows, seed, epochs) if member == "plain net"
+                        figures = (plain_net(case, rows, seed, epochs, plain_lrs) if member == "plain net"
                                    else member_fit(case, rows, seed, member, epochs, settings, args.size))
                     except (ZooInputError, ValueError, RuntimeError) as e:
                         figures = {"error": " ".join(f"{type(e).__name__}: {e}".split())}  # all of it, one line

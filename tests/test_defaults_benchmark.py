@@ -186,6 +186,8 @@ def test_the_plain_net_is_scored_by_the_zoos_metrics():
     (["--set", "inference.num_steps=30"], "the budget is --epochs E"),
     (["--epochs", "0"], "from 1 to"),
     (["--epochs", "3", "--size", "small"], "drop one of them"),
+    (["--plain-lrs", "0.01,0"], "positive learning rates"),
+    (["--plain-lrs", "fast"], "positive learning rates"),
 ])
 def test_bad_options_are_refused_naming_them(argv, says, tmp_path):
     with pytest.raises(ZooInputError, match=says):
@@ -197,7 +199,7 @@ def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_th
     are neither the defaults' cells nor read as them."""
     trained = []
 
-    def plain(case, rows, seed, epochs):
+    def plain(case, rows, seed, epochs, lrs):
         trained.append(("plain net", epochs))
         return {"accuracy": 0.9, "nll": 0.3, "ece": 0.0, "brier": 0.1, "seconds": 1.0, "lr": 0.01}
 
@@ -216,6 +218,33 @@ def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_th
     assert settings == ["epochs=7", "epochs=7,lr=0.02"]
     defaults.main(argv)  # at the case's own epochs: nothing above is reused
     assert trained[2:] == [("plain net", defaults.CASES["twoclass"].epochs), ("map", defaults.CASES["twoclass"].epochs)]
+
+
+def test_another_plain_grid_trains_only_the_plain_net_again_and_keeps_its_cells_apart(tmp_path, monkeypatch):
+    """--plain-lrs gives the plain net another grid, to see whether the bar moves: its cells are kept apart from the
+    recipe's, and the members' cells are the defaults' own, read back rather than fitted again."""
+    grids, fitted = [], []
+
+    def plain(case, rows, seed, epochs, lrs=defaults.PLAIN_LRS):
+        grids.append(lrs)
+        return {"accuracy": 0.9, "nll": 0.3 if lrs == defaults.PLAIN_LRS else 0.2, "ece": 0.0, "brier": 0.1,
+                "seconds": 1.0, "lr": lrs[-1]}
+
+    def member(case, rows, seed, name, epochs, settings, size):
+        fitted.append(name)
+        return {"accuracy": 0.9, "nll": 0.25, "ece": 0.0, "brier": 0.1, "seconds": 1.0}
+
+    monkeypatch.setattr(defaults, "plain_net", plain)
+    monkeypatch.setattr(defaults, "member_fit", member)
+    cells = tmp_path / "cells.jsonl"
+    argv = ["--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)]
+    assert defaults.main(argv)["cases"]["twoclass"]["members"]["map"]["meets_bar"]
+    wide = defaults.main([*argv, "--plain-lrs", "0.03,0.001,0.003,0.01"])
+    assert grids == [defaults.PLAIN_LRS, (0.001, 0.003, 0.01, 0.03)] and fitted == ["map"]
+    assert wide["plain_lrs"] == (0.001, 0.003, 0.01, 0.03) and wide["cases"]["twoclass"]["plain_lr"] == [0.03]
+    assert not wide["cases"]["twoclass"]["members"]["map"]["meets_bar"]  # against the plain net at the wider grid
+    settings = [json.loads(line)["settings"] for line in cells.read_text().splitlines()]
+    assert settings == ["", "", "plain_lrs=0.001,0.003,0.01,0.03"]
 
 
 def test_the_held_out_cases_run_when_named_and_not_by_default(tmp_path):
