@@ -33,7 +33,7 @@ from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
-from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD
+from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD, LR_CANDIDATES
 from zoo.spec import load_spec
 
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -175,7 +175,7 @@ def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_t
     lines = []
     chosen = train(spec_factory("toy", *LR_BY), tmp_path / "chosen", progress=False, echo=lines.append)
     lr, scores, line = choice_in_log(lines, "starting lr")
-    assert sorted(scores) == [1e-3, 3e-3, 1e-2] and lr == min(scores, key=scores.get)
+    assert sorted(scores) == list(LR_CANDIDATES) and lr == min(scores, key=scores.get)
     assert "by a whole run at each" in line
     assert checkpoint(chosen.run_dir)["chosen_lr"] == lr
     assert len(checkpoint(chosen.run_dir)["losses"]) == 40
@@ -187,8 +187,8 @@ def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_t
 
 def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, spec_factory, monkeypatch):
     """A crash in the second candidate's run (step 30; its checkpoint at 20): the resumed fit takes no step of the
-    finished first candidate, 20 of the second, 40 of the third and 40 of the learned noise's other start at each of
-    the three lrs (the choice after the lr's, joint with it), and ends as the uninterrupted fit did."""
+    finished first candidate, 20 of the second, 40 of each later one and 40 of the learned noise's other start at
+    each candidate lr (the choice after the lr's, joint with it), and ends as the uninterrupted fit did."""
     whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
     out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 30)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -196,7 +196,7 @@ def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, 
     assert (out / svi.LR_CHOICE_DIR / "0.001" / CHECKPOINT_FILE).exists()
     seen.clear()
     run(spec_factory("toy", *LR_BY), out, resume=True)
-    assert len(seen) == 20 + 40 + 3 * 40
+    assert len(seen) == 20 + 40 * (len(LR_CANDIDATES) - 2) + 40 * len(LR_CANDIDATES)
     assert_same_guide(out, whole.run_dir)
     monkeypatch.setattr(svi.SVIRun, "_best_run", lambda *a: pytest.fail("a finished run chose again"))
     run(spec_factory("toy", *LR_BY), out, resume=True)
