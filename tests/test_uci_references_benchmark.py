@@ -162,17 +162,21 @@ def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, cap
               "--spec", str(references.DEFAULT_SPEC), *TINY]
     assert references.main([*common, "--status", "--json", str(out_json)]) == references.NOT_CONVERGED_EXIT
     assert json.loads(out_json.read_text())["references"][0]["state"] == "not started"
-    # 20 draws per chain miss R-hat; one round of 300 more passes
+    # 20 draws per chain miss R-hat; rounds of 300 more are added until the run passes (one round on most machines,
+    # two on some: the chains' float rounding differs from CPU to CPU, and the checks' margins with it)
     code = references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10",
                             "--add-draws", "300", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert code == 0, (runs / "logs" / "tiny-split00.log").read_text()[-3000:]
     assert out.count("$ zoo train") == 1 and "--add-draws 300" in out  # one command: the first round, then rounds
     row = json.loads(out_json.read_text())["references"][0]
-    assert row["state"] == "converged" and row["draws_per_chain"] == 320 and row["iterations_done"] == 420
+    rounds, left = divmod(row["draws_per_chain"] - 20, 300)
+    assert row["state"] == "converged" and rounds >= 1 and left == 0
+    assert row["iterations_done"] == 100 + row["draws_per_chain"]  # the warm-up and every draw
     assert row["r_hat_max"] <= RHAT_MAX and row["ess_min"] >= ESS_MIN and row["divergences"] == 0
     log = (runs / "logs" / "tiny-split00.log").read_text()
-    assert "sampling to 320 draws per chain" in log and log.rstrip().splitlines()[-1].startswith("converged")
+    assert all(f"sampling to {20 + 300 * k} draws per chain" in log for k in range(1, rounds + 1))
+    assert log.rstrip().splitlines()[-1].startswith("converged")
     # converged: the next call runs nothing
     assert references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10"]) == 0
     assert "$ zoo train" not in capsys.readouterr().out
