@@ -176,6 +176,7 @@ def test_a_tiny_reference_is_grown_until_it_passes_then_left_alone(tmp_path, cap
     assert row["r_hat_max"] <= RHAT_MAX and row["ess_min"] >= ESS_MIN and row["divergences"] == 0
     log = (runs / "logs" / "tiny-split00.log").read_text()
     assert all(f"sampling to {20 + 300 * k} draws per chain" in log for k in range(1, rounds + 1))
+    assert log.count("NOT CONVERGED") == rounds  # every check failed before the last round's, which passed: no more
     assert log.rstrip().splitlines()[-1].startswith("converged")
     # converged: the next call runs nothing
     assert references.main([*common, "--set", "inference.num_samples=20", "--budget-minutes", "10"]) == 0
