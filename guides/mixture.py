@@ -2,7 +2,8 @@
 
 Component k of the mixture is the factorised distribution of member k's factors, so the mixture runs
 vectorised as the members plate of the model; sites outside the plate (e.g. a noise scale) stay mean-field.
-Factor means start at random signs ±1 (P(+1) configurable), as in Dusenberry et al. 2020.
+Factor means start at random signs ±1 (P(+1) configurable), as in Dusenberry et al. 2020; a hierarchical (gsm)
+factor's standardised z at ±init_z, so that its members start apart too (at 1 ± tau init_z).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Literal
 
 import pyro.distributions as dist
 import torch
-from pydantic import Field, PositiveFloat
+from pydantic import Field, NonNegativeFloat, PositiveFloat
 from torch.distributions import biject_to
 
 from guides.base import GuideSection, InitRho, SiteGuide, param_key
@@ -20,12 +21,15 @@ from guides.mean_field import MeanFieldNormalGuide
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
 
-def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: float) -> None:
+def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: float, init_z: float) -> None:
+    """Start every member-factor mean at its init times a random sign (+1 with probability ``prob_plus``); a
+    standardised site's init is 0, so it starts at ``init_z`` times the sign."""
     with torch.no_grad():
         for name, site in sites.items():
             if site.plate is not None:
                 signs = torch.where(torch.rand(site.shape) < prob_plus, 1.0, -1.0)
-                guide.unconstrained_loc(name).copy_(site.init * signs)
+                start = torch.full(site.shape, init_z) if site.standardised else site.init
+                guide.unconstrained_loc(name).copy_(start * signs)
 
 
 class MixtureGuide(MeanFieldNormalGuide):
@@ -36,13 +40,14 @@ class MixtureGuide(MeanFieldNormalGuide):
     :param init_sign_prob: P(+1) of the factor means' random-sign initialisation.
     :param init_scale: the factors' initial standard deviation.
     :param init_rho: the initial rho of the sites outside the plate.
+    :param init_z: where a standardised (gsm) factor's means start, ± by the same random signs.
     """
 
     def __init__(self, sites: dict[str, LatentSite], component: str = "normal", init_sign_prob: float = 0.5,
-                 init_scale: float = 0.03, init_rho: float = -5.0) -> None:
+                 init_scale: float = 0.03, init_rho: float = -5.0, init_z: float = 1.0) -> None:
         super().__init__(sites, init_rho=init_rho)
         self.component = component
-        _random_signs(sites, self, init_sign_prob)
+        _random_signs(sites, self, init_sign_prob, init_z)
         rho = math.log(math.expm1(init_scale))  # softplus(rho) = init_scale
         with torch.no_grad():
             for name, site in sites.items():
@@ -62,13 +67,14 @@ class BatchEnsembleGuide(SiteGuide):
 
     :param sites: the family's latent sites.
     :param init_sign_prob: P(+1) of the factors' random-sign initialisation.
+    :param init_z: where a standardised (gsm) factor's values start, ± by the same random signs.
     """
 
     plated_terms = False  # a Dirac has no density against the prior: its sites are masked out of the ELBO
 
-    def __init__(self, sites: dict[str, LatentSite], init_sign_prob: float = 0.5) -> None:
+    def __init__(self, sites: dict[str, LatentSite], init_sign_prob: float = 0.5, init_z: float = 1.0) -> None:
         super().__init__(sites)
-        _random_signs(sites, self, init_sign_prob)
+        _random_signs(sites, self, init_sign_prob, init_z)
 
     def distribution(self, name: str) -> dist.TorchDistribution:
         """A Dirac at the site's current value."""
@@ -76,8 +82,10 @@ class BatchEnsembleGuide(SiteGuide):
         return dist.Delta(biject_to(site.support)(self.unconstrained_loc(name)), event_dim=site.event_dim)
 
 
-INIT_SIGN_PROB_DOC = ("P(+1) of the factor means' random-sign initialisation (normal/cauchy/laplace factor priors; a "
-                      "gsm factor's standardised z starts at 0, i.e. every member at factor 1)")
+INIT_SIGN_PROB_DOC = "P(+1) of the factor means' random-sign initialisation (a gsm factor's z: of +init_z)"
+INIT_Z_DOC = ("a gsm factor's standardised z starts at +-init_z (random signs): its members init_z prior standard "
+              "deviations either side of the factor's centre, 1 +- tau init_z; 0 starts every member at the centre "
+              "(docs/results/defaults.md)")
 
 
 class MixtureGuideSpec(GuideSection):
@@ -90,9 +98,10 @@ class MixtureGuideSpec(GuideSection):
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
     init_scale: PositiveFloat = Field(0.03, description="initial standard deviation of the factors")
     init_rho: InitRho
+    init_z: NonNegativeFloat = Field(1.0, description=INIT_Z_DOC)
 
     def build(self, sites: dict[str, LatentSite]) -> MixtureGuide:
-        return MixtureGuide(sites, self.component, self.init_sign_prob, self.init_scale, self.init_rho)
+        return MixtureGuide(sites, self.component, self.init_sign_prob, self.init_scale, self.init_rho, self.init_z)
 
 
 class BatchEnsembleGuideSpec(GuideSection):
@@ -103,6 +112,7 @@ class BatchEnsembleGuideSpec(GuideSection):
 
     name: Literal["batch_ensemble"] = Field(description="batch_ensemble")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
+    init_z: NonNegativeFloat = Field(1.0, description=INIT_Z_DOC)
 
     def build(self, sites: dict[str, LatentSite]) -> BatchEnsembleGuide:
-        return BatchEnsembleGuide(sites, self.init_sign_prob)
+        return BatchEnsembleGuide(sites, self.init_sign_prob, self.init_z)

@@ -24,6 +24,7 @@ from zoo.nets import build_mlp
 from zoo.pipeline import prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.priors import assign_priors
+from zoo.priors.gsm import GaussianScaleMixturePrior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, load_torch
 from zoo.spec import NormalPrior, PriorSpec, load_spec
 
@@ -279,6 +280,31 @@ def test_factor_means_start_at_random_signs(guide_cls):
     torch.manual_seed(0)
     mostly = factor_locs(guide_cls(sites, init_sign_prob=0.9), family)
     assert 0.8 < (mostly > 0).float().mean() < 0.98
+
+
+@pytest.mark.parametrize("guide_cls", [MixtureGuide, BatchEnsembleGuide])
+def test_gsm_members_start_init_z_prior_deviations_apart(guide_cls):
+    """Under the hierarchical GSM prior a factor is 1 + tau z: the guide starts each member's z at +-init_z by the
+    same random signs (so factors at 1 +- tau init_z, not all at 1), and its scales tau at the prior's scale."""
+    net = build_mlp(3, 2, [5], "tanh")
+    priors = assign_priors(PriorSpec(default=GaussianScaleMixturePrior(name="gsm", scale=0.3)),
+                           Rank1BNN.prior_sites(net))
+    family = Rank1BNN(net, priors, Categorical(), members=4)
+    sites = family.latent_sites()
+    z_sites = [n for n in sites if n.endswith(rank1.RAW)]
+    assert z_sites and all(sites[n].standardised for n in z_sites)
+    torch.manual_seed(0)
+    guide = guide_cls(sites, init_sign_prob=0.5, init_z=1.5)
+    z = torch.cat([guide.unconstrained_loc(n).detach().flatten() for n in z_sites])
+    assert set(z.tolist()) == {-1.5, 1.5}
+    values = {n: guide.unconstrained_loc(n).detach() for n in z_sites}
+    values |= {n: torch.full(sites[n].shape, 0.3) for n in sites if n.endswith(rank1.SCALE)}
+    factors = torch.cat([f.flatten() for f in family.factors(values).values()])
+    torch.testing.assert_close(factors.abs().sub(1).abs(), torch.full_like(factors, 0.45))  # 1 +- 0.3 * 1.5
+    all_plus = guide_cls(sites, init_sign_prob=1.0, init_z=1.0)
+    assert all(torch.equal(all_plus.unconstrained_loc(n), torch.ones(sites[n].shape)) for n in z_sites)
+    at_centre = guide_cls(sites, init_z=0.0)
+    assert all(not at_centre.unconstrained_loc(n).any() for n in z_sites)
 
 
 def test_mixture_init_scale_and_mean_field_noise_site():

@@ -20,6 +20,9 @@ class LatentSite:
     # a vector site made of whole weight tensors: each one's (rows, cols) as a row-major matrix, in site order (what a
     # Kronecker-factored covariance is built on); None where the site holds parts of tensors
     blocks: tuple[tuple[int, int], ...] | None = None
+    # a non-centred factor's standardised value (prior N(0, 1), init 0): a guide's random-sign start puts its mean
+    # at +-init_z prior standard deviations, where it puts another factor's at +-init
+    standardised: bool = False
 
     @property
     def event_dim(self) -> int:

@@ -221,7 +221,8 @@ class Rank1BNN(ModelFamily):
     # -- what the guides and inference methods see ------------------------------------------------------
     def latent_sites(self) -> dict[str, LatentSite]:
         """Per-neuron GSM scales (global), then the factors r [K, out], s [K, in] in the members plate
-        (initialised at 1; a GSM factor is held as its standardised z [K, width], initialised at 0),
+        (initialised at 1; a GSM factor is held as its standardised z [K, width], initialised at 0, a site marked
+        ``standardised``: a mixture guide starts its members at z = +-init_z),
         then the likelihood's latents."""
         scales, plated = {}, {}
         for layer, m in self.layers.items():
@@ -231,7 +232,8 @@ class Rank1BNN(ModelFamily):
                 if config.hierarchical:
                     scales[name + SCALE] = LatentSite(torch.Size([width]), torch.full((width,), config.scale),
                                                       constraints.positive)
-                    plated[name + RAW] = LatentSite(shape, torch.zeros(shape), plate=(MEMBERS, self.members))
+                    plated[name + RAW] = LatentSite(shape, torch.zeros(shape), plate=(MEMBERS, self.members),
+                                                      standardised=True)
                 else:
                     plated[name] = LatentSite(shape, torch.ones(shape), plate=(MEMBERS, self.members))
         return {**scales, **plated, **self.likelihood.latent_sites()}
