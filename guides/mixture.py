@@ -83,9 +83,10 @@ class BatchEnsembleGuide(SiteGuide):
 
 
 INIT_SIGN_PROB_DOC = "P(+1) of the factor means' random-sign initialisation (a gsm factor's z: of +init_z)"
+INIT_Z_MAX = 5.0  # z's prior is N(0, 1): a start further out has almost no prior mass
 INIT_Z_DOC = ("a gsm factor's standardised z starts at +-init_z (random signs): its members init_z prior standard "
-              "deviations either side of the factor's centre, 1 +- tau init_z; 0 starts every member at the centre "
-              "(docs/results/defaults.md)")
+              "deviations either side of the factor's centre, 1 +- tau init_z; 0 starts every member at the centre (at "
+              f"most {INIT_Z_MAX:g}, beyond which the N(0, 1) prior of z has almost no mass; docs/results/defaults.md)")
 
 
 class MixtureGuideSpec(GuideSection):
@@ -98,7 +99,7 @@ class MixtureGuideSpec(GuideSection):
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
     init_scale: PositiveFloat = Field(0.03, description="initial standard deviation of the factors")
     init_rho: InitRho
-    init_z: NonNegativeFloat = Field(1.0, description=INIT_Z_DOC)
+    init_z: NonNegativeFloat = Field(1.0, le=INIT_Z_MAX, description=INIT_Z_DOC)
 
     def build(self, sites: dict[str, LatentSite]) -> MixtureGuide:
         return MixtureGuide(sites, self.component, self.init_sign_prob, self.init_scale, self.init_rho, self.init_z)
@@ -112,7 +113,7 @@ class BatchEnsembleGuideSpec(GuideSection):
 
     name: Literal["batch_ensemble"] = Field(description="batch_ensemble")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
-    init_z: NonNegativeFloat = Field(1.0, description=INIT_Z_DOC)
+    init_z: NonNegativeFloat = Field(1.0, le=INIT_Z_MAX, description=INIT_Z_DOC)
 
     def build(self, sites: dict[str, LatentSite]) -> BatchEnsembleGuide:
         return BatchEnsembleGuide(sites, self.init_sign_prob, self.init_z)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import zoo.models.rank1 as rank1
 from guides.mixture import BatchEnsembleGuide, MixtureGuide
 from tests.conftest import assert_input_error
 from zoo.cli import main
+from zoo.errors import ZooInputError
 from zoo.inference.elbo import ANALYTIC, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.likelihoods import Categorical, Gaussian
 from zoo.models.rank1 import Rank1BNN
@@ -285,7 +287,7 @@ def test_factor_means_start_at_random_signs(guide_cls):
 @pytest.mark.parametrize("guide_cls", [MixtureGuide, BatchEnsembleGuide])
 def test_gsm_members_start_init_z_prior_deviations_apart(guide_cls):
     """Under the hierarchical GSM prior a factor is 1 + tau z: the guide starts each member's z at +-init_z by the
-    same random signs (so factors at 1 +- tau init_z, not all at 1), and its scales tau at the prior's scale."""
+    same random signs (so factors at 1 +- tau init_z, not all at 1); init_z 0 starts them all at 1."""
     net = build_mlp(3, 2, [5], "tanh")
     priors = assign_priors(PriorSpec(default=GaussianScaleMixturePrior(name="gsm", scale=0.3)),
                            Rank1BNN.prior_sites(net))
@@ -305,6 +307,13 @@ def test_gsm_members_start_init_z_prior_deviations_apart(guide_cls):
     assert all(torch.equal(all_plus.unconstrained_loc(n), torch.ones(sites[n].shape)) for n in z_sites)
     at_centre = guide_cls(sites, init_z=0.0)
     assert all(not at_centre.unconstrained_loc(n).any() for n in z_sites)
+
+
+@pytest.mark.parametrize(("value", "why"), [(-1, "greater than or equal to 0"), (50, "less than or equal to 5")])
+def test_an_init_z_outside_the_prior_is_refused_naming_the_field(value, why):
+    with pytest.raises(ZooInputError) as err:
+        load_spec(Path(__file__).resolve().parents[1] / "configs" / "rank1_gsm_digits.yaml", [f"guide.init_z={value}"])
+    assert f"guide.init_z: got {value}" in str(err.value) and why in str(err.value)
 
 
 def test_mixture_init_scale_and_mean_field_noise_site():
