@@ -9,7 +9,7 @@ factor's standardised z at Â±init_z, so that its members start apart too (at 1 Â
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import pyro.distributions as dist
 import torch
@@ -28,7 +28,7 @@ def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: flo
         for name, site in sites.items():
             if site.plate is not None:
                 signs = torch.where(torch.rand(site.shape) < prob_plus, 1.0, -1.0)
-                start = torch.full(site.shape, init_z) if site.standardised else site.init
+                start = init_z if site.standardised else site.init
                 guide.unconstrained_loc(name).copy_(start * signs)
 
 
@@ -82,11 +82,12 @@ class BatchEnsembleGuide(SiteGuide):
         return dist.Delta(biject_to(site.support)(self.unconstrained_loc(name)), event_dim=site.event_dim)
 
 
-INIT_SIGN_PROB_DOC = "P(+1) of the factor means' random-sign initialisation (a gsm factor's z: of +init_z)"
+INIT_SIGN_PROB_DOC = "P(+1) of the factor means' random-sign initialisation (a gsm factor's z: +init_z, not -init_z)"
 INIT_Z_MAX = 5.0  # z's prior is N(0, 1): a start further out has almost no prior mass
-INIT_Z_DOC = ("a gsm factor's standardised z starts at +-init_z (random signs): its members init_z prior standard "
-              "deviations either side of the factor's centre, 1 +- tau init_z; 0 starts every member at the centre (at "
-              f"most {INIT_Z_MAX:g}, beyond which the N(0, 1) prior of z has almost no mass; docs/results/defaults.md)")
+InitZ = Annotated[NonNegativeFloat, Field(1.0, le=INIT_Z_MAX, description=(
+    "a gsm factor's standardised z starts at +-init_z (random signs): its members init_z prior standard deviations "
+    "either side of the factor's centre, 1 +- tau init_z; 0 starts every member at the centre (at most "
+    f"{INIT_Z_MAX:g}, beyond which the N(0, 1) prior of z has almost no mass; docs/results/defaults.md)"))]
 
 
 class MixtureGuideSpec(GuideSection):
@@ -99,7 +100,7 @@ class MixtureGuideSpec(GuideSection):
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
     init_scale: PositiveFloat = Field(0.03, description="initial standard deviation of the factors")
     init_rho: InitRho
-    init_z: NonNegativeFloat = Field(1.0, le=INIT_Z_MAX, description=INIT_Z_DOC)
+    init_z: InitZ
 
     def build(self, sites: dict[str, LatentSite]) -> MixtureGuide:
         return MixtureGuide(sites, self.component, self.init_sign_prob, self.init_scale, self.init_rho, self.init_z)
@@ -113,7 +114,7 @@ class BatchEnsembleGuideSpec(GuideSection):
 
     name: Literal["batch_ensemble"] = Field(description="batch_ensemble")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
-    init_z: NonNegativeFloat = Field(1.0, le=INIT_Z_MAX, description=INIT_Z_DOC)
+    init_z: InitZ
 
     def build(self, sites: dict[str, LatentSite]) -> BatchEnsembleGuide:
         return BatchEnsembleGuide(sites, self.init_sign_prob, self.init_z)

@@ -115,8 +115,8 @@ class SVIFitting(ChoosesLR):
         None, description="with lr: null, where the default schedule's starting lr comes from. calibration: the "
         f"whole run at each of {', '.join(f'{c:g}' for c in LR_CANDIDATES)} from the same start (held and decayed "
         "as the default is), and the fit keeps the run its calibration rows score best (fit(val=...) or "
-        "data.calibration_fraction; NLL, or -test LL for regression): 3x the steps (6x where a learned noise's "
-        "start is chosen too: each start at each lr); fixed: "
+        f"data.calibration_fraction; NLL, or -test LL for regression): {len(LR_CANDIDATES)}x the steps "
+        f"({2 * len(LR_CANDIDATES)}x where a learned noise's start is chosen too: each start at each lr); fixed: "
         f"{DEFAULT_LR:g}; null: calibration where lr is null and the fit has calibration rows, else fixed")
     clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="per-step lr decay factor")
