@@ -45,6 +45,27 @@ def _draws(result) -> list[torch.Tensor]:
     return [result.draws[k] for k in sorted(result.draws)]
 
 
+def _ladder_runs(scores: dict[str, float], candidates: tuple[float, ...], lower: tuple[float, ...],
+                 values: list[str]) -> list[str]:
+    """The runs a choice makes, by the rule, given each run's score (none diverging): every candidate lr at every
+    open value (``values``, each key's tail after the lr), then each lower rung from the highest down while the
+    lowest lr run so far scores best."""
+    runs = [f"{lr:g}{v}" for lr in candidates for v in values]
+    ran = list(candidates)
+    for lr in sorted(lower, reverse=True):
+        if float(min(runs, key=scores.__getitem__).split(",")[0]) != min(ran):
+            break
+        runs += [f"{lr:g}{v}" for v in values]
+        ran.append(lr)
+    return runs
+
+
+def _scored_by_lr(monkeypatch, scores: dict[float, float]) -> None:
+    """Make the calibration rows score each run by its lr alone, as ``scores`` says."""
+    monkeypatch.setattr(lr_choice, "calibration_score",
+                        lambda posterior, *_: (scores[posterior.settings["lr"]], "NLL"))
+
+
 # each method's candidates: every lr at every value of the setting it leaves open (SWAG's pretraining, SGLD's climb
 # step, whether sghmc's burn-in climbs), as the log shows the values, and how a candidate's key reads back
 OPEN_SETTINGS = {"swag": (swag.SWAG_LR_CANDIDATES, "pretrain_by", ("sgd", "adam"), str),
@@ -67,7 +88,8 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
     scores = {line.split(" lr ")[1].split(": ")[0]: float(line.split()[-5])
               for line in lines if "on the calibration rows" in line and "chosen" not in line}
     lrs, field, shown, read = OPEN_SETTINGS[method]
-    assert list(scores) == [f"{lr:g}, {field} {v}" for lr in lrs for v in shown]
+    lower = () if method == "swag" else sgmcmc.SGMCMC_LR_LOWER
+    assert list(scores) == _ladder_runs(scores, lrs, lower, [f", {field} {v}" for v in shown])
     best = min(scores, key=scores.get)
     assert f"lr {best}, chosen on 15 calibration rows" in lines[-1]
     lr, value = best.split(f", {field} ")
@@ -130,23 +152,50 @@ def test_a_diverging_candidate_loses_and_all_diverging_names_each(monkeypatch):
 
     monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({0.1}))
     log, lines = _logged()
-    SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
+    with monkeypatch.context() as rows:
+        _scored_by_lr(rows, {0.01: 2.0, 0.03: 1.0})  # the rows prefer 0.03: the grid reaches no lower
+        SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
     assert any("lr 0.1 diverged" in line for line in lines) and "0.1: inf" in lines[-1]
-    assert "lr 0.1," not in lines[-1] and not any("lower" in line for line in lines)  # one ran: no fallback
-    # every candidate diverging: the fallback lrs run, and the best of them is kept as a run given it by hand
+    assert lines[-1].startswith("sgld: lr 0.03, chosen") and not any("lower" in line for line in lines)
+    # every candidate diverging: the lower rungs run, and the best of them is kept as a run given it by hand
     monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at(set(sgmcmc.SGMCMC_LR_CANDIDATES)))
     log, lines = _logged()
     kept = SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
-    assert "sgld: every candidate lr diverged; the choice runs the lower 0.001, 0.003" in lines
+    assert "sgld: every lr run diverged; the choice runs the lower 0.003" in lines
+    assert "sgld: the lowest lr run, 0.003, scored best; the choice runs the lower 0.001" in lines
     assert lines[-1].startswith(("sgld: lr 0.001, chosen", "sgld: lr 0.003, chosen"))
     by_hand = SGMCMC().fit(family, guide, data, sgmcmc.with_lr(spec.inference, kept.settings["lr"]), 0,
                            progress=False)
-    assert kept.settings["lr"] in sgmcmc.SGMCMC_LR_FALLBACK
+    assert kept.settings["lr"] in sgmcmc.SGMCMC_LR_LOWER
     for got, want in zip(_draws(kept), _draws(by_hand), strict=True):
         assert torch.equal(got, want)
-    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({*sgmcmc.SGMCMC_LR_CANDIDATES, *sgmcmc.SGMCMC_LR_FALLBACK}))
-    with pytest.raises(TrainingDiverged, match="every candidate lr .0.01: .*0.03: .*0.1: .*0.001: .*0.003: sgld"):
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", diverging_at({*sgmcmc.SGMCMC_LR_CANDIDATES, *sgmcmc.SGMCMC_LR_LOWER}))
+    with pytest.raises(TrainingDiverged, match="every candidate lr .0.01: .*0.03: .*0.1: .*0.003: .*0.001: sgld"):
         SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+
+
+@pytest.mark.parametrize(("scores", "runs", "kept"), [
+    ({0.01: 1.0, 0.03: 2.0, 0.1: 3.0, 0.003: 0.5, 0.001: 0.7}, (0.01, 0.03, 0.1, 0.003, 0.001), 0.003),
+    ({0.01: 1.0, 0.03: 2.0, 0.1: 3.0, 0.003: 0.5, 0.001: 0.4}, (0.01, 0.03, 0.1, 0.003, 0.001), 0.001),
+    ({0.01: 1.0, 0.03: 2.0, 0.1: 3.0, 0.003: 1.5}, (0.01, 0.03, 0.1, 0.003), 0.01),
+    ({0.01: 2.0, 0.03: 1.0, 0.1: 3.0}, (0.01, 0.03, 0.1), 0.03),
+])
+def test_a_choice_on_its_grids_lower_edge_reaches_down_while_the_lowest_wins(monkeypatch, scores, runs, kept):
+    """Where the lowest candidate lr scores best, the choice runs the next rung below, and goes on down while the
+    lowest lr run keeps scoring best; where a higher lr wins, it runs the candidates alone. The kept run is the best
+    of all it ran."""
+    spec, data, family, guide = _prepared("sgld", **SGLD_RUN, explore_lr=0.01)  # the lr alone open
+    _scored_by_lr(monkeypatch, scores)
+    seen, run_sgmcmc = [], sgmcmc.run_sgmcmc
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(fit.spec.lr)
+                        or run_sgmcmc(fit, climbs))
+    log, lines = _logged()
+    result = SGMCMC().fit(family, guide, data, spec.inference, 0, log=log, progress=False)
+    assert tuple(seen) == runs and result.settings["lr"] == kept
+    assert lines[-1].startswith(f"sgld: lr {kept:g}, chosen")
+    reasons = [line for line in lines if "the choice runs the lower" in line]
+    assert reasons == [f"sgld: the lowest lr run, {above:g}, scored best; the choice runs the lower {lr:g}"
+                       for above, lr in zip((0.01, 0.003), runs[3:], strict=False)]
 
 
 def test_the_lr_is_chosen_only_where_it_is_unset_and_calibration_rows_exist():
@@ -195,6 +244,7 @@ def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(mo
     estimated from the burn-in, and where a climbing burn-in would leave sghmc's short run no draw (the run that
     does not climb still keeps one)."""
     spec, data, family, guide = _prepared(method, **{**SGLD_RUN, **settings})
+    _scored_by_lr(monkeypatch, {0.01: 2.0, 0.03: 1.0, 0.1: 3.0})  # a candidate above the lowest wins: none lower
     seen = []
     run_sgmcmc = sgmcmc.run_sgmcmc
     monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(

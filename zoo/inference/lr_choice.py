@@ -6,6 +6,9 @@ picks the lr on held-out rows; ``inference.lr_by`` does the same for a member: w
 training (``fit(val=...)`` or ``data.calibration_fraction``), the whole fit runs at each of the method's candidate lrs
 (the default among them), each run is scored on those rows (NLL; regression: minus the test log-likelihood), and
 the best run is kept as it ended. A run that diverges scores infinity; every run diverging stops the fit naming each.
+Where a method has rungs below its candidates, the grid reaches down one rung at a time while the lowest lr run so
+far scores best (or every run so far diverged): a choice on its grid's lower edge does not show that its best step
+lies inside the grid.
 
 SVI chooses inside its own run (:meth:`zoo.inference.svi.SVIRun.choose_lr`: its candidates continue one guide in
 place). SWAG, MultiSWAG and SG-MCMC fits start from their seed and write everything they fit into their own files,
@@ -122,11 +125,12 @@ class JointSetting:
 
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
                     default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str,
-                    joint: JointSetting | None = None, fallback: tuple[float, ...] = ()) -> Fit:
+                    joint: JointSetting | None = None, lower: tuple[float, ...] = ()) -> Fit:
     """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
     ``candidates`` (and, where ``joint`` is open, at each of its values too), scored on the calibration rows
-    (:func:`chooses_lr`). Where every candidate diverges, the ``fallback`` lrs run the same way and the best of them
-    is kept: a lower rung of the ladder, paid for only where the usual steps are too large for the net and data.
+    (:func:`chooses_lr`). Then the ``lower`` rungs run the same way, from the highest down, each only while the
+    lowest lr run so far scored best or every run so far diverged (:func:`_ladder`): paid for only where the usual
+    steps are too large for the net and data, or only just small enough.
 
     Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<value>/`` with a joint
     setting; so an interrupted choice resumes each where it stopped); the kept one's files move into the run
@@ -141,10 +145,11 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     :param files: the files the fitter writes (the first holds the fit).
     :param name: the method, for the log (``swag``).
     :param joint: a setting the section leaves open, chosen with the lr (None: the lr alone).
-    :param fallback: the lrs run where every candidate diverged (none: the choice then stops).
+    :param lower: lrs below every candidate, run from the highest down while the lowest lr run scores best (none:
+        the candidates alone).
     :returns: the fit.
     :raises ZooInputError: ``lr_by: calibration`` without calibration rows.
-    :raises TrainingDiverged: when every candidate (and every fallback lr) diverged.
+    :raises TrainingDiverged: when every candidate (and every lower rung) diverged.
     """
     spec = fit.spec
     if spec.lr is not None:
@@ -157,8 +162,17 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
     failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None
-    for lr in _ladder(candidates, fallback, lambda: len(failures) == len(scores),
-                      lambda line: fit.log(f"{name}: {line}")):
+    ran: list[float] = []
+
+    def reach_lower() -> str | None:
+        if len(failures) == len(scores):
+            return "every lr run diverged"
+        if best is not None and best[3] == min(ran):
+            return f"the lowest lr run, {best[3]:g}, scored best"
+        return None
+
+    for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
+        ran.append(lr)
         for value in (None,) if joint is None else joint.values:
             key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {joint.label(value)}"
             folder = f"{lr:g}" if value is None else f"{lr:g}_{joint.label(value)}"
@@ -180,10 +194,10 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
                                                    spec)
             fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
             if best is None or scores[key] < scores[best[0]]:
-                best = key, folder, result
+                best = key, folder, result, lr
     if best is None:
         raise every_candidate_diverged(failures)
-    key, folder, result = best
+    key, folder, result, _ = best
     result.seconds = spent
     if fit.run_dir is not None:
         _keep_files(fit.run_dir / LR_CHOICE_DIR / folder, fit.run_dir, files)
@@ -195,14 +209,17 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     return result
 
 
-def _ladder(candidates: tuple[float, ...], fallback: tuple[float, ...], all_diverged: Callable[[], bool],
+def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[], str | None],
             say: Callable[[str], None]) -> Iterator[float]:
-    """The lrs a choice runs: every candidate, then, where ``all_diverged()`` says every one diverged, every fallback
-    lr."""
+    """The lrs a choice runs: every candidate, then each of ``lower`` from the highest down, each only where
+    ``reach_lower()`` gives the reason to (every run so far diverged, or the lowest lr run scored best)."""
     yield from candidates
-    if fallback and all_diverged():
-        say(f"every candidate lr diverged; the choice runs the lower {', '.join(f'{lr:g}' for lr in fallback)}")
-        yield from fallback
+    for lr in sorted(lower, reverse=True):
+        reason = reach_lower()
+        if reason is None:
+            return
+        say(f"{reason}; the choice runs the lower {lr:g}")
+        yield lr
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:

@@ -56,7 +56,8 @@ from zoo.sections import DEFAULT_LR, LR_CANDIDATES, ChoosesLR, Epochs, SetsNoise
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
-SGMCMC_LR_FALLBACK = (0.001, 0.003)  # ... and a decade lower where all of them diverge (UCI energy's cyclical SGHMC)
+SGMCMC_LR_LOWER = (0.003, 0.001)  # ... and a decade below, one rung at a time while the lowest lr run scores best
+# or all diverge (UCI energy: SGLD's lowest candidate won, cyclical SGHMC diverged at all)
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
@@ -72,7 +73,8 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
     lr: PositiveFloat | None = Field(None, description=(
         f"learning rate of the per-row loss U/N (the step on U is lr / N); null: {DEFAULT_SGMCMC_LR:g}, or the best "
         f"of {', '.join(f'{c:g}' for c in SGMCMC_LR_CANDIDATES)} on the fit's calibration rows where it has them "
-        f"(lr_by; where the run diverges at all of them, of {', '.join(f'{c:g}' for c in SGMCMC_LR_FALLBACK)})"))
+        f"(lr_by; then {', '.join(f'{c:g}' for c in SGMCMC_LR_LOWER)} in turn while the lowest lr run scores best "
+        "or every run diverged)"))
     schedule: Literal["cyclical", "polynomial", "constant"] | None = Field(
         None, description="step-size schedule; default cyclical for sghmc (Zhang et al. 2020), polynomial for sgld")
     cycles: PositiveInt = Field(4, description="cyclical: number of cosine cycles over the run")
@@ -275,8 +277,8 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     """SGLD or cyclical SGHMC at the spec's lr, at the default, or at the best of a whole run at each of
     :data:`SGMCMC_LR_CANDIDATES` on the calibration rows (``inference.lr_by``,
     :func:`~zoo.inference.lr_choice.fit_choosing_lr`), each at every value of the burn-in's open setting
-    (:func:`open_burn_in`), and at each of :data:`SGMCMC_LR_FALLBACK` where every candidate diverged; each run is
-    :func:`run_sgmcmc`.
+    (:func:`open_burn_in`), and at each of :data:`SGMCMC_LR_LOWER` in turn while the lowest lr run scores best or
+    every run diverged; each run is :func:`run_sgmcmc`.
 
     :param fit: the fit's :class:`~zoo.inference.base.FitContext` (as :func:`run_sgmcmc` reads it).
     :returns: the draws, their statistics, the wall time and the posterior.
@@ -288,7 +290,7 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
     climbs: dict[float, dict] = {}  # shared by the candidates: a climb does not depend on the sampler's lr
     return fit_choosing_lr(fit, lambda candidate: run_sgmcmc(candidate, climbs), with_lr, DEFAULT_SGMCMC_LR,
                            SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,), fit.spec.method, open_burn_in(fit.spec, per_epoch),
-                           SGMCMC_LR_FALLBACK)
+                           SGMCMC_LR_LOWER)
 
 
 def with_lr(spec: SGMCMCSpec, lr: float) -> SGMCMCSpec:
