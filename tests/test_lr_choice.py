@@ -1,7 +1,8 @@
 """inference.lr_by for SWAG, MultiSWAG and SG-MCMC (zoo.inference.lr_choice): a whole run at each of the method's
-candidate lrs (SWAG's each pretrained both ways where its pretraining is left open), the best on the calibration rows
-kept exactly as a run given its lr by hand, resumable, with every candidate's divergence named. (SVI's choice, which
-continues one guide in place, is pinned in tests/test_svi.py.)"""
+candidate lrs (SWAG's each pretrained both ways where its pretraining is left open), SG-MCMC's reaching below the
+lowest while it wins, the best on the calibration rows kept exactly as a run given its lr by hand, resumable, with
+every candidate's divergence named. (SVI's choice, which continues one guide in place, is pinned in
+tests/test_svi.py.)"""
 
 from __future__ import annotations
 
