@@ -162,17 +162,15 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
     failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None
-    ran: list[float] = []
 
-    def reach_lower() -> str | None:
+    def reach_lower(lowest: float) -> str | None:
         if len(failures) == len(scores):
             return "every lr run diverged"
-        if best is not None and best[3] == min(ran):
-            return f"the lowest lr run, {best[3]:g}, scored best"
+        if best is not None and best[3] == lowest:
+            return f"the lowest lr run, {lowest:g}, scored best"
         return None
 
     for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
-        ran.append(lr)
         for value in (None,) if joint is None else joint.values:
             key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {joint.label(value)}"
             folder = f"{lr:g}" if value is None else f"{lr:g}_{joint.label(value)}"
@@ -209,17 +207,20 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     return result
 
 
-def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[], str | None],
+def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[float], str | None],
             say: Callable[[str], None]) -> Iterator[float]:
     """The lrs a choice runs: every candidate, then each of ``lower`` from the highest down, each only where
-    ``reach_lower()`` gives the reason to (every run so far diverged, or the lowest lr run scored best)."""
+    ``reach_lower(lowest)``, given the lowest lr run so far, gives the reason to (every run so far diverged, or that
+    lr scored best)."""
     yield from candidates
+    lowest = min(candidates)
     for lr in sorted(lower, reverse=True):
-        reason = reach_lower()
+        reason = reach_lower(lowest)
         if reason is None:
             return
         say(f"{reason}; the choice runs the lower {lr:g}")
         yield lr
+        lowest = lr
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:
