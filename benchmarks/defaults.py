@@ -39,6 +39,7 @@ the same epochs); ``--set epochs=E`` is refused, since it would move the members
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -438,9 +439,15 @@ def defaults_edition(member: str, task: str) -> str:
         if isinstance(spec.inference, SetsNoise):
             modules.add(noise_choice.__name__)
     constants = {f"{m}.{k}": v for m in sorted(modules) for k, v in vars(sys.modules[m]).items()
-                 if k.isupper() and isinstance(v, int | float | str | tuple)}
+                 if k.isupper() and (isinstance(v, int | float | str | tuple) or _is_record(v))}
     what = {"spec": _without_other_tasks(spec, spec.model_dump(mode="json"), task), "constants": constants}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _is_record(value: Any) -> bool:
+    """Whether a module constant is a dataclass instance (a setting the fit chooses with its lr, say), which its repr
+    fingerprints."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def _without_other_tasks(section: BaseModel, dump: dict[str, Any], task: str) -> dict[str, Any]:

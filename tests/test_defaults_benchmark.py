@@ -79,6 +79,19 @@ def test_a_changed_default_reruns_the_members_cells_not_the_plain_nets(small_run
     assert fitted == ["map"]
 
 
+def test_the_options_a_choice_of_the_lr_runs_are_in_the_edition(monkeypatch):
+    """A setting a fit chooses with its lr is a dataclass constant (sghmc's climb steps, SWAG's pretraining): a
+    change to its options changes the editions of the members whose method reads it, and no other's."""
+    from zoo.inference import sgmcmc
+    from zoo.inference.lr_choice import JointSetting
+
+    members = ("sgld", "cyclical_sghmc", "swag", "map")
+    before = {m: defaults.defaults_edition(m, "classification") for m in members}
+    monkeypatch.setattr(sgmcmc, "EXPLORE_STEP", JointSetting.over("explore_lr", (0.003, 0.01)))
+    after = {m: defaults.defaults_edition(m, "classification") for m in members}
+    assert [m for m in members if before[m] != after[m]] == ["sgld", "cyclical_sghmc"]
+
+
 def test_a_setting_only_regression_reads_keys_only_the_regression_cells(monkeypatch):
     """The predictive noise's setting (``inference.noise_by``) and its module's constants enter a regression cell's
     edition and not a classifier's, so a change to them reruns the regressions alone; a Laplace member, which sets

@@ -49,7 +49,7 @@ def _draws(result) -> list[torch.Tensor]:
 def _ladder_runs(scores: dict[str, float], candidates: tuple[float, ...], lower: tuple[float, ...],
                  values: list[str]) -> list[str]:
     """The runs a choice makes, by the rule, given each run's score (none diverging): every candidate lr at every
-    open value (``values``, each key's tail after the lr), then each lower rung from the highest down while the
+    open option (``values``, each key's tail after the lr), then each lower rung from the highest down while the
     lowest lr run so far scores best."""
     runs = [f"{lr:g}{v}" for lr in candidates for v in values]
     ran = list(candidates)
@@ -67,11 +67,15 @@ def _scored_by_lr(monkeypatch, scores: dict[float, float]) -> None:
                         lambda posterior, *_: (scores[posterior.settings["lr"]], "NLL"))
 
 
-# each method's candidates: every lr at every value of the setting it leaves open (SWAG's pretraining, SGLD's climb
-# step, whether sghmc's burn-in climbs), as the log shows the values, and how a candidate's key reads back
-OPEN_SETTINGS = {"swag": (swag.SWAG_LR_CANDIDATES, "pretrain_by", ("sgd", "adam"), str),
-                 "sgld": (sgmcmc.SGMCMC_LR_CANDIDATES, "explore_lr", tuple(f"{c:g}" for c in LR_CANDIDATES), float),
-                 "sghmc": (sgmcmc.SGMCMC_LR_CANDIDATES, "explore_burn_in", ("false", "true"), lambda v: v == "true")}
+# each method's candidates: every lr at every option of the settings it leaves open (SWAG's pretraining, SGLD's climb
+# step, whether sghmc's burn-in climbs and at which step), each option by its key's tail in the log
+OPEN_SETTINGS = {
+    "swag": (swag.SWAG_LR_CANDIDATES, {f", pretrain_by {way}": {"pretrain_by": way} for way in ("sgd", "adam")}),
+    "sgld": (sgmcmc.SGMCMC_LR_CANDIDATES, {f", explore_lr {c:g}": {"explore_lr": c} for c in LR_CANDIDATES}),
+    "sghmc": (sgmcmc.SGMCMC_LR_CANDIDATES, {", explore_burn_in false": {"explore_burn_in": False}} | {
+        f", explore_burn_in true, explore_lr {c:g}": {"explore_burn_in": True, "explore_lr": c}
+        for c in LR_CANDIDATES}),
+}
 
 
 @pytest.mark.parametrize(("method", "settings", "files", "fitted"), [
@@ -88,13 +92,13 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
                            progress=False)
     scores = {line.split(" lr ")[1].split(": ")[0]: float(line.split()[-5])
               for line in lines if "on the calibration rows" in line and "chosen" not in line}
-    lrs, field, shown, read = OPEN_SETTINGS[method]
+    lrs, options = OPEN_SETTINGS[method]
     lower = () if method == "swag" else sgmcmc.SGMCMC_LR_LOWER
-    assert list(scores) == _ladder_runs(scores, lrs, lower, [f", {field} {v}" for v in shown])
+    assert list(scores) == _ladder_runs(scores, lrs, lower, list(options))
     best = min(scores, key=scores.get)
     assert f"lr {best}, chosen on 15 calibration rows" in lines[-1]
-    lr, value = best.split(f", {field} ")
-    at_best = (swag if method == "swag" else sgmcmc).with_lr(spec.inference.model_copy(update={field: read(value)}),
+    lr, tail = best.split(",", 1)
+    at_best = (swag if method == "swag" else sgmcmc).with_lr(spec.inference.model_copy(update=options[f",{tail}"]),
                                                                float(lr))
     by_hand = inference.fit(family, guide, data, at_best, 0, progress=False)
     for got, want in zip(fitted(chosen), fitted(by_hand), strict=True):
@@ -257,6 +261,22 @@ def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(mo
         assert seen == [(lr, *runs_at) for lr in sgmcmc.SGMCMC_LR_CANDIDATES]
 
 
+@pytest.mark.parametrize(("given", "steps"), [(None, LR_CANDIDATES), (0.003, (0.003,))])
+def test_sghmcs_open_burn_in_is_chosen_between_no_climb_and_a_climb_at_each_step(monkeypatch, given, steps):
+    """Left open, sghmc's burn-in runs without a climb and with a climb at each of the MAP's steps (at the step
+    given, where explore_lr is): which climb serves depends on the net, as the MAP's lr does (mnist5k's MLP)."""
+    spec, data, family, guide = _prepared("sghmc", **SGLD_RUN, explore_lr=given)
+    assert spec.inference.explore_burn_in is None
+    _scored_by_lr(monkeypatch, {0.01: 2.0, 0.03: 1.0, 0.1: 3.0})  # a candidate above the lowest wins: none lower
+    seen = []
+    run_sgmcmc = sgmcmc.run_sgmcmc
+    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(
+        (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit, climbs))
+    SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
+    assert seen == [run for lr in sgmcmc.SGMCMC_LR_CANDIDATES
+                    for run in [(lr, False, None), *((lr, True, step) for step in steps)]]
+
+
 def test_an_exploring_burn_in_climbs_at_its_own_step(monkeypatch):
     """explore_lr is the step each climbing Adam move takes; unset, the MAP fit's default."""
     adam_move = sgmcmc.adam_move
@@ -282,10 +302,11 @@ def test_a_fit_without_calibration_rows_runs_once_at_the_default_lr(monkeypatch)
     assert seen == [sgmcmc.DEFAULT_SGMCMC_LR] and result.settings["lr"] == sgmcmc.DEFAULT_SGMCMC_LR
 
 
-def test_sgmcmcs_candidates_share_each_climb_and_keep_the_runs_they_would_have_made(monkeypatch):
+@pytest.mark.parametrize("method", ["sgld", "sghmc"])
+def test_sgmcmcs_candidates_share_each_climb_and_keep_the_runs_they_would_have_made(monkeypatch, method):
     """The climb does not depend on the sampler's lr: each Adam step's climb runs once, the other candidates start
     where it ended, and the kept run is still the run given its lr and step by hand."""
-    spec, data, family, guide = _prepared("sgld", **SGLD_RUN)
+    spec, data, family, guide = _prepared(method, **SGLD_RUN)
     moves, adam_move = [], sgmcmc.adam_move
     monkeypatch.setattr(sgmcmc, "adam_move", lambda *args: moves.append(args[5]) or adam_move(*args))
     SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)

@@ -105,34 +105,47 @@ def every_candidate_diverged(failures: dict[str, TrainingDiverged], what: str = 
 
 @dataclass(frozen=True)
 class JointSetting:
-    """A setting of the ``inference`` section left open to be chosen with the lr: each candidate lr runs at each of
-    ``values`` and the best pair is kept (SWAG's ``pretrain_by``: which way of pretraining serves depends on the net,
-    the data and the lr).
+    """Settings of the ``inference`` section left open to be chosen with the lr: each candidate lr runs at each of
+    ``options`` and the best pair is kept (SWAG's ``pretrain_by``: which way of pretraining serves depends on the
+    net, the data and the lr). An option may set several fields at once (sghmc's burn-in: no climb, or a climb at
+    one of the MAP's steps).
 
-    :param field: the section's field (``pretrain_by``).
-    :param values: the values each candidate lr runs at.
+    :param options: the fields each candidate lr runs at, one mapping per option.
     """
 
-    field: str
-    values: tuple[Any, ...]
+    options: tuple[dict[str, Any], ...]
 
-    def label(self, value: Any) -> str:
-        """``value`` as a log key and a folder name show it: as YAML writes it (``adam``, ``true``, ``0.003``)."""
-        if isinstance(value, bool):
-            return str(value).lower()
-        return f"{value:g}" if isinstance(value, float) else str(value)
+    @classmethod
+    def over(cls, field: str, values: tuple[Any, ...]) -> JointSetting:
+        """One field left open, run at each of ``values`` (``pretrain_by``: ``sgd``, ``adam``)."""
+        return cls(tuple({field: value} for value in values))
+
+    def label(self, option: dict[str, Any]) -> str:
+        """``option`` as the log shows it: ``explore_burn_in true, explore_lr 0.003``."""
+        return ", ".join(f"{field} {_shown(value)}" for field, value in option.items())
+
+    def folder(self, option: dict[str, Any]) -> str:
+        """``option``'s part of a candidate's folder name: ``true_0.003``."""
+        return "_".join(_shown(value) for value in option.values())
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as YAML writes it (``adam``, ``true``, ``0.003``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
                     default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str,
                     joint: JointSetting | None = None, lower: tuple[float, ...] = ()) -> Fit:
     """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
-    ``candidates`` (and, where ``joint`` is open, at each of its values too), scored on the calibration rows
+    ``candidates`` (and, where ``joint`` is open, at each of its options too), scored on the calibration rows
     (:func:`chooses_lr`). Then the ``lower`` rungs run the same way, from the highest down, each only while the
     lowest lr run so far scored best or every run so far diverged (:func:`_ladder`): paid for only where the usual
     steps are too large for the net and data, or only just small enough.
 
-    Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<value>/`` with a joint
+    Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<option>/`` with a joint
     setting; so an interrupted choice resumes each where it stopped); the kept one's files move into the run
     directory, and a resumed run that had chosen loads them. The monitor scores the kept run only.
 
@@ -144,7 +157,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     :param candidates: the lrs a choice runs.
     :param files: the files the fitter writes (the first holds the fit).
     :param name: the method, for the log (``swag``).
-    :param joint: a setting the section leaves open, chosen with the lr (None: the lr alone).
+    :param joint: the settings the section leaves open, chosen with the lr (None: the lr alone).
     :param lower: lrs below every candidate, run from the highest down while the lowest lr run scores best (none:
         the candidates alone).
     :returns: the fit.
@@ -171,11 +184,11 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         return None
 
     for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
-        for value in (None,) if joint is None else joint.values:
-            key = f"{lr:g}" if value is None else f"{lr:g}, {joint.field} {joint.label(value)}"
-            folder = f"{lr:g}" if value is None else f"{lr:g}_{joint.label(value)}"
+        for option in (None,) if joint is None else joint.options:
+            key = f"{lr:g}" if option is None else f"{lr:g}, {joint.label(option)}"
+            folder = f"{lr:g}" if option is None else f"{lr:g}_{joint.folder(option)}"
             where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
-            at = spec if value is None else spec.model_copy(update={joint.field: value})
+            at = spec if option is None else spec.model_copy(update=option)
             candidate = dataclasses.replace(fit, spec=with_lr(at, lr), run_dir=where, log=RunLog(None, echo=None),
                                             monitor=None,
                                             resume=where is not None and checkpoint_exists(where / files[0]))

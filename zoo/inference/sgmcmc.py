@@ -89,11 +89,13 @@ class SGMCMCSpec(ChoosesLR, SetsNoise):
         "each chain), where the sampling steps start: far fewer steps than noisy ones take to reach the "
         "posterior's bulk, and no draw is kept from them; null: true for sgld without a preconditioner (its own "
         "steps have no momentum); for sghmc without one, chosen with the lr on the fit's calibration rows where it "
-        "chooses its lr (its cyclical schedule explores in every cycle, which serves some nets better), else false; "
+        "chooses its lr, between no climb (its cyclical schedule explores in every cycle, which serves some nets "
+        "better) and a climb at each of the MAP's lrs, else false; "
         "false for a preconditioned run (its metric is estimated from the burn-in's noisy steps)"))
     explore_lr: PositiveFloat | None = Field(None, description=(
         f"Adam's step in an exploring burn-in; null: {DEFAULT_LR:g} (the zoo's MAP fit's), or, where the fit chooses "
-        "its lr and the burn-in climbs (sgld's default; explore_burn_in: true), chosen with it among the MAP's own "
+        "its lr and the burn-in climbs or may (sgld's default, sghmc's left open, explore_burn_in: true), chosen "
+        "with it among the MAP's own "
         f"{', '.join(f'{c:g}' for c in LR_CANDIDATES)}"))
     thin: PositiveInt | None = Field(None, description=(
         "keep every thin-th step's state after burn-in; null: every 10th, or closer where the run is short, so that "
@@ -252,24 +254,26 @@ def kept_steps(spec: SGMCMCSpec, total: int, per_epoch: int) -> list[int]:
     return sampling[thin - 1::thin]
 
 
-EXPLORING = JointSetting("explore_burn_in", (False, True))  # sghmc's, chosen with the lr where it is left null
-EXPLORE_STEP = JointSetting("explore_lr", LR_CANDIDATES)  # an exploring burn-in's Adam step, where it is left null
+EXPLORE_STEP = JointSetting.over("explore_lr", LR_CANDIDATES)  # an exploring burn-in's Adam step, where it is left null
 
 
 def open_burn_in(spec: SGMCMCSpec, per_epoch: int) -> JointSetting | None:
-    """The burn-in setting a choice of the lr also chooses: whether sghmc's burn-in explores (left null; where an
-    exploring burn-in still keeps a draw), else the exploring burn-in's Adam step (``explore_lr`` left null), else
-    none. The climb is the zoo's MAP fit, so its step is chosen among the MAP's own lrs; which step serves depends on
-    the net and the data, as the MAP's lr does (SGLD's rows chose 0.003 on the MLP on mnist5k, 0.01 on the toy;
-    docs/results/defaults.md).
+    """The burn-in settings a choice of the lr also chooses. Where sghmc leaves open whether its burn-in climbs (and
+    a climbing burn-in still keeps a draw): no climb, or a climb at each of the MAP's own lrs (at ``explore_lr`` where
+    that is given). Where the burn-in climbs and its Adam step is left null: the step, among the MAP's own lrs. Else
+    none. The climb is the zoo's MAP fit, so which step serves depends on the net and the data, as the MAP's lr does
+    (SGLD's and cyclical SGHMC's rows chose 0.003 on the MLP on mnist5k, 0.01 on the toy; docs/results/defaults.md).
 
     :param spec: the run's ``inference`` section.
     :param per_epoch: steps per epoch.
-    :returns: the joint setting, or None.
+    :returns: the joint settings, or None.
     """
     if spec.explore_burn_in is None:
         exploring = spec.model_copy(update={"explore_burn_in": True})
-        return EXPLORING if kept_steps(exploring, spec.epochs * per_epoch, per_epoch) else None
+        if not kept_steps(exploring, spec.epochs * per_epoch, per_epoch):
+            return None
+        steps = EXPLORE_STEP.options if spec.explore_lr is None else ({"explore_lr": spec.explore_lr},)
+        return JointSetting(({"explore_burn_in": False}, *({"explore_burn_in": True} | step for step in steps)))
     return EXPLORE_STEP if spec.explore_burn_in and spec.explore_lr is None else None
 
 

@@ -44,7 +44,7 @@ SWAG_LR_CANDIDATES = (0.003, 0.01, 0.03)  # inference.lr_by: calibration's colle
 DEFAULT_PRETRAIN_LR = 0.05  # SGD pretraining's starting lr where none is set, scaled with the chosen lr
 ADAM_PRETRAIN_SHARE = 1 / 3  # Adam pretraining's step per unit of the collecting lr: the candidates 0.003, 0.01, 0.03
 # pretrain at 0.001, 0.003, 0.01, the MAP fit's own candidate lrs (zoo.sections.LR_CANDIDATES)
-PRETRAINING = JointSetting("pretrain_by", ("sgd", "adam"))  # chosen with the lr where pretrain_by is left null
+PRETRAINING = JointSetting.over("pretrain_by", ("sgd", "adam"))  # chosen with the lr where pretrain_by is left null
 
 
 class SWAGSpec(ChoosesLR, SetsNoise):
