@@ -235,19 +235,23 @@ def test_swag_chooses_the_lr_alone_where_its_pretraining_is_set_or_absent(monkey
     assert seen == [(lr, way) for lr in swag.SWAG_LR_CANDIDATES]
 
 
-@pytest.mark.parametrize(("method", "settings", "runs_at"), [
-    ("sgld", {"explore_lr": 0.003}, (True, 0.003)),  # a climb step given: the lr alone
-    ("sgld", {"explore_burn_in": False}, (False, None)),
-    ("sghmc", {"explore_burn_in": True}, None),  # sghmc told to climb: its step is chosen, as SGLD's is
-    ("sghmc", {"explore_burn_in": False}, (False, None)),
-    ("sghmc", {"preconditioner": "scale_adapted"}, (False, None)),  # a metric from noisy steps
-    ("sghmc", {"epochs": 1, "burn_in_epochs": None, "batch_size": 8}, (False, None)),  # 6 steps, thin 2
+@pytest.mark.parametrize(("method", "settings", "per_lr"), [
+    ("sgld", {}, [(True, step) for step in LR_CANDIDATES]),  # its climb's step open
+    ("sgld", {"explore_lr": 0.003}, [(True, 0.003)]),  # a climb step given: the lr alone
+    ("sgld", {"explore_burn_in": False}, [(False, None)]),
+    # sghmc's burn-in left open: no climb, or a climb at each of the MAP's steps (which serves depends on the net,
+    # as the MAP's lr does: mnist5k's MLP), or at the step given
+    ("sghmc", {}, [(False, None), *((True, step) for step in LR_CANDIDATES)]),
+    ("sghmc", {"explore_lr": 0.003}, [(False, None), (True, 0.003)]),
+    ("sghmc", {"explore_burn_in": True}, [(True, step) for step in LR_CANDIDATES]),  # told to climb: SGLD's choice
+    ("sghmc", {"explore_burn_in": False}, [(False, None)]),
+    ("sghmc", {"preconditioner": "scale_adapted"}, [(False, None)]),  # a metric from noisy steps
+    ("sghmc", {"epochs": 1, "burn_in_epochs": None, "batch_size": 8}, [(False, None)]),  # 6 steps, thin 2
 ])
-def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(monkeypatch, method, settings,
-                                                                               runs_at):
-    """A burn-in setting given by hand is kept, and the lr is chosen alone at it; so where a preconditioner is
-    estimated from the burn-in, and where a climbing burn-in would leave sghmc's short run no draw (the run that
-    does not climb still keeps one)."""
+def test_sgmcmc_runs_each_lr_at_the_burn_in_options_its_spec_leaves_open(monkeypatch, method, settings, per_lr):
+    """Each candidate lr runs at every burn-in option the spec leaves open, and at the burn-in given by hand alone;
+    so where a preconditioner is estimated from the burn-in, and where a climbing burn-in would leave sghmc's short
+    run no draw (the run that does not climb still keeps one)."""
     spec, data, family, guide = _prepared(method, **{**SGLD_RUN, **settings})
     _scored_by_lr(monkeypatch, {0.01: 2.0, 0.03: 1.0, 0.1: 3.0})  # a candidate above the lowest wins: none lower
     seen = []
@@ -255,26 +259,7 @@ def test_sgmcmc_chooses_the_lr_alone_where_its_burn_in_is_set_or_cannot_climb(mo
     monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(
         (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit, climbs))
     SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
-    if runs_at is None:
-        assert seen == [(lr, True, step) for lr in sgmcmc.SGMCMC_LR_CANDIDATES for step in LR_CANDIDATES]
-    else:
-        assert seen == [(lr, *runs_at) for lr in sgmcmc.SGMCMC_LR_CANDIDATES]
-
-
-@pytest.mark.parametrize(("given", "steps"), [(None, LR_CANDIDATES), (0.003, (0.003,))])
-def test_sghmcs_open_burn_in_is_chosen_between_no_climb_and_a_climb_at_each_step(monkeypatch, given, steps):
-    """Left open, sghmc's burn-in runs without a climb and with a climb at each of the MAP's steps (at the step
-    given, where explore_lr is): which climb serves depends on the net, as the MAP's lr does (mnist5k's MLP)."""
-    spec, data, family, guide = _prepared("sghmc", **SGLD_RUN, explore_lr=given)
-    assert spec.inference.explore_burn_in is None
-    _scored_by_lr(monkeypatch, {0.01: 2.0, 0.03: 1.0, 0.1: 3.0})  # a candidate above the lowest wins: none lower
-    seen = []
-    run_sgmcmc = sgmcmc.run_sgmcmc
-    monkeypatch.setattr(sgmcmc, "run_sgmcmc", lambda fit, climbs=None: seen.append(
-        (fit.spec.lr, fit.spec.explore_burn_in, fit.spec.explore_lr)) or run_sgmcmc(fit, climbs))
-    SGMCMC().fit(family, guide, data, spec.inference, 0, progress=False)
-    assert seen == [run for lr in sgmcmc.SGMCMC_LR_CANDIDATES
-                    for run in [(lr, False, None), *((lr, True, step) for step in steps)]]
+    assert seen == [(lr, *run) for lr in sgmcmc.SGMCMC_LR_CANDIDATES for run in per_lr]
 
 
 def test_an_exploring_burn_in_climbs_at_its_own_step(monkeypatch):
