@@ -262,7 +262,8 @@ def open_burn_in(spec: SGMCMCSpec, per_epoch: int) -> JointSetting | None:
     a climbing burn-in still keeps a draw): no climb, or a climb at each of the MAP's own lrs (at ``explore_lr`` where
     that is given). Where the burn-in climbs and its Adam step is left null: the step, among the MAP's own lrs. Else
     none. The climb is the zoo's MAP fit, so which step serves depends on the net and the data, as the MAP's lr does
-    (SGLD's and cyclical SGHMC's rows chose 0.003 on the MLP on mnist5k, 0.01 on the toy; docs/results/defaults.md).
+    (SGLD's rows chose 0.003 on the MLP on mnist5k, 0.01 on the toy; cyclical SGHMC's 0.003 on that MLP too;
+    docs/results/defaults.md).
 
     :param spec: the run's ``inference`` section.
     :param per_epoch: steps per epoch.
