@@ -400,10 +400,13 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
                   "min_ess": min(r["ess_bulk"] for r in function_space),
                   "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
     link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
-    guide = getattr(bnn.posterior, "guide", None)
-    setting = guide.open_setting() if guide is not None else None  # a setting the fit chose (MC dropout's rate)
-    chosen = {"chosen": f"{setting[0].rsplit('.', 1)[-1]} {setting[1]:g}"} if setting is not None else {}
-    return figures | chains | (link if case.task == "classification" else {}) | chosen
+    # what the fit chose on its validation rows (BNN.chosen); the guide's setting (MC dropout's rate) is tabled
+    choices = bnn.chosen if member != REFERENCE else {}
+    guide_setting = [f"{field.rsplit('.', 1)[-1]} {value:g}" for field, value in choices.items()
+                     if field.startswith("guide.")]
+    chosen = {"chosen": guide_setting[0]} if guide_setting else {}
+    return (figures | chains | (link if case.task == "classification" else {}) | chosen
+            | ({"choices": choices} if choices else {}))
 
 
 def likelihood_name(case: Case) -> str:

@@ -134,7 +134,7 @@ def test_a_laplace_classifiers_cells_say_which_link_it_predicted_by(tmp_path, ca
 
 def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys):
     """MC dropout's preset leaves its rate to the fit's val rows: each cell records the rate its fit kept, one of the
-    candidates, and the table names them by seed."""
+    candidates, and the table names them by seed; the cell keeps every choice the fit made (BNN.chosen)."""
     from guides.dropout import DROPOUT_RATE_CANDIDATES
 
     argv = ["--size", "small", "--cases", "toy", "--members", "mc_dropout", "--seeds", "0-1",
@@ -142,6 +142,11 @@ def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys)
     row = defaults.main(argv)["cases"]["toy"]["members"]["mc_dropout"]
     rates = [c.split(" ") for c in row["chosen"]]
     assert len(rates) == 2 and all(n == "dropout_rate" and float(r) in DROPOUT_RATE_CANDIDATES for n, r in rates)
+    cells = sorted((json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()
+                    if '"mc_dropout"' in line), key=lambda c: c["seed"])
+    assert [float(r) for _, r in rates] == [c["choices"]["guide.dropout_rate"] for c in cells]
+    assert all(set(c["choices"]) == {"inference.lr", "guide.dropout_rate", "likelihood.noise_prior.init"}
+               for c in cells)
     capsys.readouterr()
     defaults.main(["--from-json", str(tmp_path / "defaults.json")])
     assert f"| mc_dropout (dropout_rate per seed: {rates[0][1]}, {rates[1][1]}) |" in capsys.readouterr().out

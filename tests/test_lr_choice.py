@@ -6,6 +6,8 @@ tests/test_svi.py.)"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from zoo.inference.lr_choice import LR_CHOICE_DIR, chooses_lr
 from zoo.inference.sgmcmc import SGMCMC
 from zoo.inference.swag import SWAG, SWAG_FILE
 from zoo.pipeline import prepare
-from zoo.runs import RunLog
+from zoo.runs import CHOSEN_FILE, RunLog
 from zoo.sections import LR_CANDIDATES
 from zoo.spec import load_spec
 
@@ -104,6 +106,10 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
     for got, want in zip(fitted(chosen), fitted(by_hand), strict=True):
         assert torch.equal(got, want)
     assert (tmp_path / "chosen" / files).exists() and not (tmp_path / "chosen" / LR_CHOICE_DIR).exists()
+    # the result names the choice by spec field, and the run keeps that record beside the kept run's files
+    option = {f"inference.{field}": value for field, value in options[f",{tail}"].items()}
+    assert chosen.chosen == {"inference.lr": float(lr)} | option
+    assert json.loads((tmp_path / "chosen" / CHOSEN_FILE).read_text()) == chosen.chosen
     # resumed, the finished run is loaded as kept: nothing chosen again
     log, lines = _logged()
     again = inference.fit(family, guide, data, spec.inference, 0, run_dir=tmp_path / "chosen", resume=True, log=log,
@@ -111,6 +117,7 @@ def test_the_kept_run_is_the_run_given_the_chosen_lr_by_hand(tmp_path, method, s
     assert not any("calibration rows" in line for line in lines)
     for got, want in zip(fitted(again), fitted(chosen), strict=True):
         assert torch.equal(got, want)
+    assert again.chosen == chosen.chosen
 
 
 def test_an_interrupted_choice_resumes_the_candidates_where_they_stopped(tmp_path, monkeypatch):

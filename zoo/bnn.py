@@ -63,6 +63,7 @@ from zoo.nets.weights import WeightsSource
 from zoo.posterior import ChainPosterior, GuidePosterior, Posterior
 from zoo.posterior_checks import Diagnosis, diagnosis_of, method_label
 from zoo.runs import (
+    CHOSEN_FILE,
     LOG_FILE,
     METRICS_FILE,
     POINT_ESTIMATE_FILE,
@@ -331,6 +332,7 @@ class BNN:
         self.data_digests: dict[str, str] = {}  # of the rows fitted on and scored on (Dataset.digests)
         self._diagnoses: dict[int | None, Diagnosis] = {}  # diagnose()'s, by num_samples: the fit does not change
         self._memory: KeptFit | None = None
+        self._chosen: dict[str, Any] = {}
 
     @classmethod
     def from_spec(cls, spec: RunSpec | dict | str | Path) -> BNN:
@@ -362,6 +364,21 @@ class BNN:
             raise NotFitted("BNN", "not fitted", "this BNN is not fitted yet: call .fit(data) first (or "
                             "zoo.load(run_dir))")
         return self._posterior
+
+    @property
+    def chosen(self) -> dict[str, Any]:
+        """What the fit chose on its calibration rows (the rows given as ``fit(val=...)``), by the spec field each
+        choice set: the starting lr (``inference.lr``; a Laplace member's MAP phase ``model.map.lr``), the settings
+        a member's spec leaves open (``guide.dropout_rate``, ``likelihood.noise_prior.init``,
+        ``inference.pretrain_by``, ``inference.explore_burn_in``, ``inference.explore_lr``) and a Laplace
+        classifier's link (``inference.link``). Empty where it chose nothing: every such setting given, or no
+        calibration rows. A regression's predictive noise set on the rows is :attr:`predictive_noise`. The run
+        directory keeps it (``chosen.json``), so :func:`zoo.load` gives it back.
+
+        :raises RuntimeError: before :meth:`fit`.
+        """
+        self.posterior  # noqa: B018 -- refuses before a fit
+        return dict(self._chosen)
 
     @property
     def predictive_noise(self) -> float | None:
@@ -527,11 +544,14 @@ class BNN:
             # the whole fit: the structure's (a MAP phase), the method's, as their files record them, and the noise's
             self.run_dir, self.data_digests = run, digests
             self.seconds = result.seconds + family.structure_seconds + noise_seconds
+            self._chosen = {**family.structure_chosen, **result.chosen}
             if memory is not None:
                 memory.result, memory.log = result, log.lines
                 self._memory = memory
             if not team.is_writer:  # rank 0 evaluates and writes
                 return self
+            if run is not None:
+                write_json(run / CHOSEN_FILE, self._chosen)
             if run is not None and isinstance(result.posterior, GuidePosterior):  # what guide.init_from reads
                 save_torch(run / POINT_ESTIMATE_FILE, guide.point_estimate())
             if len(placed.y_test):
@@ -660,6 +680,7 @@ class BNN:
             self.family.save_structure(run)
             save_checkpoint(run / method.files[0], record)
             save_predictive_noise(run, self.family.likelihood)
+            write_json(run / CHOSEN_FILE, self._chosen)
             if isinstance(posterior, GuidePosterior):  # what guide.init_from of a later run reads
                 save_torch(run / POINT_ESTIMATE_FILE, self.guide.point_estimate())
             if memory.log:
@@ -707,6 +728,7 @@ class BNN:
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
         load_predictive_noise(run, family.likelihood)
         bnn.metrics = _recorded_metrics(run)
+        bnn._chosen = json.loads((run / CHOSEN_FILE).read_text()) if (run / CHOSEN_FILE).exists() else {}
         return bnn
 
     def diagnose(self, num_samples: int | None = None, test: Rows | None = None) -> Diagnosis:

@@ -28,6 +28,7 @@ from zoo.errors import ZooInputError, ZooWarning
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.json"
+CHOSEN_FILE = "chosen.json"  # what a fit chose on its calibration rows, by spec field (BNN.chosen)
 CHECKPOINT_FILE = "checkpoint.pt"
 POINT_ESTIMATE_FILE = "point_estimate.pt"  # a fit's point values by site name (guide.init_from reads it)
 LOG_FILE = "train.log"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,6 +29,8 @@ class MCMCResult:
     :param method: the sampler that drew them (``nuts``, ``hmc``, ``sgld``, ...).
     :param settings: the sampler's settings worth recording (e.g. its step size).
     :param posterior: the draws as a posterior over the family, once one is made.
+    :param chosen: what the fit chose on its calibration rows, by spec field (SG-MCMC's ``inference.lr`` and its
+        burn-in's open settings; :func:`~zoo.inference.lr_choice.fit_choosing_lr`).
     """
 
     draws: dict[str, torch.Tensor]
@@ -36,6 +39,7 @@ class MCMCResult:
     method: str = "nuts"
     settings: dict[str, float] = field(default_factory=dict)
     posterior: Posterior | None = None
+    chosen: dict[str, Any] = field(default_factory=dict)
 
     def flat_draws(self) -> dict[str, torch.Tensor]:
         """All chains' draws, chain after chain.

@@ -151,6 +151,11 @@ class LaplaceResult:
     posterior: LaplacePosterior | None = None
     link: str | None = None
 
+    @property
+    def chosen(self) -> dict[str, Any]:
+        """What the fit chose on its calibration rows, by spec field: the link, where it chose one."""
+        return {} if self.link is None else {"inference.link": self.link}
+
 
 # ------------------------------------------------------------------------------------------ the posterior
 class LaplacePosterior(GuidePosterior):

@@ -19,6 +19,7 @@ so :func:`fit_choosing_lr` runs them as they are, one run directory per candidat
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import time
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.noise_choice import chooses_noise, set_noise_on_calibration_rows
-from zoo.runs import RunLog, checkpoint_exists
+from zoo.runs import CHOSEN_FILE, RunLog, checkpoint_exists, write_json
 
 if TYPE_CHECKING:
     from zoo.data.base import Dataset
@@ -170,7 +171,9 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     if not chooses_lr(spec, fit.data.x_calibration is not None):
         return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))
     if fit.resume and fit.run_dir is not None and checkpoint_exists(fit.run_dir / files[0]):
-        return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
+        result = fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
+        result.chosen = _recorded_choice(fit.run_dir)
+        return result
     spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
     scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
     failures: dict[str, TrainingDiverged] = {}
@@ -205,12 +208,14 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
                                                    spec)
             fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
             if best is None or scores[key] < scores[best[0]]:
-                best = key, folder, result, lr
+                best = key, folder, result, lr, option or {}
     if best is None:
         raise every_candidate_diverged(failures)
-    key, folder, result, _ = best
+    key, folder, result, lr, option = best
     result.seconds = spent
-    if fit.run_dir is not None:
+    result.chosen = result.chosen | {"inference.lr": lr} | {f"inference.{k}": v for k, v in option.items()}
+    if fit.run_dir is not None:  # the choice first, so that the kept run's files, once there, come with it
+        write_json(fit.run_dir / CHOSEN_FILE, result.chosen)
         _keep_files(fit.run_dir / LR_CHOICE_DIR / folder, fit.run_dir, files)
     shown = "; ".join(f"{c}: {v:.4g}" for c, v in scores.items())
     fit.log(f"{name}: lr {key}, chosen on {len(fit.data.x_calibration):,} calibration rows by a whole run at each "
@@ -234,6 +239,13 @@ def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower
         say(f"{reason}; the choice runs the lower {lr:g}")
         yield lr
         lowest = lr
+
+
+def _recorded_choice(run_dir: Path) -> dict[str, Any]:
+    """What a finished choice kept, as it wrote it beside the kept run's files (empty for a run from before the
+    record)."""
+    path = run_dir / CHOSEN_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyro
@@ -58,12 +59,15 @@ class SVIResult:
     :ivar seconds: the fit's wall time in seconds, over every resumed part (completing the guide included).
     :ivar kl_methods: how each latent site's KL term was computed, ``{site: "analytic" or "monte_carlo"}``.
     :ivar posterior: the fitted guide's posterior; None until the fit ends.
+    :ivar chosen: what the fit chose on its calibration rows, by spec field: ``inference.lr`` (``lr_by``), then
+        each setting its spec left open (``guide.dropout_rate``, ``likelihood.noise_prior.init``).
     """
 
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
     kl_methods: dict[str, str] = field(default_factory=dict)
     posterior: Posterior | None = None
+    chosen: dict[str, Any] = field(default_factory=dict)
 
 
 class SVIStep:
@@ -938,6 +942,8 @@ class SVIRun:
             self.loop.save(done=True)
         self.result.seconds = self.loop.seconds
         self.result.posterior = GuidePosterior(fit.family, fit.guide)
+        lr = {} if self.chosen_lr is None else {"inference.lr": self.chosen_lr}
+        self.result.chosen = lr | self.chosen_settings
         return self.result
 
     def _read_losses(self) -> None:

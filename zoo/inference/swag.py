@@ -18,9 +18,9 @@ and the posterior their equal-weight mixture.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pyro
 import pyro.distributions as dist
@@ -373,10 +373,13 @@ class SWAGResult:
 
     :param seconds: the fit's wall time.
     :param posterior: the fitted (Multi)SWAG posterior.
+    :param chosen: what the fit chose on its calibration rows, by spec field (``inference.lr`` and
+        ``inference.pretrain_by``; :func:`~zoo.inference.lr_choice.fit_choosing_lr`).
     """
 
     seconds: float
     posterior: SWAGPosterior
+    chosen: dict[str, Any] = field(default_factory=dict)
 
 
 class SWAG(InferenceMethod):

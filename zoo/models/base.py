@@ -9,9 +9,10 @@ declarations, never the family's name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import pyro
@@ -93,6 +94,8 @@ class ModelFamily(ABC):
     net: nn.Module
     likelihood: Likelihood
     structure_seconds: float = 0.0  # the wall time of fit_structure's fit (a MAP phase), as its files record it
+    # what fit_structure's fit chose on its calibration rows, by spec field (a MAP phase's ``model.map.lr``)
+    structure_chosen: Mapping[str, Any] = MappingProxyType({})
 
     @abstractmethod
     def latent_sites(self) -> dict[str, LatentSite]:

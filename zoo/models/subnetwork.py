@@ -289,6 +289,7 @@ class SubnetworkBNN(ModelFamily):
             restore_buffers(self, state.get("buffers"))
             self._set_indices(state["indices"])
             self.structure_seconds = float(state.get("seconds", 0.0))
+            self.structure_chosen = dict(state.get("chosen", {}))
             log(f"subnetwork: {len(self.indices):,} of {self.layout.size:,} weights, from {path}")
         else:
             started = time.perf_counter()
@@ -373,6 +374,9 @@ class SubnetworkBNN(ModelFamily):
         spec = SVISpec.model_validate({**self.spec.map.model_dump(exclude_unset=True), "noise_by": how.map_noise_by})
         fitted = how.fit_map(all_weights, guide, data, spec, how.seed, run_dir=map_dir, resume=resume, log=log,
                              progress=how.progress)
+        # its lr is the model's map section's; the settings it chose besides (a noise's start) are the run's own
+        self.structure_chosen = {f"model.map.{key.removeprefix('inference.')}" if key.startswith("inference.")
+                                 else key: value for key, value in fitted.chosen.items()}
         values = {**{n: p.detach().clone() for n, p in self.net.named_parameters() if not p.requires_grad},
                   **guide.point_estimate()}
         if map_dir is not None:  # a point estimate that guide.init_from / model.map_from of other runs can read
@@ -401,9 +405,10 @@ class SubnetworkBNN(ModelFamily):
                 "seconds": self._map_fit["seconds"], "done": True})
 
     def _structure_state(self) -> dict:
-        """What :data:`SUBNET_FILE` holds: the MAP values, the subnet's indices, the buffers and the fit's seconds."""
+        """What :data:`SUBNET_FILE` holds: the MAP values, the subnet's indices, the buffers, the fit's seconds and what
+        it chose."""
         return {"map": self.map_values, "indices": self.indices, "buffers": self.buffers(),
-                "seconds": self.structure_seconds}
+                "seconds": self.structure_seconds, "chosen": dict(self.structure_chosen)}
 
     def _map_run_buffers(self, source: Path, device: torch.device) -> list[torch.Tensor]:
         """A BatchNorm net's running statistics from the MAP run's checkpoint (a point-estimate file has none)."""
