@@ -5,6 +5,7 @@ by hand fit the same posterior and leave nothing to choose."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pyro
 import pytest
@@ -13,6 +14,7 @@ from torch import nn
 
 import zoo
 from zoo.errors import NotFitted
+from zoo.inference.svi import SVI
 from zoo.runs import CHOSEN_FILE
 
 X = torch.randn(120, 3, generator=torch.Generator().manual_seed(0))
@@ -77,3 +79,11 @@ def test_without_calibration_rows_nothing_is_chosen_and_before_a_fit_there_is_no
     with pytest.raises(NotFitted, match="not fitted"):
         zoo.BNN(_net("classification"), member="map").chosen  # noqa: B018
     assert _fit("map", val=False).chosen == {}
+
+
+def test_a_method_whose_fit_records_no_choice_gives_an_empty_record(monkeypatch):
+    """A method of a user's own returns ``.posterior`` and ``.seconds`` only (docs/extending.md)."""
+    fitter = SVI.fitter
+    monkeypatch.setattr(SVI, "fitter", staticmethod(
+        lambda fit: SimpleNamespace(posterior=(done := fitter(fit)).posterior, seconds=done.seconds)))
+    assert _fit("map").chosen == {}

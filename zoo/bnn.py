@@ -544,7 +544,8 @@ class BNN:
             # the whole fit: the structure's (a MAP phase), the method's, as their files record them, and the noise's
             self.run_dir, self.data_digests = run, digests
             self.seconds = result.seconds + family.structure_seconds + noise_seconds
-            self._chosen = {**family.structure_chosen, **result.chosen}
+            # a method of your own that chooses nothing on the rows may leave ``chosen`` out of its fit
+            self._chosen = {**family.structure_chosen, **getattr(result, "chosen", {})}
             if memory is not None:
                 memory.result, memory.log = result, log.lines
                 self._memory = memory

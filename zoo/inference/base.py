@@ -79,13 +79,14 @@ class FitContext:
 
 
 class Fit(Protocol):
-    """What every ``fit`` returns: the fitted posterior, the fit's wall time and what it chose on its calibration
-    rows, each by the spec field the choice set (``{"inference.lr": 0.003, "guide.dropout_rate": 0.1}``; empty where
-    it chose nothing); methods add their own records."""
+    """What every ``fit`` returns: the fitted posterior and the fit's wall time; methods add their own records.
+
+    A method that chooses settings on the calibration rows also gives ``chosen``: each choice by the spec field it
+    set (``{"inference.lr": 0.003, "guide.dropout_rate": 0.1}``), which ``BNN.chosen`` shows. A method that chooses
+    nothing (one of your own, say) may leave it out."""
 
     posterior: Posterior | None
     seconds: float
-    chosen: dict[str, Any]
 
 
 class InferenceMethod(ABC):
