@@ -401,7 +401,7 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
                   "draws": f"{budget['num_chains']} chains × ({budget['warmup_steps']} + {budget['num_samples']})"}
     link = {"link": bnn.posterior.link} if hasattr(bnn.posterior, "link") else {}  # a Laplace GLM's, as chosen
     # what the fit chose on its validation rows (BNN.chosen); the guide's setting (MC dropout's rate) is tabled
-    choices = bnn.chosen if member != REFERENCE else {}
+    choices = bnn.chosen
     guide_setting = [f"{field.rsplit('.', 1)[-1]} {value:g}" for field, value in choices.items()
                      if field.startswith("guide.")]
     chosen = {"chosen": guide_setting[0]} if guide_setting else {}

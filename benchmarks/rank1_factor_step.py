@@ -30,7 +30,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import parse_seeds  # noqa: E402
-from defaults import ALL_CASES, SMALL_EPOCHS, member_fit, plain_net  # noqa: E402
+from defaults import ALL_CASES, SMALL_EPOCHS, meets_bar, member_fit, plain_net  # noqa: E402
 
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows_out = {}
         for (member, multiplier), cells in fitted.items():
             value, nll = _mean(cells, figure), _mean(cells, "nll")
-            meets = (value >= bar_figure - 0.01 if figure == "accuracy" else value <= 1.05 * bar_figure) and \
-                nll <= bar_nll
+            meets, _ = meets_bar(case, {figure: value, "nll": nll}, {figure: bar_figure, "nll": bar_nll})
             rows_out.setdefault(member, {})[f"{multiplier:g}"] = {figure: value, "nll": nll, "meets_bar": meets}
             if multiplier != 1.0 and (member, 1.0) in fitted:
                 report["ratios"][f"{name}/{member}/x{multiplier:g}/nll_ratio_to_x1"] = \

@@ -87,3 +87,12 @@ def test_a_method_whose_fit_records_no_choice_gives_an_empty_record(monkeypatch)
     monkeypatch.setattr(SVI, "fitter", staticmethod(
         lambda fit: SimpleNamespace(posterior=(done := fitter(fit)).posterior, seconds=done.seconds)))
     assert _fit("map").chosen == {}
+
+
+def test_a_run_whose_record_is_missing_or_damaged_loads_with_an_empty_one(tmp_path):
+    """A run from before the record, or one whose chosen.json was damaged, still loads: the fit does not need it."""
+    _fit("map", out=tmp_path / "run")
+    (tmp_path / "run" / CHOSEN_FILE).write_text("{not json")
+    assert zoo.load(tmp_path / "run").chosen == {}
+    (tmp_path / "run" / CHOSEN_FILE).unlink()
+    assert zoo.load(tmp_path / "run").chosen == {}

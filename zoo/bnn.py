@@ -72,6 +72,7 @@ from zoo.runs import (
     claimed_run_directory,
     load_torch,
     mark_saved_from_memory,
+    recorded_choices,
     save_checkpoint,
     save_torch,
     saved_from_memory,
@@ -729,7 +730,7 @@ class BNN:
         bnn._posterior = method.load(family, guide, spec.inference, run, device, start=start)
         load_predictive_noise(run, family.likelihood)
         bnn.metrics = _recorded_metrics(run)
-        bnn._chosen = json.loads((run / CHOSEN_FILE).read_text()) if (run / CHOSEN_FILE).exists() else {}
+        bnn._chosen = recorded_choices(run)
         return bnn
 
     def diagnose(self, num_samples: int | None = None, test: Rows | None = None) -> Diagnosis:

@@ -104,6 +104,20 @@ def write_text(path: Path, text: str) -> Path:
     return _atomic(path, lambda h: h.write(text.encode()))
 
 
+def recorded_choices(run_dir: Path) -> dict[str, Any]:
+    """What a run's fit chose on its calibration rows (:data:`CHOSEN_FILE`, ``BNN.chosen``); {} for a run from before
+    the record, or where it cannot be read (the fit loads without it).
+
+    :param run_dir: the run directory.
+    :returns: the choices by spec field.
+    """
+    try:
+        stored = json.loads((Path(run_dir) / CHOSEN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
 def write_json(path: Path, obj: Any) -> Path:
     """Atomically write ``obj`` as indented JSON, keys sorted.
 

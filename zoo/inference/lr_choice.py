@@ -19,7 +19,6 @@ so :func:`fit_choosing_lr` runs them as they are, one run directory per candidat
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import time
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.noise_choice import chooses_noise, set_noise_on_calibration_rows
-from zoo.runs import CHOSEN_FILE, RunLog, checkpoint_exists, write_json
+from zoo.runs import CHOSEN_FILE, RunLog, checkpoint_exists, recorded_choices, write_json
 
 if TYPE_CHECKING:
     from zoo.data.base import Dataset
@@ -172,7 +171,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))
     if fit.resume and fit.run_dir is not None and checkpoint_exists(fit.run_dir / files[0]):
         result = fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
-        result.chosen = _recorded_choice(fit.run_dir)
+        result.chosen = recorded_choices(fit.run_dir)
         return result
     spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
     scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
@@ -239,13 +238,6 @@ def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower
         say(f"{reason}; the choice runs the lower {lr:g}")
         yield lr
         lowest = lr
-
-
-def _recorded_choice(run_dir: Path) -> dict[str, Any]:
-    """What a finished choice kept, as it wrote it beside the kept run's files (empty for a run from before the
-    record)."""
-    path = run_dir / CHOSEN_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:
