@@ -600,6 +600,104 @@ def test_a_classification_fit_with_calibration_rows_predicts_by_the_likeliest_li
         _fitted(MOONS, tmp_path / "c", "inference.link_by=calibration")
 
 
+DIGITS_HEAD = {**MOONS, "data": {"name": "digits", "calibration_fraction": 0.3},
+               "net": {"hidden": [16], "activation": "tanh"},
+               "model": {**MOONS["model"], "selection": {"strategy": "last_layer"}},
+               "inference": {"method": "laplace", "tune": True}}
+
+
+def _widened_evidence(monkeypatch, factor: float = 1e3) -> None:
+    """The evidence's tuned prior precisions divided by ``factor``: a posterior wider than the rows support."""
+    from zoo.inference import laplace
+
+    tune = laplace.tune_classification
+
+    def widened(*args, **kwargs):
+        log_z = tune(*args, **kwargs)
+        args[5].sub_(math.log(factor))  # the log precisions, tuned in place
+        return log_z
+
+    monkeypatch.setattr(laplace, "tune_classification", widened)
+
+
+def test_the_rows_reject_a_posterior_only_beyond_1_645_standard_errors_of_the_map():
+    """The rows reject the likeliest link's predictive when its mean NLL exceeds the MAP net's by more than 1.645
+    standard errors of the paired per-row differences (one-sided, 5 %): a mean excess of 0.1 over rows whose
+    differences spread by 1 is rejected on 400 rows (standard error 0.05: 2 of them) and kept on 100 (0.1: 1 of
+    them); a NaN link never wins."""
+    from zoo.inference.laplace import LINKS, _likeliest
+
+    spread = torch.tensor([1.0, -1.0]).repeat(200).double()
+    for rows, rejected in ((400, True), (100, False)):
+        excess = 0.1 + spread[:rows] * math.sqrt((rows - 1) / rows)  # the rows' standard deviation exactly 1
+        map_nll = torch.full((rows,), 0.5, dtype=torch.float64)
+        nll = {link: map_nll + excess + k for k, link in enumerate(LINKS)}
+        assert _likeliest(nll, map_nll) == (LINKS[0], rejected), rows
+    nll[LINKS[0]] = torch.full((100,), math.inf, dtype=torch.float64)
+    assert _likeliest(nll, map_nll)[0] == LINKS[1]
+
+
+def test_calibration_rows_that_reject_the_evidence_prior_choose_its_scale(tmp_path, monkeypatch):
+    """Where the calibration rows score the MAP net alone likelier than every link, beyond noise, the fit scales the
+    evidence's prior precisions by the factor of 1 and 10^0.5 to 10^4 whose likeliest link scores best there: the
+    factors a step either side score worse, the chosen prior is the evidence's times it, it is kept in
+    ``bnn.chosen`` (a resumed fit's too), and given back (``inference.precision_scale``) it fits the same posterior
+    with nothing left to choose but the link. The evidence's own prior on this net is not rejected, and keeps its
+    spread."""
+    from zoo.bnn import BNN
+    from zoo.inference.laplace import LINKS, PRECISION_SCALES, _likeliest, _row_nlls, link_log_probs
+
+    def run(name: str, *overrides: str) -> BNN:
+        return BNN.load(train(spec(DIGITS_HEAD, *overrides), tmp_path / name, progress=False, echo=None).run_dir)
+
+    def scored(bnn: BNN) -> tuple[float, bool]:
+        """The likeliest link's NLL on the calibration rows, and whether they reject it against the MAP."""
+        y = bnn.data.y_calibration.long()
+        mean, covariance = bnn.posterior.glm_moments(bnn.data.x_calibration)
+        generator = torch.Generator().manual_seed(bnn.spec.seed)
+        nll = {link: _row_nlls(link_log_probs(link, mean.double(), covariance.double(), 200, generator), y)
+               for link in LINKS}
+        best, rejected = _likeliest(nll, _row_nlls(torch.log_softmax(mean.double(), -1)[None], y))
+        return float(nll[best].mean()), rejected
+
+    evidence = run("evidence")
+    assert "calibration rows score the MAP net alone" not in (tmp_path / "evidence" / "train.log").read_text()
+    assert "inference.precision_scale" not in evidence.chosen and not scored(evidence)[1]
+
+    _widened_evidence(monkeypatch)
+    wide, guarded = run("wide", "inference.precision_scale=1"), run("guarded")
+    assert "calibration rows score the MAP net alone likelier" in (tmp_path / "guarded" / "train.log").read_text()
+    factor = guarded.chosen["inference.precision_scale"]
+    assert factor in PRECISION_SCALES and guarded.chosen["inference.link"] == guarded.posterior.link
+    assert "inference.precision_scale" not in wide.chosen and scored(wide)[1]  # given, not chosen
+    torch.testing.assert_close(guarded.posterior.family.prior_precision,
+                               wide.posterior.family.prior_precision * factor)
+    where = PRECISION_SCALES.index(factor)
+    for other in PRECISION_SCALES[max(where - 1, 0):where] + PRECISION_SCALES[where + 1:where + 2]:
+        assert scored(run(f"x{other:g}", f"inference.precision_scale={other!r}"))[0] >= scored(guarded)[0], other
+    (tmp_path / "guarded" / "chosen.json").unlink()  # a finished fit resumed reads its choice from its checkpoint
+    resumed = train(spec(DIGITS_HEAD), tmp_path / "guarded", resume=True, progress=False, echo=None).run_dir
+    assert BNN.load(resumed).chosen == guarded.chosen
+
+    handed_back = run("again", f"inference.precision_scale={factor!r}")
+    assert handed_back.chosen == {"inference.link": guarded.chosen["inference.link"]}
+    torch.testing.assert_close(handed_back.posterior.guide.state_dict(), guarded.posterior.guide.state_dict(),
+                               rtol=0, atol=0)
+
+
+def test_a_factor_on_the_prior_precision_is_chosen_only_over_the_evidence(tmp_path, monkeypatch):
+    """The factor is chosen only over an evidence-tuned prior: a prior the spec fixes (``tune: false``) or a
+    precision the calibration rows' grid chose keeps its value, however the rows score it against the MAP."""
+    from zoo.bnn import BNN
+
+    _widened_evidence(monkeypatch)
+    for name, overrides in {"fixed": ("inference.tune=false", "prior.scale=100"),
+                            "grid": ("inference.tune_by=calibration", "inference.prior_structure=scalar")}.items():
+        run = train(spec(DIGITS_HEAD, *overrides), tmp_path / name, progress=False, echo=None).run_dir
+        assert "calibration rows score the MAP net alone" not in (run / "train.log").read_text(), name
+        assert "inference.precision_scale" not in BNN.load(run).chosen, name
+
+
 def test_laplace_bridge_inverts_the_dirichlet_laplace_approximation():
     """A Dirichlet(α) in the softmax basis has the Laplace approximation μ_k = log α_k - mean(log α),
     Σ_kk = (1 - 2/K)/α_k + Σ_l (1/α_l)/K²; the bridge maps (μ, diag Σ) back to that Dirichlet, whose mean it

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from guides.laplace import FULL_COVARIANCE_MAX, LaplaceGuide
 from zoo import metrics
@@ -75,6 +75,13 @@ OVERSAMPLING = 10  # lowrank: the sketch's columns beyond the rank kept
 POWER_ITERATIONS = 2  # lowrank: passes of subspace iteration before the Nyström step
 GRID_LOG_PRECISIONS = torch.linspace(math.log(1e-4), math.log(1e4), 21).tolist()  # tune_by: calibration
 LINKS = ("bridge", "probit", "mc")  # classification GLM links link_by: calibration chooses from (ties: the first)
+# Where calibration rows reject the evidence's prior (precision_scale unset), the factors on its precisions tried
+# besides 1: 10^0.5 to 10^4, the last all but the MAP's own predictive.
+PRECISION_SCALES = tuple(10 ** (k / 2) for k in range(1, 9))
+# The rows reject the evidence's posterior when its likeliest link's NLL exceeds the MAP net's by more than this
+# many standard errors of the rows' paired differences: a one-sided test at 5 % that the predictive is worse than
+# the net it linearises (a difference within noise keeps the evidence's spread).
+REJECTION_STANDARD_ERRORS = 1.645
 NO_CALIBRATION_ROWS = ("needs rows held out of training: pass val= to fit or set data.calibration_fraction (e.g. "
                        "0.1), or use tune_by: evidence")
 NO_LINK_ROWS = ("chooses a classification GLM's link on rows held out of training: pass val= to fit or set "
@@ -120,6 +127,13 @@ class LaplaceSpec(Tempered):
         None, description="classification glm: calibration, use the link (of probit, bridge and mc) whose predictive "
         "is likeliest on the calibration rows; fixed, always link; unset: calibration where the fit has calibration "
         "rows (fit(val=...) or data.calibration_fraction), fixed otherwise")
+    precision_scale: PositiveFloat | None = Field(
+        None, description="a factor on the tuned prior precisions (every group's alike), which narrows the "
+        "posterior (above 1) or widens it; unset: 1, except where a classification fit chooses its link on "
+        "calibration rows (link_by), tunes its prior by the evidence, and those rows reject its predictive against "
+        f"the MAP net alone (an NLL higher by more than {REJECTION_STANDARD_ERRORS:g} standard errors of the rows' "
+        "paired differences: a one-sided test at 5 %): then the factor of 1 and 10^0.5 to 10^4 whose predictive, "
+        "at its likeliest link, scores best there")
     noise_by: Literal["evidence", "calibration"] | None = Field(
         None, description="a learned Gaussian noise σ: evidence, tuned with the prior by the evidence on the "
         "training rows; calibration, then set to the σ whose GLM predictive is likeliest on the calibration rows, "
@@ -142,6 +156,9 @@ class LaplaceResult:
     :param posterior: the fitted posterior.
     :param link: the classification link the fit chose on calibration rows (``inference.link_by``); None where it
         chose none (the spec's ``link`` stands).
+    :param precision_scale: the factor on the evidence's prior precisions the fit chose with its link, where the
+        calibration rows rejected the evidence's predictive against the MAP net alone (``inference.precision_scale``);
+        None where it chose none (``prior_precision`` is then the evidence's, or the spec's factor on it).
     """
 
     seconds: float = 0.0
@@ -150,11 +167,14 @@ class LaplaceResult:
     noise: float | None = None
     posterior: LaplacePosterior | None = None
     link: str | None = None
+    precision_scale: float | None = None
 
     @property
     def chosen(self) -> dict[str, Any]:
-        """What the fit chose on its calibration rows, by spec field: the link, where it chose one."""
-        return {} if self.link is None else {"inference.link": self.link}
+        """What the fit chose on its calibration rows, by spec field: the link, and the factor on the prior
+        precisions, where it chose them."""
+        return ({} if self.link is None else {"inference.link": self.link}) | (
+            {} if self.precision_scale is None else {"inference.precision_scale": self.precision_scale})
 
 
 # ------------------------------------------------------------------------------------------ the posterior
@@ -1010,7 +1030,7 @@ def _resume_finished(fit: FitContext, path: Path) -> LaplaceResult:
     fit.family.set_hyperparameters(state["hyperparameters"])
     fit.log("the Laplace fit had finished; loaded it")
     result = LaplaceResult(state["seconds"], state["log_evidence"], state["prior_precision"], state["noise"],
-                           link=state.get("link"))
+                           link=state.get("link"), precision_scale=state.get("precision_scale"))
     result.posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec, result.link)
     return result
 
@@ -1249,7 +1269,9 @@ def _full_laplace(fit: FitContext, prior: _Prior,
         tuned_noise = _noise(prior)
 
         def scale_at(other: torch.Tensor) -> torch.Tensor:  # at the prior's current noise: the GGN over σ² scales
-            ggn = (curvature - torch.diag(precision)) * (tuned_noise / _noise(prior)) ** 2  # (regression only)
+            ggn = curvature - torch.diag(precision)
+            if tuned_noise is not None:  # regression's
+                ggn = ggn * (tuned_noise / _noise(prior)) ** 2
             return precision_to_scale_tril(ggn + torch.diag(other)) * math.sqrt(fit.spec.temperature)
 
     except torch.linalg.LinAlgError as exc:
@@ -1365,21 +1387,76 @@ def _link_source(fit: FitContext) -> str:
     return asked or ("calibration" if can else "fixed")
 
 
-def _choose_link(fit: FitContext) -> str:
-    """The link (of :data:`LINKS`) whose GLM predictive has the least NLL on the calibration rows, with a log line
-    of each one's NLL; ``mc`` takes ``predictive_samples`` draws of the logits, seeded by the fit's seed."""
-    posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+def _row_nlls(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each row's NLL ``[N]`` under the predictive mixture of per-draw log-probabilities ``[S, N, C]`` (every row
+    infinite where any is NaN: such a link is never chosen)."""
+    if log_probs.isnan().any():
+        return torch.full(y.shape, math.inf, dtype=torch.float64, device=y.device)
+    return -metrics.predictive_log_probs(log_probs.double()).gather(-1, y[:, None]).squeeze(-1)
+
+
+def _link_nlls(fit: FitContext, posterior: LaplacePosterior) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Each link's (:data:`LINKS`) per-row NLL of the GLM predictive on the calibration rows, and the MAP net's own
+    (the GLM's mean is its logits); ``mc`` takes ``predictive_samples`` draws of the logits, seeded by the fit's
+    seed (the same draws of N(0, 1) for every posterior scored)."""
     y = fit.data.y_calibration.long()
     mean, covariance = posterior.glm_moments(fit.data.x_calibration)
     generator = torch.Generator(device=mean.device).manual_seed(fit.seed)
-    nll = {}
-    for link in LINKS:
-        log_probs = link_log_probs(link, mean.double(), covariance.double(), fit.spec.predictive_samples, generator)
-        nll[link] = math.inf if log_probs.isnan().any() else metrics.nll(log_probs, y)  # NaN: never chosen
-    best = min(LINKS, key=nll.__getitem__)  # ties: the first of LINKS
-    fit.log(f"laplace: link {best}, the likeliest on {len(y):,} calibration rows (NLL "
-            + ", ".join(f"{link} {value:.4f}" for link, value in nll.items()) + ")")
-    return best
+    nll = {link: _row_nlls(link_log_probs(link, mean.double(), covariance.double(), fit.spec.predictive_samples,
+                                          generator), y) for link in LINKS}
+    return nll, _row_nlls(torch.log_softmax(mean.double(), -1)[None], y)
+
+
+def _likeliest(nll: dict[str, torch.Tensor], map_nll: torch.Tensor) -> tuple[str, bool]:
+    """The link of least mean NLL (ties: the first of :data:`LINKS`), and whether the rows reject it: its NLL above
+    the MAP net's by more than :data:`REJECTION_STANDARD_ERRORS` standard errors of the rows' paired differences."""
+    best = min(LINKS, key=lambda link: float(nll[link].mean()))
+    excess = nll[best] - map_nll
+    if not bool(excess.isfinite().all()):
+        return best, True
+    margin = REJECTION_STANDARD_ERRORS * float(excess.std()) / math.sqrt(len(excess)) if len(excess) > 1 else 0.0
+    return best, float(excess.mean()) > margin
+
+
+def _shown(nll: dict[str, torch.Tensor]) -> str:
+    return ", ".join(f"{link} {float(value.mean()):.4f}" for link, value in nll.items())
+
+
+def _choose_link(fit: FitContext, site: str, prior: _Prior, precision: torch.Tensor,
+                 scale_at: Callable[[torch.Tensor], Any]) -> tuple[str, float | None]:
+    """The link (of :data:`LINKS`) whose GLM predictive has the least NLL on the calibration rows, with a log line of
+    each one's NLL. Where the prior was tuned by the evidence with no factor given (``inference.precision_scale``)
+    and the rows reject that posterior against the MAP net alone (:func:`_likeliest`), the evidence is no guide to
+    the prior's scale there: its precisions are scaled by the factor, of 1 and :data:`PRECISION_SCALES`, whose
+    likeliest link scores best on the rows (ties: the smaller factor), set in ``prior`` and the guide.
+
+    :returns: the link, and the factor chosen (None where the rows chose none).
+    """
+    posterior = LaplacePosterior.from_spec(fit.family, fit.guide, fit.spec)
+    nll, map_nll = _link_nlls(fit, posterior)
+    best, rejected = _likeliest(nll, map_nll)
+    rows = len(map_nll)
+    fit.log(f"laplace: link {best}, the likeliest on {rows:,} calibration rows (NLL {_shown(nll)})")
+    if not (rejected and fit.spec.precision_scale is None and fit.spec.tune and fit.spec.tune_by == "evidence"):
+        return best, None
+    fit.log(f"laplace: the {rows:,} calibration rows score the MAP net alone likelier (NLL {float(map_nll.mean()):.4f} "
+            f"against {float(nll[best].mean()):.4f}, by more than {REJECTION_STANDARD_ERRORS:g} standard errors): "
+            "the evidence's prior precision spreads the predictive more than they support; scaling it by the "
+            "likeliest factor there of 1 and 10^0.5 to 10^4 (inference.precision_scale sets one)")
+    scores = {1.0: (float(nll[best].mean()), best)}
+    for factor in PRECISION_SCALES:
+        scaled = precision * factor
+        _set_posterior(fit, site, prior, scaled, scale_at(scaled))
+        nll, _ = _link_nlls(fit, posterior)
+        link = min(LINKS, key=lambda each: float(nll[each].mean()))
+        scores[factor] = (float(nll[link].mean()), link)
+    factor = min(scores, key=lambda each: scores[each][0])  # ties: the smaller factor
+    prior.log_precision += math.log(factor)
+    chosen = prior.log_precision.exp()[prior.group_index]
+    _set_posterior(fit, site, prior, chosen, scale_at(chosen))
+    fit.log(f"laplace: prior precision x {factor:.3g} and link {scores[factor][1]}, the likeliest on the calibration "
+            "rows (NLL " + ", ".join(f"x {each:.3g} {value:.4f}" for each, (value, _) in scores.items()) + ")")
+    return scores[factor][1], factor
 
 
 def _noise(prior: _Prior) -> torch.Tensor | None:
@@ -1425,7 +1502,8 @@ def _save(fit: FitContext, path: Path, result: LaplaceResult) -> None:
     save_checkpoint(path, {"guide": fit.guide.state_dict(), "point_parameters": [], "buffers": fit.family.buffers(),
                            "hyperparameters": fit.family.hyperparameters(), "seconds": result.seconds,
                            "log_evidence": result.log_evidence, "prior_precision": result.prior_precision,
-                           "noise": result.noise, "link": result.link, "done": True})
+                           "noise": result.noise, "link": result.link, "precision_scale": result.precision_scale,
+                           "done": True})
 
 
 def fit_laplace(fit: FitContext) -> LaplaceResult:
@@ -1463,14 +1541,20 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     prior = _initial_prior(fit, site)
     fit_covariance = _factored_laplace if fit.guide.factored else _full_laplace
     log_z, precision, scale, scale_at = fit_covariance(fit, prior, started)
+    if fit.spec.precision_scale is not None:  # a factor given (a chosen one handed back, say)
+        prior.log_precision += math.log(fit.spec.precision_scale)
+        precision = prior.log_precision.exp()[prior.group_index]
+        scale = scale_at(precision)
     if _noise_source(fit, prior) == "calibration":
         scale = _calibrate_noise(fit, site, prior, precision, scale_at)
     _set_posterior(fit, site, prior, precision, scale)
+    link, precision_scale = (_choose_link(fit, site, prior, precision, scale_at)
+                             if _link_source(fit) == "calibration" else (None, None))
     result = LaplaceResult(
         seconds=time.perf_counter() - started, log_evidence=float(log_z),
         prior_precision={label: float(prior.log_precision[g].exp()) for g, label in enumerate(prior.labels)},
         noise=float(prior.log_noise.exp()) if prior.log_noise is not None else None,
-        link=_choose_link(fit) if _link_source(fit) == "calibration" else None,
+        link=link, precision_scale=precision_scale,
     )
     fit.log(_summary(result))
     if path is not None:
