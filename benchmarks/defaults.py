@@ -387,10 +387,8 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
         return {"error": f"not run: HMC over {dim:,} weights (above {REFERENCE_MAX_DIM:,})"}
     fit_settings, parts = split_settings(settings or {}) if member != REFERENCE else ({}, {})
     budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **fit_settings}
-    likelihood = {"name": likelihood_name(case), **parts.pop("likelihood", {})}
     start = time.perf_counter()
-    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed, **parts)
-    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
+    bnn = fitted_member(case, rows, net, seed, member, budget, parts)
     seconds = time.perf_counter() - start
     figures = figures_on_test_rows(bnn, case, rows) | {"seconds": seconds}
     chains = {}
@@ -407,6 +405,18 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
     chosen = {"chosen": guide_setting[0]} if guide_setting else {}
     return (figures | chains | (link if case.task == "classification" else {}) | chosen
             | ({"choices": choices} if choices else {}))
+
+
+def fitted_member(case: Case, rows: Rows, net: nn.Module, seed: int, member: str, budget: dict[str, Any],
+                  parts: dict[str, dict] | None = None) -> zoo.BNN:
+    """``member`` fitted on ``net`` as a user would: the case's likelihood (with ``parts``' settings of the
+    likelihood and the other spec sections), the training loader, the validation rows as ``val``, ``budget``'s
+    settings for ``fit`` (its epochs, or a reference's draws)."""
+    parts = dict(parts or {})
+    likelihood = {"name": likelihood_name(case), **parts.pop("likelihood", {})}
+    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed, **parts)
+    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
+    return bnn
 
 
 def likelihood_name(case: Case) -> str:
