@@ -1,5 +1,5 @@
-"""What the benchmark scripts share besides timing (:mod:`timing`): parsing their list options, and the
-``mean ± s.e.`` cell of their tables.
+"""What the benchmark scripts share besides timing (:mod:`timing`): parsing their list options, the
+``mean ± s.e.`` cell of their tables, and the JSON-lines file of finished cells a resumable run reads and appends to.
 
 Imported by the scripts as a sibling module (``from common import parse_seeds``), as :mod:`timing` is; bad input is
 a :class:`~zoo.errors.ZooInputError` naming the option, which the scripts' ``exit_code`` turns into exit 2.
@@ -7,7 +7,11 @@ a :class:`~zoo.errors.ZooInputError` naming the option, which the scripts' ``exi
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from collections.abc import Callable, Hashable
+from pathlib import Path
 
 from zoo.errors import ZooInputError
 
@@ -68,3 +72,43 @@ def mean_se_cell(mean: float, se: float, digits: int) -> str:
     :returns: the cell, e.g. ``0.912 ± 0.004``.
     """
     return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def read_cells(path: Path, key: Callable[[dict], Hashable]) -> dict:
+    """The finished cells of an earlier run, by ``key`` of each (a torn last line, from a kill mid-write, is
+    skipped; a missing file has none)."""
+    out: dict = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                cell = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[key(cell)] = cell
+    return out
+
+
+def append_cell(path: Path, cell: dict) -> None:
+    """One finished cell, appended as one line and flushed to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(cell) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def resumed_or_fitted(done: dict, path: Path | None, key: Hashable, fit: Callable[[], dict]) -> tuple[dict, bool]:
+    """The finished cell at ``key`` in ``done``, or ``fit()``'s, kept in ``done`` and appended to ``path`` (None:
+    kept in memory only); and whether it was fitted now."""
+    if key in done:
+        return done[key], False
+    done[key] = fit()
+    if path is not None:
+        append_cell(path, done[key])
+    return done[key], True
+
+
+def cells_file(option: str | None, key: Callable[[dict], Hashable]) -> tuple[Path | None, dict]:
+    """A ``--cells`` option's file (None where not given) and its finished cells by ``key``."""
+    path = Path(option) if option else None
+    return path, ({} if path is None else read_cells(path, key))

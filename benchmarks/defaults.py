@@ -58,7 +58,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import mean_se_cell, parse_seeds  # noqa: E402
+from common import append_cell, mean_se_cell, parse_seeds, read_cells  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.data.digits import load_digits  # noqa: E402
@@ -480,28 +480,6 @@ def cell_key(cell: dict) -> tuple:
             cell.get("edition", ""))
 
 
-def read_cells(path: Path) -> dict[tuple, dict]:
-    """The finished cells of an earlier run (a torn last line, from a kill mid-write, is skipped)."""
-    out: dict[tuple, dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                cell = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out[cell_key(cell)] = cell
-    return out
-
-
-def append_cell(path: Path, cell: dict) -> None:
-    """One finished cell, appended as one line and flushed to disk."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(cell) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any]:
     """Mean ± s.e. over seeds of one member's cells, its fit time ÷ the plain net's, and whether it meets the bar."""
     errors = [c["error"] for c in cells if "error" in c]
@@ -711,7 +689,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for task in tasks:
             editions[REFERENCE, task] = (f"{defaults_edition(REFERENCE, task)}-"
                                          f"{hashlib.sha1(draws.encode()).hexdigest()[:6]}")
-    done = read_cells(cells_path)
+    done = read_cells(cells_path, cell_key)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
                               "plain_lrs": plain_lrs, "cases": {}}

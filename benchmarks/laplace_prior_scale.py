@@ -16,10 +16,10 @@ of telling a shifted row from a test row by the predictive's entropy.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,8 +28,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import parse_seeds  # noqa: E402
-from defaults import ALL_CASES, SMALL_EPOCHS, Case, fitted_member  # noqa: E402
+from common import cells_file, parse_seeds, resumed_or_fitted  # noqa: E402
+from defaults import ALL_CASES, SMALL_EPOCHS, Rows, fitted_member  # noqa: E402
 
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
@@ -53,17 +53,19 @@ def shifted_inputs(x: torch.Tensor, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-def scored_fit(case: Case, rows, seed: int, member: str, prior: str, epochs: int) -> dict:
-    """One fit of ``member`` under ``prior`` (:data:`PRIORS`): its test NLL and accuracy, the factor it chose (None:
-    none), and the entropy AUROC of each shift against the test rows."""
+def scored_fit(size: str, name: str, rows: Rows, seed: int, member: str, prior: str, epochs: int) -> dict:
+    """One cell: ``member`` fitted on case ``name``'s ``rows`` under ``prior`` (:data:`PRIORS`), with its test NLL
+    and accuracy, the factor it chose (None: none), and the entropy AUROC of each shift against the test rows."""
+    case = ALL_CASES[name]
     torch.manual_seed(seed)
     bnn = fitted_member(case, rows, case.net(rows), seed, member, {"epochs": epochs, **PRIORS[prior]})
     test = bnn.evaluate((rows.x_test, rows.y_test))
     inside = bnn.predict(rows.x_test, num_samples=DRAWS).draws.log_probs
-    auroc = {name: ood_auroc(inside, bnn.predict(x, num_samples=DRAWS).draws.log_probs)["entropy"]
-             for name, x in shifted_inputs(rows.x_test).items()}
-    return {"nll": test["nll"], "accuracy": test["accuracy"],
-            "precision_scale": bnn.chosen.get("inference.precision_scale"), "auroc": auroc}
+    auroc = {shift: ood_auroc(inside, bnn.predict(x, num_samples=DRAWS).draws.log_probs)["entropy"]
+             for shift, x in shifted_inputs(rows.x_test).items()}
+    return {"size": size, "case": name, "seed": seed, "member": member, "prior": prior, "nll": test["nll"],
+            "accuracy": test["accuracy"], "precision_scale": bnn.chosen.get("inference.precision_scale"),
+            "auroc": auroc}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -90,11 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise ZooInputError("--members", name, f"use Laplace presets: {', '.join(LAPLACE_MEMBERS)}")
     seeds = parse_seeds(args.seeds)
     torch.set_num_threads(args.threads)
-    cells_path = Path(args.cells) if args.cells else None
-    done = {}
-    if cells_path is not None and cells_path.exists():
-        done = {(c["size"], c["case"], c["seed"], c["member"], c["prior"]): c
-                for c in map(json.loads, cells_path.read_text().splitlines())}
+    cells_path, done = cells_file(args.cells, lambda c: (c["size"], c["case"], c["seed"], c["member"], c["prior"]))
     report: dict = {"size": args.size, "threads": torch.get_num_threads(), "cases": {}, "ratios": {}}
     for name in cases:
         case = ALL_CASES[name]
@@ -104,17 +102,14 @@ def main(argv: list[str] | None = None) -> dict:
             rows = case.rows(seed, args.size, None)
             for member in members:
                 for prior in PRIORS:
-                    key = (args.size, name, seed, member, prior)
-                    if key not in done:
-                        done[key] = {"size": args.size, "case": name, "seed": seed, "member": member, "prior": prior,
-                                     **scored_fit(case, rows, seed, member, prior, epochs)}
-                        if cells_path is not None:
-                            with cells_path.open("a") as f:
-                                f.write(json.dumps(done[key]) + "\n")
-                        shown = ", ".join(f"{k} {v:.4f}" for k, v in done[key]["auroc"].items())
-                        print(f"{name}, seed {seed}, {member}, {prior}: NLL {done[key]['nll']:.4f}, entropy AUROC "
-                              f"{shown}, factor {done[key]['precision_scale']}", flush=True)
-                    fitted.setdefault((member, prior), []).append(done[key])
+                    cell, new = resumed_or_fitted(done, cells_path, (args.size, name, seed, member, prior),
+                                                  partial(scored_fit, args.size, name, rows, seed, member, prior,
+                                                          epochs))
+                    if new:
+                        shown = ", ".join(f"{k} {v:.4f}" for k, v in cell["auroc"].items())
+                        print(f"{name}, seed {seed}, {member}, {prior}: NLL {cell['nll']:.4f}, entropy AUROC "
+                              f"{shown}, factor {cell['precision_scale']}", flush=True)
+                    fitted.setdefault((member, prior), []).append(cell)
         shifts = list(fitted[members[0], "default"][0]["auroc"])
         out = {}
         for (member, prior), cells in fitted.items():

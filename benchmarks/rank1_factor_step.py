@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import parse_seeds  # noqa: E402
+from common import cells_file, parse_seeds, resumed_or_fitted  # noqa: E402
 from defaults import ALL_CASES, SMALL_EPOCHS, meets_bar, member_fit, plain_net  # noqa: E402
 
 from zoo.errors import ZooInputError  # noqa: E402
@@ -80,6 +80,17 @@ def factor_step(multiplier: float) -> Iterator[None]:
         svi.SVIRun.__init__ = built
 
 
+def stepped_cell(size: str, name: str, rows, seed: int, member: str, multiplier: float, epochs: int) -> dict:
+    """One cell: ``member`` fitted as the defaults suite fits it on case ``name``'s ``rows``, its factors at
+    ``multiplier`` times the lr, and its accuracy (or RMSE) and NLL."""
+    case = ALL_CASES[name]
+    figure = "accuracy" if case.task == "classification" else "rmse"
+    with factor_step(multiplier):
+        cell = member_fit(case, rows, seed, member, epochs, size=size)
+    return {"size": size, "case": name, "seed": seed, "member": member, "multiplier": multiplier,
+            figure: cell[figure], "nll": cell["nll"]}
+
+
 def _mean(cells: list[dict], key: str) -> float:
     return statistics.fmean(c[key] for c in cells)
 
@@ -115,11 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise ZooInputError("--multipliers", args.multipliers, "write positive numbers, e.g. 1,3,10")
     seeds = parse_seeds(args.seeds)
     torch.set_num_threads(args.threads)
-    cells_path = Path(args.cells) if args.cells else None
-    done = {}
-    if cells_path is not None and cells_path.exists():
-        done = {(c["size"], c["case"], c["seed"], c["member"], c["multiplier"]): c
-                for c in map(json.loads, cells_path.read_text().splitlines())}
+    cells_path, done = cells_file(args.cells, lambda c: (c["size"], c["case"], c["seed"], c["member"], c["multiplier"]))
     report: dict = {"size": args.size, "threads": torch.get_num_threads(), "cases": {}, "ratios": {}}
     for name in cases:
         case = ALL_CASES[name]
@@ -131,18 +138,13 @@ def main(argv: list[str] | None = None) -> dict:
             plain.append(plain_net(case, rows, seed, epochs))
             for member in members:
                 for multiplier in multipliers:
-                    key = (args.size, name, seed, member, multiplier)
-                    if key not in done:
-                        with factor_step(multiplier):
-                            cell = member_fit(case, rows, seed, member, epochs, size=args.size)
-                        done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,
-                                     "multiplier": multiplier, figure: cell[figure], "nll": cell["nll"]}
-                        if cells_path is not None:
-                            with cells_path.open("a") as f:
-                                f.write(json.dumps(done[key]) + "\n")
+                    cell, new = resumed_or_fitted(done, cells_path, (args.size, name, seed, member, multiplier),
+                                                  partial(stepped_cell, args.size, name, rows, seed, member,
+                                                          multiplier, epochs))
+                    if new:
                         print(f"{name}, seed {seed}, {member}, factors' lr x{multiplier:g}: {figure} "
                               f"{cell[figure]:.4f}, NLL {cell['nll']:.4f}", flush=True)
-                    fitted.setdefault((member, multiplier), []).append(done[key])
+                    fitted.setdefault((member, multiplier), []).append(cell)
         bar_figure, bar_nll = _mean(plain, figure), _mean(plain, "nll")
         rows_out = {}
         for (member, multiplier), cells in fitted.items():

@@ -55,7 +55,7 @@ def test_a_fit_s_auroc_tells_shifted_rows_from_test_rows_by_the_predictive_entro
                         or fitted[-1])
     case = defaults.ALL_CASES["digits"]
     rows = case.rows(0, "small", None)
-    cell = bench.scored_fit(case, rows, 0, "kfac_laplace", "evidence", defaults.SMALL_EPOCHS)
+    cell = bench.scored_fit("small", "digits", rows, 0, "kfac_laplace", "evidence", defaults.SMALL_EPOCHS)
     assert cell["precision_scale"] is None and cell["nll"] == fitted[0].evaluate((rows.x_test, rows.y_test))["nll"]
 
     def entropy(x):
