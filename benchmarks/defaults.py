@@ -495,6 +495,9 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
         out["draws"] = cells[0]["draws"]
     if all("link" in c for c in cells):  # the link each seed's Laplace GLM predicted by (link_by may choose it)
         out["links"] = [c["link"] for c in sorted(cells, key=lambda c: c["seed"])]
+    scales = [c.get("choices", {}).get("inference.precision_scale") for c in sorted(cells, key=lambda c: c["seed"])]
+    if any(scale is not None for scale in scales):  # the factor a Laplace prior the rows rejected took (None: 1)
+        out["precision_scales"] = scales
     if all("chosen" in c for c in cells):  # the guide setting each seed's fit chose on its validation rows
         out["chosen"] = [c["chosen"] for c in sorted(cells, key=lambda c: c["seed"])]
     plain_seconds = {c["seed"]: c["seconds"] for c in plain}
@@ -547,7 +550,9 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
             member = (f"{member}: the posterior ({row['draws']}; worst R-hat {row['r_hat']:.3f}, "
                       f"min ESS {row['min_ess']:.0f})")
         if "links" in row:
-            member = f"{member} (link per seed: {', '.join(row['links'])})"
+            scaled = "" if "precision_scales" not in row else "; prior precision × per seed: " + ", ".join(
+                f"{scale or 1:.3g}" for scale in row["precision_scales"])
+            member = f"{member} (link per seed: {', '.join(row['links'])}{scaled})"
         if "chosen" in row:  # "dropout_rate 0.05" per seed: the setting's name once, then each seed's value
             name = row["chosen"][0].split(" ")[0]
             member = f"{member} ({name} per seed: {', '.join(c.split(' ')[1] for c in row['chosen'])})"

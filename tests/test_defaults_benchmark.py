@@ -132,6 +132,23 @@ def test_a_laplace_classifiers_cells_say_which_link_it_predicted_by(tmp_path, ca
     assert f"| last_layer_laplace (link per seed: {', '.join(links)}) |" in capsys.readouterr().out
 
 
+def test_the_table_names_the_factor_a_laplace_prior_took_where_its_rows_rejected_it():
+    """Where a seed's rows rejected a Laplace prior (its cell's choices hold inference.precision_scale), the summary
+    lists each seed's factor (None: the evidence's own) and the table names them beside the links; a member whose
+    rows rejected none keeps its label."""
+    case = defaults.ALL_CASES["twoclass"]
+    plain = [{"seed": s, "accuracy": 0.9, "nll": 0.3, "ece": 0.01, "seconds": 1.0} for s in (0, 1)]
+    cells = [{**plain[s], "link": link, "choices": {"inference.link": link, **extra}}
+             for s, link, extra in ((1, "probit", {}), (0, "mc", {"inference.precision_scale": 10 ** 2.5}))]
+    row = defaults.summarise(case, cells, plain)
+    assert row["precision_scales"] == [10 ** 2.5, None] and row["links"] == ["mc", "probit"]
+    assert "precision_scales" not in defaults.summarise(case, [{**cells[0], "choices": {}}], plain)
+    report = {"about": "", "epochs": 1, "batch_size": 1, "plain_lr": [0.01, 0.01], "task": "classification",
+              "members": {"kfac_laplace": {**row, "meets_bar": True, "misses": ""}}}
+    assert ("| kfac_laplace (link per seed: mc, probit; prior precision × per seed: 316, 1) |"
+            in defaults.markdown_table("twoclass", report))
+
+
 def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys):
     """MC dropout's preset leaves its rate to the fit's val rows: each cell records the rate its fit kept, one of the
     candidates, and the table names them by seed; the cell keeps every choice the fit made (BNN.chosen)."""
