@@ -1541,7 +1541,7 @@ def fit_laplace(fit: FitContext) -> LaplaceResult:
     prior = _initial_prior(fit, site)
     fit_covariance = _factored_laplace if fit.guide.factored else _full_laplace
     log_z, precision, scale, scale_at = fit_covariance(fit, prior, started)
-    if fit.spec.precision_scale is not None:  # a factor given (a chosen one handed back, say)
+    if fit.spec.precision_scale not in (None, 1.0):  # a factor given (a chosen one handed back, say)
         prior.log_precision += math.log(fit.spec.precision_scale)
         precision = prior.log_precision.exp()[prior.group_index]
         scale = scale_at(precision)
