@@ -1448,7 +1448,7 @@ def _choose_link(fit: FitContext, site: str, prior: _Prior, precision: torch.Ten
         scaled = precision * factor
         _set_posterior(fit, site, prior, scaled, scale_at(scaled))
         nll, _ = _link_nlls(fit, posterior)
-        link = min(LINKS, key=lambda each: float(nll[each].mean()))
+        link, _ = _likeliest(nll, map_nll)
         scores[factor] = (float(nll[link].mean()), link)
     factor = min(scores, key=lambda each: scores[each][0])  # ties: the smaller factor
     prior.log_precision += math.log(factor)
