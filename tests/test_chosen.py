@@ -25,13 +25,13 @@ TARGET_VAL = (X[90:], X[90:].sum(1) + 0.1 * X[90:, 2] ** 2)
 
 # member -> (task, the spec fields its choices set at its defaults); a budget of 4 epochs keeps each fit small
 CHOICES = {
-    "map": ("classification", {"inference.lr"}),
+    "map": ("classification", {"inference.lr", "inference.prior_scale_factor"}),
     "mc_dropout": ("classification", {"inference.lr", "guide.dropout_rate"}),
     "mean_field": ("regression", {"inference.lr", "likelihood.noise_prior.init"}),
     "swag": ("classification", {"inference.lr", "inference.pretrain_by"}),
     "sgld": ("classification", {"inference.lr", "inference.explore_lr"}),
-    "diagonal_laplace": ("classification", {"model.map.lr", "inference.link"}),
-    "kfac_laplace": ("regression", {"model.map.lr", "likelihood.noise_prior.init"}),
+    "diagonal_laplace": ("classification", {"model.map.lr", "model.map.prior_scale_factor", "inference.link"}),
+    "kfac_laplace": ("regression", {"model.map.lr", "likelihood.noise_prior.init", "model.map.prior_scale_factor"}),
 }
 
 

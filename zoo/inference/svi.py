@@ -21,6 +21,7 @@ import pyro
 import torch
 from pyro.optim.clipped_adam import ClippedAdam
 
+from guides.delta import DeltaGuide
 from zoo import distributed
 from zoo.data.augment import build_augmentation
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
@@ -33,7 +34,7 @@ from zoo.inference.loop import TrainingLoop
 from zoo.inference.lr_choice import LR_CHOICE_DIR, calibration_score, chooses_lr, every_candidate_diverged
 from zoo.inference.noise_choice import chooses_noise
 from zoo.likelihoods import Likelihood, gaussian
-from zoo.models.base import restore_buffers
+from zoo.models.base import WidensPriors, restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog
@@ -43,11 +44,28 @@ from zoo.sections import (
     DEFAULT_LR_DECAY_TO,
     DEFAULT_LR_HOLD,
     LR_CANDIDATES,
+    PRIOR_SCALE_FACTORS,
     SVIFitting,
     SVISpec,
 )
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
+
+
+def widen_priors(family: Any, factor: float) -> None:
+    """Widen ``family``'s priors by a factor the spec gives (``inference.prior_scale_factor``).
+
+    :param family: the fit's model family.
+    :param factor: the multiplier of every prior's scale.
+    :raises ZooInputError: a family whose priors no factor reaches (its priors are on other sites than the weights').
+    """
+    if not isinstance(family, WidensPriors):
+        if factor == 1.0:
+            return
+        raise ZooInputError("inference.prior_scale_factor", factor, f"the {type(family).__name__} family has no "
+                            "weight priors it widens (the all_weights and deep_ensemble families do, and a Laplace "
+                            "member's model.map phase); scale the prior itself (prior.scale) or drop the factor")
+    family.widen_priors(factor)
 
 
 @dataclass
@@ -696,6 +714,8 @@ class SVIRun:
     def __init__(self, fit: FitContext) -> None:
         self.fit = fit
         family, guide, data, spec = fit.family, fit.guide, fit.data, fit.spec
+        if spec.prior_scale_factor is not None:
+            widen_priors(family, spec.prior_scale_factor)
         self.named = {f"guide.{n}": p for n, p in guide.named_parameters()}
         self.named.update({f"family.{i}": p for i, p in enumerate(family.point_parameters())})
         self.ckpt_path = fit.file(CHECKPOINT_FILE)
@@ -715,7 +735,8 @@ class SVIRun:
             "total_steps": self.n_steps, "guide": guide.state_dict(),
             "point_parameters": list(family.point_parameters()), "buffers": family.buffers(),
             "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
-            "losses": self.result.losses, "kl_methods": self.result.kl_methods}
+            "losses": self.result.losses, "kl_methods": self.result.kl_methods,
+            "hyperparameters": family.hyperparameters()}
         self.unread: list[torch.Tensor] = []  # the losses of the steps taken since the last host read, on the device
         self.read_every = loss_read_interval(spec, data.device)
         self.step: SVIStep | None = None
@@ -735,6 +756,8 @@ class SVIRun:
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
                 p.copy_(saved)
         restore_buffers(family, state.get("buffers"))
+        if "hyperparameters" in state:  # a prior widened by a factor the fit chose (or was given)
+            family.set_hyperparameters(state["hyperparameters"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
@@ -744,15 +767,15 @@ class SVIRun:
         self.fit.log(f"resumed from {self.ckpt_path} at step {self.loop.step}/{self.n_steps}")
 
     def choose_lr(self) -> None:
-        """Choose on the calibration rows what the spec left open, each by a whole run at each candidate from the
-        run's start, keeping the best run as it ended (its steps are exactly those of a run given its choice by
-        hand): with ``lr_by: calibration``, the starting lr of the default schedule from
-        :data:`~zoo.sections.LR_CANDIDATES`; then each setting left null (:meth:`open_settings`: MC dropout's rate,
-        a learned noise's start) at the choices made before it, the kept run (at the setting's held value) among
-        its candidates; a setting that changes which lr is best (:attr:`OpenSetting.each_lr`: a noise's start) runs
-        its candidates at every starting lr, and the run kept may bring another lr. With a run directory each
-        candidate checkpoints in ``lr_choice/<name>/`` (removed once the run has kept one), so an interrupted choice
-        resumes; a resumed run that has chosen keeps its checkpoint's choices.
+        """Choose on the calibration rows what the spec left open, each by a whole run at each candidate from the run's
+        start, keeping the best run as it ended (its steps are exactly those of a run given its choice by hand): with
+        ``lr_by: calibration``, the starting lr of the default schedule from :data:`~zoo.sections.LR_CANDIDATES`; then
+        each setting left null (:meth:`open_settings`: MC dropout's rate, a learned noise's start, a point estimate's
+        prior scale factor) at the choices made before it, the kept run (at the setting's held value) among its
+        candidates; a setting that changes which lr is best (:attr:`OpenSetting.each_lr`: a noise's start) runs its
+        candidates at every starting lr, and the run kept may bring another lr. With a run directory each candidate
+        checkpoints in ``lr_choice/<name>/`` (removed once the run has kept one), so an interrupted choice resumes; a
+        resumed run that has chosen keeps its checkpoint's choices.
 
         :raises ZooInputError: ``lr_by: calibration`` and the fit has no calibration rows.
         :raises TrainingDiverged: when every candidate diverged.
@@ -791,7 +814,8 @@ class SVIRun:
         """The settings this fit chooses on its calibration rows after its lr, in that order.
 
         :returns: the guide's (MC dropout's rate), then a learned noise's start where the inference method set one the
-            spec left open (a value moves the guide's location of the noise site); empty where there is none.
+            spec left open (a value moves the guide's location of the noise site), then a point estimate's prior
+            scale factor (:meth:`prior_scale_setting`); empty where there is none.
         """
         guide, likelihood = self.fit.guide, self.fit.family.likelihood
         settings = []
@@ -805,7 +829,25 @@ class SVIRun:
             # joint with the lr: from the low start a short run's best lr is not the median start's (bostonHousing)
             settings.append(OpenSetting(name, held, candidates,
                                         lambda value: guide.init_from({site: torch.full(shape, value)}), each_lr=True))
+        if (prior_scale := self.prior_scale_setting()) is not None:
+            settings.append(prior_scale)
         return settings
+
+    def prior_scale_setting(self) -> OpenSetting | None:
+        """A point estimate's prior scale factor, where the spec left it null: a MAP's prior is its weight decay, which
+        the plain-net recipe tunes on held-out rows, and N(0, 1) is too strong for some nets (the 1-D toy's tanh MLP
+        under it fits its clusters loosely and misses in the gap; measured in ``benchmarks/defaults.py``). Its
+        candidates (:data:`~zoo.sections.PRIOR_SCALE_FACTORS`) run at the lr chosen before.
+
+        :returns: the setting, or None: a factor given, a guide that is no point estimate (a distribution over the
+            weights fits its own spread to its prior, and its KL is its objective), or a family that cannot widen.
+        """
+        fit = self.fit
+        if (fit.spec.prior_scale_factor is not None or not isinstance(fit.guide, DeltaGuide)
+                or not isinstance(fit.family, WidensPriors)):
+            return None
+        return OpenSetting("inference.prior_scale_factor", fit.family.prior_scale_factor, PRIOR_SCALE_FACTORS,
+                           fit.family.widen_priors)
 
     def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,
                   taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None,
@@ -880,7 +922,7 @@ class SVIRun:
                 "buffers": [b.clone() for b in family.buffers()],
                 "optimizer": copy.deepcopy(self.optimizer.state_dict()), "losses": list(self.result.losses),
                 "kl_methods": dict(self.result.kl_methods), "step": self.loop.step, "perm": self.loop.perm,
-                "order": self.loop.order.get_state(),
+                "order": self.loop.order.get_state(), "hyperparameters": family.hyperparameters(),
                 "randomness": (torch.get_rng_state(), random.getstate(), np.random.get_state())}
 
     def _take(self, state: dict) -> None:
@@ -892,6 +934,7 @@ class SVIRun:
             for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
                 p.copy_(saved)
         restore_buffers(family, state["buffers"])
+        family.set_hyperparameters(state["hyperparameters"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.result.losses, self.result.kl_methods = state["losses"], state["kl_methods"]
         self.loop.step, self.loop.perm = state["step"], state["perm"]

@@ -16,13 +16,13 @@ from torch import nn
 
 from zoo.errors import ZooInputError
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, per_device
+from zoo.models.base import FamilySection, ModelFamily, ModuleChoice, WidensPriors, per_device
 from zoo.nets import ParameterSwap, forward_stacked, has_batch_norm, prediction_mode
 from zoo.priors import PriorSection, prior_distribution
 from zoo.sites import WEIGHT_MATRICES, LatentSite
 
 
-class AllWeightsBNN(ModelFamily):
+class AllWeightsBNN(WidensPriors, ModelFamily):
     """Pyro model p(w) p(y | f_w(x)) over the parameters of ``net`` (all of them, or those of the chosen modules);
     site names are the parameter names, and any parameter left out is a point estimate fitted beside the guide.
 

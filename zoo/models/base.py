@@ -203,6 +203,49 @@ class ModelFamily(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not linearise its net")
 
 
+PRIOR_SCALE_FACTOR = "prior_scale_factor"  # the hyperparameter a family that widens its priors saves
+
+
+class WidensPriors:
+    """A family whose priors a fit can widen by one factor (``inference.prior_scale_factor``: every prior's scale
+    times the factor). It is a hyperparameter of the fit (:meth:`ModelFamily.hyperparameters`), saved with its
+    checkpoint and restored with it; a factor of 1 is the spec's priors. Mixed into a family that keeps its priors'
+    sections in ``prior_configs`` and their distributions' cache in ``_priors``."""
+
+    prior_configs: dict[str, PriorSection]
+    _priors: dict
+    prior_scale_factor: float = 1.0
+
+    def widen_priors(self, factor: float) -> None:
+        """Hold every site's prior, as the spec gave it, widened by ``factor`` (1: as given) from now on.
+
+        :param factor: the multiplier of every prior's scale.
+        """
+        given = self.__dict__.setdefault("_given_priors", self.prior_configs)
+        self.prior_configs = {name: prior.widened(factor) for name, prior in given.items()}
+        self._priors = {}  # rebuilt from the widened sections on the next call
+        self.prior_scale_factor = float(factor)
+
+    def hyperparameters(self) -> dict[str, torch.Tensor]:
+        """The factor, where it is not 1.
+
+        :returns: ``{"prior_scale_factor": factor}``, or empty at a factor of 1 (the spec's priors).
+        """
+        factor = self.prior_scale_factor
+        return {} if factor == 1.0 else {PRIOR_SCALE_FACTOR: torch.tensor(factor, dtype=torch.float64)}
+
+    def set_hyperparameters(self, values: dict[str, torch.Tensor]) -> None:
+        """Widen the priors by the saved factor (1 where none was saved).
+
+        :param values: what :meth:`hyperparameters` returned.
+        :raises ValueError: values this family does not have.
+        """
+        unknown = sorted(set(values) - {PRIOR_SCALE_FACTOR})
+        if unknown:
+            raise ValueError(f"{type(self).__name__} tunes only {PRIOR_SCALE_FACTOR}, but was given {unknown}")
+        self.widen_priors(float(values.get(PRIOR_SCALE_FACTOR, 1.0)))
+
+
 def restore_buffers(family: ModelFamily, saved: list[torch.Tensor] | None) -> None:
     """Copy checkpointed :meth:`ModelFamily.buffers` back (a checkpoint from before buffers were saved has none).
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from zoo.likelihoods import Likelihood, PredictiveDraws, draw_latents, observation, observe_rows
-from zoo.models.base import FamilySection, ModelFamily, per_device
+from zoo.models.base import FamilySection, ModelFamily, WidensPriors, per_device
 from zoo.nets import has_batch_norm, has_convolutions, prediction_mode, reinitialise, run_batched
 from zoo.priors import PriorSection, prior_distribution
 from zoo.sites import WEIGHT_MATRICES, LatentSite
@@ -49,7 +49,7 @@ def member_inits(net: nn.Module, members: int) -> dict[str, torch.Tensor]:
     return {name: torch.stack(values) for name, values in draws.items()}
 
 
-class DeepEnsemble(ModelFamily):
+class DeepEnsemble(WidensPriors, ModelFamily):
     """Deep ensemble: K copies of the net's parameters as latent sites in a members plate, each under the prior.
 
     With the Delta guide the ELBO is (1/K) sum_k [log p(y | w_k) + log p(w_k)] (plus the likelihood's own

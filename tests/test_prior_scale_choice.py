@@ -1,0 +1,88 @@
+"""A point estimate's prior scale factor (``inference.prior_scale_factor``): every prior widened about its centre by
+one factor, given or, left null, chosen on the calibration rows by a whole run at each of
+:data:`~zoo.sections.PRIOR_SCALE_FACTORS`; the kept run is the run given that factor by hand, its checkpoint carries
+the factor and a reloaded run holds it. A guide that is no point estimate fits under the spec's priors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import choice_in_log, different_entries
+from zoo.errors import ZooInputError
+from zoo.models.base import PRIOR_SCALE_FACTOR
+from zoo.pipeline import load_run, train
+from zoo.priors import NormalPrior, ScaleMixturePrior
+from zoo.runs import CHECKPOINT_FILE, load_torch, recorded_choices
+from zoo.sections import PRIOR_SCALE_FACTORS
+from zoo.spec import load_spec
+
+FACTOR = "inference.prior_scale_factor"
+
+
+def map_spec(*overrides: str):
+    base = {"data": {"name": "toy_gap", "n_train": 60, "calibration_fraction": 0.25}, "net": {"hidden": [16]},
+            "guide": {"name": "delta"}, "likelihood": {"name": "gaussian", "noise": 0.3}, "device": "cpu",
+            "seed": 0, "inference": {"num_steps": 30, "batch_size": 16, "lr": 0.01, "predictive_samples": 4,
+                                     "checkpoint_every": 10}}
+    return load_spec(base, list(overrides))
+
+
+def test_a_widened_prior_multiplies_its_spread_about_its_centre():
+    normal = NormalPrior(name="normal", loc=1.0, scale=0.5)
+    assert normal.widened(3.0) == NormalPrior(name="normal", loc=1.0, scale=1.5)
+    assert normal.widened(1.0) == normal
+    mixture = ScaleMixturePrior(name="scale_mixture", pi=0.25, sigma1=1.0, sigma2=0.01).widened(10.0)
+    assert (mixture.pi, mixture.sigma1, mixture.sigma2) == (0.25, 10.0, pytest.approx(0.1))
+
+
+def test_a_null_factor_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_factor(tmp_path):
+    lines: list[str] = []
+    chosen = train(map_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
+    factor, scores, _ = choice_in_log(lines, FACTOR)
+    assert sorted(scores) == sorted(PRIOR_SCALE_FACTORS) and factor == min(scores, key=scores.get)
+    saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
+    assert saved.get("hyperparameters", {}) == ({} if factor == 1.0 else {PRIOR_SCALE_FACTOR: torch.tensor(
+        factor, dtype=torch.float64)})
+    assert recorded_choices(chosen.run_dir)[FACTOR] == factor
+    _, _, posterior = load_run(chosen.run_dir)  # its spec's factor is null: the checkpoint restores the choice
+    assert posterior.family.prior_scale_factor == factor
+    by_hand = train(map_spec(f"{FACTOR}={factor}"), tmp_path / "by_hand", progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
+    assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+
+
+def test_each_factor_runs_under_its_widened_prior_and_the_rows_keep_the_best(tmp_path, monkeypatch):
+    """The calibration rows rank the runs: made to favour the widest prior, the fit keeps it; a widened run's prior
+    is the spec's Normal at the factor times its scale."""
+    import zoo.inference.svi as svi
+
+    seen: list[float] = []
+    real = svi.calibration_score
+
+    def favour_wide(posterior, *args):
+        scale = float(posterior.family.priors()["hidden0.weight"].base_dist.scale.reshape(-1)[0])
+        seen.append(scale)
+        return -scale, real(posterior, *args)[1]
+
+    monkeypatch.setattr(svi, "calibration_score", favour_wide)
+    fitted = train(map_spec(), tmp_path / "wide", progress=False, echo=None)
+    assert seen == pytest.approx(list(PRIOR_SCALE_FACTORS))  # the spec's N(0, 1), then 3 and 10
+    assert recorded_choices(fitted.run_dir)[FACTOR] == max(PRIOR_SCALE_FACTORS)
+
+
+def test_no_factor_is_chosen_for_a_distribution_over_the_weights_or_without_calibration_rows(tmp_path):
+    for overrides, name in ((["guide.name=mean_field"], "mean_field"), (["data.calibration_fraction=0"], "no_rows"),
+                            ([f"{FACTOR}=2.0"], "given")):
+        lines: list[str] = []
+        fitted = train(map_spec(*overrides), tmp_path / name, progress=False, echo=lines.append)
+        assert not any(FACTOR in x for x in lines) and FACTOR not in recorded_choices(fitted.run_dir)
+    _, _, posterior = load_run(tmp_path / "given")
+    assert posterior.family.prior_scale_factor == 2.0
+    assert float(posterior.family.priors()["hidden0.weight"].base_dist.scale.reshape(-1)[0]) == 2.0
+
+
+def test_a_factor_for_a_family_without_weight_priors_to_widen_is_refused(tmp_path):
+    spec = map_spec("model.family=rank1", "guide.name=mixture", "prior.loc=1.0", f"{FACTOR}=3.0")
+    with pytest.raises(ZooInputError, match="inference.prior_scale_factor: got 3"):
+        train(spec, tmp_path / "rank1", progress=False, echo=None)
