@@ -78,6 +78,9 @@ class Guide(nn.Module, metaclass=ABCMeta):
     """
 
     init_rho: float | None = None  # the initial rho of a softplus-parameterised guide (read by the NaN diagnosis)
+    # its draws are point values (Deltas, masked or not), so the prior meets its ELBO only as a weight decay on them
+    # (a MAP, dropout VI): the fit may choose that decay's strength on its calibration rows (SVI's prior scale factor)
+    prior_as_weight_decay: ClassVar[bool] = False
     sites: dict[str, LatentSite]  # the family's latent sites it is a guide over
 
     @abstractmethod

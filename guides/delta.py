@@ -15,6 +15,8 @@ from zoo.sites import LatentSite
 class DeltaGuide(SiteGuide):
     """q(w) = delta(w - w_hat); the ELBO reduces to log p(y | w_hat) + log p(w_hat)."""
 
+    prior_as_weight_decay = True
+
     def distribution(self, name: str) -> dist.TorchDistribution:
         """A Delta at the site's current point value.
 

@@ -26,7 +26,7 @@ TARGET_VAL = (X[90:], X[90:].sum(1) + 0.1 * X[90:, 2] ** 2)
 # member -> (task, the spec fields its choices set at its defaults); a budget of 4 epochs keeps each fit small
 CHOICES = {
     "map": ("classification", {"inference.lr", "inference.prior_scale_factor"}),
-    "mc_dropout": ("classification", {"inference.lr", "guide.dropout_rate"}),
+    "mc_dropout": ("classification", {"inference.lr", "guide.dropout_rate", "inference.prior_scale_factor"}),
     "mean_field": ("regression", {"inference.lr", "likelihood.noise_prior.init"}),
     "swag": ("classification", {"inference.lr", "inference.pretrain_by"}),
     "sgld": ("classification", {"inference.lr", "inference.explore_lr"}),

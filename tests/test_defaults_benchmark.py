@@ -162,8 +162,8 @@ def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys)
     cells = sorted((json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()
                     if '"mc_dropout"' in line), key=lambda c: c["seed"])
     assert [float(r) for _, r in rates] == [c["choices"]["guide.dropout_rate"] for c in cells]
-    assert all(set(c["choices"]) == {"inference.lr", "guide.dropout_rate", "likelihood.noise_prior.init"}
-               for c in cells)
+    assert all(set(c["choices"]) == {"inference.lr", "guide.dropout_rate", "likelihood.noise_prior.init",
+                                     "inference.prior_scale_factor"} for c in cells)
     capsys.readouterr()
     defaults.main(["--from-json", str(tmp_path / "defaults.json")])
     assert f"| mc_dropout (dropout_rate per seed: {rates[0][1]}, {rates[1][1]}) |" in capsys.readouterr().out

@@ -124,8 +124,8 @@ def test_the_rate_is_chosen_at_the_chosen_lr_with_the_lr_runs_best_among_its_can
 
 def test_an_interrupted_rate_choice_resumes_its_candidates_and_ends_as_the_uninterrupted_fit(tmp_path, monkeypatch):
     """A crash in the second candidate rate's run (step 25; its checkpoint at 20): the resumed fit takes no step of
-    the finished first candidate, 10 of the second and 30 of each of the other two and of the noise's other start
-    (the choice after the rate's), and keeps what the whole fit kept."""
+    the finished first candidate, 10 of the second and 30 of each of the other two, of the noise's other start and
+    of the prior's two other scales (the choices after the rate's), and keeps what the whole fit kept."""
     whole = train(chosen_rate_spec(), tmp_path / "whole", progress=False, echo=None)
     out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 25)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -133,7 +133,7 @@ def test_an_interrupted_rate_choice_resumes_its_candidates_and_ends_as_the_unint
     assert (out / svi.LR_CHOICE_DIR / "dropout_rate0.005" / CHECKPOINT_FILE).exists()
     seen.clear()
     train(chosen_rate_spec(), out, resume=True, progress=False, echo=None)
-    assert len(seen) == 10 + 30 + 30 + 30
+    assert len(seen) == 10 + 30 + 30 + 30 + 2 * 30
     a, b = load_torch(out / CHECKPOINT_FILE), load_torch(whole.run_dir / CHECKPOINT_FILE)
     assert different_entries(a["guide"], b["guide"]) == [] and a["losses"] == b["losses"]
 

@@ -1,7 +1,8 @@
 """A point estimate's prior scale factor (``inference.prior_scale_factor``): every prior widened about its centre by
 one factor, given or, left null, chosen on the calibration rows by a whole run at each of
 :data:`~zoo.sections.PRIOR_SCALE_FACTORS`; the kept run is the run given that factor by hand, its checkpoint carries
-the factor and a reloaded run holds it. A guide that is no point estimate fits under the spec's priors."""
+the factor and a reloaded run holds it. Dropout VI's draws are point values too, so its prior is a weight decay and
+its factor is chosen after its rate; a guide over distributions of the weights fits under the spec's priors."""
 
 from __future__ import annotations
 
@@ -69,6 +70,16 @@ def test_each_factor_runs_under_its_widened_prior_and_the_rows_keep_the_best(tmp
     fitted = train(map_spec(), tmp_path / "wide", progress=False, echo=None)
     assert seen == pytest.approx(list(PRIOR_SCALE_FACTORS))  # the spec's N(0, 1), then 3 and 10
     assert recorded_choices(fitted.run_dir)[FACTOR] == max(PRIOR_SCALE_FACTORS)
+
+
+def test_a_dropout_nets_prior_is_its_weight_decay_too_and_its_factor_is_chosen_after_its_rate(tmp_path):
+    lines: list[str] = []
+    fitted = train(map_spec("guide.name=dropout"), tmp_path / "dropout", progress=False, echo=lines.append)
+    factor, scores, _ = choice_in_log(lines, FACTOR)
+    rate, _, _ = choice_in_log(lines, "guide.dropout_rate")
+    assert sorted(scores) == sorted(PRIOR_SCALE_FACTORS) and factor == min(scores, key=scores.get)
+    assert recorded_choices(fitted.run_dir) == {"guide.dropout_rate": rate, FACTOR: factor}
+    assert [x for x in lines if "chosen on" in x][-1].startswith(f"svi: {FACTOR} ")
 
 
 def test_no_factor_is_chosen_for_a_distribution_over_the_weights_or_without_calibration_rows(tmp_path):

@@ -89,8 +89,8 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 # inference.lr_by: calibration runs the whole fit at each of these starting lrs (the plain net's grid in
 # benchmarks/defaults.py) from the same start, and keeps the run its calibration rows score best
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
-# a point estimate (guide: delta) with calibration rows and prior_scale_factor: null runs its whole fit again at each
-# of these factors on its priors' scales (1: the spec's priors), at the lr it chose, and keeps the best run there
+# a fit whose guide's draws are point values (delta, dropout) with calibration rows and prior_scale_factor: null runs
+# its whole fit again at each of these factors on its priors' scales (1: the spec's priors) and keeps the best run
 PRIOR_SCALE_FACTORS = (1.0, 3.0, 10.0)
 
 
@@ -123,10 +123,10 @@ class SVIFitting(ChoosesLR):
         f"{DEFAULT_LR:g}; null: calibration where lr is null and the fit has calibration rows, else fixed")
     prior_scale_factor: PositiveFloat | None = Field(None, description=(
         "every prior's scale multiplied by this factor for the fit (a point estimate's weight decay divided by its "
-        "square); null: 1, except for a point estimate (guide: delta; the MAP, a deep ensemble, a Laplace member's "
-        "MAP phase) with calibration rows, which runs its whole fit at each of "
-        f"{', '.join(f'{c:g}' for c in PRIOR_SCALE_FACTORS)} (at the lr it chose) and keeps the run its calibration "
-        "rows score best (NLL, or -test LL for regression; docs: the members page)"))
+        "square); null: 1, except where the guide's draws are point values (guide: delta, the MAP, a deep ensemble, a "
+        "Laplace member's MAP phase; guide: dropout) and the fit has calibration rows: it runs its whole fit at each "
+        f"of {', '.join(f'{c:g}' for c in PRIOR_SCALE_FACTORS)} (at the lr and settings it chose) and keeps the run "
+        "its calibration rows score best (NLL, or -test LL for regression; docs: the members page)"))
     clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="per-step lr decay factor")
     lr_decay_to: float | None = Field(

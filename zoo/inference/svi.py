@@ -21,7 +21,6 @@ import pyro
 import torch
 from pyro.optim.clipped_adam import ClippedAdam
 
-from guides.delta import DeltaGuide
 from zoo import distributed
 from zoo.data.augment import build_augmentation
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
@@ -834,16 +833,17 @@ class SVIRun:
         return settings
 
     def prior_scale_setting(self) -> OpenSetting | None:
-        """A point estimate's prior scale factor, where the spec left it null: a MAP's prior is its weight decay, which
-        the plain-net recipe tunes on held-out rows, and N(0, 1) is too strong for some nets (the 1-D toy's tanh MLP
-        under it fits its clusters loosely and misses in the gap; measured in ``benchmarks/defaults.py``). Its
-        candidates (:data:`~zoo.sections.PRIOR_SCALE_FACTORS`) run at the lr chosen before.
+        """The prior scale factor of a guide whose draws are point values, where the spec left it null: a MAP's or
+        dropout net's prior is its weight decay (:attr:`~guides.base.Guide.prior_as_weight_decay`), which the
+        plain-net recipe tunes on held-out rows, and N(0, 1) is too strong for some nets (the 1-D toy's tanh MLP under
+        it fits its clusters loosely and misses in the gap; measured in ``benchmarks/defaults.py``). Its candidates
+        (:data:`~zoo.sections.PRIOR_SCALE_FACTORS`) run at the lr and settings chosen before.
 
-        :returns: the setting, or None: a factor given, a guide that is no point estimate (a distribution over the
-            weights fits its own spread to its prior, and its KL is its objective), or a family that cannot widen.
+        :returns: the setting, or None: a factor given, a guide over distributions of the weights (it fits its own
+            spread to its prior, and its KL is its objective), or a family that cannot widen.
         """
         fit = self.fit
-        if (fit.spec.prior_scale_factor is not None or not isinstance(fit.guide, DeltaGuide)
+        if (fit.spec.prior_scale_factor is not None or not fit.guide.prior_as_weight_decay
                 or not isinstance(fit.family, WidensPriors)):
             return None
         return OpenSetting("inference.prior_scale_factor", fit.family.prior_scale_factor, PRIOR_SCALE_FACTORS,
