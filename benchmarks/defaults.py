@@ -495,9 +495,15 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
         out["draws"] = cells[0]["draws"]
     if all("link" in c for c in cells):  # the link each seed's Laplace GLM predicted by (link_by may choose it)
         out["links"] = [c["link"] for c in sorted(cells, key=lambda c: c["seed"])]
-    scales = [c.get("choices", {}).get("inference.precision_scale") for c in sorted(cells, key=lambda c: c["seed"])]
+    choices = [c.get("choices", {}) for c in sorted(cells, key=lambda c: c["seed"])]
+    scales = [chosen.get("inference.precision_scale") for chosen in choices]
     if any(scale is not None for scale in scales):  # the factor a Laplace prior the rows rejected took (None: 1)
         out["precision_scales"] = scales
+    # the factor on the prior's scale a point estimate's rows chose (a Laplace member's: its MAP phase's)
+    widened = [chosen.get("inference.prior_scale_factor", chosen.get("model.map.prior_scale_factor"))
+               for chosen in choices]
+    if any(factor not in (None, 1.0) for factor in widened):
+        out["prior_scale_factors"] = widened
     if all("chosen" in c for c in cells):  # the guide setting each seed's fit chose on its validation rows
         out["chosen"] = [c["chosen"] for c in sorted(cells, key=lambda c: c["seed"])]
     plain_seconds = {c["seed"]: c["seconds"] for c in plain}
@@ -532,6 +538,21 @@ def show(text: str) -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def chosen_per_seed(row: dict[str, Any]) -> list[str]:
+    """What each seed's fit chose on its validation rows, as the table names it beside the member: a Laplace GLM's
+    link and its prior precision's factor, the guide's setting (MC dropout's rate), the prior scale's factor."""
+    notes = []
+    if "links" in row:
+        notes.append(f"link per seed: {', '.join(row['links'])}")
+    if "precision_scales" in row:
+        notes.append("prior precision × per seed: " + ", ".join(f"{s or 1:.3g}" for s in row["precision_scales"]))
+    if "chosen" in row:  # "dropout_rate 0.05" per seed: the setting's name once, then each seed's value
+        notes.append(f"{row['chosen'][0].split(' ')[0]} per seed: {', '.join(c.split(' ')[1] for c in row['chosen'])}")
+    if "prior_scale_factors" in row:
+        notes.append("prior scale × per seed: " + ", ".join(f"{f or 1:g}" for f in row["prior_scale_factors"]))
+    return notes
+
+
 def markdown_table(name: str, case: dict[str, Any]) -> str:
     """One case of the report as the results page's Markdown table (mean ± s.e. over seeds)."""
     classification = case["task"] == "classification"
@@ -549,13 +570,7 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
         if "r_hat" in row:
             member = (f"{member}: the posterior ({row['draws']}; worst R-hat {row['r_hat']:.3f}, "
                       f"min ESS {row['min_ess']:.0f})")
-        if "links" in row:
-            scaled = "" if "precision_scales" not in row else "; prior precision × per seed: " + ", ".join(
-                f"{scale or 1:.3g}" for scale in row["precision_scales"])
-            member = f"{member} (link per seed: {', '.join(row['links'])}{scaled})"
-        if "chosen" in row:  # "dropout_rate 0.05" per seed: the setting's name once, then each seed's value
-            name = row["chosen"][0].split(" ")[0]
-            member = f"{member} ({name} per seed: {', '.join(c.split(' ')[1] for c in row['chosen'])})"
+        member = f"{member} ({'; '.join(notes)})" if (notes := chosen_per_seed(row)) else member
         if row["seeds"] < len(case["plain_lr"]):
             member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),

@@ -129,7 +129,8 @@ def test_a_laplace_classifiers_cells_say_which_link_it_predicted_by(tmp_path, ca
     assert all("link" not in c for c in cells if c["member"] == "plain net")
     capsys.readouterr()
     defaults.main(["--from-json", str(tmp_path / "defaults.json")])
-    assert f"| last_layer_laplace (link per seed: {', '.join(links)}) |" in capsys.readouterr().out
+    # the links first, then (where a seed's rows widened it) its MAP phase's prior scale factor per seed
+    assert f"| last_layer_laplace (link per seed: {', '.join(links)}" in capsys.readouterr().out
 
 
 def test_the_table_names_the_factor_a_laplace_prior_took_where_its_rows_rejected_it():
@@ -149,6 +150,23 @@ def test_the_table_names_the_factor_a_laplace_prior_took_where_its_rows_rejected
             in defaults.markdown_table("twoclass", report))
 
 
+def test_the_table_names_the_prior_scale_factor_each_seeds_rows_chose_where_one_widened_it():
+    """A point estimate's factor on its prior's scale (the MAP's inference.prior_scale_factor, a Laplace MAP phase's
+    model.map.prior_scale_factor) is named per seed beside the member's other choices where a seed's is not 1."""
+    case = defaults.ALL_CASES["toy"]
+    plain = [{"seed": s, "rmse": 0.3, "nll": 0.5, "seconds": 1.0} for s in (0, 1)]
+    mapped = [{**plain[s], "choices": {"inference.prior_scale_factor": f}} for s, f in ((1, 1.0), (0, 10.0))]
+    row = defaults.summarise(case, mapped, plain)
+    assert row["prior_scale_factors"] == [10.0, 1.0]
+    laplace = [{**c, "choices": {"model.map.prior_scale_factor": c["choices"]["inference.prior_scale_factor"]}}
+               for c in mapped]
+    assert defaults.summarise(case, laplace, plain)["prior_scale_factors"] == [10.0, 1.0]
+    assert "prior_scale_factors" not in defaults.summarise(case, [mapped[0]], plain)  # 1 everywhere: no note
+    report = {"about": "", "epochs": 1, "batch_size": 1, "plain_lr": [0.01, 0.01], "task": "regression",
+              "members": {"map": {**row, "meets_bar": True, "misses": ""}}}
+    assert "| map (prior scale × per seed: 10, 1) |" in defaults.markdown_table("toy", report)
+
+
 def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys):
     """MC dropout's preset leaves its rate to the fit's val rows: each cell records the rate its fit kept, one of the
     candidates, and the table names them by seed; the cell keeps every choice the fit made (BNN.chosen)."""
@@ -166,7 +184,7 @@ def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys)
                                      "inference.prior_scale_factor"} for c in cells)
     capsys.readouterr()
     defaults.main(["--from-json", str(tmp_path / "defaults.json")])
-    assert f"| mc_dropout (dropout_rate per seed: {rates[0][1]}, {rates[1][1]}) |" in capsys.readouterr().out
+    assert f"| mc_dropout (dropout_rate per seed: {rates[0][1]}, {rates[1][1]}" in capsys.readouterr().out
 
 
 def test_the_bar_is_the_plain_nets_accuracy_less_a_point_and_its_nll():
