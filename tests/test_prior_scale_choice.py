@@ -14,6 +14,7 @@ from zoo.errors import ZooInputError
 from zoo.models.base import PRIOR_SCALE_FACTOR
 from zoo.pipeline import load_run, train
 from zoo.priors import NormalPrior, ScaleMixturePrior
+from zoo.priors.gsm import GaussianScaleMixturePrior
 from zoo.runs import CHECKPOINT_FILE, load_torch, recorded_choices
 from zoo.sections import PRIOR_SCALE_FACTORS
 from zoo.spec import load_spec
@@ -35,6 +36,8 @@ def test_a_widened_prior_multiplies_its_spread_about_its_centre():
     assert normal.widened(1.0) == normal
     mixture = ScaleMixturePrior(name="scale_mixture", pi=0.25, sigma1=1.0, sigma2=0.01).widened(10.0)
     assert (mixture.pi, mixture.sigma1, mixture.sigma2) == (0.25, 10.0, pytest.approx(0.1))
+    gsm = GaussianScaleMixturePrior(name="gsm", loc=1.0, scale=0.1, log_scale_sd=0.5).widened(2.0)
+    assert (gsm.loc, gsm.scale, gsm.log_scale_sd) == (1.0, 0.2, 0.5)  # tau's scale; the spread of log tau stays
 
 
 def test_a_null_factor_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_factor(tmp_path):

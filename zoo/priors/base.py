@@ -30,16 +30,17 @@ class PriorSection(Strict):
 
     hierarchical: ClassVar[bool] = False  # per-neuron scales shared by ensemble members (rank-1 factors only)
     scale_fields: ClassVar[tuple[str, ...]] = ("scale",)  # the settings the KL / log-density divides by
-    width_fields: ClassVar[tuple[str, ...]] = ("scale",)  # the settings that widen it about its centre (widened)
+    # the settings that widen it about its centre (widened); None: its scale_fields
+    width_fields: ClassVar[tuple[str, ...] | None] = None
 
     def widened(self, factor: float) -> PriorSection:
         """This prior with its spread multiplied by ``factor`` about its centre (a zero-mean Normal's scale: a point
         estimate's weight decay divided by ``factor``²); the same prior at a factor of 1.
 
         :param factor: a positive multiplier.
-        :returns: a copy with every :attr:`width_fields` setting multiplied.
+        :returns: a copy with every :attr:`width_fields` (else :attr:`scale_fields`) setting multiplied.
         """
-        return self.model_copy(update={f: getattr(self, f) * factor for f in self.width_fields})
+        return self.model_copy(update={f: getattr(self, f) * factor for f in self.width_fields or self.scale_fields})
 
     def scale_refusals(self, dtype: torch.dtype) -> list[tuple[str, float, str]]:
         """The scale-like settings too small for a run in ``dtype`` (:func:`smallest_scale`).

@@ -27,6 +27,7 @@ class GaussianScaleMixturePrior(PriorSection):
     hierarchical = True
 
     scale_fields: ClassVar[tuple[str, ...]] = ("scale", "log_scale_sd")
+    width_fields: ClassVar[tuple[str, ...]] = ("scale",)  # tau's scale; log_scale_sd is a spread of log tau
 
     name: Literal["gsm"] = Field(description="gsm")
     loc: float = Field(1.0, description="centre of the factors (1: a member starts at the shared weights)")

@@ -80,7 +80,6 @@ class ScaleMixturePrior(PriorSection):
     """Bayes-by-Backprop prior pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2); Monte Carlo KL."""
 
     scale_fields: ClassVar[tuple[str, ...]] = ("sigma1", "sigma2")
-    width_fields: ClassVar[tuple[str, ...]] = ("sigma1", "sigma2")
 
     name: Literal["scale_mixture"] = Field(description="scale_mixture")
     pi: float = Field(0.5, gt=0.0, lt=1.0, description="weight of the wide component N(0, sigma1^2)")
