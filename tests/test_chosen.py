@@ -28,8 +28,8 @@ CHOICES = {
     "map": ("classification", {"inference.lr", "inference.prior_scale_factor"}),
     "mc_dropout": ("classification", {"inference.lr", "guide.dropout_rate", "inference.prior_scale_factor"}),
     "mean_field": ("regression", {"inference.lr", "likelihood.noise_prior.init"}),
-    "swag": ("classification", {"inference.lr", "inference.pretrain_by"}),
-    "sgld": ("classification", {"inference.lr", "inference.explore_lr"}),
+    "swag": ("classification", {"inference.lr", "inference.pretrain_by", "inference.prior_scale_factor"}),
+    "sgld": ("classification", {"inference.lr", "inference.explore_lr", "inference.prior_scale_factor"}),
     "diagonal_laplace": ("classification", {"model.map.lr", "model.map.prior_scale_factor", "inference.link"}),
     "kfac_laplace": ("regression", {"model.map.lr", "likelihood.noise_prior.init", "model.map.prior_scale_factor"}),
 }

@@ -2,7 +2,9 @@
 one factor, given or, left null, chosen on the calibration rows by a whole run at each of
 :data:`~zoo.sections.PRIOR_SCALE_FACTORS`; the kept run is the run given that factor by hand, its checkpoint carries
 the factor and a reloaded run holds it. Dropout VI's draws are point values too, so its prior is a weight decay and
-its factor is chosen after its rate; a guide over distributions of the weights fits under the spec's priors."""
+its factor is chosen after its rate; a guide over distributions of the weights fits under the spec's priors. SWAG's
+SGD and SG-MCMC's chains meet the prior as a weight decay too: their factor is chosen after their lr, each factor
+climbing on its own."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ import torch
 
 from tests.conftest import choice_in_log, different_entries
 from zoo.errors import ZooInputError
+from zoo.inference import lr_choice
+from zoo.inference.draws import SAMPLES_FILE
+from zoo.inference.swag import SWAG, SWAG_FILE
 from zoo.models.base import PRIOR_SCALE_FACTOR
-from zoo.pipeline import load_run, train
+from zoo.pipeline import load_run, prepare, train
 from zoo.priors import NormalPrior, ScaleMixturePrior
 from zoo.priors.gsm import GaussianScaleMixturePrior
 from zoo.runs import CHECKPOINT_FILE, load_torch, recorded_choices
@@ -100,3 +105,59 @@ def test_a_factor_for_a_family_without_weight_priors_to_widen_is_refused(tmp_pat
     spec = map_spec("model.family=rank1", "guide.name=mixture", "prior.loc=1.0", f"{FACTOR}=3.0")
     with pytest.raises(ZooInputError, match="inference.prior_scale_factor: got 3"):
         train(spec, tmp_path / "rank1", progress=False, echo=None)
+
+
+SAMPLERS = {"swag": ({"epochs": 2, "pretrain_epochs": 2, "rank": 2}, SWAG_FILE),
+            "sgld": ({"num_chains": 2, "epochs": 4, "explore_lr": 0.01}, SAMPLES_FILE)}
+
+
+def sampler_spec(method: str, *overrides: str):
+    settings, _ = SAMPLERS[method]
+    base = {"data": {"name": "toy_gap", "n_train": 60, "calibration_fraction": 0.25}, "net": {"hidden": [8]},
+            "likelihood": {"name": "gaussian", "noise": 0.3}, "device": "cpu", "seed": 0,
+            "inference": {"method": method, "batch_size": 16, "lr": 0.01, "predictive_samples": 4, **settings}}
+    return load_spec(base, list(overrides))
+
+
+@pytest.mark.parametrize("method", SAMPLERS)
+def test_swag_and_sgmcmc_choose_the_factor_after_their_lr_and_keep_the_run_given_it_by_hand(tmp_path, method):
+    """Their lr given, the factor alone is chosen: a run at each factor, the best kept exactly as the run given it by
+    hand, its file carrying the factor, so that the loaded and the resumed run hold it."""
+    lines: list[str] = []
+    chosen = train(sampler_spec(method), tmp_path / "chosen", progress=False, echo=lines.append)
+    scored = [x for x in lines if "on the calibration rows" in x and "chosen" not in x]
+    assert [x.split(": ")[1] for x in scored] == ["lr 0.01"] + [f"lr 0.01, prior_scale_factor {f:g}"
+                                                                 for f in PRIOR_SCALE_FACTORS[1:]]
+    scores = dict(zip(PRIOR_SCALE_FACTORS, (float(x.split()[-5]) for x in scored), strict=True))
+    factor = recorded_choices(chosen.run_dir)[FACTOR]
+    assert recorded_choices(chosen.run_dir) == {FACTOR: factor} and scores[factor] == min(scores.values())  # (4 digits)
+    assert not any("climb" in x and "earlier run" in x for x in lines)  # a climb under one prior serves no other
+    _, file = SAMPLERS[method]
+    saved = load_torch(chosen.run_dir / file)
+    assert saved.get("hyperparameters", {}) == ({} if factor == 1.0 else {PRIOR_SCALE_FACTOR: torch.tensor(
+        factor, dtype=torch.float64)})
+    _, _, posterior = load_run(chosen.run_dir)
+    assert posterior.family.prior_scale_factor == factor
+    by_hand = train(sampler_spec(method, f"{FACTOR}={factor}"), tmp_path / "by_hand", progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / file)
+    key = "moments" if method == "swag" else "draws"
+    assert different_entries(hand[key], saved[key]) == []
+
+
+def test_a_samplers_kept_factor_is_its_familys_once_the_choice_ends_and_reloads_with_it(tmp_path, monkeypatch):
+    """Made to favour the narrowest prior after a wider one ran last, the kept run's factor (1) is the family's when
+    the fit returns; made to favour the widest, the reloaded run's priors are the spec's times 10."""
+    real = lr_choice.calibration_score
+    for name, sign in (("narrow", 1.0), ("wide", -1.0)):
+        def by_width(posterior, *args, sign=sign):
+            return sign * posterior.family.prior_scale_factor, real(posterior, *args)[1]
+
+        monkeypatch.setattr(lr_choice, "calibration_score", by_width)
+        spec = sampler_spec("swag")
+        data, family, guide, _ = prepare(spec)
+        SWAG().fit(family, guide, data, spec.inference, 0, run_dir=tmp_path / name, progress=False)
+        kept = min(PRIOR_SCALE_FACTORS) if sign > 0 else max(PRIOR_SCALE_FACTORS)
+        assert family.prior_scale_factor == kept
+        fresh = prepare(spec)[1]
+        SWAG().load(fresh, guide, spec.inference, tmp_path / name, torch.device("cpu"))
+        assert float(fresh.priors()["hidden0.weight"].base_dist.scale.reshape(-1)[0]) == kept

@@ -21,7 +21,7 @@ from zoo.parts import Strict
 
 __all__ = ["CUDA_READ_LOSS_EVERY", "DEFAULT_LR", "DEFAULT_LR_DECAY_TO", "DEFAULT_LR_HOLD", "LR_CANDIDATES",
            "MAX_EPOCHS", "MAX_STEPS", "PRIOR_SCALE_FACTORS", "ChoosesLR", "Epochs", "SVIFitting", "SVISpec",
-           "SetsNoise", "Steps", "Strict", "Tempered"]
+           "ScalesPrior", "SetsNoise", "Steps", "Strict", "Tempered"]
 
 # A run's budget has a ceiling: no fit of the zoo takes more (10^5 epochs of one step of 1 ms is a day), and a
 # larger number is a slip (1e9 for 1e3, a row count for epochs) that would otherwise start a run that never ends
@@ -89,12 +89,28 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 # inference.lr_by: calibration runs the whole fit at each of these starting lrs (the plain net's grid in
 # benchmarks/defaults.py) from the same start, and keeps the run its calibration rows score best
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
-# a fit whose guide's draws are point values (delta, dropout) with calibration rows and prior_scale_factor: null runs
-# its whole fit again at each of these factors on its priors' scales (1: the spec's priors) and keeps the best run
+# a fit whose weights meet their prior as a weight decay (inference.prior_scale_factor: null, ScalesPrior) with
+# calibration rows runs its whole fit again at each of these factors on its priors' scales (1: the spec's priors) and
+# keeps the best run
 PRIOR_SCALE_FACTORS = (1.0, 3.0, 10.0)
 
 
-class SVIFitting(ChoosesLR):
+class ScalesPrior(Strict):
+    """The ``inference`` section of a method whose prior is its weights' weight decay, which the plain-net recipe
+    tunes on held-out rows: a point estimate's fit (SVI with a guide whose draws are point values), SWAG's SGD and
+    SG-MCMC's chains. Its factor on every prior's scale is set, or chosen on the fit's calibration rows."""
+
+    prior_scale_factor: PositiveFloat | None = Field(None, description=(
+        "every prior's scale multiplied by this factor for the fit (a point estimate's weight decay divided by its "
+        "square); null: 1, except where the fit's weights meet the prior as a weight decay (SVI whose guide's draws "
+        "are point values: guide delta, the MAP, a deep ensemble, a Laplace member's MAP phase, guide dropout; SWAG "
+        "and MultiSWAG; SGLD and SGHMC) on a family whose weights have priors (all_weights, deep_ensemble) and the "
+        "fit has calibration rows: it runs its whole fit again at each of "
+        f"{', '.join(f'{c:g}' for c in PRIOR_SCALE_FACTORS)} (at the lr and settings it chose) and keeps the run "
+        "its calibration rows score best (NLL, or -test LL for regression; docs: the members page)"))
+
+
+class SVIFitting(ChoosesLR, ScalesPrior):
     """How SVI fits a guide and how many draws represent it at test time: the ``inference`` section's settings but
     the predictive's noise, and all of a MAP phase's (``model.map``: a MAP net has no predictive of its own)."""
 
@@ -121,12 +137,6 @@ class SVIFitting(ChoosesLR):
         f"data.calibration_fraction; NLL, or -test LL for regression): {len(LR_CANDIDATES)}x the steps "
         f"({2 * len(LR_CANDIDATES)}x where a learned noise's start is chosen too: each start at each lr); fixed: "
         f"{DEFAULT_LR:g}; null: calibration where lr is null and the fit has calibration rows, else fixed")
-    prior_scale_factor: PositiveFloat | None = Field(None, description=(
-        "every prior's scale multiplied by this factor for the fit (a point estimate's weight decay divided by its "
-        "square); null: 1, except where the guide's draws are point values (guide: delta, the MAP, a deep ensemble, a "
-        "Laplace member's MAP phase; guide: dropout) and the fit has calibration rows: it runs its whole fit at each "
-        f"of {', '.join(f'{c:g}' for c in PRIOR_SCALE_FACTORS)} (at the lr and settings it chose) and keeps the run "
-        "its calibration rows score best (NLL, or -test LL for regression; docs: the members page)"))
     clip_norm: PositiveFloat = Field(10.0, description="clipped_adam: the gradient norm clipped to")
     lr_decay: float = Field(1.0, gt=0.0, le=1.0, description="per-step lr decay factor")
     lr_decay_to: float | None = Field(

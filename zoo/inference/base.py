@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from zoo.errors import ZooInputError, ZooWarning
-from zoo.models.base import ModelFamily, restore_buffers
+from zoo.models.base import ModelFamily, WidensPriors, restore_buffers
 from zoo.parts import Catalogue
 from zoo.posterior import Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog, checkpoint_exists, load_checkpoint
@@ -302,16 +302,56 @@ class InferenceMethod(ABC):
         return checkpoint_exists(Path(run_dir) / self.files[0])
 
 
+def widen_priors(family: ModelFamily, factor: float | None) -> None:
+    """Widen ``family``'s priors by the fit's factor (``inference.prior_scale_factor``; None: 1, the spec's priors).
+    A family is reused by the candidate runs of a choice, so each run sets its own factor, 1 included.
+
+    :param family: the fit's model family.
+    :param factor: the multiplier of every prior's scale.
+    :raises ZooInputError: a factor other than 1 on a family whose priors no factor reaches (its priors are on other
+        sites than the weights').
+    """
+    factor = 1.0 if factor is None else factor
+    if not isinstance(family, WidensPriors):
+        if factor == 1.0:
+            return
+        raise ZooInputError("inference.prior_scale_factor", factor, f"the {type(family).__name__} family has no "
+                            "weight priors it widens (the all_weights and deep_ensemble families do, and a Laplace "
+                            "member's model.map phase); scale the prior itself (prior.scale) or drop the factor")
+    family.widen_priors(factor)
+
+
+def hyperparameter_record(family: ModelFamily) -> dict[str, Any]:
+    """A family's tuned hyperparameters (a prior precision, a prior scale factor) as a fit's file keeps them.
+
+    :param family: the fitted family.
+    :returns: ``{"hyperparameters": {...}}``, or empty where it has none.
+    """
+    values = family.hyperparameters()
+    return {"hyperparameters": {k: v.detach().clone() for k, v in values.items()}} if values else {}
+
+
+def restore_hyperparameters(family: ModelFamily, state: dict[str, Any]) -> None:
+    """Set the tuned hyperparameters a fit's file kept (:func:`hyperparameter_record`); none kept: nothing changes.
+
+    :param family: the family, set in place.
+    :param state: the file's record.
+    """
+    if "hyperparameters" in state:
+        family.set_hyperparameters(state["hyperparameters"])
+
+
 def result_record(result: Fit) -> dict[str, Any]:
     """A fit's own records (its result's dataclass fields but the posterior: a loss curve, an evidence, a sampler's
-    settings, ...) and its wall time, marked done: what every saved fit's file starts from.
+    settings, ...), its family's tuned hyperparameters and its wall time, marked done: what every saved fit's file
+    starts from.
 
     :param result: the fit.
     :returns: the record.
     """
     fields = dataclasses.fields(result) if dataclasses.is_dataclass(result) else ()
     record = {f.name: getattr(result, f.name) for f in fields if f.name != "posterior"}
-    return {**record, "seconds": result.seconds, "done": True}
+    return {**record, **hyperparameter_record(result.posterior.family), "seconds": result.seconds, "done": True}
 
 
 def guide_fit_record(result: Fit) -> dict[str, Any]:
@@ -326,8 +366,6 @@ def guide_fit_record(result: Fit) -> dict[str, Any]:
         "guide": result.posterior.guide.state_dict(),
         "point_parameters": [p.detach().clone() for p in family.point_parameters()],
         "buffers": [b.detach().clone() for b in family.buffers()]}
-    if family.hyperparameters():
-        record["hyperparameters"] = {k: v.detach().clone() for k, v in family.hyperparameters().items()}
     return record
 
 
@@ -352,8 +390,7 @@ def load_guide_checkpoint(family: ModelFamily, guide: torch.nn.Module, run_dir: 
         for p, saved in zip(family.point_parameters(), state["point_parameters"], strict=True):
             p.copy_(saved)
     restore_buffers(family, state.get("buffers"))
-    if "hyperparameters" in state:  # e.g. a prior precision tuned by the Laplace evidence
-        family.set_hyperparameters(state["hyperparameters"])
+    restore_hyperparameters(family, state)  # e.g. a prior precision tuned by the Laplace evidence
     return state
 
 

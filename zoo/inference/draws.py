@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from zoo.errors import ZooInputError
-from zoo.inference.base import InferenceMethod, copy_point_parameters, result_record, starting_run
+from zoo.inference.base import (
+    InferenceMethod,
+    copy_point_parameters,
+    restore_hyperparameters,
+    result_record,
+    starting_run,
+)
 from zoo.models.base import ModelFamily
 from zoo.posterior import ChainPosterior, Posterior
 from zoo.runs import load_checkpoint
@@ -62,6 +68,7 @@ def load_samples(run_dir: Path, family: ModelFamily, device: torch.device | str 
     if not state.get("done", False):
         raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished MCMC run ({sampling_progress(state)}); "
                             "finish it with zoo train --resume")
+    restore_hyperparameters(family, state)  # a prior widened by the fit's factor
     result = MCMCResult(state["draws"], state["stats"], state["seconds"], state["method"], state["settings"])
     result.posterior = ChainPosterior(family, result.draws, result.stats, result.settings)
     return result

@@ -13,7 +13,8 @@ lies inside the grid.
 SVI chooses inside its own run (:meth:`zoo.inference.svi.SVIRun.choose_lr`: its candidates continue one guide in
 place). SWAG, MultiSWAG and SG-MCMC fits start from their seed and write everything they fit into their own files,
 so :func:`fit_choosing_lr` runs them as they are, one run directory per candidate. Their sections share
-:class:`~zoo.sections.ChoosesLR` (the ``lr_by`` setting).
+:class:`~zoo.sections.ChoosesLR` (the ``lr_by`` setting) and :class:`~zoo.sections.ScalesPrior`: their loss's prior
+term is a weight decay, whose scale the same rows choose after the lr.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zoo.errors import TrainingDiverged, ZooInputError
+from zoo.inference.base import widen_priors
 from zoo.inference.noise_choice import chooses_noise, set_noise_on_calibration_rows
+from zoo.models.base import WidensPriors
 from zoo.runs import CHOSEN_FILE, RunLog, checkpoint_exists, recorded_choices, write_json
+from zoo.sections import PRIOR_SCALE_FACTORS
 
 if TYPE_CHECKING:
     from zoo.data.base import Dataset
@@ -136,6 +140,20 @@ def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def chooses_prior_scale(spec: Any, family: Any, has_calibration_rows: bool) -> bool:
+    """Whether a fit chooses its factor on every prior's scale on its calibration rows
+    (:class:`~zoo.sections.ScalesPrior`): the factor left null, a family whose weights have priors to widen, and rows
+    to choose on. (An SVI fit chooses it only where its guide's draws are point values, too.)
+
+    :param spec: the ``inference`` section.
+    :param family: the fit's model family.
+    :param has_calibration_rows: whether the fit has rows held out of training.
+    :returns: whether it chooses.
+    """
+    return (has_calibration_rows and getattr(spec, "prior_scale_factor", 1.0) is None
+            and isinstance(family, WidensPriors))
+
+
 def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_lr: Callable[[Any, float], Any],
                     default_lr: float, candidates: tuple[float, ...], files: tuple[str, ...], name: str,
                     joint: JointSetting | None = None, lower: tuple[float, ...] = ()) -> Fit:
@@ -143,15 +161,18 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     ``candidates`` (and, where ``joint`` is open, at each of its options too), scored on the calibration rows
     (:func:`chooses_lr`). Then the ``lower`` rungs run the same way, from the highest down, each only while the
     lowest lr run so far scored best or every run so far diverged (:func:`_ladder`): paid for only where the usual
-    steps are too large for the net and data, or only just small enough.
+    steps are too large for the net and data, or only just small enough. Where the prior's scale factor is open too
+    (:func:`chooses_prior_scale`), the kept run's lr and options then run at each other factor of
+    :data:`~zoo.sections.PRIOR_SCALE_FACTORS`, and the best of them all is kept.
 
     Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<option>/`` with a joint
-    setting; so an interrupted choice resumes each where it stopped); the kept one's files move into the run
-    directory, and a resumed run that had chosen loads them. The monitor scores the kept run only.
+    setting, ``..._prior<factor>/`` at a factor; so an interrupted choice resumes each where it stopped); the kept
+    one's files move into the run directory, and a resumed run that had chosen loads them. The monitor scores the
+    kept run only.
 
     :param fit: the fit's context, its spec's ``lr`` null or set.
-    :param fitter: the method's fit function; it seeds itself from ``fit.seed`` and writes all it fits into
-        ``files`` in its run directory.
+    :param fitter: the method's fit function; it seeds itself from ``fit.seed``, widens the family's priors by its
+        spec's ``prior_scale_factor`` and writes all it fits into ``files`` in its run directory.
     :param with_lr: the spec with an lr written out (and what follows from it), ``lr_by: fixed``.
     :param default_lr: the method's lr when none is set.
     :param candidates: the lrs a choice runs.
@@ -165,54 +186,71 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     :raises TrainingDiverged: when every candidate (and every lower rung) diverged.
     """
     spec = fit.spec
-    if spec.lr is not None:
-        return fitter(fit)
-    if not chooses_lr(spec, fit.data.x_calibration is not None):
-        return fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))
+    has_rows = fit.data.x_calibration is not None
+    by_lr = spec.lr is None and chooses_lr(spec, has_rows)
+    by_prior = chooses_prior_scale(spec, fit.family, has_rows)
+    if not by_lr and not by_prior:
+        return fitter(fit if spec.lr is not None else dataclasses.replace(fit, spec=with_lr(spec, default_lr)))
     if fit.resume and fit.run_dir is not None and checkpoint_exists(fit.run_dir / files[0]):
-        result = fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr)))  # the kept run, finished: loaded
-        result.chosen = recorded_choices(fit.run_dir)
+        result = fitter(dataclasses.replace(fit, spec=with_lr(spec, default_lr) if spec.lr is None else spec))
+        result.chosen = recorded_choices(fit.run_dir)  # the kept run, finished: loaded (its factor with it)
         return result
     spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
-    scores: dict[str, float] = {}  # by candidate: "0.01", or "0.01, pretrain_by adam" with a joint setting
+    scores: dict[str, float] = {}  # by candidate: "0.01", "0.01, pretrain_by adam", "0.01, prior_scale_factor 3"
     failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None
+
+    def run(key: str, folder: str, at: Any, choices: dict[str, Any]) -> None:
+        nonlocal spent, label, best
+        where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
+        candidate = dataclasses.replace(fit, spec=at, run_dir=where, log=RunLog(None, echo=None), monitor=None,
+                                        resume=where is not None and checkpoint_exists(where / files[0]))
+        began = time.perf_counter()
+        try:
+            result = fitter(candidate)
+        except TrainingDiverged as err:
+            spent += time.perf_counter() - began
+            scores[key], failures[key] = math.inf, err
+            fit.log(f"{name}: lr {key} diverged: {err}")
+            return
+        spent += result.seconds
+        scores[key], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed, spec)
+        fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
+        if best is None or scores[key] < scores[best[0]]:
+            best = key, folder, result, at, choices
 
     def reach_lower(lowest: float) -> str | None:
         if len(failures) == len(scores):
             return "every lr run diverged"
-        if best is not None and best[3] == lowest:
+        if best is not None and best[4]["inference.lr"] == lowest:
             return f"the lowest lr run, {lowest:g}, scored best"
         return None
 
-    for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
-        for option in (None,) if joint is None else joint.options:
-            key = f"{lr:g}" if option is None else f"{lr:g}, {joint.label(option)}"
-            folder = f"{lr:g}" if option is None else f"{lr:g}_{joint.folder(option)}"
-            where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
-            at = spec if option is None else spec.model_copy(update=option)
-            candidate = dataclasses.replace(fit, spec=with_lr(at, lr), run_dir=where, log=RunLog(None, echo=None),
-                                            monitor=None,
-                                            resume=where is not None and checkpoint_exists(where / files[0]))
-            began = time.perf_counter()
-            try:
-                result = fitter(candidate)
-            except TrainingDiverged as err:
-                spent += time.perf_counter() - began
-                scores[key], failures[key] = math.inf, err
-                fit.log(f"{name}: lr {key} diverged: {err}")
-                continue
-            spent += result.seconds
-            scores[key], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed,
-                                                   spec)
-            fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
-            if best is None or scores[key] < scores[best[0]]:
-                best = key, folder, result, lr, option or {}
+    if by_lr:
+        for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
+            for option in (None,) if joint is None else joint.options:
+                at = spec if option is None else spec.model_copy(update=option)
+                run(f"{lr:g}" + ("" if option is None else f", {joint.label(option)}"),
+                    f"{lr:g}" + ("" if option is None else f"_{joint.folder(option)}"), with_lr(at, lr),
+                    {"inference.lr": lr} | {f"inference.{k}": v for k, v in (option or {}).items()})
+    else:  # the lr given (or the default), the prior's factor alone chosen: its incumbent is the spec's priors
+        at = spec if spec.lr is not None else with_lr(spec, default_lr)
+        run(f"{at.lr:g}", f"{at.lr:g}", at, {})
+    if by_prior and best is not None:  # the run kept so far is under the spec's priors (a factor of 1): the incumbent
+        key, folder, result, at, choices = best
+        best = key, folder, result, at, choices | {"inference.prior_scale_factor": 1.0}
+        for factor in (f for f in PRIOR_SCALE_FACTORS if f != 1.0):
+            run(f"{key}, prior_scale_factor {factor:g}", f"{folder}_prior{factor:g}",
+                at.model_copy(update={"prior_scale_factor": factor}),
+                choices | {"inference.prior_scale_factor": factor})
     if best is None:
+        if not by_lr:
+            raise next(iter(failures.values()))
         raise every_candidate_diverged(failures)
-    key, folder, result, lr, option = best
+    key, folder, result, at, choices = best
+    widen_priors(fit.family, at.prior_scale_factor)  # the kept run's factor (a later candidate may have set another)
     result.seconds = spent
-    result.chosen = result.chosen | {"inference.lr": lr} | {f"inference.{k}": v for k, v in option.items()}
+    result.chosen = result.chosen | choices
     if fit.run_dir is not None:  # the choice first, so that the kept run's files, once there, come with it
         write_json(fit.run_dir / CHOSEN_FILE, result.chosen)
         _keep_files(fit.run_dir / LR_CHOICE_DIR / folder, fit.run_dir, files)

@@ -45,14 +45,14 @@ import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.inference.base import FitContext, copy_point_parameters
+from zoo.inference.base import FitContext, copy_point_parameters, hyperparameter_record, widen_priors
 from zoo.inference.draws import SAMPLES_FILE, MCMCResult, StoredDraws, load_samples
 from zoo.inference.loop import TrainingLoop, steps_per_epoch
 from zoo.inference.lr_choice import JointSetting, fit_choosing_lr
 from zoo.inference.potential import MinibatchPotential, initial_points, refuse_batch_dependent
 from zoo.posterior import ChainPosterior
 from zoo.runs import save_checkpoint
-from zoo.sections import DEFAULT_LR, LR_CANDIDATES, ChoosesLR, Epochs, SetsNoise
+from zoo.sections import DEFAULT_LR, LR_CANDIDATES, ChoosesLR, Epochs, ScalesPrior, SetsNoise
 
 DEFAULT_SGMCMC_LR = 0.1  # the lr where none is set
 SGMCMC_LR_CANDIDATES = (0.01, 0.03, 0.1)  # inference.lr_by: calibration's lrs (docs/results/defaults.md)
@@ -61,7 +61,7 @@ SGMCMC_LR_LOWER = (0.003, 0.001)  # ... and a decade below, one rung at a time w
 MIN_KEPT_DRAWS = 20  # draws per chain a run keeps at the least, where it has that many sampling steps and no thin
 
 
-class SGMCMCSpec(ChoosesLR, SetsNoise):
+class SGMCMCSpec(ChoosesLR, ScalesPrior, SetsNoise):
     """Stochastic-gradient MCMC (SGLD or cyclical SGHMC) on minibatches, several chains at once."""
 
     method: Literal["sgld", "sghmc"] = Field(description=(
@@ -292,7 +292,7 @@ def fit_sgmcmc(fit: FitContext) -> MCMCResult:
         lr).
     """
     per_epoch = steps_per_epoch(fit.data.n_train, fit.spec.batch_size, fit.data if fit.data.streamed else None)
-    climbs: dict[float, dict] = {}  # shared by the candidates: a climb does not depend on the sampler's lr
+    climbs: dict[tuple[float, float], dict] = {}  # shared by the candidates: a climb does not depend on their lr
     return fit_choosing_lr(fit, lambda candidate: run_sgmcmc(candidate, climbs), with_lr, DEFAULT_SGMCMC_LR,
                            SGMCMC_LR_CANDIDATES, (SAMPLES_FILE,), fit.spec.method, open_burn_in(fit.spec, per_epoch),
                            SGMCMC_LR_LOWER)
@@ -321,7 +321,7 @@ def explore_step(spec: SGMCMCSpec) -> float:
     return EXPLORE_LR if spec.explore_lr is None else spec.explore_lr
 
 
-def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMCResult:
+def run_sgmcmc(fit: FitContext, climbs: dict[tuple[float, float], dict] | None = None) -> MCMCResult:
     """Run ``spec.num_chains`` SGLD/SGHMC chains on minibatches; draws ``{site: [chains, draws, ...]}``.
 
     The state (chains, momenta, draws so far, random streams) is saved atomically to ``run_dir/samples.pt`` every
@@ -337,9 +337,9 @@ def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMC
         ``log``: the run's log (None: no messages); ``progress``: whether to show a progress bar; ``monitor``:
         scores the final posterior once, at the end (None: no scoring); ``start``: the posterior of the run
         ``inference.init`` names: chains start at its draws, and a family's point parameters are copied from it.
-    :param climbs: the exploring burn-ins of the runs an lr choice made so far, by Adam step (None: none kept). A
-        fresh run whose climb is there starts where that climb ended, as its own would have (the climb does not
-        depend on the sampler's lr); a run that climbs first puts its own there.
+    :param climbs: the exploring burn-ins of the runs an lr choice made so far, by Adam step and prior scale factor
+        (None: none kept). A fresh run whose climb is there starts where that climb ended, as its own would have (the
+        climb does not depend on the sampler's lr); a run that climbs first puts its own there.
     :returns: the draws, their statistics (``potential`` and ``lr`` per draw), the wall time and the posterior.
     :raises ZooInputError: when burn-in and thinning leave no draw to keep, when ``resume`` finds no checkpoint, or
         when the family has point parameters and no ``start`` gives them.
@@ -347,6 +347,7 @@ def run_sgmcmc(fit: FitContext, climbs: dict[float, dict] | None = None) -> MCMC
     """
     spec = fit.spec
     refuse_batch_dependent(fit.family, spec.method.upper())
+    widen_priors(fit.family, spec.prior_scale_factor)
     loop = TrainingLoop(fit.data.n_train, spec.batch_size, fit.seed + 1, fit.file(SAMPLES_FILE),
                         spec.checkpoint_every, spec.method.upper(), fit.progress, fit.log, fit.data.x_train.device,
                         stream=fit.data if fit.data.streamed else None)
@@ -393,7 +394,7 @@ class _Chains:
     strayed: list[int]  # per chain: kept draws in a row at which it was a stray (restarts on resume)
 
     def __init__(self, fit: FitContext, loop: TrainingLoop, total: int, keep: set[int],
-                 climbs: dict[float, dict] | None = None) -> None:
+                 climbs: dict[tuple[float, float], dict] | None = None) -> None:
         self.fit, self.spec, self.loop, self.total, self.keep = fit, fit.spec, loop, total, keep
         self.device = fit.data.x_train.device
         self.potential = MinibatchPotential(fit.family, fit.data, self.spec.temperature, compile=self.spec.compile)
@@ -403,7 +404,9 @@ class _Chains:
         self.readapt = self.spec.preconditioner == "scale_adapted"  # G also follows every exploration phase
         self.exploring = burn_in_steps(self.spec, loop.per_epoch) if self.spec.explore_burn_in else 0
         self.explore_lr = explore_step(self.spec)
-        self.climbs = climbs if self.exploring else None  # the lr choice's climbs, by Adam step (run_sgmcmc)
+        self.climbs = climbs if self.exploring else None  # the lr choice's climbs (run_sgmcmc)
+        # a climb is the MAP's fit: it depends on its Adam step and the prior, not on the sampler's lr
+        self.climb_key = (self.explore_lr, self.spec.prior_scale_factor or 1.0)
 
     # -- the state ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -415,8 +418,8 @@ class _Chains:
         z = initial_points(fit.family, self.potential.coords, self.spec.num_chains, fit.data, fit.log, fit.start,
                            self.spec.init)
         self._load(z, torch.zeros_like(z), [], torch.zeros_like(z), torch.ones_like(z), torch.zeros_like(z), 0)
-        if self.climbs is not None and self.explore_lr in self.climbs:
-            self.branch(self.climbs[self.explore_lr])
+        if self.climbs is not None and self.climb_key in self.climbs:
+            self.branch(self.climbs[self.climb_key])
 
     def resume(self, saved: dict) -> None:
         """Continue from a checkpoint's state ``saved`` (one from before the preconditioner was stored has none)."""
@@ -430,11 +433,11 @@ class _Chains:
         self.fit.log(f"resumed {self.spec.method} at step {self.loop.step}/{self.total}")
 
     def share_climb(self) -> None:
-        """At the climb's last step: put where it ends in the lr choice's climbs (under its Adam step), for its other
-        runs to start from (:meth:`branch`). The loop stands at this step's minibatch order, which the next step
-        starts from."""
-        if self.climbs is not None and self.explore_lr not in self.climbs:
-            self.climbs[self.explore_lr] = {
+        """At the climb's last step: put where it ends in the lr choice's climbs (under its Adam step and prior scale
+        factor), for its other runs to start from (:meth:`branch`). The loop stands at this step's minibatch order,
+        which the next step starts from."""
+        if self.climbs is not None and self.climb_key not in self.climbs:
+            self.climbs[self.climb_key] = {
                 "chains": {k: v.clone() if isinstance(v, torch.Tensor) else v
                            for k, v in self.state().items() if k != "draws"},
                 "loop": self.loop.position() | {"step": self.loop.step + 1}}
@@ -588,7 +591,7 @@ class _Chains:
         if loop.path is not None:
             save_checkpoint(loop.path, {"method": spec.method, "done": True, "draws": chains, "stats": stats,
                                         "seconds": loop.seconds, "settings": result.settings,
-                                        "inverse_mass": self.mass})
+                                        "inverse_mass": self.mass, **hyperparameter_record(self.fit.family)})
         self.fit.log(f"{spec.method}: {chain_z.shape[1]} draws per chain in {loop.seconds:.1f} s")
         result.posterior = ChainPosterior(self.fit.family, chains, stats, result.settings)
         return result

@@ -25,15 +25,21 @@ from zoo import distributed
 from zoo.data.augment import build_augmentation
 from zoo.distributed import ObservationScale, World, check_global_batch, signal_flags, signal_from_flags
 from zoo.errors import TrainingDiverged, ZooInputError, ZooWarning
-from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint
+from zoo.inference.base import FitContext, InferenceMethod, guide_fit_record, load_guide_checkpoint, widen_priors
 from zoo.inference.compiled import TracedCompile
 from zoo.inference.elbo import ANALYTIC, ELBOS, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.inference.local_reparam import LocalReparameterization
 from zoo.inference.loop import TrainingLoop
-from zoo.inference.lr_choice import LR_CHOICE_DIR, calibration_score, chooses_lr, every_candidate_diverged
+from zoo.inference.lr_choice import (
+    LR_CHOICE_DIR,
+    calibration_score,
+    chooses_lr,
+    chooses_prior_scale,
+    every_candidate_diverged,
+)
 from zoo.inference.noise_choice import chooses_noise
 from zoo.likelihoods import Likelihood, gaussian
-from zoo.models.base import WidensPriors, restore_buffers
+from zoo.models.base import restore_buffers
 from zoo.nets import batch_dependent, input_image_shape
 from zoo.posterior import GuidePosterior, Posterior
 from zoo.runs import CHECKPOINT_FILE, RunLog
@@ -49,22 +55,6 @@ from zoo.sections import (
 )
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16}  # inference.autocast
-
-
-def widen_priors(family: Any, factor: float) -> None:
-    """Widen ``family``'s priors by a factor the spec gives (``inference.prior_scale_factor``).
-
-    :param family: the fit's model family.
-    :param factor: the multiplier of every prior's scale.
-    :raises ZooInputError: a family whose priors no factor reaches (its priors are on other sites than the weights').
-    """
-    if not isinstance(family, WidensPriors):
-        if factor == 1.0:
-            return
-        raise ZooInputError("inference.prior_scale_factor", factor, f"the {type(family).__name__} family has no "
-                            "weight priors it widens (the all_weights and deep_ensemble families do, and a Laplace "
-                            "member's model.map phase); scale the prior itself (prior.scale) or drop the factor")
-    family.widen_priors(factor)
 
 
 @dataclass
@@ -842,9 +832,8 @@ class SVIRun:
         :returns: the setting, or None: a factor given, a guide over distributions of the weights (it fits its own
             spread to its prior, and its KL is its objective), or a family that cannot widen.
         """
-        fit = self.fit
-        if (fit.spec.prior_scale_factor is not None or not fit.guide.prior_as_weight_decay
-                or not isinstance(fit.family, WidensPriors)):
+        fit = self.fit  # (asked only where the fit has calibration rows)
+        if not fit.guide.prior_as_weight_decay or not chooses_prior_scale(fit.spec, fit.family, True):
             return None
         return OpenSetting("inference.prior_scale_factor", fit.family.prior_scale_factor, PRIOR_SCALE_FACTORS,
                            fit.family.widen_priors)

@@ -28,7 +28,16 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from zoo.errors import TrainingDiverged, ZooInputError
-from zoo.inference.base import FitContext, InferenceMethod, copy_point_parameters, result_record, starting_run
+from zoo.inference.base import (
+    FitContext,
+    InferenceMethod,
+    copy_point_parameters,
+    hyperparameter_record,
+    restore_hyperparameters,
+    result_record,
+    starting_run,
+    widen_priors,
+)
 from zoo.inference.loop import TrainingLoop
 from zoo.inference.lr_choice import JointSetting, fit_choosing_lr
 from zoo.inference.potential import Coordinates, MinibatchPotential, initial_points, refuse_batch_dependent
@@ -36,7 +45,7 @@ from zoo.inference.sgmcmc import adam_move
 from zoo.models.base import ModelFamily
 from zoo.posterior import Posterior
 from zoo.runs import load_checkpoint, save_checkpoint
-from zoo.sections import MAX_EPOCHS, ChoosesLR, Epochs, SetsNoise
+from zoo.sections import MAX_EPOCHS, ChoosesLR, Epochs, ScalesPrior, SetsNoise
 
 SWAG_FILE = "swag.pt"
 DEFAULT_SWAG_LR = 0.01  # the collecting lr where none is set
@@ -47,7 +56,7 @@ ADAM_PRETRAIN_SHARE = 1 / 3  # Adam pretraining's step per unit of the collectin
 PRETRAINING = JointSetting.over("pretrain_by", ("sgd", "adam"))  # chosen with the lr where pretrain_by is left null
 
 
-class SWAGSpec(ChoosesLR, SetsNoise):
+class SWAGSpec(ChoosesLR, ScalesPrior, SetsNoise):
     """SWAG (num_models 1) or MultiSWAG (num_models > 1): a Gaussian from SGD iterates."""
 
     method: Literal["swag"] = Field(description="swag (num_models > 1: MultiSWAG)")
@@ -259,6 +268,7 @@ def run_swag(fit: FitContext) -> SWAGResult:
     """
     family, data, spec = fit.family, fit.data, fit.spec
     refuse_batch_dependent(family, "SWAG")
+    widen_priors(family, spec.prior_scale_factor)
     path = fit.file(SWAG_FILE)
     loop = TrainingLoop(data.n_train, spec.batch_size, fit.seed + 1, path, spec.checkpoint_every, "SWAG", fit.progress,
                         fit.log, data.x_train.device, stream=data if data.streamed else None)
@@ -286,6 +296,7 @@ def run_swag(fit: FitContext) -> SWAGResult:
             copy_point_parameters(family, fit.start, "inference.init")
         if saved.get("done"):
             fit.log("the run had finished; nothing to resume")
+            restore_hyperparameters(family, saved)
             return SWAGResult(saved["seconds"], SWAGPosterior(family, saved["moments"]))
         z, velocity, moments, collected = saved["z"], saved["velocity"], saved["moments"], saved["collected"]
         square = saved.get("square", torch.zeros_like(z))  # written before Adam could pretrain: none needed
@@ -334,7 +345,8 @@ def run_swag(fit: FitContext) -> SWAGResult:
     with pyro.validation_enabled(False):
         loop.run(total, update)
     if path is not None:
-        save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True})
+        save_checkpoint(path, {"moments": moments, "seconds": loop.seconds, "collected": collected, "done": True,
+                               **hyperparameter_record(family)})
     fit.log(f"swag: {collected} iterates per model in {loop.seconds:.1f} s")
     result = SWAGResult(loop.seconds, SWAGPosterior(family, moments))
     if fit.monitor is not None:
@@ -426,4 +438,5 @@ class SWAG(InferenceMethod):
         if not state.get("done"):
             raise ZooInputError("RUN_DIR", str(run_dir), f"holds an unfinished SWAG fit (step {state['step']}); "
                                 "finish it with zoo train --resume")
+        restore_hyperparameters(family, state)
         return SWAGPosterior(family, state["moments"])
