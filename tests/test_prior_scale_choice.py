@@ -138,6 +138,10 @@ def test_swag_and_sgmcmc_choose_the_factor_after_their_lr_and_keep_the_run_given
         factor, dtype=torch.float64)})
     _, _, posterior = load_run(chosen.run_dir)
     assert posterior.family.prior_scale_factor == factor
+    lines.clear()  # resumed, the finished run is read back with its factor: nothing is chosen again
+    train(sampler_spec(method), tmp_path / "chosen", resume=True, progress=False, echo=lines.append)
+    assert not any("on the calibration rows" in x for x in lines)
+    assert load_run(chosen.run_dir)[2].family.prior_scale_factor == factor
     by_hand = train(sampler_spec(method, f"{FACTOR}={factor}"), tmp_path / "by_hand", progress=False, echo=None)
     hand = load_torch(by_hand.run_dir / file)
     key = "moments" if method == "swag" else "draws"

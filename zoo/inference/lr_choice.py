@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from zoo.errors import TrainingDiverged, ZooInputError
 from zoo.inference.base import widen_priors
@@ -198,7 +198,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     spent = 0.0  # every candidate's wall time (a finished one's own, from before a resume too): the fit's
     scores: dict[str, float] = {}  # by candidate: "0.01", "0.01, pretrain_by adam", "0.01, prior_scale_factor 3"
     failures: dict[str, TrainingDiverged] = {}
-    label, best = "score", None
+    label, best = "score", None  # best: the kept candidate so far, a _Kept
 
     def run(key: str, folder: str, at: Any, choices: dict[str, Any]) -> None:
         nonlocal spent, label, best
@@ -216,13 +216,13 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         spent += result.seconds
         scores[key], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed, spec)
         fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
-        if best is None or scores[key] < scores[best[0]]:
-            best = key, folder, result, at, choices
+        if best is None or scores[key] < scores[best.key]:
+            best = _Kept(key, folder, result, at, choices)
 
     def reach_lower(lowest: float) -> str | None:
         if len(failures) == len(scores):
             return "every lr run diverged"
-        if best is not None and best[4]["inference.lr"] == lowest:
+        if best is not None and best.choices["inference.lr"] == lowest:
             return f"the lowest lr run, {lowest:g}, scored best"
         return None
 
@@ -237,8 +237,8 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         at = spec if spec.lr is not None else with_lr(spec, default_lr)
         run(f"{at.lr:g}", f"{at.lr:g}", at, {})
     if by_prior and best is not None:  # the run kept so far is under the spec's priors (a factor of 1): the incumbent
-        key, folder, result, at, choices = best
-        best = key, folder, result, at, choices | {"inference.prior_scale_factor": 1.0}
+        key, folder, at, choices = best.key, best.folder, best.spec, best.choices
+        best = best._replace(choices=choices | {"inference.prior_scale_factor": 1.0})
         for factor in (f for f in PRIOR_SCALE_FACTORS if f != 1.0):
             run(f"{key}, prior_scale_factor {factor:g}", f"{folder}_prior{factor:g}",
                 at.model_copy(update={"prior_scale_factor": factor}),
@@ -260,6 +260,17 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     if fit.monitor is not None:
         fit.monitor.final(result.posterior, fit.data)
     return result
+
+
+class _Kept(NamedTuple):
+    """A choice's kept candidate: its key in the log, its folder in ``lr_choice/``, its fit, its spec, and the
+    choices it records by spec field."""
+
+    key: str
+    folder: str
+    result: Any
+    spec: Any
+    choices: dict[str, Any]
 
 
 def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[float], str | None],
