@@ -68,7 +68,6 @@ from zoo.data.uci import load_uci  # noqa: E402
 from zoo.errors import ZooInputError  # noqa: E402
 from zoo.exits import exit_code  # noqa: E402
 from zoo.inference import METHODS, noise_choice  # noqa: E402
-from zoo.inference.lr_choice import fit_choosing_lr  # noqa: E402
 from zoo.likelihoods import gaussian  # noqa: E402
 from zoo.members import MEMBERS  # noqa: E402
 from zoo.metrics import classification_metrics, mean_and_standard_error, regression_metrics  # noqa: E402
@@ -443,14 +442,11 @@ def defaults_edition(member: str, task: str) -> str:
     """A fingerprint of a member's defaults for a case of ``task``: its preset resolved to a whole spec (every field's
     default, nulls resolved by the spec's validators) less the settings only another task reads (a field's
     ``json_schema_extra`` ``task``, e.g. ``inference.noise_by``), and the constants of the modules that resolve the
-    rest (the spec's sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``; the whole-run lr
-    choice's where the method runs one; a regression's noise choice). A finished cell is reused only at the same edition, so a changed default reruns the members it
+    rest (the spec's sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``; a regression's
+    noise choice). A finished cell is reused only at the same edition, so a changed default reruns the members it
     touches instead of tabling figures of the old."""
     spec = load_spec({"member": member, "data": {"name": "toy_gap"}})
-    method = type(METHODS.method(spec.inference.method)).__module__
-    modules = {"zoo.sections", "zoo.inference.svi", method}
-    if hasattr(sys.modules[method], fit_choosing_lr.__name__):  # its choice of the lr and the settings chosen with it
-        modules.add(fit_choosing_lr.__module__)
+    modules = {"zoo.sections", "zoo.inference.svi", type(METHODS.method(spec.inference.method)).__module__}
     if task == "regression":
         modules.add(gaussian.__name__)  # where a learned noise starts
         if isinstance(spec.inference, SetsNoise):

@@ -3,8 +3,8 @@ one factor, given or, left null, chosen on the calibration rows by a whole run a
 :data:`~zoo.sections.PRIOR_SCALE_FACTORS`; the kept run is the run given that factor by hand, its checkpoint carries
 the factor and a reloaded run holds it. Dropout VI's draws are point values too, so its prior is a weight decay and
 its factor is chosen after its rate; a guide over distributions of the weights fits under the spec's priors. SWAG's
-SGD and SG-MCMC's chains meet the prior as a weight decay too: their factor is chosen with their lr (every lr at
-every factor), each factor climbing on its own."""
+SGD and SG-MCMC's chains meet the prior as a weight decay too: their factor is chosen after their lr, each factor
+climbing on its own."""
 
 from __future__ import annotations
 
@@ -146,27 +146,6 @@ def test_swag_and_sgmcmc_choose_the_factor_after_their_lr_and_keep_the_run_given
     hand = load_torch(by_hand.run_dir / file)
     key = "moments" if method == "swag" else "draws"
     assert different_entries(hand[key], saved[key]) == []
-
-
-@pytest.mark.parametrize("method", SAMPLERS)
-def test_with_the_lr_open_every_lr_runs_at_every_factor_at_the_options_the_spec_prior_kept(tmp_path, method):
-    """The lr and the factor chosen jointly: each factor runs every lr the spec's priors ran (SWAG: at the
-    pretraining they kept), and the kept run is the best of all, its lr, options and factor recorded."""
-    lines: list[str] = []
-    chosen = train(sampler_spec(method, "inference.lr=null"), tmp_path / "chosen", progress=False, echo=lines.append)
-    scores = {x.split(": ")[1].removeprefix("lr "): float(x.split()[-5])
-              for x in lines if "on the calibration rows" in x and "chosen" not in x}
-    first = {key: score for key, score in scores.items() if "prior_scale_factor" not in key}
-    lrs = list(dict.fromkeys(key.split(",")[0] for key in first))
-    assert len(lrs) >= 3 and (method != "swag" or len(first) == 2 * len(lrs))  # SWAG: each lr pretrained both ways
-    options = min(first, key=first.get).partition(", ")[2]  # the spec's priors' kept options
-    assert list(scores)[len(first):] == [", ".join(filter(None, (lr, options, f"prior_scale_factor {f:g}")))
-                                         for f in PRIOR_SCALE_FACTORS[1:] for lr in lrs]
-    choices = recorded_choices(chosen.run_dir)
-    kept = min(scores, key=scores.get)
-    assert kept.split(",")[0] == f"{choices['inference.lr']:g}"
-    assert f"{choices[FACTOR]:g}" == (kept.split("prior_scale_factor ")[1] if "factor" in kept else "1")
-    assert load_run(chosen.run_dir)[2].family.prior_scale_factor == choices[FACTOR]
 
 
 def test_a_samplers_kept_factor_is_its_familys_once_the_choice_ends_and_reloads_with_it(tmp_path, monkeypatch):

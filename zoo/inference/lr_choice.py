@@ -14,8 +14,7 @@ SVI chooses inside its own run (:meth:`zoo.inference.svi.SVIRun.choose_lr`: its 
 place). SWAG, MultiSWAG and SG-MCMC fits start from their seed and write everything they fit into their own files,
 so :func:`fit_choosing_lr` runs them as they are, one run directory per candidate. Their sections share
 :class:`~zoo.sections.ChoosesLR` (the ``lr_by`` setting) and :class:`~zoo.sections.ScalesPrior`: their loss's prior
-term is a weight decay, whose scale the same rows choose with the lr: the lr a prior asks for depends on its scale
-(a wider prior, a weaker decay: a sharper loss), so each factor runs every lr the choice ran.
+term is a weight decay, whose scale the same rows choose after the lr.
 """
 
 from __future__ import annotations
@@ -163,9 +162,8 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     (:func:`chooses_lr`). Then the ``lower`` rungs run the same way, from the highest down, each only while the
     lowest lr run so far scored best or every run so far diverged (:func:`_ladder`): paid for only where the usual
     steps are too large for the net and data, or only just small enough. Where the prior's scale factor is open too
-    (:func:`chooses_prior_scale`), every lr run so far then runs at each other factor of
-    :data:`~zoo.sections.PRIOR_SCALE_FACTORS`, at the options the spec's priors kept (an lr given: that lr alone),
-    and the best of them all is kept: the lr and the factor are chosen jointly, the options under the spec's priors.
+    (:func:`chooses_prior_scale`), the kept run's lr and options then run at each other factor of
+    :data:`~zoo.sections.PRIOR_SCALE_FACTORS`, and the best of them all is kept.
 
     Each candidate runs from the fit's seed in ``<run_dir>/lr_choice/<lr>/`` (``<lr>_<option>/`` with a joint
     setting, ``..._prior<factor>/`` at a factor; so an interrupted choice resumes each where it stopped); the kept
@@ -202,7 +200,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     failures: dict[str, TrainingDiverged] = {}
     label, best = "score", None  # best: the kept candidate so far, a _Kept
 
-    def run(key: str, folder: str, at: Any, choices: dict[str, Any], option: dict[str, Any] | None = None) -> None:
+    def run(key: str, folder: str, at: Any, choices: dict[str, Any]) -> None:
         nonlocal spent, label, best
         where = None if fit.run_dir is None else fit.run_dir / LR_CHOICE_DIR / folder
         candidate = dataclasses.replace(fit, spec=at, run_dir=where, log=RunLog(None, echo=None), monitor=None,
@@ -219,7 +217,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         scores[key], label = calibration_score(result.posterior, fit.data, spec.predictive_samples, fit.seed, spec)
         fit.log(f"{name}: lr {key}: {label} {scores[key]:.4g} on the calibration rows")
         if best is None or scores[key] < scores[best.key]:
-            best = _Kept(key, folder, result, at, choices, option)
+            best = _Kept(key, folder, result, at, choices)
 
     def reach_lower(lowest: float) -> str | None:
         if len(failures) == len(scores):
@@ -228,42 +226,28 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
             return f"the lowest lr run, {lowest:g}, scored best"
         return None
 
-    def at_lr(lr: float, option: dict[str, Any] | None, factor: float | None = None) -> None:
-        """Run the candidate at ``lr``, ``option`` of the joint setting and ``factor`` (None: the spec's priors)."""
-        update = (option or {}) | ({} if factor is None else {"prior_scale_factor": factor})
-        key, folder = f"{lr:g}", f"{lr:g}"
-        if option is not None:
-            key, folder = f"{key}, {joint.label(option)}", f"{folder}_{joint.folder(option)}"
-        if factor is not None:
-            key, folder = f"{key}, prior_scale_factor {factor:g}", f"{folder}_prior{factor:g}"
-        run(key, folder, with_lr(spec.model_copy(update=update), lr),
-            {"inference.lr": lr} | {f"inference.{k}": v for k, v in update.items()}, option)
-
-    lrs: list[float] = []  # the lrs run under the spec's priors, which each other factor runs too
     if by_lr:
         for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
-            lrs.append(lr)
             for option in (None,) if joint is None else joint.options:
-                at_lr(lr, option)
+                at = spec if option is None else spec.model_copy(update=option)
+                run(f"{lr:g}" + ("" if option is None else f", {joint.label(option)}"),
+                    f"{lr:g}" + ("" if option is None else f"_{joint.folder(option)}"), with_lr(at, lr),
+                    {"inference.lr": lr} | {f"inference.{k}": v for k, v in (option or {}).items()})
     else:  # the lr given (or the default), the prior's factor alone chosen: its incumbent is the spec's priors
         at = spec if spec.lr is not None else with_lr(spec, default_lr)
         run(f"{at.lr:g}", f"{at.lr:g}", at, {})
     if by_prior and best is not None:  # the run kept so far is under the spec's priors (a factor of 1): the incumbent
-        incumbent = best
-        best = best._replace(choices=best.choices | {"inference.prior_scale_factor": 1.0})
+        key, folder, at, choices = best.key, best.folder, best.spec, best.choices
+        best = best._replace(choices=choices | {"inference.prior_scale_factor": 1.0})
         for factor in (f for f in PRIOR_SCALE_FACTORS if f != 1.0):
-            if by_lr:  # every lr again, at the options the spec's priors kept
-                for lr in lrs:
-                    at_lr(lr, incumbent.option, factor)
-            else:
-                run(f"{incumbent.key}, prior_scale_factor {factor:g}", f"{incumbent.folder}_prior{factor:g}",
-                    incumbent.spec.model_copy(update={"prior_scale_factor": factor}),
-                    incumbent.choices | {"inference.prior_scale_factor": factor})
+            run(f"{key}, prior_scale_factor {factor:g}", f"{folder}_prior{factor:g}",
+                at.model_copy(update={"prior_scale_factor": factor}),
+                choices | {"inference.prior_scale_factor": factor})
     if best is None:
         if not by_lr:
             raise next(iter(failures.values()))
         raise every_candidate_diverged(failures)
-    key, folder, result, at, choices, _ = best
+    key, folder, result, at, choices = best
     widen_priors(fit.family, at.prior_scale_factor)  # the kept run's factor (a later candidate may have set another)
     result.seconds = spent
     result.chosen = result.chosen | choices
@@ -279,15 +263,14 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
 
 
 class _Kept(NamedTuple):
-    """A choice's kept candidate: its key in the log, its folder in ``lr_choice/``, its fit, its spec, the choices it
-    records by spec field, and its option of the joint setting (None: none open)."""
+    """A choice's kept candidate: its key in the log, its folder in ``lr_choice/``, its fit, its spec, and the
+    choices it records by spec field."""
 
     key: str
     folder: str
     result: Any
     spec: Any
     choices: dict[str, Any]
-    option: dict[str, Any] | None
 
 
 def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[float], str | None],
