@@ -9,7 +9,7 @@ factor's standardised z at ±init_z, so that its members start apart too (at 1 �
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import pyro.distributions as dist
 import torch
@@ -32,25 +32,45 @@ def _random_signs(sites: dict[str, LatentSite], guide: SiteGuide, prob_plus: flo
                 guide.unconstrained_loc(name).copy_(start * signs)
 
 
+# the factors' initial spread: Dusenberry et al.'s (their code's sqrt(p / (1 - p)) at p = 0.001), and near the Dirac
+# (BatchEnsemble) limit. In the defaults suite's budgets the spread ends about where it starts, moved mostly by the
+# optimiser's steps, not settled by the data (the toy: 0.03 stays 0.03; 0.0001 ends at 0.007), so the start is a
+# setting the fit keeps; a null init_scale is chosen between them on the fit's calibration rows
+# (docs/results/defaults.md)
+DEFAULT_INIT_SCALE = 0.03
+INIT_SCALE_CANDIDATES = (DEFAULT_INIT_SCALE, 1e-4)
+
+
 class MixtureGuide(MeanFieldNormalGuide):
     """q(factors) = (1/K) sum_k prod_i q_k(factor_i): one Normal (or Cauchy) component per member.
 
     :param sites: the family's latent sites; those in the members plate are the components' factors.
     :param component: ``normal`` or ``cauchy``, the family of each component.
     :param init_sign_prob: P(+1) of the factor means' random-sign initialisation.
-    :param init_scale: the factors' initial standard deviation.
+    :param init_scale: the factors' initial standard deviation; None: left for the fit to choose from
+        :data:`INIT_SCALE_CANDIDATES` (:meth:`open_setting`), meanwhile :data:`DEFAULT_INIT_SCALE`.
     :param init_rho: the initial rho of the sites outside the plate.
     :param init_z: where a standardised (gsm) factor's means start, ± by the same random signs.
     """
 
     def __init__(self, sites: dict[str, LatentSite], component: str = "normal", init_sign_prob: float = 0.5,
-                 init_scale: float = 0.03, init_rho: float = -5.0, init_z: float = 1.0) -> None:
+                 init_scale: float | None = DEFAULT_INIT_SCALE, init_rho: float = -5.0, init_z: float = 1.0) -> None:
         super().__init__(sites, init_rho=init_rho)
         self.component = component
+        self.scale_open = init_scale is None
         _random_signs(sites, self, init_sign_prob, init_z)
-        rho = math.log(math.expm1(init_scale))  # softplus(rho) = init_scale
+        self.take_setting(DEFAULT_INIT_SCALE if init_scale is None else init_scale)
+
+    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+        """The factors' initial spread where the section left it null."""
+        return ("guide.init_scale", self.init_scale, INIT_SCALE_CANDIDATES) if self.scale_open else None
+
+    def take_setting(self, value: float) -> None:
+        """Start every factor's spread at ``value`` (softplus(rho) = value); the means keep their start."""
+        self.init_scale = float(value)
+        rho = math.log(math.expm1(value))
         with torch.no_grad():
-            for name, site in sites.items():
+            for name, site in self.sites.items():
                 if site.plate is not None:
                     self.rho[param_key(name)].fill_(rho)
 
@@ -95,10 +115,16 @@ class MixtureGuideSpec(GuideSection):
 
     needs = frozenset({MEMBER_FACTORS})
 
+    former_defaults: ClassVar[dict[str, tuple[Any, ...]]] = {"init_scale": (DEFAULT_INIT_SCALE,)}  # until 2026-12-06
+
     name: Literal["mixture"] = Field(description="mixture")
     component: Literal["normal", "cauchy"] = Field("normal", description="the family of each component")
     init_sign_prob: float = Field(0.5, ge=0.0, le=1.0, description=INIT_SIGN_PROB_DOC)
-    init_scale: PositiveFloat = Field(0.03, description="initial standard deviation of the factors")
+    init_scale: PositiveFloat | None = Field(None, description=(
+        "initial standard deviation of the factors; null: chosen from "
+        f"{', '.join(f'{v:g}' for v in INIT_SCALE_CANDIDATES)} (Dusenberry et al.'s, and near BatchEnsemble's Dirac "
+        "limit; a whole run at each, at the fit's lr) on the fit's calibration rows where it has them (fit(val=...) or "
+        f"data.calibration_fraction), else {DEFAULT_INIT_SCALE:g}"))
     init_rho: InitRho
     init_z: InitZ
 

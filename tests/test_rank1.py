@@ -15,15 +15,15 @@ import yaml
 from torch import nn
 
 import zoo.models.rank1 as rank1
-from guides.mixture import BatchEnsembleGuide, MixtureGuide
-from tests.conftest import assert_input_error
+from guides.mixture import DEFAULT_INIT_SCALE, INIT_SCALE_CANDIDATES, BatchEnsembleGuide, MixtureGuide
+from tests.conftest import assert_input_error, choice_in_log, different_entries
 from zoo.cli import main
 from zoo.errors import ZooInputError
 from zoo.inference.elbo import ANALYTIC, MONTE_CARLO, LazyTraceMeanField_ELBO
 from zoo.likelihoods import Categorical, Gaussian
 from zoo.models.rank1 import Rank1BNN
 from zoo.nets import build_mlp
-from zoo.pipeline import prepare, train
+from zoo.pipeline import load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.priors import assign_priors
 from zoo.priors.gsm import GaussianScaleMixturePrior
@@ -330,6 +330,45 @@ def test_mixture_init_scale_and_mean_field_noise_site():
     elbo = LazyTraceMeanField_ELBO()
     elbo.differentiable_loss(family.model, guide, torch.randn(5, 2), torch.randn(5), None)
     assert elbo.kl_methods["noise_scale"] == ANALYTIC
+
+
+def test_a_null_init_scale_holds_the_default_until_a_taken_one_restarts_only_the_factors_spread():
+    family = tiny_family(Gaussian(None, prior_loc=-1.5), members=3, sizes=(2, 4, 1))
+    guide = MixtureGuide(family.latent_sites(), init_scale=None, init_rho=-4.0)
+    assert guide.open_setting() == ("guide.init_scale", DEFAULT_INIT_SCALE, INIT_SCALE_CANDIDATES)
+    means = {n: guide.unconstrained_loc(n).clone() for n in family.latent_sites()}
+    guide.take_setting(1e-4)
+    assert guide.open_setting()[1] == 1e-4
+    for name in family.factor_names:
+        assert torch.allclose(guide.scale(name), torch.full_like(guide.scale(name), 1e-4), rtol=1e-4), name
+    assert guide.scale("noise_scale").item() == pytest.approx(F.softplus(torch.tensor(-4.0)).item())  # not a factor
+    assert all(torch.equal(guide.unconstrained_loc(n), m) for n, m in means.items())  # the random signs kept
+    assert MixtureGuide(family.latent_sites(), init_scale=0.2).open_setting() is None
+
+
+def chosen_scale_spec(*overrides: str):
+    tree = {**TOY_RANK1, "data": {**TOY_RANK1["data"], "calibration_fraction": 0.25},
+            "guide": {"name": "mixture"}, "likelihood": {"name": "gaussian", "noise": 0.3}}
+    return load_spec(tree, list(overrides))
+
+
+def test_a_null_init_scale_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_run_given_that_scale(tmp_path):
+    """Each candidate spread's whole run is scored on the calibration rows and the best kept as it ended: the run
+    given that spread by hand, step for step; the fit names it in its choices, and without the rows it starts at
+    the default."""
+    lines: list[str] = []
+    chosen = train(chosen_scale_spec(), tmp_path / "chosen", progress=False, echo=lines.append)
+    scale, scores, _ = choice_in_log(lines, "guide.init_scale")
+    assert sorted(scores) == sorted(INIT_SCALE_CANDIDATES) and scale == min(scores, key=scores.get)
+    saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
+    assert saved["chosen_settings"]["guide.init_scale"] == scale
+    by_hand = train(chosen_scale_spec(f"guide.init_scale={scale}"), tmp_path / "by_hand", progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
+    assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+    assert load_run(chosen.run_dir)[2].guide.scale_open  # its spec's scale is null; the fitted spreads are loaded
+    lines.clear()
+    train(chosen_scale_spec("data.calibration_fraction=0"), tmp_path / "no_rows", progress=False, echo=lines.append)
+    assert not any("init_scale" in x for x in lines)
 
 
 # ---------------------------------------------------------------------------------------- point params
