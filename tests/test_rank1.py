@@ -365,7 +365,8 @@ def test_a_null_init_scale_is_chosen_on_the_calibration_rows_and_the_kept_run_is
     by_hand = train(chosen_scale_spec(f"guide.init_scale={scale}"), tmp_path / "by_hand", progress=False, echo=None)
     hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
     assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
-    assert load_run(chosen.run_dir)[2].guide.scale_open  # its spec's scale is null; the fitted spreads are loaded
+    loaded = load_run(chosen.run_dir)[2].guide  # its spec's scale is null: the fitted spreads load, none restarts
+    assert loaded.scale_open and different_entries(loaded.state_dict(), saved["guide"]) == []
     lines.clear()
     train(chosen_scale_spec("data.calibration_fraction=0"), tmp_path / "no_rows", progress=False, echo=lines.append)
     assert not any("init_scale" in x for x in lines)
