@@ -442,18 +442,27 @@ def defaults_edition(member: str, task: str) -> str:
     """A fingerprint of a member's defaults for a case of ``task``: its preset resolved to a whole spec (every field's
     default, nulls resolved by the spec's validators) less the settings only another task reads (a field's
     ``json_schema_extra`` ``task``, e.g. ``inference.noise_by``), and the constants of the modules that resolve the
-    rest (the spec's sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``; a regression's
-    noise choice). A finished cell is reused only at the same edition, so a changed default reruns the members it
-    touches instead of tabling figures of the old."""
+    rest (the spec's sections, SVI's and the member's inference method's, e.g. ``DEFAULT_LR_HOLD``; the guide's, e.g.
+    the candidates of a setting it leaves open; a regression's noise choice). The guide section of a method that
+    neither fits it nor builds its own (SWAG, SG-MCMC) is left out: its defaults do not touch the run. A finished cell
+    is reused only at the same edition, so a changed default reruns the members it touches instead of tabling figures
+    of the old."""
     spec = load_spec({"member": member, "data": {"name": "toy_gap"}})
-    modules = {"zoo.sections", "zoo.inference.svi", type(METHODS.method(spec.inference.method)).__module__}
+    method = METHODS.method(spec.inference.method)
+    modules = {"zoo.sections", "zoo.inference.svi", type(method).__module__}
+    reads_guide = method.fits_guide or method.own_guide is not None
+    if reads_guide:
+        modules.add(type(spec.guide).__module__)
     if task == "regression":
         modules.add(gaussian.__name__)  # where a learned noise starts
         if isinstance(spec.inference, SetsNoise):
             modules.add(noise_choice.__name__)
     constants = {f"{m}.{k}": v for m in sorted(modules) for k, v in vars(sys.modules[m]).items()
                  if k.isupper() and (isinstance(v, int | float | str | tuple) or _is_record(v))}
-    what = {"spec": _without_other_tasks(spec, spec.model_dump(mode="json"), task), "constants": constants}
+    dump = _without_other_tasks(spec, spec.model_dump(mode="json"), task)
+    if not reads_guide:
+        dump.pop("guide")
+    what = {"spec": dump, "constants": constants}
     return hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

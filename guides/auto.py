@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import pyro
 import torch
@@ -26,7 +26,15 @@ from pyro.poutine.util import site_is_subsample
 from torch import nn
 from torch.distributions import Normal, biject_to
 
-from guides.base import ExactDrawMultivariateNormal, Guide, GuideSection, InitRho, softplus
+from guides.base import (
+    DEFAULT_INIT_RHO,
+    INIT_RHO_CANDIDATES,
+    ExactDrawMultivariateNormal,
+    Guide,
+    GuideSection,
+    OpenInitRho,
+    softplus,
+)
 from zoo.errors import ZooInputError
 from zoo.runs import check_covariance_fits
 from zoo.sites import LatentSite
@@ -94,6 +102,7 @@ def check_rank(rank: int, dim: int) -> None:
 # the D x D matrices held at once: mvn's scale_tril, its gradient and Adam's two moments; laplace_approximation's
 # Hessian, its Cholesky factor, the covariance and the completed Gaussian's scale_tril
 FULL_COVARIANCE = {"mvn": 4, "laplace_approximation": 4}
+GAUSSIAN = ("normal", "low_rank_mvn", "mvn")  # the autoguides whose spread starts at init_scale = softplus(init_rho)
 
 
 class AutoGuide(Guide):
@@ -106,6 +115,9 @@ class AutoGuide(Guide):
     def __init__(self, sites: dict[str, LatentSite], spec: AutoGuideSpec) -> None:
         super().__init__()
         self.sites, self.spec = dict(sites), spec
+        # a Gaussian autoguide's start is its init_scale = softplus(rho); the others have no spread to start
+        self.rho_open = spec.init_rho is None and spec.auto in GAUSSIAN
+        self.init_rho = DEFAULT_INIT_RHO if spec.init_rho is None else spec.init_rho
         self.auto: nn.Module | None = None
         self.laplace: AutoMultivariateNormal | None = None  # laplace_approximation: the completed Gaussian
         self.register_buffer("laplace_ready", torch.tensor(False))  # whether finish() has filled it
@@ -140,8 +152,8 @@ class AutoGuide(Guide):
         if example:  # a likelihood's own sites (a learned noise) start on the host; AutoContinuous concatenates all
             values = {n: v.to(example[0].device) for n, v in values.items()}
         options: dict = {"init_loc_fn": init_to_value(values=values)}
-        if self.spec.auto in ("normal", "low_rank_mvn", "mvn"):
-            options["init_scale"] = softplus(self.spec.init_rho)
+        if self.spec.auto in GAUSSIAN:
+            options["init_scale"] = softplus(self.init_rho)
         if self.spec.auto == "low_rank_mvn":
             options["rank"] = self.spec.rank
         if self.spec.auto == "iaf":
@@ -156,8 +168,34 @@ class AutoGuide(Guide):
                 laplace(*example)
         device = next(iter(values.values())).device
         self.auto = auto.to(device)
+        if self.spec.auto in GAUSSIAN:  # where Pyro started the scales, per unit of init_scale (take_setting's start)
+            to_scale = biject_to(self.auto.scale_constraint)
+            starts = torch.cat([to_scale(p.detach()).flatten() for p in self._scales().values()])
+            self._scale_per_init_scale = float(starts[0]) / options["init_scale"]
         self.laplace = laplace.to(device) if laplace is not None else None
         self.laplace_ready.fill_(False)
+
+    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+        """Where a Gaussian autoguide's spread starts, where the section left ``init_rho`` null."""
+        return ("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
+
+    def take_setting(self, value: float) -> None:
+        """Start the autoguide's spread at init_scale = softplus(``value``): its scale parameters (softplus-positive)
+        where Pyro starts them for that init_scale (AutoLowRankMultivariateNormal's at sqrt(1/2) of it), so the guide
+        is the one built at ``value``, whatever they hold now; its means, and a low-rank or full covariance's shape,
+        keep their start."""
+        self.init_rho = float(value)
+        if self.auto is None:
+            return  # bind() starts it there
+        to_scale = biject_to(self.auto.scale_constraint)
+        with torch.no_grad():
+            for parameter in self._scales().values():
+                start = torch.tensor(self._scale_per_init_scale * softplus(value), dtype=parameter.dtype)
+                parameter.fill_(float(to_scale.inv(start)))
+
+    def _scales(self) -> dict[str, nn.Parameter]:
+        """The Gaussian autoguide's scale parameters (unconstrained), by name."""
+        return {n: p for n, p in self.auto.named_parameters() if n.startswith("scales.") or n == "scale_unconstrained"}
 
     @property
     def active(self) -> nn.Module:
@@ -319,6 +357,8 @@ class AutoGuide(Guide):
 class AutoGuideSpec(GuideSection):
     """One of Pyro's autoguides (pyro.infer.autoguide) wrapping the family's model."""
 
+    former_defaults: ClassVar[dict[str, tuple[Any, ...]]] = {"init_rho": (DEFAULT_INIT_RHO,)}  # until 2026-12-06
+
     name: Literal["auto"] = Field(description="auto")
     auto: Literal["normal", "low_rank_mvn", "mvn", "iaf", "laplace_approximation"] = Field(
         "normal", description="which of Pyro's autoguides (AutoNormal, AutoLowRankMultivariateNormal, "
@@ -326,7 +366,7 @@ class AutoGuideSpec(GuideSection):
         "there as covariance) wraps the family's model")
     rank: PositiveInt = Field(10, description="low_rank_mvn: the rank of the covariance's low-rank part")
     flows: PositiveInt = Field(2, description="iaf: number of inverse autoregressive transforms")
-    init_rho: InitRho
+    init_rho: OpenInitRho  # read by the Gaussian autoguides (normal, low_rank_mvn, mvn)
 
     @property
     def label(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import pyro.distributions as dist
 import torch
@@ -11,7 +11,7 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import GuideSection, InitRho, SiteGuide, param_key
+from guides.base import DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES, GuideSection, OpenInitRho, SiteGuide, param_key
 from zoo.sites import LatentSite
 
 
@@ -38,15 +38,28 @@ class MeanFieldNormalGuide(SiteGuide):
     """q(w) = prod_i N(mu_i, softplus(rho_i)^2); constrained sites (noise scales) get a Normal in log space.
 
     :param sites: the family's latent sites (the means start at their initial values).
-    :param init_rho: the initial rho of every site.
+    :param init_rho: the initial rho of every site; None: left for the fit to choose from
+        :data:`INIT_RHO_CANDIDATES` (:meth:`open_setting`), meanwhile :data:`DEFAULT_INIT_RHO`.
     """
 
-    def __init__(self, sites: dict[str, LatentSite], init_rho: float = -5.0) -> None:
+    def __init__(self, sites: dict[str, LatentSite], init_rho: float | None = DEFAULT_INIT_RHO) -> None:
         super().__init__(sites)
-        self.init_rho = init_rho  # what the NaN diagnosis reads before suggesting a narrower start
+        self.rho_open = init_rho is None
+        self.init_rho = DEFAULT_INIT_RHO if init_rho is None else init_rho  # read by the NaN diagnosis
         self.rho = nn.ParameterDict(
-            {param_key(n): nn.Parameter(torch.full_like(self.loc[param_key(n)], init_rho)) for n in sites}
+            {param_key(n): nn.Parameter(torch.full_like(self.loc[param_key(n)], self.init_rho)) for n in sites}
         )
+
+    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+        """Where every site's rho starts, where the section left it null."""
+        return ("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
+
+    def take_setting(self, value: float) -> None:
+        """Start every site's rho at ``value`` again; the means keep their start."""
+        self.init_rho = float(value)
+        with torch.no_grad():
+            for rho in self.rho.values():
+                rho.fill_(value)
 
     def scale(self, name: str) -> torch.Tensor:
         """Posterior standard deviation (in unconstrained space) of site ``name``."""
@@ -78,8 +91,10 @@ class MeanFieldNormalGuide(SiteGuide):
 class MeanFieldGuideSpec(GuideSection):
     """Bayes by Backprop: a factorised Normal per weight, sigma = softplus(rho)."""
 
+    former_defaults: ClassVar[dict[str, tuple[Any, ...]]] = {"init_rho": (DEFAULT_INIT_RHO,)}  # until 2026-12-06
+
     name: Literal["mean_field"] = Field("mean_field", description="mean_field")
-    init_rho: InitRho
+    init_rho: OpenInitRho
 
     def build(self, sites: dict[str, LatentSite]) -> MeanFieldNormalGuide:
         return MeanFieldNormalGuide(sites, init_rho=self.init_rho)

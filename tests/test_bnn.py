@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import zoo
+from guides.mean_field import INIT_RHO_CANDIDATES
 from zoo.cli import main
 from zoo.errors import ZooInputError
 from zoo.sections import LR_CANDIDATES
@@ -122,7 +123,8 @@ def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(mon
 
     monkeypatch.setattr(zoo.bnn.ValidationMonitor, "__call__", counting)
     monkeypatch.setattr(zoo.bnn, "evaluate", counting_metrics)
-    lines, runs = [], 2 * len(LR_CANDIDATES)
+    # every lr at both noise starts (joint), then mean-field's other start at the chosen lr
+    lines, runs = [], 2 * len(LR_CANDIDATES) + len(INIT_RHO_CANDIDATES) - 1
     for echo in (None, lines.append):
         scored.clear()
         metrics.clear()

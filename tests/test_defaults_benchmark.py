@@ -92,6 +92,27 @@ def test_the_options_a_choice_of_the_lr_runs_are_in_the_edition(monkeypatch):
     assert [m for m in members if before[m] != after[m]] == ["sgld", "cyclical_sghmc"]
 
 
+def test_a_guides_defaults_key_the_members_that_fit_it_and_not_swag_or_sg_mcmc(monkeypatch):
+    """A guide module's constants (the candidates of a setting it leaves open) and its section's defaults enter the
+    edition of a member whose method fits that guide; SWAG and SG-MCMC carry the spec's default guide but never read
+    it, so neither keys theirs."""
+    from guides import mean_field, mixture
+
+    members = ("mean_field", "bayes_by_backprop", "swag", "sgld", "rank1_normal", "map")
+    before = {m: defaults.defaults_edition(m, "classification") for m in members}
+    monkeypatch.setattr(mean_field, "INIT_RHO_CANDIDATES", (-5.0, -7.0))
+    after = {m: defaults.defaults_edition(m, "classification") for m in members}
+    assert [m for m in members if before[m] != after[m]] == ["mean_field", "bayes_by_backprop"]
+    monkeypatch.setattr(mixture, "INIT_SCALE_CANDIDATES", (0.03, 1e-3))
+    assert defaults.defaults_edition("rank1_normal", "classification") != before["rank1_normal"]
+    monkeypatch.undo()
+    real = defaults.load_spec  # the mean-field guide's default start changed, as a preset would resolve it
+    monkeypatch.setattr(defaults, "load_spec", lambda tree: real({**tree, "guide": {"init_rho": -6.0}}))
+    members = members[:4]
+    after = {m: defaults.defaults_edition(m, "classification") for m in members}
+    assert [m for m in members if before[m] != after[m]] == ["mean_field", "bayes_by_backprop"]
+
+
 def test_a_setting_only_regression_reads_keys_only_the_regression_cells(monkeypatch):
     """The predictive noise's setting (``inference.noise_by``) and its module's constants enter a regression cell's
     edition and not a classifier's, so a change to them reruns the regressions alone; a Laplace member, which sets
