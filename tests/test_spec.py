@@ -58,7 +58,7 @@ def test_dict_spec_defaults():
     spec = load_spec(BASE)
     assert spec.net.hidden == [50] and spec.net.activation == "relu"
     assert spec.prior.default == NormalPrior() and spec.prior.sites == {}
-    assert spec.guide.name == "mean_field" and spec.guide.init_rho == -5.0
+    assert spec.guide.name == "mean_field" and spec.guide.init_rho is None  # chosen on calibration rows, else -5
     assert spec.inference.method == "svi" and spec.inference.elbo == "trace_mean_field"
 
 

@@ -15,6 +15,7 @@ import torch
 
 import zoo.inference.svi as svi
 import zoo.pipeline as pipeline
+from guides.base import INIT_RHO_CANDIDATES
 from tests.conftest import (
     choice_in_log,
     compiled_step,
@@ -187,8 +188,9 @@ def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_t
 
 def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, spec_factory, monkeypatch):
     """A crash in the second candidate's run (step 30; its checkpoint at 20): the resumed fit takes no step of the
-    finished first candidate, 20 of the second, 40 of each later one and 40 of the learned noise's other start at
-    each candidate lr (the choice after the lr's, joint with it), and ends as the uninterrupted fit did."""
+    finished first candidate, 20 of the second, 40 of each later one, 40 of the mean-field guide's other start (at
+    the chosen lr) and 40 of the learned noise's other start at each candidate lr (the choice after the guide's,
+    joint with the lr), and ends as the uninterrupted fit did."""
     whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
     out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 30)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -196,7 +198,8 @@ def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, 
     assert (out / svi.LR_CHOICE_DIR / "0.001" / CHECKPOINT_FILE).exists()
     seen.clear()
     run(spec_factory("toy", *LR_BY), out, resume=True)
-    assert len(seen) == 20 + 40 * (len(LR_CANDIDATES) - 2) + 40 * len(LR_CANDIDATES)
+    rho_runs = len(INIT_RHO_CANDIDATES) - 1
+    assert len(seen) == 20 + 40 * (len(LR_CANDIDATES) - 2) + 40 * rho_runs + 40 * len(LR_CANDIDATES)
     assert_same_guide(out, whole.run_dir)
     monkeypatch.setattr(svi.SVIRun, "_best_run", lambda *a: pytest.fail("a finished run chose again"))
     run(spec_factory("toy", *LR_BY), out, resume=True)
