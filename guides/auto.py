@@ -169,9 +169,8 @@ class AutoGuide(Guide):
         device = next(iter(values.values())).device
         self.auto = auto.to(device)
         if self.spec.auto in GAUSSIAN:  # where Pyro started the scales, per unit of init_scale (take_setting's start)
-            to_scale = biject_to(self.auto.scale_constraint)
-            starts = torch.cat([to_scale(p.detach()).flatten() for p in self._scales().values()])
-            self._scale_per_init_scale = float(starts[0]) / options["init_scale"]
+            first = next(iter(self._scales().values())).detach().flatten()[0]
+            self._scale_per_init_scale = float(biject_to(self.auto.scale_constraint)(first)) / options["init_scale"]
         self.laplace = laplace.to(device) if laplace is not None else None
         self.laplace_ready.fill_(False)
 

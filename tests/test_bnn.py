@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import zoo
-from guides.mean_field import INIT_RHO_CANDIDATES
+from guides.base import INIT_RHO_CANDIDATES
 from zoo.cli import main
 from zoo.errors import ZooInputError
 from zoo.sections import LR_CANDIDATES
