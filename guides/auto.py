@@ -33,6 +33,7 @@ from guides.base import (
     Guide,
     GuideSection,
     OpenInitRho,
+    SettingChoice,
     softplus,
 )
 from zoo.errors import ZooInputError
@@ -174,9 +175,9 @@ class AutoGuide(Guide):
         self.laplace = laplace.to(device) if laplace is not None else None
         self.laplace_ready.fill_(False)
 
-    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+    def open_setting(self) -> SettingChoice | None:
         """Where a Gaussian autoguide's spread starts, where the section left ``init_rho`` null."""
-        return ("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
+        return SettingChoice("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
 
     def take_setting(self, value: float) -> None:
         """Start the autoguide's spread at init_scale = softplus(``value``): its scale parameters (softplus-positive)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, NamedTuple
 
 import pyro
 import pyro.distributions as dist
@@ -85,6 +85,23 @@ OpenInitRho = Annotated[Rho | None, Field(None, description=(
     f"{DEFAULT_INIT_RHO:g}"))]
 
 
+class SettingChoice(NamedTuple):
+    """A setting a guide's section left null, for the fit to choose on its calibration rows by a whole run at each
+    value (:meth:`Guide.open_setting`).
+
+    :ivar name: the spec field (``guide.dropout_rate``).
+    :ivar held: the value the guide holds now (until the choice, one of the candidates; after it, the chosen one).
+    :ivar candidates: the values the choice runs.
+    :ivar beyond: values past the candidates' nearest edge, nearest first, each run only while the value run last at
+        that edge scores best: a choice on its grid's edge does not show that its best lies inside the grid.
+    """
+
+    name: str
+    held: float
+    candidates: tuple[float, ...]
+    beyond: tuple[float, ...] = ()
+
+
 class Guide(nn.Module, metaclass=ABCMeta):
     """A guide over a model family's latent sites: what SVI fits, the Posterior draws from, and checkpoints hold.
 
@@ -146,12 +163,11 @@ class Guide(nn.Module, metaclass=ABCMeta):
         """
         return None
 
-    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
-        """A setting its section left null for the fit to choose on its calibration rows: the spec field, the value
-        the guide holds now (until the choice, one of the candidates; after it, the chosen one) and the candidates;
-        None where there is none (the default).
+    def open_setting(self) -> SettingChoice | None:
+        """A setting its section left null for the fit to choose on its calibration rows; None where there is none (the
+        default).
 
-        :returns: e.g. ``("guide.dropout_rate", 0.1, (0.005, 0.01, 0.05, 0.1))``.
+        :returns: e.g. ``SettingChoice("guide.dropout_rate", 0.1, (0.005, 0.01, 0.05, 0.1), beyond=(0.002, 0.001))``.
         """
         return None
 

@@ -11,7 +11,15 @@ from pydantic import Field
 from torch import nn
 from torch.distributions import biject_to, constraints
 
-from guides.base import DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES, GuideSection, OpenInitRho, SiteGuide, param_key
+from guides.base import (
+    DEFAULT_INIT_RHO,
+    INIT_RHO_CANDIDATES,
+    GuideSection,
+    OpenInitRho,
+    SettingChoice,
+    SiteGuide,
+    param_key,
+)
 from zoo.sites import LatentSite
 
 
@@ -50,9 +58,9 @@ class MeanFieldNormalGuide(SiteGuide):
             {param_key(n): nn.Parameter(torch.full_like(self.loc[param_key(n)], self.init_rho)) for n in sites}
         )
 
-    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+    def open_setting(self) -> SettingChoice | None:
         """Where every site's rho starts, where the section left it null."""
-        return ("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
+        return SettingChoice("guide.init_rho", self.init_rho, INIT_RHO_CANDIDATES) if self.rho_open else None
 
     def take_setting(self, value: float) -> None:
         """Start every site's rho at ``value`` again; the means keep their start."""

@@ -16,7 +16,7 @@ import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat
 from torch.distributions import biject_to
 
-from guides.base import GuideSection, InitRho, SiteGuide, param_key
+from guides.base import GuideSection, InitRho, SettingChoice, SiteGuide, param_key
 from guides.mean_field import MeanFieldNormalGuide
 from zoo.sites import MEMBER_FACTORS, LatentSite
 
@@ -61,9 +61,9 @@ class MixtureGuide(MeanFieldNormalGuide):
         _random_signs(sites, self, init_sign_prob, init_z)
         self.take_setting(DEFAULT_INIT_SCALE if init_scale is None else init_scale)
 
-    def open_setting(self) -> tuple[str, float, tuple[float, ...]] | None:
+    def open_setting(self) -> SettingChoice | None:
         """The factors' initial spread where the section left it null."""
-        return ("guide.init_scale", self.init_scale, INIT_SCALE_CANDIDATES) if self.scale_open else None
+        return SettingChoice("guide.init_scale", self.init_scale, INIT_SCALE_CANDIDATES) if self.scale_open else None
 
     def take_setting(self, value: float) -> None:
         """Start every factor's spread at ``value`` (softplus(rho) = value); the means keep their start."""

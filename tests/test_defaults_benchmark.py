@@ -190,14 +190,16 @@ def test_the_table_names_the_prior_scale_factor_each_seeds_rows_chose_where_one_
 
 def test_mc_dropouts_cells_say_which_rate_each_seeds_fit_chose(tmp_path, capsys):
     """MC dropout's preset leaves its rate to the fit's val rows: each cell records the rate its fit kept, one of the
-    candidates, and the table names them by seed; the cell keeps every choice the fit made (BNN.chosen)."""
-    from guides.dropout import DROPOUT_RATE_CANDIDATES
+    candidates (or below them), and the table names them by seed; the cell keeps every choice the fit made
+    (BNN.chosen)."""
+    from guides.dropout import DROPOUT_RATE_CANDIDATES, DROPOUT_RATES_BELOW
 
     argv = ["--size", "small", "--cases", "toy", "--members", "mc_dropout", "--seeds", "0-1",
             "--cells", str(tmp_path / "cells.jsonl"), "--json", str(tmp_path / "defaults.json")]
     row = defaults.main(argv)["cases"]["toy"]["members"]["mc_dropout"]
     rates = [c.split(" ") for c in row["chosen"]]
-    assert len(rates) == 2 and all(n == "dropout_rate" and float(r) in DROPOUT_RATE_CANDIDATES for n, r in rates)
+    assert len(rates) == 2 and all(n == "dropout_rate" and float(r) in DROPOUT_RATE_CANDIDATES + DROPOUT_RATES_BELOW
+                                   for n, r in rates)
     cells = sorted((json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()
                     if '"mc_dropout"' in line), key=lambda c: c["seed"])
     assert [float(r) for _, r in rates] == [c["choices"]["guide.dropout_rate"] for c in cells]

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import zoo.inference.svi as svi
-from guides.dropout import DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES, DropoutGuide
+from guides.base import SettingChoice
+from guides.dropout import DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES, DROPOUT_RATES_BELOW, DropoutGuide
 from tests.conftest import choice_in_log, crash_in_the_second_candidate, different_entries
 from tests.test_baselines import tiny_mean_field
 from zoo.errors import ZooInputError
@@ -95,7 +96,8 @@ def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_r
     chosen = train(chosen_rate_spec(f"guide.dropout={mask}"), tmp_path / "chosen", progress=False,
                    echo=lines.append)
     rate, scores, _ = choice_in_log(lines, "guide.dropout_rate")
-    assert sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES) and rate == min(scores, key=scores.get)
+    assert_reached_below_only_from_the_lowest(scores, lines)
+    assert rate == min(scores, key=scores.get)
     saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
     assert saved["guide"]["_extra_state"] == {"dropout_rate": rate} and len(saved["losses"]) == 30
     _, _, posterior = load_run(chosen.run_dir)  # its spec's rate is null: the state restores the choice
@@ -106,6 +108,39 @@ def test_a_null_rate_is_chosen_on_the_calibration_rows_and_the_kept_run_is_the_r
                     tmp_path / "by_hand", progress=False, echo=None)
     hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
     assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+
+
+def assert_reached_below_only_from_the_lowest(scores: dict[float, float], lines: list[str]) -> None:
+    """The rates run are the grid and the first k rates below it, each run only while the lowest run before it
+    scored best among the runs before it; the log says why each ran."""
+    below = [r for r in DROPOUT_RATES_BELOW if r in scores]
+    assert sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES + tuple(below))
+    assert below == list(DROPOUT_RATES_BELOW[:len(below)])
+    for i, lowest in enumerate([min(DROPOUT_RATE_CANDIDATES), *below]):
+        run_so_far = {r: v for r, v in scores.items() if r >= lowest}
+        if i < len(below):  # it scored best, so the next rate ran
+            assert min(run_so_far, key=run_so_far.get) == lowest
+        elif i < len(DROPOUT_RATES_BELOW):  # the ladder stopped: it did not
+            assert min(run_so_far, key=run_so_far.get) != lowest
+    assert sum("the edge of the values run, scored best" in x for x in lines) == len(below)
+
+
+def test_the_rate_reaches_below_the_grid_one_rate_at_a_time_while_the_lowest_scores_best(tmp_path, monkeypatch):
+    """Made to favour low rates, the choice runs each rate below the grid and keeps the lowest; made to favour
+    high ones, it runs the grid alone."""
+    real = svi.calibration_score
+    for name, sign in (("low", 1.0), ("high", -1.0)):
+        def by_rate(posterior, *args, sign=sign):
+            return sign * posterior.guide.dropout_rate, real(posterior, *args)[1]
+
+        monkeypatch.setattr(svi, "calibration_score", by_rate)
+        lines: list[str] = []
+        fitted = train(chosen_rate_spec(), tmp_path / name, progress=False, echo=lines.append)
+        rate, scores, _ = choice_in_log(lines, "guide.dropout_rate")
+        expected = DROPOUT_RATE_CANDIDATES + (DROPOUT_RATES_BELOW if sign > 0 else ())
+        assert sorted(scores) == sorted(expected) and rate == (min(expected) if sign > 0 else max(expected))
+        assert_reached_below_only_from_the_lowest(scores, lines)
+        assert load_run(fitted.run_dir)[2].guide.dropout_rate == rate
 
 
 def test_the_rate_is_chosen_at_the_chosen_lr_with_the_lr_runs_best_among_its_candidates(tmp_path):
@@ -147,7 +182,8 @@ def test_a_rate_is_not_chosen_without_calibration_rows_and_concrete_restarts_its
     _, _, posterior = load_run(summary.run_dir)
     assert set(posterior.guide.rates().values()) == {DEFAULT_DROPOUT_RATE}
     concrete = DropoutGuide(tiny_mean_field().latent_sites(), dropout_rate=None, mask="concrete")
-    assert concrete.open_setting() == ("guide.dropout_rate", DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES)
+    assert concrete.open_setting() == SettingChoice("guide.dropout_rate", DEFAULT_DROPOUT_RATE, DROPOUT_RATE_CANDIDATES,
+                                                    DROPOUT_RATES_BELOW)
     assert all(r == pytest.approx(DEFAULT_DROPOUT_RATE) for r in concrete.rates().values())
     concrete.take_setting(0.01)
     assert all(r == pytest.approx(0.01) for r in concrete.rates().values())

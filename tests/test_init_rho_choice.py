@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from guides.auto import AutoGuide
-from guides.base import DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES
+from guides.base import DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES, SettingChoice
 from guides.mean_field import MeanFieldNormalGuide
 from tests.conftest import choice_in_log, different_entries
 from tests.test_baselines import tiny_mean_field
@@ -25,7 +25,7 @@ LEARNED_NOISE = "likelihood.noise=learned"  # its start is chosen after the guid
 def test_a_null_init_rho_holds_the_default_until_a_taken_one_restarts_every_spread_and_no_mean():
     family = tiny_mean_field(Gaussian(None, prior_loc=-1.5))
     guide = MeanFieldNormalGuide(family.latent_sites(), init_rho=None)
-    assert guide.open_setting() == ("guide.init_rho", DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES)
+    assert guide.open_setting() == SettingChoice("guide.init_rho", DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES)
     means = {n: guide.unconstrained_loc(n).clone() for n in family.latent_sites()}
     guide.take_setting(-8.0)
     assert guide.open_setting()[1] == -8.0 and guide.init_rho == -8.0  # what the NaN diagnosis reads
@@ -41,7 +41,7 @@ def test_a_gaussian_autoguide_takes_a_start_into_its_scales_and_keeps_its_means_
     family = tiny_mean_field(sizes=(3, 4, 1))
     guide = AutoGuide(family.latent_sites(), AutoGuideSpec(name="auto", auto=auto, rank=2, init_rho=None))
     guide.bind(family.model, torch.randn(5, 3), torch.randn(5))
-    assert guide.open_setting() == ("guide.init_rho", DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES)
+    assert guide.open_setting() == SettingChoice("guide.init_rho", DEFAULT_INIT_RHO, INIT_RHO_CANDIDATES)
     before = {n: p.detach().clone() for n, p in guide.auto.named_parameters()}
     guide.take_setting(-8.0)
     changed = {n for n, p in guide.auto.named_parameters() if not torch.equal(p, before[n])}

@@ -15,6 +15,7 @@ import yaml
 from torch import nn
 
 import zoo.models.rank1 as rank1
+from guides.base import SettingChoice
 from guides.mixture import DEFAULT_INIT_SCALE, INIT_SCALE_CANDIDATES, BatchEnsembleGuide, MixtureGuide
 from tests.conftest import assert_input_error, choice_in_log, different_entries
 from zoo.cli import main
@@ -335,7 +336,7 @@ def test_mixture_init_scale_and_mean_field_noise_site():
 def test_a_null_init_scale_holds_the_default_until_a_taken_one_restarts_only_the_factors_spread():
     family = tiny_family(Gaussian(None, prior_loc=-1.5), members=3, sizes=(2, 4, 1))
     guide = MixtureGuide(family.latent_sites(), init_scale=None, init_rho=-4.0)
-    assert guide.open_setting() == ("guide.init_scale", DEFAULT_INIT_SCALE, INIT_SCALE_CANDIDATES)
+    assert guide.open_setting() == SettingChoice("guide.init_scale", DEFAULT_INIT_SCALE, INIT_SCALE_CANDIDATES)
     means = {n: guide.unconstrained_loc(n).clone() for n in family.latent_sites()}
     guide.take_setting(1e-4)
     assert guide.open_setting()[1] == 1e-4

@@ -629,6 +629,8 @@ class OpenSetting:
     :ivar each_lr: where the fit chooses its lr too, run each candidate at every starting lr
         (:data:`~zoo.sections.LR_CANDIDATES`), not only at the one chosen before: a joint choice, for a setting that
         changes which lr is best (a noise's start).
+    :ivar beyond: values past the candidates' nearest edge, nearest first, each run only while the value run last at
+        that edge scores best (:attr:`guides.base.SettingChoice.beyond`: MC dropout's rates below its grid).
     """
 
     name: str
@@ -636,6 +638,29 @@ class OpenSetting:
     candidates: tuple[float, ...]
     take: Callable[[float], None]
     each_lr: bool = False
+    beyond: tuple[float, ...] = ()
+
+    def reach(self, lrs: tuple[float | None, ...], say: Callable[[str], None]
+              ) -> Callable[[CandidateRun], list[CandidateRun]]:
+        """The choice's next runs past its grid, given the run kept so far: :attr:`beyond`'s next value at each of
+        ``lrs`` while the kept run holds the value run last at the edge, else none.
+
+        :param lrs: the starting lrs each value runs at.
+        :param say: the fit's log, told why a value past the grid runs.
+        :returns: a function of the kept run.
+        """
+        edge = min(self.candidates, key=lambda c: abs(c - self.beyond[0])) if self.beyond else None
+        rest = iter(self.beyond)
+
+        def runs(kept: CandidateRun) -> list[CandidateRun]:
+            nonlocal edge
+            if kept.value != edge or (value := next(rest, None)) is None:
+                return []
+            say(f"svi: {self.name} {edge:g}, the edge of the values run, scored best; the choice runs {value:g}")
+            edge = value
+            return [CandidateRun(lr, value, self.name) for lr in lrs]
+
+        return runs
 
 
 @dataclass
@@ -791,7 +816,8 @@ class SVIRun:
                 lrs = LR_CANDIDATES if each_lr else (self.chosen_lr,)
                 runs = [CandidateRun(lr, v, setting.name) for v in setting.candidates for lr in lrs
                         if kept is None or v != setting.held]
-                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take, each_lr)
+                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take, each_lr,
+                                      setting.reach(lrs, fit.log))
                 taken.append((setting, kept.value))
                 self.chosen_settings[setting.name] = kept.value
                 self.chosen_lr = kept.lr  # a joint choice may keep another lr
@@ -809,8 +835,8 @@ class SVIRun:
         guide, likelihood = self.fit.guide, self.fit.family.likelihood
         settings = []
         if (open_guide := guide.open_setting()) is not None:
-            name, held, candidates = open_guide
-            settings.append(OpenSetting(name, held, candidates, guide.take_setting))
+            settings.append(OpenSetting(open_guide.name, open_guide.held, open_guide.candidates, guide.take_setting,
+                                        beyond=open_guide.beyond))
         start = likelihood.open_start()
         if start is not None and guide.locates(start[1]):
             name, site, held, candidates = start
@@ -840,10 +866,12 @@ class SVIRun:
 
     def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,
                   taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None,
-                  each_lr: bool = False) -> CandidateRun:
+                  each_lr: bool = False, reach: Callable[[CandidateRun], list[CandidateRun]] | None = None
+                  ) -> CandidateRun:
         """Run each candidate from ``start`` and continue as the best on the calibration rows (NLL; regression:
         -test LL), ``best`` (a run of an earlier choice) among them: guide, point parameters, buffers, optimiser,
-        loss curve, data order and random state.
+        loss curve, data order and random state. Then the runs ``reach`` asks for, given the best so far, until it
+        asks for none (:meth:`OpenSetting.reach`).
 
         :param start: the state every candidate starts from (:meth:`end_state`).
         :param candidates: the runs to make, each with its starting lr (None: the spec's) and setting's value.
@@ -852,6 +880,7 @@ class SVIRun:
         :param taken: the settings chosen before, and their values, which every candidate starts with.
         :param take: makes the run at its start hold a candidate's value (the setting's; None: an lr's choice).
         :param each_lr: whether the setting's candidates run at every starting lr (the log names each one's lr).
+        :param reach: the runs past the candidates, given the best run so far (None: the candidates alone).
         :returns: the kept run.
         :raises TrainingDiverged: when every candidate diverged and there is no incumbent.
         """
@@ -860,7 +889,9 @@ class SVIRun:
         started = time.perf_counter()
         scores = {} if best is None else {best.key(each_lr): best.score}
         failures, label = {}, "score"
-        for run in candidates:
+        pending = list(candidates)
+        while pending or (reach is not None and best is not None and (pending := reach(best))):
+            run = pending.pop(0)
             self._take(start)
             for earlier, value in taken:
                 earlier.take(value)
