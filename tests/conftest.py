@@ -174,17 +174,17 @@ def choice_in_log(lines: list[str], what: str) -> tuple[float, dict[float, float
     return kept, scores, line
 
 
-def crash_in_the_second_candidate(monkeypatch, step: int) -> list[int]:
-    """Raise ``RuntimeError("simulated")`` once, when SVI reaches ``step`` for the second time (in the second of a
-    choice's candidate runs); returns the list of steps taken, appended as they come (``kl_weight`` is asked once
-    a step)."""
+def crash_in_the_second_candidate(monkeypatch, step: int, nth: int = 2) -> list[int]:
+    """Raise ``RuntimeError("simulated")`` once, when SVI reaches ``step`` for the ``nth`` time (by default in the
+    second of a choice's candidate runs); returns the list of steps taken, appended as they come (``kl_weight`` is
+    asked once a step)."""
     import zoo.inference.svi as svi
 
     real, seen, crashed = svi.kl_weight, [], []
 
     def weight(at, spec, n_steps=None):
         seen.append(at)
-        if at == step and seen.count(step) == 2 and not crashed:
+        if at == step and seen.count(step) == nth and not crashed:
             crashed.append(at)
             raise RuntimeError("simulated")
         return real(at, spec, n_steps)

@@ -143,6 +143,30 @@ def test_the_rate_reaches_below_the_grid_one_rate_at_a_time_while_the_lowest_sco
         assert load_run(fitted.run_dir)[2].guide.dropout_rate == rate
 
 
+def test_a_ladder_interrupted_below_the_grid_resumes_there_and_ends_as_the_uninterrupted_fit(tmp_path, monkeypatch):
+    """Made to favour low rates, a crash in the run at 0.002 (the fifth, after the grid's four; step 25, its
+    checkpoint at 20): the resumed fit scores the grid's finished runs again without a step, reaches 0.002 from its
+    checkpoint and 0.001 after it, and keeps what the whole fit kept."""
+    real = svi.calibration_score
+    monkeypatch.setattr(svi, "calibration_score",
+                        lambda posterior, *args: (posterior.guide.dropout_rate, real(posterior, *args)[1]))
+    whole = train(chosen_rate_spec(), tmp_path / "whole", progress=False, echo=None)
+    out = tmp_path / "crashed"
+    seen = crash_in_the_second_candidate(monkeypatch, 25, nth=len(DROPOUT_RATE_CANDIDATES) + 1)
+    with pytest.raises(RuntimeError, match="simulated"):
+        train(chosen_rate_spec(), out, progress=False, echo=None)
+    assert (out / svi.LR_CHOICE_DIR / "dropout_rate0.002" / CHECKPOINT_FILE).exists()
+    seen.clear()
+    lines: list[str] = []
+    train(chosen_rate_spec(), out, resume=True, progress=False, echo=lines.append)
+    rate, scores, _ = choice_in_log(lines, "guide.dropout_rate")
+    assert rate == min(DROPOUT_RATES_BELOW) and sorted(scores) == sorted(DROPOUT_RATE_CANDIDATES + DROPOUT_RATES_BELOW)
+    # 0.002's last 10 steps, 0.001's 30, the noise's other start's and the prior's two other scales'; the grid's none
+    assert len(seen) == 10 + 30 + 30 + 2 * 30
+    a, b = load_torch(out / CHECKPOINT_FILE), load_torch(whole.run_dir / CHECKPOINT_FILE)
+    assert different_entries(a["guide"], b["guide"]) == [] and a["losses"] == b["losses"]
+
+
 def test_the_rate_is_chosen_at_the_chosen_lr_with_the_lr_runs_best_among_its_candidates(tmp_path):
     """With the lr left to choose too: the lr first, at the default rate, then the rate at that lr; the lr's kept
     run is the default rate's candidate, so no run is repeated."""
