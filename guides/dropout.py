@@ -67,9 +67,9 @@ CONCRETE_TEMPERATURE = 0.1  # Gal, Hron & Kendall 2017
 DEFAULT_DROPOUT_RATE = 0.1  # p where none is set and none is chosen (concrete: its initial p)
 # a null rate is chosen from these on the fit's calibration rows: Gal & Ghahramani's (2016) UCI grid
 DROPOUT_RATE_CANDIDATES = (0.005, 0.01, 0.05, 0.1)
-# and from these below it, each run only while the lowest rate run so far scores best (the 1-D toy's and twoclass'
-# rows chose the grid's lowest on every seed, where 0.001 keeps the plain net's RMSE and NLL; docs/results/defaults.md,
-# "MC dropout's rate reaches below Gal & Ghahramani's grid")
+# and from these below it, each run only while the lowest rate run so far scores best (the 1-D toy's rows chose the
+# grid's lowest on every seed, and at 0.001 MC dropout keeps the plain net's RMSE and NLL there; docs/results/
+# defaults.md, "MC dropout's rate reaches below Gal & Ghahramani's grid")
 DROPOUT_RATES_BELOW = (0.002, 0.001)
 
 
