@@ -160,7 +160,7 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
     """Run ``fitter`` at the lr ``fit.spec`` asks for: its own, the default, or the best of a whole run at each of
     ``candidates`` (and, where ``joint`` is open, at each of its options too), scored on the calibration rows
     (:func:`chooses_lr`). Then the ``lower`` rungs run the same way, from the highest down, each only while the
-    lowest lr run so far scored best or every run so far diverged (:func:`_ladder`): paid for only where the usual
+    lowest lr run so far scored best or every run so far diverged (:func:`reach_past`): paid for only where the usual
     steps are too large for the net and data, or only just small enough. Where the prior's scale factor is open too
     (:func:`chooses_prior_scale`), the kept run's lr and options then run at each other factor of
     :data:`~zoo.sections.PRIOR_SCALE_FACTORS`, and the best of them all is kept.
@@ -227,7 +227,8 @@ def fit_choosing_lr(fit: FitContext, fitter: Callable[[FitContext], Fit], with_l
         return None
 
     if by_lr:
-        for lr in _ladder(candidates, lower, reach_lower, lambda line: fit.log(f"{name}: {line}")):
+        for lr in reach_past(candidates, tuple(sorted(lower, reverse=True)), reach_lower,
+                             lambda line: fit.log(f"{name}: {line}")):
             for option in (None,) if joint is None else joint.options:
                 at = spec if option is None else spec.model_copy(update=option)
                 run(f"{lr:g}" + ("" if option is None else f", {joint.label(option)}"),
@@ -273,20 +274,32 @@ class _Kept(NamedTuple):
     choices: dict[str, Any]
 
 
-def _ladder(candidates: tuple[float, ...], lower: tuple[float, ...], reach_lower: Callable[[float], str | None],
-            say: Callable[[str], None]) -> Iterator[float]:
-    """The lrs a choice runs: every candidate, then each of ``lower`` from the highest down, each only where
-    ``reach_lower(lowest)``, given the lowest lr run so far, gives the reason to (every run so far diverged, or that
-    lr scored best)."""
+def reach_past(candidates: tuple[float, ...], beyond: tuple[float, ...], why: Callable[[float], str | None],
+               say: Callable[[str], None]) -> Iterator[float]:
+    """The values a choice on the calibration rows runs: every candidate, then each of ``beyond`` (values past the
+    candidates' nearest edge, nearest first), each only where ``why(edge)``, given the value run last at that edge,
+    gives the reason to (it scored best; for an lr, also: every run so far diverged). A choice on its grid's edge does
+    not show that its best lies inside the grid; the rungs are paid for only where it lands there. SWAG's and
+    SG-MCMC's lr (:func:`fit_choosing_lr`) and SVI's open settings (MC dropout's rate,
+    :meth:`zoo.inference.svi.SVIRun.choose_lr`) reach so.
+
+    :param candidates: the grid.
+    :param beyond: the values past its edge, nearest first.
+    :param why: the reason to run the next value, given the edge so far, or None to stop; read as the values run.
+    :param say: the fit's log, told the reason before each value past the grid.
+    :returns: the values, lazily.
+    """
     yield from candidates
-    lowest = min(candidates)
-    for lr in sorted(lower, reverse=True):
-        reason = reach_lower(lowest)
+    if not beyond:
+        return
+    edge = min(candidates, key=lambda c: abs(c - beyond[0]))
+    for value in beyond:
+        reason = why(edge)
         if reason is None:
             return
-        say(f"{reason}; the choice runs the lower {lr:g}")
-        yield lr
-        lowest = lr
+        say(f"{reason}; the choice runs {value:g}")
+        yield value
+        edge = value
 
 
 def _keep_files(source: Path, run_dir: Path, files: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ import shutil
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from zoo.inference.lr_choice import (
     chooses_lr,
     chooses_prior_scale,
     every_candidate_diverged,
+    reach_past,
 )
 from zoo.inference.noise_choice import chooses_noise
 from zoo.likelihoods import Likelihood, gaussian
@@ -630,7 +631,8 @@ class OpenSetting:
         (:data:`~zoo.sections.LR_CANDIDATES`), not only at the one chosen before: a joint choice, for a setting that
         changes which lr is best (a noise's start).
     :ivar beyond: values past the candidates' nearest edge, nearest first, each run only while the value run last at
-        that edge scores best (:attr:`guides.base.SettingChoice.beyond`: MC dropout's rates below its grid).
+        that edge scores best (:attr:`guides.base.SettingChoice.beyond`: MC dropout's rates below its grid;
+        :meth:`runs`).
     """
 
     name: str
@@ -640,27 +642,28 @@ class OpenSetting:
     each_lr: bool = False
     beyond: tuple[float, ...] = ()
 
-    def reach(self, lrs: tuple[float | None, ...], say: Callable[[str], None]
-              ) -> Callable[[CandidateRun], list[CandidateRun]]:
-        """The choice's next runs past its grid, given the run kept so far: :attr:`beyond`'s next value at each of
-        ``lrs`` while the kept run holds the value run last at the edge, else none.
+    def runs(self, lrs: tuple[float | None, ...], incumbent: CandidateRun | None,
+             say: Callable[[str], None]) -> Iterator[CandidateRun]:
+        """The choice's runs, made lazily: each candidate at each of ``lrs`` but the incumbent's value (the run kept by
+        the choice before, at :attr:`held`), then each of :attr:`beyond` while the value run last at the edge holds
+        the best score so far (:func:`~zoo.inference.lr_choice.reach_past`; the runs' scores are read as they come).
 
         :param lrs: the starting lrs each value runs at.
+        :param incumbent: the run kept so far (None: the first choice, every candidate runs).
         :param say: the fit's log, told why a value past the grid runs.
-        :returns: a function of the kept run.
+        :returns: the runs.
         """
-        edge = min(self.candidates, key=lambda c: abs(c - self.beyond[0])) if self.beyond else None
-        rest = iter(self.beyond)
+        made = [] if incumbent is None else [incumbent]
 
-        def runs(kept: CandidateRun) -> list[CandidateRun]:
-            nonlocal edge
-            if kept.value != edge or (value := next(rest, None)) is None:
-                return []
-            say(f"svi: {self.name} {edge:g}, the edge of the values run, scored best; the choice runs {value:g}")
-            edge = value
-            return [CandidateRun(lr, value, self.name) for lr in lrs]
+        def why(edge: float) -> str | None:
+            best = min(made, key=lambda run: run.score)  # the first of equals, as the choice keeps it
+            return f"svi: {self.name} {edge:g}, the edge of the values run, scored best" if best.value == edge else None
 
-        return runs
+        for value in reach_past(self.candidates, self.beyond, why, say):
+            for lr in lrs:
+                if incumbent is None or value != self.held:
+                    made.append(CandidateRun(lr, value, self.name))
+                    yield made[-1]
 
 
 @dataclass
@@ -814,10 +817,8 @@ class SVIRun:
                     kept.value, kept.setting = setting.held, setting.name
                 each_lr = by_lr and setting.each_lr
                 lrs = LR_CANDIDATES if each_lr else (self.chosen_lr,)
-                runs = [CandidateRun(lr, v, setting.name) for v in setting.candidates for lr in lrs
-                        if kept is None or v != setting.held]
-                kept = self._best_run(start, runs, kept, setting.name, taken, setting.take, each_lr,
-                                      setting.reach(lrs, fit.log))
+                kept = self._best_run(start, setting.runs(lrs, kept, fit.log), kept, setting.name, taken,
+                                      setting.take, each_lr)
                 taken.append((setting, kept.value))
                 self.chosen_settings[setting.name] = kept.value
                 self.chosen_lr = kept.lr  # a joint choice may keep another lr
@@ -864,23 +865,21 @@ class SVIRun:
         return OpenSetting("inference.prior_scale_factor", fit.family.prior_scale_factor, PRIOR_SCALE_FACTORS,
                            fit.family.widen_priors)
 
-    def _best_run(self, start: dict, candidates: list[CandidateRun], best: CandidateRun | None, what: str,
+    def _best_run(self, start: dict, candidates: Iterable[CandidateRun], best: CandidateRun | None, what: str,
                   taken: list[tuple[OpenSetting, float]], take: Callable[[float], None] | None = None,
-                  each_lr: bool = False, reach: Callable[[CandidateRun], list[CandidateRun]] | None = None
-                  ) -> CandidateRun:
+                  each_lr: bool = False) -> CandidateRun:
         """Run each candidate from ``start`` and continue as the best on the calibration rows (NLL; regression:
         -test LL), ``best`` (a run of an earlier choice) among them: guide, point parameters, buffers, optimiser,
-        loss curve, data order and random state. Then the runs ``reach`` asks for, given the best so far, until it
-        asks for none (:meth:`OpenSetting.reach`).
+        loss curve, data order and random state.
 
         :param start: the state every candidate starts from (:meth:`end_state`).
-        :param candidates: the runs to make, each with its starting lr (None: the spec's) and setting's value.
+        :param candidates: the runs to make, each with its starting lr (None: the spec's) and setting's value; an
+            iterator may decide its next run from the scores of those before (:meth:`OpenSetting.runs`).
         :param best: an earlier choice's kept run, the incumbent.
         :param what: what is chosen, for the log (``starting lr``, ``guide.dropout_rate``).
         :param taken: the settings chosen before, and their values, which every candidate starts with.
         :param take: makes the run at its start hold a candidate's value (the setting's; None: an lr's choice).
         :param each_lr: whether the setting's candidates run at every starting lr (the log names each one's lr).
-        :param reach: the runs past the candidates, given the best run so far (None: the candidates alone).
         :returns: the kept run.
         :raises TrainingDiverged: when every candidate diverged and there is no incumbent.
         """
@@ -889,9 +888,7 @@ class SVIRun:
         started = time.perf_counter()
         scores = {} if best is None else {best.key(each_lr): best.score}
         failures, label = {}, "score"
-        pending = list(candidates)
-        while pending or (reach is not None and best is not None and (pending := reach(best))):
-            run = pending.pop(0)
+        for run in candidates:
             self._take(start)
             for earlier, value in taken:
                 earlier.take(value)
