@@ -118,6 +118,7 @@ class AutoGuide(Guide):
         self.sites, self.spec = dict(sites), spec
         # a Gaussian autoguide's start is its init_scale = softplus(rho); the others have no spread to start
         self.rho_open = spec.init_rho is None and spec.auto in GAUSSIAN
+        self.prior_scale_open = spec.auto in GAUSSIAN  # as the mean-field guide's (docs: the defaults page)
         self.init_rho = DEFAULT_INIT_RHO if spec.init_rho is None else spec.init_rho
         self.auto: nn.Module | None = None
         self.laplace: AutoMultivariateNormal | None = None  # laplace_approximation: the completed Gaussian

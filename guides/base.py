@@ -110,9 +110,10 @@ class Guide(nn.Module, metaclass=ABCMeta):
     """
 
     init_rho: float | None = None  # the initial rho of a softplus-parameterised guide (read by the NaN diagnosis)
-    # its draws are point values (Deltas, masked or not), so the prior meets its ELBO only as a weight decay on them
-    # (a MAP, dropout VI): the fit may choose that decay's strength on its calibration rows (SVI's prior scale factor)
-    prior_as_weight_decay: ClassVar[bool] = False
+    # the fit may choose its priors' scale on its calibration rows (SVI's prior scale factor): a guide whose draws are
+    # point values (a MAP, dropout VI) meets its prior as a weight decay, which the plain-net recipe tunes on held-out
+    # rows; a Gaussian guide fits its spread against a prior that can be too narrow for the net (the toy's tanh MLP)
+    prior_scale_open: ClassVar[bool] = False
     sites: dict[str, LatentSite]  # the family's latent sites it is a guide over
 
     @abstractmethod

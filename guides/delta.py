@@ -15,7 +15,7 @@ from zoo.sites import LatentSite
 class DeltaGuide(SiteGuide):
     """q(w) = delta(w - w_hat); the ELBO reduces to log p(y | w_hat) + log p(w_hat)."""
 
-    prior_as_weight_decay = True
+    prior_scale_open = True  # the prior meets the ELBO as a weight decay on w_hat
 
     def distribution(self, name: str) -> dist.TorchDistribution:
         """A Delta at the site's current point value.

@@ -93,7 +93,7 @@ class DropoutGuide(SiteGuide):
     :param drop_inputs: also drop the first layer's input units.
     """
 
-    prior_as_weight_decay = True  # its draws are Deltas at M ∘ mask: the prior is dropout training's L2 penalty
+    prior_scale_open = True  # its draws are Deltas at M ∘ mask: the prior is dropout training's L2 penalty
 
     def __init__(self, sites: dict[str, LatentSite], dropout_rate: float | None = DEFAULT_DROPOUT_RATE,
                  mask: str = "bernoulli", drop_inputs: bool = False) -> None:

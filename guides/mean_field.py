@@ -50,6 +50,8 @@ class MeanFieldNormalGuide(SiteGuide):
         :data:`INIT_RHO_CANDIDATES` (:meth:`open_setting`), meanwhile :data:`DEFAULT_INIT_RHO`.
     """
 
+    prior_scale_open = True  # given validation rows, the fit chooses its priors' scale (docs: the defaults page)
+
     def __init__(self, sites: dict[str, LatentSite], init_rho: float | None = DEFAULT_INIT_RHO) -> None:
         super().__init__(sites)
         self.rho_open = init_rho is None

@@ -17,7 +17,7 @@ import zoo
 from guides.base import INIT_RHO_CANDIDATES
 from zoo.cli import main
 from zoo.errors import ZooInputError
-from zoo.sections import LR_CANDIDATES
+from zoo.sections import LR_CANDIDATES, PRIOR_SCALE_FACTORS
 from zoo.spec import load_spec
 
 
@@ -107,7 +107,7 @@ def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(mon
     each a line. Unshown scores were most of a sampled member's fit on a small net (mnist5k mean-field: 35 s
     without them, 84 s with; rank-1's 400 predictive draws scored the rows twice at the end, as the monitor's last
     report and as the metrics). This fit chooses its starting lr on the val rows, then its noise's start, so each
-    candidate's run (each candidate lr, the other start at each of them) is scored."""
+    candidate's run (each candidate lr, the other start at each of them, each wider prior) is scored."""
     x = torch.randn(40, 3)
     y = x @ torch.tensor([1.0, -2.0, 0.5])
     scored, metrics = [], []
@@ -123,8 +123,8 @@ def test_val_rows_are_scored_as_the_fit_goes_only_where_the_scores_are_shown(mon
 
     monkeypatch.setattr(zoo.bnn.ValidationMonitor, "__call__", counting)
     monkeypatch.setattr(zoo.bnn, "evaluate", counting_metrics)
-    # every lr at both noise starts (joint), then mean-field's other start at the chosen lr
-    lines, runs = [], 2 * len(LR_CANDIDATES) + len(INIT_RHO_CANDIDATES) - 1
+    # every lr at both noise starts (joint), then mean-field's other start at the chosen lr, then the wider priors
+    lines, runs = [], 2 * len(LR_CANDIDATES) + len(INIT_RHO_CANDIDATES) - 1 + len(PRIOR_SCALE_FACTORS) - 1
     for echo in (None, lines.append):
         scored.clear()
         metrics.clear()

@@ -27,7 +27,8 @@ TARGET_VAL = (X[90:], X[90:].sum(1) + 0.1 * X[90:, 2] ** 2)
 CHOICES = {
     "map": ("classification", {"inference.lr", "inference.prior_scale_factor"}),
     "mc_dropout": ("classification", {"inference.lr", "guide.dropout_rate", "inference.prior_scale_factor"}),
-    "mean_field": ("regression", {"inference.lr", "guide.init_rho", "likelihood.noise_prior.init"}),
+    "mean_field": ("regression", {"inference.lr", "guide.init_rho", "likelihood.noise_prior.init",
+                                  "inference.prior_scale_factor"}),
     "swag": ("classification", {"inference.lr", "inference.pretrain_by", "inference.prior_scale_factor"}),
     "sgld": ("classification", {"inference.lr", "inference.explore_lr", "inference.prior_scale_factor"}),
     "diagonal_laplace": ("classification", {"model.map.lr", "model.map.prior_scale_factor", "inference.link"}),

@@ -2,7 +2,9 @@
 one factor, given or, left null, chosen on the calibration rows by a whole run at each of
 :data:`~zoo.sections.PRIOR_SCALE_FACTORS`; the kept run is the run given that factor by hand, its checkpoint carries
 the factor and a reloaded run holds it. Dropout VI's draws are point values too, so its prior is a weight decay and
-its factor is chosen after its rate; a guide over distributions of the weights fits under the spec's priors. SWAG's
+its factor is chosen after its rate. A Gaussian guide over the weights (mean-field, Bayes by Backprop's, the Gaussian
+autoguides) fits its spread against the same priors, and chooses their factor after its start; a flow keeps the
+spec's priors. SWAG's
 SGD and SG-MCMC's chains meet the prior as a weight decay too: their factor is chosen after their lr, each factor
 climbing on its own."""
 
@@ -90,9 +92,30 @@ def test_a_dropout_nets_prior_is_its_weight_decay_too_and_its_factor_is_chosen_a
     assert [x for x in lines if "chosen on" in x][-1].startswith(f"svi: {FACTOR} ")
 
 
-def test_no_factor_is_chosen_for_a_distribution_over_the_weights_or_without_calibration_rows(tmp_path):
-    for overrides, name in ((["guide.name=mean_field"], "mean_field"), (["data.calibration_fraction=0"], "no_rows"),
-                            ([f"{FACTOR}=2.0"], "given")):
+@pytest.mark.parametrize("guide", [["guide.name=mean_field"], ["guide.name=mean_field", "prior.name=scale_mixture"],
+                                   ["guide.name=auto", "guide.auto=normal"]], ids=["mean_field", "bbb", "auto_normal"])
+def test_a_gaussian_guide_chooses_the_factor_after_its_start_and_keeps_the_run_given_both_by_hand(tmp_path, guide):
+    """Mean-field's spread is fitted against the prior, which N(0, 1) can make too narrow for the net: its factor is
+    chosen after the guide's start, on the rows, and the kept run is the run given the start and the factor by
+    hand."""
+    lines: list[str] = []
+    chosen = train(map_spec(*guide), tmp_path / "chosen", progress=False, echo=lines.append)
+    factor, scores, _ = choice_in_log(lines, FACTOR)
+    rho, _, _ = choice_in_log(lines, "guide.init_rho")
+    assert sorted(scores) == sorted(PRIOR_SCALE_FACTORS) and factor == min(scores, key=scores.get)
+    assert recorded_choices(chosen.run_dir) == {"guide.init_rho": rho, FACTOR: factor}
+    saved = load_torch(chosen.run_dir / CHECKPOINT_FILE)
+    _, _, posterior = load_run(chosen.run_dir)
+    assert posterior.family.prior_scale_factor == factor
+    by_hand = train(map_spec(*guide, f"guide.init_rho={rho}", f"{FACTOR}={factor}"), tmp_path / "by_hand",
+                    progress=False, echo=None)
+    hand = load_torch(by_hand.run_dir / CHECKPOINT_FILE)
+    assert different_entries(hand["guide"], saved["guide"]) == [] and hand["losses"] == saved["losses"]
+
+
+def test_no_factor_is_chosen_for_a_flow_or_without_calibration_rows(tmp_path):
+    for overrides, name in ((["guide.name=auto", "guide.auto=iaf"], "iaf"),
+                            (["data.calibration_fraction=0"], "no_rows"), ([f"{FACTOR}=2.0"], "given")):
         lines: list[str] = []
         fitted = train(map_spec(*overrides), tmp_path / name, progress=False, echo=lines.append)
         assert not any(FACTOR in x for x in lines) and FACTOR not in recorded_choices(fitted.run_dir)

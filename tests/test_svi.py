@@ -34,7 +34,7 @@ from zoo.interrupts import Interrupted
 from zoo.pipeline import POINT_ESTIMATE_FILE, load_run, prepare, train
 from zoo.posterior import GuidePosterior
 from zoo.runs import CHECKPOINT_FILE, METRICS_FILE, SPEC_FILE, load_torch
-from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD, LR_CANDIDATES
+from zoo.sections import DEFAULT_LR, DEFAULT_LR_DECAY_TO, DEFAULT_LR_HOLD, LR_CANDIDATES, PRIOR_SCALE_FACTORS
 from zoo.spec import load_spec
 
 REGRESSION_KEYS = {"rmse", "test_ll", "train_seconds"}
@@ -189,8 +189,8 @@ def test_lr_by_calibration_keeps_the_best_candidate_run_exactly_as_a_run_given_t
 def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, spec_factory, monkeypatch):
     """A crash in the second candidate's run (step 30; its checkpoint at 20): the resumed fit takes no step of the
     finished first candidate, 20 of the second, 40 of each later one, 40 of the mean-field guide's other start (at
-    the chosen lr) and 40 of the learned noise's other start at each candidate lr (the choice after the guide's,
-    joint with the lr), and ends as the uninterrupted fit did."""
+    the chosen lr), 40 of the learned noise's other start at each candidate lr (the choice after the guide's,
+    joint with the lr) and 40 of each other prior scale factor, and ends as the uninterrupted fit did."""
     whole = run(spec_factory("toy", *LR_BY), tmp_path / "whole")
     out, seen = tmp_path / "crashed", crash_in_the_second_candidate(monkeypatch, 30)
     with pytest.raises(RuntimeError, match="simulated"):
@@ -199,7 +199,8 @@ def test_an_interrupted_lr_choice_resumes_its_candidates_and_is_exact(tmp_path, 
     seen.clear()
     run(spec_factory("toy", *LR_BY), out, resume=True)
     rho_runs = len(INIT_RHO_CANDIDATES) - 1
-    assert len(seen) == 20 + 40 * (len(LR_CANDIDATES) - 2) + 40 * rho_runs + 40 * len(LR_CANDIDATES)
+    assert len(seen) == (20 + 40 * (len(LR_CANDIDATES) - 2) + 40 * rho_runs + 40 * len(LR_CANDIDATES)
+                         + 40 * (len(PRIOR_SCALE_FACTORS) - 1))
     assert_same_guide(out, whole.run_dir)
     monkeypatch.setattr(svi.SVIRun, "_best_run", lambda *a: pytest.fail("a finished run chose again"))
     run(spec_factory("toy", *LR_BY), out, resume=True)

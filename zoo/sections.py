@@ -89,9 +89,9 @@ CUDA_READ_LOSS_EVERY = 50  # SVI steps a CUDA run takes between host reads of it
 # inference.lr_by: calibration runs the whole fit at each of these starting lrs (the plain net's grid in
 # benchmarks/defaults.py) from the same start, and keeps the run its calibration rows score best
 LR_CANDIDATES = (1e-3, 3e-3, 1e-2)
-# a fit whose weights meet their prior as a weight decay (inference.prior_scale_factor: null, ScalesPrior) with
-# calibration rows runs its whole fit again at each of these factors on its priors' scales (1: the spec's priors) and
-# keeps the best run
+# a fit whose weights meet their prior as a weight decay, or whose Gaussian guide fits its spread against it
+# (inference.prior_scale_factor: null, ScalesPrior), with calibration rows runs its whole fit again at each of these
+# factors on its priors' scales (1: the spec's priors) and keeps the best run
 PRIOR_SCALE_FACTORS = (1.0, 3.0, 10.0)
 
 
@@ -104,8 +104,9 @@ class ScalesPrior(Strict):
         "every prior's scale multiplied by this factor for the fit (a point estimate's weight decay divided by its "
         "square); null: 1, except where the fit's weights meet the prior as a weight decay (SVI whose guide's draws "
         "are point values: guide delta, the MAP, a deep ensemble, a Laplace member's MAP phase, guide dropout; SWAG "
-        "and MultiSWAG; SGLD and SGHMC) on a family whose weights have priors (all_weights, deep_ensemble) and the "
-        "fit has calibration rows: it runs its whole fit again at each of "
+        "and MultiSWAG; SGLD and SGHMC) or a Gaussian guide fits its spread against it (guide mean_field, Bayes by "
+        "Backprop's; guide auto: normal, low_rank_mvn, mvn) on a family whose weights have priors (all_weights, "
+        "deep_ensemble) and the fit has calibration rows: it runs its whole fit again at each of "
         f"{', '.join(f'{c:g}' for c in PRIOR_SCALE_FACTORS)} (at the lr and settings it chose) and keeps the run "
         "its calibration rows score best (NLL, or -test LL for regression; docs: the members page)"))
 

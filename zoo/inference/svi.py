@@ -850,17 +850,18 @@ class SVIRun:
         return settings
 
     def prior_scale_setting(self) -> OpenSetting | None:
-        """The prior scale factor of a guide whose draws are point values, where the spec left it null: a MAP's or
-        dropout net's prior is its weight decay (:attr:`~guides.base.Guide.prior_as_weight_decay`), which the
+        """The prior scale factor, where the spec left it null and the guide leaves it open
+        (:attr:`~guides.base.Guide.prior_scale_open`): a MAP's or dropout net's prior is its weight decay, which the
         plain-net recipe tunes on held-out rows, and N(0, 1) is too strong for some nets (the 1-D toy's tanh MLP under
-        it fits its clusters loosely and misses in the gap; measured in ``benchmarks/defaults.py``). Its candidates
+        it fits its clusters loosely and misses in the gap; measured in ``benchmarks/defaults.py``); a mean-field or
+        Gaussian autoguide's spread is fitted against the same prior. Its candidates
         (:data:`~zoo.sections.PRIOR_SCALE_FACTORS`) run at the lr and settings chosen before.
 
-        :returns: the setting, or None: a factor given, a guide over distributions of the weights (it fits its own
-            spread to its prior, and its KL is its objective), or a family that cannot widen.
+        :returns: the setting, or None: a factor given, a guide that keeps the spec's priors (rank-1's, a flow's), or
+            a family that cannot widen.
         """
         fit = self.fit  # (asked only where the fit has calibration rows)
-        if not fit.guide.prior_as_weight_decay or not chooses_prior_scale(fit.spec, fit.family, True):
+        if not fit.guide.prior_scale_open or not chooses_prior_scale(fit.spec, fit.family, True):
             return None
         return OpenSetting("inference.prior_scale_factor", fit.family.prior_scale_factor, PRIOR_SCALE_FACTORS,
                            fit.family.widen_priors)
