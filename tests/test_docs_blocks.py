@@ -56,6 +56,7 @@ SMALL = [
      'budget="1s", inference={"num_chains": 4, "warmup_steps": 20, "num_samples": 20, "max_leapfrog_steps": 32}, '
      '**parts)'),
     ("docs/guide/diagnostics.md", "epochs=500)", "epochs=40)"),
+    ("docs/guide/diagnostics.md", "epochs=500,", "epochs=40,"),
     ("docs/guide/diagnostics.md", "zoo.compare(ref, mean_field, laplace)",
      "zoo.compare(ref, mean_field, laplace, allow_unconverged=True)"),
 ]

@@ -16,6 +16,7 @@ from torch import nn
 import zoo
 from zoo import posterior_checks
 from zoo.diagnostics import budget_minutes
+from zoo.diagnostics.comparison import compare_table, prior_widening
 from zoo.errors import NotFitted, ZooInputError
 from zoo.inference import mcmc
 from zoo.inference.draws import SAMPLES_FILE
@@ -152,10 +153,13 @@ def test_resuming_a_reference_on_other_rows_is_refused_naming_them(reference_dir
 # ---------------------------------------------------------------------------------------------- compare
 @pytest.fixture(scope="module")
 def members(tmp_path_factory):
-    """Two members fitted on the reference's rows, each also kept in a run directory."""
+    """Members fitted on the reference's rows, each also kept in a run directory: mean-field under the reference's
+    prior and, ``wide``, at its defaults, which choose a prior's scale on the rows; a subnetwork Laplace."""
     folder = tmp_path_factory.mktemp("members")
     fitted = {}
-    for name, settings in [("mean_field", {"inference": {"method": "svi", "num_steps": 300}}),
+    for name, settings in [("mean_field", {"inference": {"method": "svi", "num_steps": 300,
+                                                          "prior_scale_factor": 1.0}}),
+                           ("wide", {"inference": {"method": "svi", "num_steps": 300}}),
                            ("laplace", {"member": "subnetwork_laplace"})]:
         torch.manual_seed(0)
         bnn = zoo.BNN(nn.Linear(1, 1).double(), **PARTS, **settings)
@@ -174,6 +178,27 @@ def test_compare_on_bnns_and_on_their_run_directories_gives_the_same_table(refer
     assert table["reference"].tolist() == [True, False, False] and table.loc["ref (hmc)", "w1"] == 0.0
     assert (table["w1"].iloc[1:] > 0).all() and table.attrs["reference_check"] == "passes --strict"
     assert table.loc["laplace (laplace)", "rmse"] == pytest.approx(members["laplace"].metrics["rmse"])
+
+
+def test_a_fit_under_other_priors_than_the_references_is_named_with_its_factor(reference_dir, members):
+    """Given validation rows, mean-field chooses its priors' scale on them; a factor other than the reference's makes
+    it approximate another posterior, which the comparison names, in memory and from its run directory alike."""
+    out, ref = reference_dir
+    wide = members["wide"]
+    factor = prior_widening(wide)
+    assert factor == wide.chosen["inference.prior_scale_factor"] == zoo.load(wide.run_dir).chosen[
+        "inference.prior_scale_factor"]
+    same = zoo.compare(ref, members["mean_field"], num_samples=20)
+    assert "prior_scale_factor" not in same.table.columns and "priors widened" not in same.caption()
+    given = zoo.BNN(nn.Linear(1, 1).double(), **PARTS, inference={"method": "svi", "num_steps": 50,
+                                                                  "prior_scale_factor": 10.0})
+    given.fit(TRAIN, val=VAL, progress=False)
+    for found in (zoo.compare(ref, mean_field=members["mean_field"], given=given, num_samples=20),
+                  zoo.compare(out, mean_field=members["mean_field"].run_dir, given=given, test=VAL, num_samples=20)):
+        assert found.table["prior_scale_factor"].tolist() == [1.0, 1.0, 10.0]
+        assert "priors widened unlike the reference's (×1): given ×10" in found.caption()
+        assert "inference.prior_scale_factor: 1" in found.to_markdown()
+        assert "priors widened" in str(compare_table(found.rows).caption)
 
 
 def test_a_comparison_shows_as_a_table_markdown_html_and_a_plot(reference_dir, members, tmp_path):

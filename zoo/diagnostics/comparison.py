@@ -41,6 +41,8 @@ COMPARE_MARK = "written by zoo compare"  # in compare.png's zoo text chunk: what
 ROW_KEYS = ("run", "label", "reference", "reference_check")  # what every row of zoo compare's JSON holds
 COMPARE_DRAWS = 200
 METRIC_KEYS = ("accuracy", "nll", "ece", "rmse", "test_ll", "train_seconds")
+PRIOR_SCALE_FIELD = "inference.prior_scale_factor"
+PRIOR_KEY = "prior_scale_factor"  # a row's column where a fit's priors are not the reference's
 Fit = BNN | str | Path  # a fitted BNN, or the run directory of one
 
 
@@ -61,6 +63,7 @@ class RunPredictive:
     :param draws: what the task compares, as above.
     :param digests: the digests of the rows it was fitted on and compared on (:meth:`zoo.data.base.Dataset.digests`).
     :param net: what the fit's net is (its class or spec section, and its parameters' shapes).
+    :param prior_scale_factor: the factor its weights' priors were widened by (:func:`prior_widening`).
     """
 
     run_dir: Path | None
@@ -72,6 +75,20 @@ class RunPredictive:
     draws: np.ndarray | None = None
     digests: dict[str, str] = field(default_factory=dict)
     net: str = ""
+    prior_scale_factor: float = 1.0
+
+
+def prior_widening(bnn: BNN) -> float:
+    """The factor a fit widened its weights' priors by for its posterior (``inference.prior_scale_factor``, given or
+    chosen on its validation rows; 1: the spec's priors). A Laplace member's MAP phase (``model.map``) is not its
+    posterior's prior, so it does not count.
+
+    :param bnn: the fitted BNN.
+    :returns: the factor.
+    """
+    chosen = bnn.chosen.get(PRIOR_SCALE_FIELD)
+    given = getattr(bnn.spec.inference, "prior_scale_factor", None)
+    return float(chosen if chosen is not None else given if given is not None else 1.0)
 
 
 def net_identity(bnn: BNN) -> str:
@@ -118,7 +135,8 @@ def fit_predictive(bnn: BNN, label: str, num_samples: int = COMPARE_DRAWS, test:
     pyro.set_rng_seed(spec.seed + 1)
     pred = posterior.predict(data.x_test, num_samples, draws=posterior.scoring_draws(num_samples))
     return RunPredictive(bnn.run_dir, label, data, {k: metrics[k] for k in METRIC_KEYS if k in metrics}, posterior,
-                         pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn))
+                         pred, task_of(data).comparison_draws(pred, data, spec.seed + 2), digests, net_identity(bnn),
+                         prior_widening(bnn))
 
 
 def run_label(run: Path, spec) -> str:
@@ -315,6 +333,7 @@ def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
     runs = list(runs)
     for run in runs:
         _same_fit_of_the_same_data(reference, run, same_net)
+    other_priors = any(run.prior_scale_factor != reference.prior_scale_factor for run in runs)
     rows, per_input = [], []
     for run, is_reference in [(reference, True)] + [(r, False) for r in runs]:
         row: dict[str, Any] = {"run": "" if run.run_dir is None else str(run.run_dir), "label": run.label,
@@ -323,6 +342,8 @@ def compare_predictives(reference: RunPredictive, runs: Sequence[RunPredictive],
         row.update(figures)
         per_input.append(along_inputs)
         row.update(run.metrics)
+        if other_priors:  # another prior is another posterior: the figures measure that too
+            row[PRIOR_KEY] = run.prior_scale_factor
         rows.append(jsonable(row))
     return rows, per_input
 
@@ -435,7 +456,8 @@ class Comparison:
 
         :returns: the line.
         """
-        return f"against {self.rows[0]['label']} (test inputs): reference {self.standing.column()}"
+        return (f"against {self.rows[0]['label']} (test inputs): reference {self.standing.column()}"
+                + (f"; {other}" if (other := other_priors_note(self.rows)) else ""))
 
     def to_markdown(self) -> str:
         """The table as markdown (a results page's), with the caption line under it.
@@ -466,9 +488,25 @@ class Comparison:
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    """The task's figures, then the metrics any row holds."""
+    """The task's figures, then the metrics any row holds, then the priors' factor where a fit's is not the
+    reference's."""
     keys = list(next(t.fidelity for t in TASKS.values() if t.fidelity[0] in rows[0]))
-    return keys + [k for k in METRIC_KEYS if any(k in r for r in rows)]
+    return keys + [k for k in (*METRIC_KEYS, PRIOR_KEY) if any(k in r for r in rows)]
+
+
+def other_priors_note(rows: list[dict[str, Any]]) -> str:
+    """A line naming the fits whose priors are not the reference's (a factor chosen on their validation rows, say),
+    and what to change to compare the reference's posterior; empty where every prior is the reference's.
+
+    :param rows: :func:`compare`'s rows, the reference first.
+    :returns: the line.
+    """
+    if PRIOR_KEY not in rows[0]:
+        return ""
+    theirs = rows[0][PRIOR_KEY]
+    others = ", ".join(f"{r['label']} ×{r[PRIOR_KEY]:g}" for r in rows[1:] if r[PRIOR_KEY] != theirs)
+    return (f"priors widened unlike the reference's (×{theirs:g}): {others}; these fits approximate another posterior "
+            f"(fit them with {PRIOR_SCALE_FIELD}: {theirs:g} to approximate the reference's)")
 
 
 def compare_figure(reference: RunPredictive, runs: list[RunPredictive], rows: list[dict[str, Any]],
@@ -545,7 +583,9 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
     keys = _columns(rows)
     check = rows[0].get("reference_check", "")
     failing = check.startswith("FAILS")
-    caption = f"REFERENCE {escape(check)}: every figure carries its error" if failing else None
+    notes = [f"REFERENCE {check}: every figure carries its error"] if failing else []
+    notes += [other] if (other := other_priors_note(rows)) else []
+    caption = escape("\n".join(notes)) if notes else None
     table = Table(title=escape(f"against {rows[0]['label']} (test inputs)"), title_justify="left",
                   caption=caption, caption_style="bold red", caption_justify="left")
     table.add_column("run")
