@@ -370,11 +370,13 @@ class BNN:
     def chosen(self) -> dict[str, Any]:
         """What the fit chose on its calibration rows (the rows given as ``fit(val=...)``), by the spec field each
         choice set: the starting lr (``inference.lr``; a Laplace member's MAP phase ``model.map.lr``), the settings
-        a member's spec leaves open (``guide.dropout_rate``, ``likelihood.noise_prior.init``,
-        ``inference.pretrain_by``, ``inference.explore_burn_in``, ``inference.explore_lr``) and a Laplace
-        classifier's link (``inference.link``). Empty where it chose nothing: every such setting given, or no
-        calibration rows. A regression's predictive noise set on the rows is :attr:`predictive_noise`. The run
-        directory keeps it (``chosen.json``), so :func:`zoo.load` gives it back.
+        a member's spec leaves open (``guide.init_rho``, ``guide.init_scale``, ``guide.dropout_rate``,
+        ``likelihood.noise_prior.init``, ``inference.pretrain_by``, ``inference.explore_burn_in``,
+        ``inference.explore_lr``), the factor on the priors' scale (``inference.prior_scale_factor``; a Laplace
+        member's MAP phase ``model.map.prior_scale_factor``) and a Laplace classifier's link (``inference.link``).
+        Empty where it chose nothing: every such setting given, or no calibration rows. A regression's predictive
+        noise set on the rows is :attr:`predictive_noise`. The run directory keeps it (``chosen.json``), so
+        :func:`zoo.load` gives it back.
 
         :raises RuntimeError: before :meth:`fit`.
         """
