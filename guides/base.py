@@ -113,7 +113,7 @@ class Guide(nn.Module, metaclass=ABCMeta):
     # the fit may choose its priors' scale on its calibration rows (SVI's prior scale factor): a guide whose draws are
     # point values (a MAP, dropout VI) meets its prior as a weight decay, which the plain-net recipe tunes on held-out
     # rows; a Gaussian guide fits its spread against a prior that can be too narrow for the net (the toy's tanh MLP)
-    prior_scale_open: ClassVar[bool] = False
+    prior_scale_open: bool = False  # (a guide may set it per instance: an autoguide, by which it is)
     sites: dict[str, LatentSite]  # the family's latent sites it is a guide over
 
     @abstractmethod

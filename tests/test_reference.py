@@ -185,9 +185,9 @@ def test_a_fit_under_other_priors_than_the_references_is_named_with_its_factor(r
     it approximate another posterior, which the comparison names, in memory and from its run directory alike."""
     out, ref = reference_dir
     wide = members["wide"]
-    factor = prior_widening(wide)
-    assert factor == wide.chosen["inference.prior_scale_factor"] == zoo.load(wide.run_dir).chosen[
-        "inference.prior_scale_factor"]
+    factor, loaded = prior_widening(wide), zoo.load(wide.run_dir)  # the factor its posterior's priors hold
+    assert factor == wide.posterior.family.prior_scale_factor == loaded.posterior.family.prior_scale_factor
+    assert prior_widening(loaded) == factor
     same = zoo.compare(ref, members["mean_field"], num_samples=20)
     assert "prior_scale_factor" not in same.table.columns and "priors widened" not in same.caption()
     given = zoo.BNN(nn.Linear(1, 1).double(), **PARTS, inference={"method": "svi", "num_steps": 50,

@@ -96,9 +96,10 @@ PRIOR_SCALE_FACTORS = (1.0, 3.0, 10.0)
 
 
 class ScalesPrior(Strict):
-    """The ``inference`` section of a method whose prior is its weights' weight decay, which the plain-net recipe
-    tunes on held-out rows: a point estimate's fit (SVI with a guide whose draws are point values), SWAG's SGD and
-    SG-MCMC's chains. Its factor on every prior's scale is set, or chosen on the fit's calibration rows."""
+    """The ``inference`` section of a method whose fit may widen its weights' priors: where the prior is the
+    weights' weight decay, which the plain-net recipe tunes on held-out rows (a point estimate's SVI fit, SWAG's SGD,
+    SG-MCMC's chains), or where a Gaussian guide fits its spread against it (mean-field, the Gaussian autoguides).
+    Its factor on every prior's scale is set, or chosen on the fit's calibration rows."""
 
     prior_scale_factor: PositiveFloat | None = Field(None, description=(
         "every prior's scale multiplied by this factor for the fit (a point estimate's weight decay divided by its "
