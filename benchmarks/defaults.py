@@ -11,10 +11,12 @@ Six nets a newcomer would bring, each on the data it is made for (seeds 0-2 by d
 
 For each case and seed, the plain net is trained as a user would: Adam on the same ``DataLoader`` for the same
 epochs, its learning rate picked from {1e-3, 3e-3, 1e-2} by the validation rows' NLL (regression: cross-entropy is
-the squared error, its noise the training residuals' RMSE). Then every member preset is fitted on a fresh copy of
-the same net at its defaults, ``zoo.BNN(net, member=m).fit(loader, val=val, epochs=E)`` and nothing else, and both
-are scored on the same test rows. A cell meets the bar when, averaged over seeds, its accuracy is at least the plain
-net's minus one point (its RMSE at most 1.05 times the plain net's) and its NLL at most the plain net's.
+the squared error, its noise the training residuals' RMSE); its figures are the mean of that recipe on five
+shuffles of the loader (``--plain-shuffles``), since one shuffle's test NLL spreads as wide as the gaps the bar
+judges. Then every member preset is fitted on a fresh copy of the same net at its defaults,
+``zoo.BNN(net, member=m).fit(loader, val=val, epochs=E)`` and nothing else, and both are scored on the same test
+rows. A cell meets the bar when, averaged over seeds, its accuracy is at least the plain net's minus one point (its
+RMSE at most 1.05 times the plain net's) and its NLL at most the plain net's.
 
 Every finished cell is appended to ``--cells`` (a JSON-lines file) as it ends, so an interrupted run continues where
 it stopped when started again with the same options. Run it pinned to one thread (``--threads 1``, the default):
@@ -75,6 +77,9 @@ from zoo.sections import MAX_EPOCHS, SetsNoise  # noqa: E402
 from zoo.spec import load_spec  # noqa: E402
 
 PLAIN_LRS = (1e-3, 3e-3, 1e-2)
+PLAIN_SHUFFLES = 5  # orders of its loader the plain net is trained on, per seed: the bar reads their mean
+MAX_SHUFFLES = 20
+SHUFFLE_STRIDE = 1_000_003  # shuffle k of seed s draws its order from s + k * SHUFFLE_STRIDE (shuffle 0: from s)
 NOT_BUDGETED = {"hmc": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)",
                 "nuts": "a gold-standard sampler run by draws, not epochs (zoo.reference grows it to convergence)"}
 # --reference: the posterior itself beside the members, by the many-chain HMC at a fixed number of draws (not grown
@@ -305,10 +310,11 @@ BUDGET_KEYS = ("epochs", "num_steps", "inference.epochs", "inference.num_steps")
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def loader(rows: Rows, case: Case, seed: int) -> DataLoader:
-    """The user's training loader: shuffled minibatches, its order seeded."""
+def loader(rows: Rows, case: Case, seed: int, shuffle: int = 0) -> DataLoader:
+    """The user's training loader: shuffled minibatches, its order seeded (shuffle 0: by ``seed``, as a user seeds
+    it; shuffle k: another order of the same rows, drawn from ``seed + k * SHUFFLE_STRIDE``)."""
     return DataLoader(TensorDataset(rows.x_train, rows.y_train), batch_size=case.batch_size, shuffle=True,
-                      generator=torch.Generator().manual_seed(seed))
+                      generator=torch.Generator().manual_seed(seed + shuffle * SHUFFLE_STRIDE))
 
 
 def scores(case: Case, outputs: torch.Tensor, y: torch.Tensor, noise: float | None, y_unit: float) -> dict[str, float]:
@@ -351,14 +357,35 @@ def outputs(net: nn.Module, x: torch.Tensor, case: Case) -> torch.Tensor:
     return out.squeeze(-1) if case.task == "regression" else out
 
 
-def plain_net(case: Case, rows: Rows, seed: int, epochs: int, lrs: tuple[float, ...] = PLAIN_LRS) -> dict[str, Any]:
-    """The net trained plainly at each of ``lrs`` (the recipe's :data:`PLAIN_LRS`), the one with the best validation
-    NLL kept."""
+def plain_net(case: Case, rows: Rows, seed: int, epochs: int, lrs: tuple[float, ...] = PLAIN_LRS,
+              shuffles: int = PLAIN_SHUFFLES) -> dict[str, Any]:
+    """The plain net by the recipe (:func:`plain_run`) on each of ``shuffles`` orders of its loader: their figures'
+    mean, the first shuffle's lr, one run's seconds (their mean), and each shuffle's own figures under ``shuffles``.
+
+    One shuffle's test NLL is one draw of what plain training gives, and on small data the draws spread wider than
+    the gaps the bar judges; the bar reads their mean, so that one lucky (or unlucky) order does not set it."""
+    return mean_of_shuffles([plain_run(case, rows, seed, epochs, lrs, shuffle) for shuffle in range(shuffles)])
+
+
+def mean_of_shuffles(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell from runs on several shuffles of the loader: their figures' mean (and seconds', one run's), the
+    first shuffle's other entries (the plain net's lr, what a member's fit chose), and every run under
+    ``shuffles``; a single run is its own cell."""
+    if len(runs) == 1:
+        return runs[0]
+    figures = [k for k, v in runs[0].items() if isinstance(v, float) and k not in ("lr", "val_nll")]
+    return runs[0] | {k: float(np.mean([run[k] for run in runs])) for k in figures} | {"shuffles": runs}
+
+
+def plain_run(case: Case, rows: Rows, seed: int, epochs: int, lrs: tuple[float, ...] = PLAIN_LRS,
+              shuffle: int = 0) -> dict[str, Any]:
+    """The net trained plainly at each of ``lrs`` (the recipe's :data:`PLAIN_LRS`) on the loader's ``shuffle``, the
+    one with the best validation NLL kept."""
     best: dict[str, Any] | None = None
     for lr in lrs:
         torch.manual_seed(seed)
         net = case.net(rows)
-        seconds = train_plainly(net, loader(rows, case, seed), case.task, lr, epochs)
+        seconds = train_plainly(net, loader(rows, case, seed, shuffle), case.task, lr, epochs)
         with torch.no_grad():
             noise = None
             if case.task == "regression":
@@ -373,11 +400,12 @@ def plain_net(case: Case, rows: Rows, seed: int, epochs: int, lrs: tuple[float, 
 
 
 def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
-               settings: dict[str, Any] | None = None, size: str = "full") -> dict[str, Any]:
+               settings: dict[str, Any] | None = None, size: str = "full", shuffle: int = 0) -> dict[str, Any]:
     """The member at its defaults (or with ``settings`` for its fit) on a fresh copy of the case's net, scored on
     the test rows; the reference (:data:`REFERENCE`) at :data:`REFERENCE_DRAWS` of ``size`` instead of ``epochs``
     and ``settings`` (a hand-set value for the members is not the reference's), with its function-space R-hat and
-    ESS on the test rows."""
+    ESS on the test rows. ``shuffle`` k > 0 fits it again from the same initial weights, seeded
+    ``seed + k * SHUFFLE_STRIDE`` (its loader's order and its own draws)."""
     torch.manual_seed(seed)
     net = case.net(rows)
     dim = sum(p.numel() for p in net.parameters())
@@ -388,7 +416,7 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
     fit_settings, parts = split_settings(settings or {}) if member != REFERENCE else ({}, {})
     budget = REFERENCE_DRAWS[size] if member == REFERENCE else {"epochs": epochs, **fit_settings}
     start = time.perf_counter()
-    bnn = fitted_member(case, rows, net, seed, member, budget, parts)
+    bnn = fitted_member(case, rows, net, seed, member, budget, parts, shuffle)
     seconds = time.perf_counter() - start
     figures = figures_on_test_rows(bnn, case, rows) | {"seconds": seconds}
     chains = {}
@@ -408,14 +436,15 @@ def member_fit(case: Case, rows: Rows, seed: int, member: str, epochs: int,
 
 
 def fitted_member(case: Case, rows: Rows, net: nn.Module, seed: int, member: str, budget: dict[str, Any],
-                  parts: dict[str, dict] | None = None) -> zoo.BNN:
+                  parts: dict[str, dict] | None = None, shuffle: int = 0) -> zoo.BNN:
     """``member`` fitted on ``net`` as a user would: the case's likelihood (with ``parts``' settings of the
-    likelihood and the other spec sections), the training loader, the validation rows as ``val``, ``budget``'s
-    settings for ``fit`` (its epochs, or a reference's draws)."""
+    likelihood and the other spec sections), the training loader (its ``shuffle``), the validation rows as ``val``,
+    ``budget``'s settings for ``fit`` (its epochs, or a reference's draws); the fit seeded ``seed`` (shuffle k > 0:
+    ``seed + k * SHUFFLE_STRIDE``, since the zoo draws the loader's order from its own seed)."""
     parts = dict(parts or {})
     likelihood = {"name": likelihood_name(case), **parts.pop("likelihood", {})}
-    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed, **parts)
-    bnn.fit(loader(rows, case, seed), val=(rows.x_val, rows.y_val), progress=False, **budget)
+    bnn = zoo.BNN(net, member=member, likelihood=likelihood, seed=seed + shuffle * SHUFFLE_STRIDE, **parts)
+    bnn.fit(loader(rows, case, seed, shuffle), val=(rows.x_val, rows.y_val), progress=False, **budget)
     return bnn
 
 
@@ -489,6 +518,17 @@ def cell_key(cell: dict) -> tuple:
             cell.get("edition", ""))
 
 
+def averaged_cell(done: dict[tuple, dict], key: tuple) -> tuple | None:
+    """The key of the member's cell averaged over the most shuffles (``--member-shuffles``) at ``key``'s settings
+    and edition, where one was fitted: it stands for the single fit in the tables (their label says so)."""
+    size, case, seed, member, setting, edition = key
+    for k in range(MAX_SHUFFLES, 1, -1):
+        averaged = (size, case, seed, member, ",".join(t for t in (setting, f"shuffles={k}") if t), edition)
+        if averaged in done:
+            return averaged
+    return None
+
+
 def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any]:
     """Mean ± s.e. over seeds of one member's cells, its fit time ÷ the plain net's, and whether it meets the bar."""
     errors = [c["error"] for c in cells if "error" in c]
@@ -502,6 +542,10 @@ def summarise(case: Case, cells: list[dict], plain: list[dict]) -> dict[str, Any
     if all("r_hat" in c for c in cells):  # the reference's chains: their worst over the seeds
         out["r_hat"], out["min_ess"] = max(c["r_hat"] for c in cells), min(c["min_ess"] for c in cells)
         out["draws"] = cells[0]["draws"]
+    if all("shuffles" in c for c in cells):  # the plain net's spread over its loader's shuffles, within a seed
+        out["shuffles"] = len(cells[0]["shuffles"])
+        for k in keys:
+            out[f"{k}_shuffle_sd"] = float(np.mean([np.std([run[k] for run in c["shuffles"]], ddof=1) for c in cells]))
     if all("link" in c for c in cells):  # the link each seed's Laplace GLM predicted by (link_by may choose it)
         out["links"] = [c["link"] for c in sorted(cells, key=lambda c: c["seed"])]
     choices = [c.get("choices", {}) for c in sorted(cells, key=lambda c: c["seed"])]
@@ -568,9 +612,13 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
     key = "accuracy" if classification else "rmse"
     head = ["member", "accuracy" if classification else "RMSE", "NLL", *(["ECE"] if classification else []),
             "fit time ÷ plain", "bar"]
+    plain = case["members"].get("plain net", {})
+    shuffles = (f" (its loader's first shuffle; the plain net's figures are the mean of {plain['shuffles']} shuffles a "
+                f"seed, over which its NLL's s.d. within a seed is {plain['nll_shuffle_sd']:.3f})"
+                if "shuffles" in plain else "")
     lines = [f"**{name}**: {case['about']}; {case['epochs']} epochs, batch {case['batch_size']}, seeds "
-             f"{len(case['plain_lr'])}; the plain net's lr per seed: {', '.join(f'{lr:g}' for lr in case['plain_lr'])}",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"{len(case['plain_lr'])}; the plain net's lr per seed: {', '.join(f'{lr:g}' for lr in case['plain_lr'])}"
+             f"{shuffles}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for member, row in case["members"].items():
         if "error" in row:
             lines.append(f"| {member} | {row['error']} |" + " |" * (len(head) - 2))
@@ -579,7 +627,9 @@ def markdown_table(name: str, case: dict[str, Any]) -> str:
         if "r_hat" in row:
             member = (f"{member}: the posterior ({row['draws']}; worst R-hat {row['r_hat']:.3f}, "
                       f"min ESS {row['min_ess']:.0f})")
-        member = f"{member} ({'; '.join(notes)})" if (notes := chosen_per_seed(row)) else member
+        notes = chosen_per_seed(row) + ([f"the mean of {row['shuffles']} fits a seed"]
+                                        if "shuffles" in row and member != "plain net" else [])
+        member = f"{member} ({'; '.join(notes)})" if notes else member
         if row["seeds"] < len(case["plain_lr"]):
             member = f"{member} ({row['seeds']} of {len(case['plain_lr'])} seeds)"
         cells = [mean_se_cell(row[key], row[f"{key}_se"], 3), mean_se_cell(row["nll"], row["nll_se"], 3),
@@ -684,6 +734,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    f"not grown to convergence; its R-hat and ESS are in the table) on the nets of at most "
                    f"{REFERENCE_MAX_DIM:,} weights: is the bar within reach of the exact posterior?")
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--plain-shuffles", type=int, default=PLAIN_SHUFFLES, metavar="K",
+                   help=f"orders of its loader the plain net is trained on per seed, the bar reading their mean "
+                   f"(default {PLAIN_SHUFFLES}; 1: the loader's own order alone, as before 2026-12-06); each K's "
+                   "plain-net cells are kept apart, and the members' are the same")
+    p.add_argument("--member-shuffles", type=int, default=1, metavar="K",
+                   help="fit each member K times a seed, from the same initial weights on K shuffles of its loader "
+                   "(the fit seeded anew for each), its cell their mean: the plain net's side of the bar, for a "
+                   "member (default 1; its cells are kept apart, and stand for its single fits in the tables)")
     p.add_argument("--finished-only", action="store_true", help="summarise the finished cells of --cells and fit "
                    "none (a run still going, or stopped: the members and seeds it has reached)")
     p.add_argument("--from-json", nargs="+", metavar="JSON", help="print the Markdown tables of earlier runs' "
@@ -708,6 +766,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings = parse_settings(args.set)
     tag = ",".join(args.set)
     plain_lrs = PLAIN_LRS if args.plain_lrs is None else parse_lrs(args.plain_lrs)
+    if not 1 <= args.plain_shuffles <= MAX_SHUFFLES:
+        raise ZooInputError("--plain-shuffles", args.plain_shuffles, f"give a whole number of shuffles from 1 to "
+                            f"{MAX_SHUFFLES}")
+    plain_edition = "" if args.plain_shuffles == 1 else f"shuffles={args.plain_shuffles}"
+    if not 1 <= args.member_shuffles <= MAX_SHUFFLES:
+        raise ZooInputError("--member-shuffles", args.member_shuffles, f"give a whole number of shuffles from 1 to "
+                            f"{MAX_SHUFFLES}")
+    if args.member_shuffles > 1 and args.reference:
+        raise ZooInputError("--member-shuffles", args.member_shuffles, "the reference is run by draws, once a seed: "
+                            "drop --reference or --member-shuffles")
+    member_tag = f"shuffles={args.member_shuffles}" if args.member_shuffles > 1 else ""
     torch.set_num_threads(args.threads)
     cells_path = Path(args.cells)
     tasks = {ALL_CASES[name].task for name in cases}
@@ -721,7 +790,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     done = read_cells(cells_path, cell_key)
     report: dict[str, Any] = {"command": " ".join(["python benchmarks/defaults.py", *(argv or sys.argv[1:])]),
                               "size": args.size, "settings": settings, "seeds": seeds, "threads": args.threads,
-                              "plain_lrs": plain_lrs, "cases": {}}
+                              "plain_lrs": plain_lrs, "plain_shuffles": args.plain_shuffles, "cases": {}}
     plain_tag = "" if plain_lrs == PLAIN_LRS else f"plain_lrs={','.join(f'{lr:g}' for lr in plain_lrs)}"
     for name in cases:
         case = ALL_CASES[name]
@@ -739,20 +808,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if is_plain or member == REFERENCE:  # the reference is run by draws; the plain net by the budget only
                     setting = "" if member == REFERENCE else ",".join(t for t in (budget_tag, plain_tag) if t)
                 else:
-                    setting = ",".join(t for t in (budget_tag, tag) if t)
-                key = (args.size, name, seed, member, setting, "" if is_plain else editions[member, case.task])
+                    setting = ",".join(t for t in (budget_tag, tag, member_tag) if t)
+                edition = plain_edition if is_plain else editions[member, case.task]
+                key = (args.size, name, seed, member, setting, edition)
+                if not is_plain and member != REFERENCE and args.member_shuffles == 1:
+                    key = averaged_cell(done, key) or key
                 if key not in done and args.finished_only:
                     continue
                 if key not in done:
                     try:
-                        figures = (plain_net(case, rows, seed, epochs, plain_lrs) if member == "plain net"
-                                   else member_fit(case, rows, seed, member, epochs, settings, args.size))
+                        figures = (plain_net(case, rows, seed, epochs, plain_lrs, shuffles=args.plain_shuffles)
+                                   if member == "plain net"
+                                   else mean_of_shuffles([member_fit(case, rows, seed, member, epochs, settings,
+                                                                    args.size, shuffle)
+                                                         for shuffle in range(args.member_shuffles)]))
                     except (ZooInputError, ValueError, RuntimeError) as e:
                         figures = {"error": " ".join(f"{type(e).__name__}: {e}".split())}  # all of it, one line
                     done[key] = {"size": args.size, "case": name, "seed": seed, "member": member,
                                  "settings": key[-2], "edition": key[-1], **figures}
                     append_cell(cells_path, done[key])
-                    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+                    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()
+                             if k != "shuffles"}
                     print(f"{name} seed {seed} {member}: {shown}", flush=True)
                 by_member.setdefault(member, []).append(done[key])
         plain = by_member["plain net"]

@@ -242,6 +242,101 @@ def test_the_reference_row_samples_the_posterior_and_reports_its_chains(tmp_path
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == len(cells) + 1  # the map cell at lr 0.003
 
 
+def test_the_plain_net_is_the_mean_of_its_loaders_shuffles_the_first_the_users_own_order():
+    """The bar reads the plain net's mean over shuffles of its loader: shuffle 0 is the loader as a user seeds it,
+    the others other orders of the same rows, each trained by the whole recipe (its lr chosen)."""
+    case = defaults.CASES["twoclass"]
+    rows = case.rows(0, "small", None)
+    users = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(rows.x_train, rows.y_train),
+                                        batch_size=case.batch_size, shuffle=True,
+                                        generator=torch.Generator().manual_seed(0))
+    first = [y for _, y in defaults.loader(rows, case, 0)]
+    assert all(torch.equal(a, b) for a, b in zip(first, [y for _, y in users], strict=True))
+    assert not torch.equal(first[0], next(iter(defaults.loader(rows, case, 0, shuffle=1)))[1])
+    mean = defaults.plain_net(case, rows, 0, defaults.SMALL_EPOCHS, shuffles=3)
+    runs = [defaults.plain_run(case, rows, 0, defaults.SMALL_EPOCHS, shuffle=k) for k in range(3)]
+    assert [run["nll"] for run in mean["shuffles"]] == pytest.approx([run["nll"] for run in runs])
+    assert len({run["nll"] for run in runs}) == 3  # three orders, three nets
+    for k in ("accuracy", "nll", "ece", "brier"):
+        assert mean[k] == pytest.approx(sum(run[k] for run in runs) / 3)
+    assert mean["lr"] == runs[0]["lr"]
+    one = defaults.plain_net(case, rows, 0, defaults.SMALL_EPOCHS, shuffles=1)
+    assert "shuffles" not in one and one["nll"] == pytest.approx(runs[0]["nll"])
+    cell = mean | {"seed": 0}
+    summary = defaults.summarise(case, [cell], [cell])
+    assert summary["shuffles"] == 3
+    spread = torch.tensor([r["nll"] for r in runs], dtype=torch.float64).std()
+    assert summary["nll_shuffle_sd"] == pytest.approx(float(spread))
+
+
+def test_a_members_other_shuffle_is_another_fit_from_the_same_initial_weights(monkeypatch):
+    case = defaults.CASES["twoclass"]
+    rows = case.rows(0, "small", None)
+    starts, fit = [], defaults.fitted_member
+
+    def recorded(case, rows, net, seed, *args):
+        starts.append([t.clone() for t in net.state_dict().values()])
+        return fit(case, rows, net, seed, *args)
+
+    monkeypatch.setattr(defaults, "fitted_member", recorded)
+    first = defaults.member_fit(case, rows, 0, "map", defaults.SMALL_EPOCHS, size="small")
+    again = defaults.member_fit(case, rows, 0, "map", defaults.SMALL_EPOCHS, size="small", shuffle=0)
+    other = defaults.member_fit(case, rows, 0, "map", defaults.SMALL_EPOCHS, size="small", shuffle=1)
+    assert again["nll"] == first["nll"] and other["nll"] != first["nll"]
+    assert all(torch.equal(a, b) for a, b in zip(starts[0], starts[2], strict=True))
+
+
+def test_member_shuffles_fit_each_member_on_as_many_shuffles_and_keep_the_cells_apart(tmp_path, monkeypatch):
+    """--member-shuffles K averages a member over K fits as the plain net is averaged: each fit from the same initial
+    weights, on its own shuffle; the cells are kept apart from the single fits', the plain net's are shared, and
+    the averaged cell stands for the single fit in later tables, labelled so."""
+    fits = []
+
+    def member(case, rows, seed, name, epochs, settings, size, shuffle=0):
+        fits.append((name, shuffle))
+        return {"accuracy": 0.9, "nll": 0.2 + 0.1 * shuffle, "ece": 0.0, "brier": 0.1, "seconds": 1.0,
+                "choices": {"inference.lr": 0.01 * (shuffle + 1)}}
+
+    monkeypatch.setattr(defaults, "member_fit", member)
+    monkeypatch.setattr(defaults, "plain_net", lambda *a, **k: {"accuracy": 0.9, "nll": 0.22, "ece": 0.0,
+                                                               "brier": 0.1, "seconds": 1.0, "lr": 0.01})
+    cells = tmp_path / "cells.jsonl"
+    argv = ["--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)]
+    assert defaults.main(argv)["cases"]["twoclass"]["members"]["map"]["meets_bar"]  # 0.2 against 0.22
+    row = defaults.main([*argv, "--member-shuffles", "2"])["cases"]["twoclass"]["members"]["map"]
+    assert fits == [("map", 0), ("map", 0), ("map", 1)]
+    assert row["nll"] == pytest.approx(0.25) and not row["meets_bar"] and row["shuffles"] == 2
+    last = json.loads(cells.read_text().splitlines()[-1])
+    assert last["settings"] == "shuffles=2" and last["choices"] == {"inference.lr": 0.01}  # the first shuffle's
+    assert len(cells.read_text().splitlines()) == 3  # the plain net's cell was read back
+    again = defaults.main(argv)["cases"]["twoclass"]  # the averaged cell now stands for the single fit
+    assert len(fits) == 3 and again["members"]["map"]["nll"] == pytest.approx(0.25)
+    assert "| map (the mean of 2 fits a seed) |" in defaults.markdown_table("twoclass", again)
+    with pytest.raises(ZooInputError, match="run by draws"):
+        defaults.main([*argv, "--member-shuffles", "2", "--reference"])
+
+
+def test_one_shuffle_is_the_bar_before_and_its_cells_are_kept_apart(tmp_path, monkeypatch):
+    """--plain-shuffles 1 is the plain net on its loader's own order alone (the bar before 2026-12-06): its cells and
+    the default's are kept apart, and the members' cells are read back, not fitted again."""
+    trained = []
+
+    def plain(case, rows, seed, epochs, lrs=defaults.PLAIN_LRS, shuffles=defaults.PLAIN_SHUFFLES):
+        trained.append(shuffles)
+        return {"accuracy": 0.9, "nll": 0.3 if shuffles == 1 else 0.2, "ece": 0.0, "brier": 0.1, "seconds": 1.0,
+                "lr": 0.01}
+
+    fitted, cells, argv = stubbed_suite(monkeypatch, tmp_path, plain)
+    assert not defaults.main(argv)["cases"]["twoclass"]["members"]["map"]["meets_bar"]
+    one = defaults.main([*argv, "--plain-shuffles", "1"])
+    assert one["cases"]["twoclass"]["members"]["map"]["meets_bar"] and one["plain_shuffles"] == 1
+    assert trained == [defaults.PLAIN_SHUFFLES, 1] and fitted == ["map"]
+    editions = [json.loads(line)["edition"] for line in cells.read_text().splitlines()]
+    assert editions[0] == f"shuffles={defaults.PLAIN_SHUFFLES}" and editions[2] == ""
+    defaults.main(argv)  # both read back
+    assert len(trained) == 2
+
+
 def test_the_plain_net_is_scored_by_the_zoos_metrics():
     case = defaults.CASES["toy"]
     y = torch.tensor([0.0, 1.0])
@@ -264,6 +359,8 @@ def test_the_plain_net_is_scored_by_the_zoos_metrics():
     (["--epochs", "3", "--size", "small"], "drop one of them"),
     (["--plain-lrs", "0.01,0"], "positive learning rates"),
     (["--plain-lrs", "fast"], "positive learning rates"),
+    (["--plain-shuffles", "0"], "from 1 to"),
+    (["--member-shuffles", "21"], "from 1 to"),
 ])
 def test_bad_options_are_refused_naming_them(argv, says, tmp_path):
     with pytest.raises(ZooInputError, match=says):
@@ -275,11 +372,11 @@ def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_th
     are neither the defaults' cells nor read as them."""
     trained = []
 
-    def plain(case, rows, seed, epochs, lrs):
+    def plain(case, rows, seed, epochs, lrs, shuffles):
         trained.append(("plain net", epochs))
         return {"accuracy": 0.9, "nll": 0.3, "ece": 0.0, "brier": 0.1, "seconds": 1.0, "lr": 0.01}
 
-    def member(case, rows, seed, name, epochs, settings, size):
+    def member(case, rows, seed, name, epochs, settings, size, shuffle=0):
         trained.append((name, epochs))
         return {"accuracy": 0.9, "nll": 0.3, "ece": 0.0, "brier": 0.1, "seconds": 1.0}
 
@@ -296,24 +393,32 @@ def test_another_budget_trains_the_plain_net_and_the_members_for_it_and_keeps_th
     assert trained[2:] == [("plain net", defaults.CASES["twoclass"].epochs), ("map", defaults.CASES["twoclass"].epochs)]
 
 
-def test_another_plain_grid_trains_only_the_plain_net_again_and_keeps_its_cells_apart(tmp_path, monkeypatch):
-    """--plain-lrs gives the plain net another grid, to see whether the bar moves: its cells are kept apart from the
-    recipe's, and the members' cells are the defaults' own, read back rather than fitted again."""
-    grids, fitted = [], []
+def stubbed_suite(monkeypatch, tmp_path, plain):
+    """The suite on `twoclass` seed 0 with ``plain`` for the plain net and a MAP stub at NLL 0.25: the members it
+    fits, its cells file and its argv."""
+    fitted = []
 
-    def plain(case, rows, seed, epochs, lrs=defaults.PLAIN_LRS):
-        grids.append(lrs)
-        return {"accuracy": 0.9, "nll": 0.3 if lrs == defaults.PLAIN_LRS else 0.2, "ece": 0.0, "brier": 0.1,
-                "seconds": 1.0, "lr": lrs[-1]}
-
-    def member(case, rows, seed, name, epochs, settings, size):
+    def member(case, rows, seed, name, epochs, settings, size, shuffle=0):
         fitted.append(name)
         return {"accuracy": 0.9, "nll": 0.25, "ece": 0.0, "brier": 0.1, "seconds": 1.0}
 
     monkeypatch.setattr(defaults, "plain_net", plain)
     monkeypatch.setattr(defaults, "member_fit", member)
     cells = tmp_path / "cells.jsonl"
-    argv = ["--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)]
+    return fitted, cells, ["--cases", "twoclass", "--members", "map", "--seeds", "0", "--cells", str(cells)]
+
+
+def test_another_plain_grid_trains_only_the_plain_net_again_and_keeps_its_cells_apart(tmp_path, monkeypatch):
+    """--plain-lrs gives the plain net another grid, to see whether the bar moves: its cells are kept apart from the
+    recipe's, and the members' cells are the defaults' own, read back rather than fitted again."""
+    grids = []
+
+    def plain(case, rows, seed, epochs, lrs=defaults.PLAIN_LRS, shuffles=defaults.PLAIN_SHUFFLES):
+        grids.append(lrs)
+        return {"accuracy": 0.9, "nll": 0.3 if lrs == defaults.PLAIN_LRS else 0.2, "ece": 0.0, "brier": 0.1,
+                "seconds": 1.0, "lr": lrs[-1]}
+
+    fitted, cells, argv = stubbed_suite(monkeypatch, tmp_path, plain)
     assert defaults.main(argv)["cases"]["twoclass"]["members"]["map"]["meets_bar"]
     wide = defaults.main([*argv, "--plain-lrs", "0.03,0.001,0.003,0.01"])
     assert grids == [defaults.PLAIN_LRS, (0.001, 0.003, 0.01, 0.03)] and fitted == ["map"]
