@@ -31,8 +31,8 @@ that misses it misses by its approximation, not by the prior or the likelihood.
 
 Held-out cases (``HELD_OUT``: the residual MLP on UCI energy and bostonHousing, an MLP on mnist5k's images as
 rows; then, added once those had informed a choice, MLPs on UCI wine-quality-red and kin8nm and a 1-D conv net
-on MNIST-1D) run only when ``--cases`` names them: a default chosen on the six is checked there before it is
-kept.
+on MNIST-1D; then, once every default had been chosen, MLPs on scikit-learn's breast cancer and diabetes rows) run
+only when ``--cases`` names them: a default chosen on the six is checked there before it is kept.
 
 ``--epochs E`` gives every case another budget, the plain net's and the members' alike (the bar compares the two at
 the same epochs); ``--set epochs=E`` is refused, since it would move the members' budget and not the plain net's.
@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel
+from sklearn.datasets import load_breast_cancer, load_diabetes
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -255,6 +256,22 @@ def sequence_rows(seed: int, size: str, data_dir: str | None) -> Rows:
                   size)
 
 
+def sklearn_rows(load: Callable, seed: int, size: str, regression: bool) -> Rows:
+    """One of scikit-learn's shipped tabular sets (``load(return_X_y=True)``): 30 % of the rows held out for test
+    (seeded), the features standardised by the other rows' mean and s.d., and a regression's targets too (its
+    ``y_unit`` their s.d., so that RMSE and NLL read in the target's units)."""
+    x, y = load(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = round(0.3 * len(x))
+    test, rest = order[:n_test], order[n_test:]
+    x = (x - x[rest].mean(0)) / x[rest].std(0)
+    y_unit = 1.0
+    if regression:
+        y_unit = float(y[rest].std())
+        y = (y - y[rest].mean()) / y_unit
+    return _split(x[rest], y[rest], x[test], y[test], seed, regression, size, y_unit=y_unit)
+
+
 def toy_rows(seed: int, size: str, data_dir: str | None) -> Rows:
     d = load_toy_gap(seed, n_train=200)
     return _split(d.x_train.numpy(), d.y_train.numpy(), d.x_test.numpy(), d.y_test.numpy(), seed, True, size,
@@ -299,6 +316,15 @@ HELD_OUT: dict[str, Case] = {
                                                nn.ReLU(), nn.Linear(100, 1))),
     "mnist1d_cnn": Case("1-D conv net (two Conv1d-ReLU, a linear head), MNIST-1D signals", "classification", 20, 100,
                         mnist1d_rows, lambda r: SignalCNN(r.x_train.shape[1], 10)),
+    # added 2026-12-07, once every default above had been chosen: real tabular rows that scikit-learn ships
+    "breast_cancer": Case("MLP 30-64-64-2 (GELU), scikit-learn's breast cancer rows", "classification", 50, 32,
+                          lambda seed, size, data_dir: sklearn_rows(load_breast_cancer, seed, size, False),
+                          lambda r: nn.Sequential(nn.Linear(r.x_train.shape[1], 64), nn.GELU(), nn.Linear(64, 64),
+                                                  nn.GELU(), nn.Linear(64, 2))),
+    "diabetes": Case("MLP 10-32-32-1 (ELU), scikit-learn's diabetes progression", "regression", 100, 32,
+                     lambda seed, size, data_dir: sklearn_rows(load_diabetes, seed, size, True),
+                     lambda r: nn.Sequential(nn.Linear(r.x_train.shape[1], 32), nn.ELU(), nn.Linear(32, 32),
+                                             nn.ELU(), nn.Linear(32, 1))),
 }
 ALL_CASES = CASES | HELD_OUT
 SMALL_EPOCHS = 2

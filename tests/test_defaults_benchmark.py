@@ -438,6 +438,34 @@ def test_the_held_out_cases_run_when_named_and_not_by_default(tmp_path):
     assert "error" not in row and 0 <= row["accuracy"] <= 1
 
 
+@pytest.mark.parametrize("name", ["breast_cancer", "diabetes"])
+def test_scikit_learns_tabular_cases_split_their_rows_once_standardised_by_the_rows_they_train_on(name):
+    """The shipped tabular sets: train, validation and test rows disjoint and all used, the same split for a seed
+    and another for the next, features (and a regression's targets) standardised by the non-test rows alone."""
+    from sklearn.datasets import load_breast_cancer, load_diabetes
+
+    x, y = (load_breast_cancer if name == "breast_cancer" else load_diabetes)(return_X_y=True)
+    case = defaults.HELD_OUT[name]
+    rows = case.rows(0, "full", None)
+    parts = (rows.x_train, rows.x_val, rows.x_test)
+    assert sum(len(p) for p in parts) == len(x) and len(rows.x_test) == round(0.3 * len(x))
+    seen = torch.cat(parts)
+    assert len(torch.unique(seen, dim=0)) == len(x)  # no row twice
+    fit_rows = torch.cat(parts[:2])
+    assert torch.allclose(fit_rows.mean(0), torch.zeros(x.shape[1]), atol=1e-5)
+    assert torch.allclose(fit_rows.std(0, unbiased=False), torch.ones(x.shape[1]), atol=1e-4)
+    assert not torch.allclose(rows.x_test.mean(0), torch.zeros(x.shape[1]), atol=1e-3)  # not its own statistics
+    if case.task == "regression":
+        targets = torch.cat([rows.y_train, rows.y_val])
+        assert abs(float(targets.mean())) < 1e-5 and float(targets.std(unbiased=False)) == pytest.approx(1, abs=1e-5)
+        assert rows.y_unit == pytest.approx(float(y.std()), rel=0.1)  # the targets' own units, for RMSE and NLL
+    else:
+        assert rows.y_train.dtype == torch.long and set(rows.y_test.tolist()) == {0, 1}
+    assert torch.equal(case.rows(0, "full", None).x_test, rows.x_test)
+    assert not torch.equal(case.rows(1, "full", None).x_test, rows.x_test)
+    assert name not in defaults.CASES
+
+
 def test_a_set_reaches_the_fit_or_the_members_parts():
     """--set lr=... is the fit's; --set prior.scale=... (a part's key) merges into the member's preset."""
     fit, parts = defaults.split_settings({"lr": 0.01, "inference.epochs": 3, "prior.scale": 3.0,
