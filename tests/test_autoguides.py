@@ -206,6 +206,35 @@ def test_a_laplace_approximation_at_a_point_that_is_not_a_mode_is_refused():
     assert not bool(guide.laplace_ready)
 
 
+def test_a_laplace_approximation_whose_learned_noise_collapses_says_so():
+    """More weights than rows: the MAP polish shrinks the learned noise onto a fit that interpolates them, -log p has
+    no mode, and the refusal names the noise's fall and the fix (a fixed noise), not a longer MAP fit."""
+    from torch.distributions import constraints
+
+    from zoo.likelihoods.gaussian import Gaussian
+
+    noise = Gaussian.noise_site
+    x = torch.tensor([[1.0, 0.5, -0.3, 0.2, 0.8, -1.0], [0.1, -0.7, 0.4, 1.2, -0.5, 0.3],
+                      [-0.6, 0.9, 1.1, -0.2, 0.4, 0.7]])
+    y = torch.tensor([0.3, -1.2, 0.8])
+    x, y = x.double(), y.double()  # (in float32 the fall ends in 0 and a NaN)
+
+    def model(x, y=None):
+        one = torch.ones((), dtype=x.dtype)
+        w = pyro.sample("w", dist.Normal(0 * one, one).expand([6]).to_event(1))
+        sigma = pyro.sample(noise, dist.HalfNormal(one))
+        with pyro.plate("rows", len(x)):
+            pyro.sample("y", dist.Normal(x @ w, sigma), obs=y)
+
+    sites = {"w": LatentSite(torch.Size([6]), torch.zeros(6, dtype=torch.float64)),
+             noise: LatentSite(torch.Size([]), torch.tensor(1.0, dtype=torch.float64), constraints.positive)}
+    guide = AutoGuide(sites, AutoGuideSpec(name="auto", auto="laplace_approximation"))
+    guide.bind(model, x, y)
+    with pytest.raises(ZooInputError, match=r"learned noise σ fell from 1 to .* in the polish.*fix likelihood.noise"):
+        guide.finish(x, y)
+    assert not bool(guide.laplace_ready)
+
+
 def test_an_autoguide_refuses_a_discrete_latent_site_by_name():
     def model(x, y=None):
         pyro.sample("switch", dist.Bernoulli(0.5))
