@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_cell, mean_se_cell, parse_seeds, read_cells  # noqa: E402
 
 import zoo  # noqa: E402
+from zoo.data.base import make_dataset  # noqa: E402
 from zoo.data.digits import load_digits  # noqa: E402
 from zoo.data.mnist5k import load_mnist5k  # noqa: E402
 from zoo.data.toy import load_toy_gap  # noqa: E402
@@ -258,18 +259,16 @@ def sequence_rows(seed: int, size: str, data_dir: str | None) -> Rows:
 
 def sklearn_rows(load: Callable, seed: int, size: str, regression: bool) -> Rows:
     """One of scikit-learn's shipped tabular sets (``load(return_X_y=True)``): 30 % of the rows held out for test
-    (seeded), the features standardised by the other rows' mean and s.d., and a regression's targets too (its
-    ``y_unit`` their s.d., so that RMSE and NLL read in the target's units)."""
+    (seeded), validated and standardised by the zoo's data layer with the other rows' statistics (a regression's
+    targets too, its ``y_unit`` their s.d., so that RMSE and NLL read in the target's units)."""
     x, y = load(return_X_y=True)
     order = np.random.default_rng(seed).permutation(len(x))
     n_test = round(0.3 * len(x))
     test, rest = order[:n_test], order[n_test:]
-    x = (x - x[rest].mean(0)) / x[rest].std(0)
-    y_unit = 1.0
-    if regression:
-        y_unit = float(y[rest].std())
-        y = (y - y[rest].mean()) / y_unit
-    return _split(x[rest], y[rest], x[test], y[test], seed, regression, size, y_unit=y_unit)
+    d = make_dataset(load.__name__.removeprefix("load_"), "regression" if regression else "classification",
+                     x[rest], y[rest], x[test], y[test])
+    return _split(d.x_train.numpy(), d.y_train.numpy(), d.x_test.numpy(), d.y_test.numpy(), seed, regression, size,
+                  y_unit=float(d.y_std) if regression else 1.0)
 
 
 def toy_rows(seed: int, size: str, data_dir: str | None) -> Rows:

@@ -276,13 +276,12 @@ class AutoGuide(Guide):
 
     def _learned_noise(self) -> float | None:
         """The autoguide's point value of a Gaussian likelihood's learned noise σ (None where the model has none)."""
-        if Gaussian.noise_site not in self.sites:
+        site = Gaussian.noise_site
+        location = self._location(site) if site in self.sites else None
+        if location is None:
             return None
         with torch.no_grad():
-            for site, unconstrained in self.auto._unpack_latent(self.auto.loc):
-                if site["name"] == Gaussian.noise_site:
-                    return float(biject_to(site["fn"].support)(unconstrained))
-        return None
+            return float(biject_to(self.sites[site].support)(location))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Sample every latent site from the autoguide (with the model's arguments, as Pyro's SVI passes them)."""
